@@ -1,0 +1,421 @@
+from holdfast.v1 import agent_pb2 as _agent_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClaimStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLAIM_STATUS_UNSPECIFIED: _ClassVar[ClaimStatus]
+    RESERVED: _ClassVar[ClaimStatus]
+    COMMITTED: _ClassVar[ClaimStatus]
+    LIVE: _ClassVar[ClaimStatus]
+    CONFLICTED: _ClassVar[ClaimStatus]
+    RELEASED: _ClassVar[ClaimStatus]
+
+class HandoffStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HANDOFF_STAGE_UNSPECIFIED: _ClassVar[HandoffStage]
+    NONE: _ClassVar[HandoffStage]
+    HANDOFF_REQUESTED: _ClassVar[HandoffStage]
+    MANUAL_RECOVERY: _ClassVar[HandoffStage]
+CLAIM_STATUS_UNSPECIFIED: ClaimStatus
+RESERVED: ClaimStatus
+COMMITTED: ClaimStatus
+LIVE: ClaimStatus
+CONFLICTED: ClaimStatus
+RELEASED: ClaimStatus
+HANDOFF_STAGE_UNSPECIFIED: HandoffStage
+NONE: HandoffStage
+HANDOFF_REQUESTED: HandoffStage
+MANUAL_RECOVERY: HandoffStage
+
+class DeathEvidence(_message.Message):
+    __slots__ = ("kind", "detail", "observed_at_unix_ms", "owner_fence")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FENCE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    detail: str
+    observed_at_unix_ms: int
+    owner_fence: int
+    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ..., observed_at_unix_ms: _Optional[int] = ..., owner_fence: _Optional[int] = ...) -> None: ...
+
+class ProviderHandleLink(_message.Message):
+    __slots__ = ("handle", "minted_at_fence", "observed_at_unix_ms")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    MINTED_AT_FENCE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    handle: str
+    minted_at_fence: int
+    observed_at_unix_ms: int
+    def __init__(self, handle: _Optional[str] = ..., minted_at_fence: _Optional[int] = ..., observed_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("fence", "minimum_next_fence", "claim_status", "handoff_stage", "owner", "reserved_spawn_token", "spawn_token_env", "reserved_host_id", "reserved_at_unix_ms", "commit_deadline_unix_ms", "live_on_commit", "grant_secret_hash", "death_evidence", "last_proven_alive_at_unix_ms", "handoff_operation_hash", "handoff_requested_by_host", "owner_since_unix_ms")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_NEXT_FENCE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_STATUS_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_STAGE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_SPAWN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_ON_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    GRANT_SECRET_HASH_FIELD_NUMBER: _ClassVar[int]
+    DEATH_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_PROVEN_ALIVE_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_OPERATION_HASH_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_REQUESTED_BY_HOST_FIELD_NUMBER: _ClassVar[int]
+    OWNER_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    fence: int
+    minimum_next_fence: int
+    claim_status: ClaimStatus
+    handoff_stage: HandoffStage
+    owner: _agent_pb2.ProcessIdentity
+    reserved_spawn_token: str
+    spawn_token_env: str
+    reserved_host_id: str
+    reserved_at_unix_ms: int
+    commit_deadline_unix_ms: int
+    live_on_commit: bool
+    grant_secret_hash: str
+    death_evidence: DeathEvidence
+    last_proven_alive_at_unix_ms: int
+    handoff_operation_hash: str
+    handoff_requested_by_host: str
+    owner_since_unix_ms: int
+    def __init__(self, fence: _Optional[int] = ..., minimum_next_fence: _Optional[int] = ..., claim_status: _Optional[_Union[ClaimStatus, str]] = ..., handoff_stage: _Optional[_Union[HandoffStage, str]] = ..., owner: _Optional[_Union[_agent_pb2.ProcessIdentity, _Mapping]] = ..., reserved_spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., reserved_host_id: _Optional[str] = ..., reserved_at_unix_ms: _Optional[int] = ..., commit_deadline_unix_ms: _Optional[int] = ..., live_on_commit: _Optional[bool] = ..., grant_secret_hash: _Optional[str] = ..., death_evidence: _Optional[_Union[DeathEvidence, _Mapping]] = ..., last_proven_alive_at_unix_ms: _Optional[int] = ..., handoff_operation_hash: _Optional[str] = ..., handoff_requested_by_host: _Optional[str] = ..., owner_since_unix_ms: _Optional[int] = ...) -> None: ...
+
+class SessionRecord(_message.Message):
+    __slots__ = ("schema_version", "session_id", "provider", "location", "lease", "provider_handle_chain")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_HANDLE_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    session_id: str
+    provider: str
+    location: str
+    lease: Lease
+    provider_handle_chain: _containers.RepeatedCompositeFieldContainer[ProviderHandleLink]
+    def __init__(self, schema_version: _Optional[int] = ..., session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., provider_handle_chain: _Optional[_Iterable[_Union[ProviderHandleLink, _Mapping]]] = ...) -> None: ...
+
+class HistoryEntry(_message.Message):
+    __slots__ = ("seq", "at_unix_ms", "transition", "fence", "detail")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    at_unix_ms: int
+    transition: str
+    fence: int
+    detail: str
+    def __init__(self, seq: _Optional[int] = ..., at_unix_ms: _Optional[int] = ..., transition: _Optional[str] = ..., fence: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Grant(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "spawn_token", "spawn_token_env", "commit_deadline_unix_ms")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    spawn_token: str
+    spawn_token_env: str
+    commit_deadline_unix_ms: int
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., commit_deadline_unix_ms: _Optional[int] = ...) -> None: ...
+
+class AcquireRequest(_message.Message):
+    __slots__ = ("session_id", "provider", "location", "expected_fence", "has_expected_fence", "operation_id", "host_id", "live_on_commit", "wait_seconds", "force", "takeover")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FENCE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXPECTED_FENCE_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_ON_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    TAKEOVER_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    provider: str
+    location: str
+    expected_fence: int
+    has_expected_fence: bool
+    operation_id: str
+    host_id: str
+    live_on_commit: bool
+    wait_seconds: float
+    force: bool
+    takeover: bool
+    def __init__(self, session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., expected_fence: _Optional[int] = ..., has_expected_fence: _Optional[bool] = ..., operation_id: _Optional[str] = ..., host_id: _Optional[str] = ..., live_on_commit: _Optional[bool] = ..., wait_seconds: _Optional[float] = ..., force: _Optional[bool] = ..., takeover: _Optional[bool] = ...) -> None: ...
+
+class AcquireResponse(_message.Message):
+    __slots__ = ("grant", "record")
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    grant: Grant
+    record: SessionRecord
+    def __init__(self, grant: _Optional[_Union[Grant, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class CommitOwnerRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "pid_hint")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    PID_HINT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    pid_hint: int
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., pid_hint: _Optional[int] = ...) -> None: ...
+
+class CommitOwnerResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class RecordProviderHandleRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "handle")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    handle: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
+
+class RecordProviderHandleResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class RequestHandoffRequest(_message.Message):
+    __slots__ = ("session_id", "operation_id", "host_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    operation_id: str
+    host_id: str
+    def __init__(self, session_id: _Optional[str] = ..., operation_id: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class RequestHandoffResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class FencedPutRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "key", "value")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    key: str
+    value: bytes
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class FencedPutResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class FencedGetRequest(_message.Message):
+    __slots__ = ("session_id", "key")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    key: str
+    def __init__(self, session_id: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class FencedGetResponse(_message.Message):
+    __slots__ = ("found", "value", "revision")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    value: bytes
+    revision: int
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("record", "history")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    history: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., history: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("records", "next_page_token")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[SessionRecord]
+    next_page_token: str
+    def __init__(self, records: _Optional[_Iterable[_Union[SessionRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WatchSessionsRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("record", "deleted", "resync")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    deleted: bool
+    resync: bool
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., deleted: _Optional[bool] = ..., resync: _Optional[bool] = ...) -> None: ...
+
+class ProbeSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ProbeSessionResponse(_message.Message):
+    __slots__ = ("verdict", "reason", "probe", "record")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    verdict: str
+    reason: str
+    probe: _agent_pb2.ProbeResult
+    record: SessionRecord
+    def __init__(self, verdict: _Optional[str] = ..., reason: _Optional[str] = ..., probe: _Optional[_Union[_agent_pb2.ProbeResult, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class RecoverRequest(_message.Message):
+    __slots__ = ("session_id", "expected_fence", "reason", "operator")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FENCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    expected_fence: int
+    reason: str
+    operator: str
+    def __init__(self, session_id: _Optional[str] = ..., expected_fence: _Optional[int] = ..., reason: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+
+class RecoverResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+
+class HostRegistration(_message.Message):
+    __slots__ = ("host_id", "address", "incarnation", "spawn_token_env", "agent_version", "registered_at_unix_ms", "lease_id")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    address: str
+    incarnation: _agent_pb2.HostIncarnation
+    spawn_token_env: str
+    agent_version: str
+    registered_at_unix_ms: int
+    lease_id: int
+    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[_Union[_agent_pb2.HostIncarnation, _Mapping]] = ..., spawn_token_env: _Optional[str] = ..., agent_version: _Optional[str] = ..., registered_at_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class RegisterHostRequest(_message.Message):
+    __slots__ = ("registration", "ttl_seconds")
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    registration: HostRegistration
+    ttl_seconds: int
+    def __init__(self, registration: _Optional[_Union[HostRegistration, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class RegisterHostResponse(_message.Message):
+    __slots__ = ("lease_id", "ttl_seconds")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    ttl_seconds: int
+    def __init__(self, lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("host_id", "lease_id")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    lease_id: int
+    def __init__(self, host_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("ttl_seconds",)
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: int
+    def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class ListHostsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListHostsResponse(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[HostRegistration]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostRegistration, _Mapping]]] = ...) -> None: ...
