@@ -1,0 +1,24 @@
+"""The committed generated modules are exactly what the .proto files generate today."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ("agent_pb2.py", "agent_pb2.pyi", "agent_pb2_grpc.py",
+             "coordinator_pb2.py", "coordinator_pb2.pyi", "coordinator_pb2_grpc.py")
+
+
+def test_committed_modules_match_protos(tmp_path: Path) -> None:
+    protos = sorted(str(p.relative_to(ROOT / "protos")) for p in (ROOT / "protos/holdfast/v1").glob("*.proto"))
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT / "protos"), f"--python_out={tmp_path}",
+         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos],
+        check=True, cwd=ROOT,
+    )
+    drifted = [name for name in GENERATED
+               if (tmp_path / "holdfast/v1" / name).read_bytes()
+               != (ROOT / "protos/holdfast/v1" / name).read_bytes()]
+    assert drifted == [], f"regenerate with ./scripts/gen-protos: {drifted} differ from the .proto files"
