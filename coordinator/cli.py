@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from holdfast.agent import commands as agent_commands
+from holdfast.coordinator import certs
 
 EX_USAGE = 2
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="holdfast", description="At most one live writer per session.")
     sub = parser.add_subparsers(dest="command", required=True)
     agent_commands.register(sub)
+    certs.register(sub)
     return parser
 
 

@@ -1,0 +1,170 @@
+"""A local certificate authority for holdfast's mTLS, with each party's role inside its certificate.
+
+A certificate names its role in a URI subject alternative name, `holdfast://<role>/<name>`:
+`coordinator`, `client`, or `agent/<host_id>`. Roles come from the CA's signature, never from a
+request field: an agent certificate naming host H is the only thing that may register H, and a
+client certificate can never pass for an agent's. Private keys are written 0600.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROLE_SCHEME = "holdfast"
+ROLES = ("coordinator", "client", "agent")
+CA_LIFETIME = datetime.timedelta(days=3650)
+LEAF_LIFETIME = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a peer certificate says it is: `agent` carries the host id it may speak for."""
+
+    kind: str
+    name: str = ""
+
+    def uri(self) -> str:
+        return f"{ROLE_SCHEME}://{self.kind}/{self.name}" if self.name else f"{ROLE_SCHEME}://{self.kind}"
+
+
+def role_from_uri(uri: str) -> Role | None:
+    """The role a certificate URI names, or None for anything that is not exactly a holdfast role."""
+    prefix = f"{ROLE_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    kind, _, name = uri[len(prefix):].partition("/")
+    if kind not in ROLES or (kind == "agent") != bool(name) or "/" in name:
+        return None
+    return Role(kind, name)
+
+
+def role_of_certificate(cert: x509.Certificate) -> Role | None:
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
+    roles = {role for role in map(role_from_uri, uris) if role is not None}
+    # A certificate claiming two roles is ambiguous; ambiguity grants nothing.
+    return roles.pop() if len(roles) == 1 else None
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey,
+             lifetime: datetime.timedelta) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + lifetime))
+
+
+def init_ca(directory: Path) -> None:
+    """Creates ca.pem / ca.key in `directory`, refusing to overwrite an existing CA."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "ca.key").exists():
+        raise FileExistsError(f"{directory / 'ca.key'} exists; use another directory or delete it first")
+    key = _new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "holdfast local CA")])
+    cert = (_builder("holdfast local CA", name, key.public_key(), CA_LIFETIME)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, key_cert_sign=True, crl_sign=True,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    _write_private(directory / "ca.key", _key_pem(key))
+    (directory / "ca.pem").write_bytes(_cert_pem(cert))
+
+
+def issue(directory: Path, role: Role, hosts: list[str]) -> Path:
+    """Issues `<file stem>.pem/.key` signed by the CA in `directory`; returns the certificate path.
+
+    `hosts` are the DNS names or IP addresses the holder serves on (server authentication); every
+    certificate is also good for client authentication, since every party is a client of another.
+    """
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / 'ca.key'} is not an EC key made by `holdfast certs init`")
+    key = _new_key()
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role.uri())]
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    cert = (_builder(role.uri(), ca_cert.subject, key.public_key(), LEAF_LIFETIME)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    stem = role.kind if not role.name else f"{role.kind}-{role.name}"
+    _write_private(directory / f"{stem}.key", _key_pem(key))
+    path = directory / f"{stem}.pem"
+    path.write_bytes(_cert_pem(cert))
+    return path
+
+
+def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str]) -> list[Path]:
+    """A CA plus one certificate per role for a local stack: what `holdfast certs init` writes."""
+    init_ca(directory)
+    issued = [issue(directory, Role("coordinator"), serve_on), issue(directory, Role("client"), [])]
+    issued += [issue(directory, Role("agent", host), serve_on) for host in agent_hosts]
+    return issued
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    certs = subparsers.add_parser("certs", help="make a local CA and a certificate per role")
+    actions = certs.add_subparsers(dest="certs_command", required=True)
+    init = actions.add_parser("init", help="create DIR with ca.pem and coordinator/client/agent certificates")
+    init.add_argument("directory", type=Path)
+    init.add_argument("--agent-host", action="append", default=[], metavar="HOST_ID",
+                      help="issue an agent certificate for this host id (repeatable)")
+    init.add_argument("--serve-on", action="append", default=None, metavar="NAME_OR_IP",
+                      help="name or address servers listen on (repeatable; default 127.0.0.1, localhost)")
+    init.set_defaults(handler=_init_command)
+
+
+def _init_command(args: argparse.Namespace) -> int:
+    serve_on = args.serve_on or ["127.0.0.1", "localhost"]
+    try:
+        issued = init_local(args.directory, args.agent_host, serve_on)
+    except FileExistsError as exists:
+        print(f"holdfast certs: {exists}", flush=True)
+        return 1
+    for path in issued:
+        print(path)
+    return 0

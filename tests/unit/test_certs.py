@@ -1,0 +1,84 @@
+"""Roles live in CA-signed certificates; anything ambiguous or foreign names no role."""
+
+from __future__ import annotations
+
+import datetime
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from holdfast.coordinator import certs
+from holdfast.coordinator.certs import Role
+
+
+def _load(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_init_issues_one_certificate_per_role_signed_by_the_ca(tmp_path: Path) -> None:
+    issued = certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
+    ca = _load(tmp_path / "ca.pem")
+    roles = []
+    for path in issued:
+        cert = _load(path)
+        cert.verify_directly_issued_by(ca)
+        roles.append(certs.role_of_certificate(cert))
+        assert stat.S_IMODE(path.with_suffix(".key").stat().st_mode) == 0o600
+    assert roles == [Role("coordinator"), Role("client"), Role("agent", "node-a")]
+    assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
+
+
+def test_a_certificate_from_another_ca_does_not_verify(tmp_path: Path) -> None:
+    certs.init_local(tmp_path / "one", [], ["127.0.0.1"])
+    certs.init_local(tmp_path / "two", [], ["127.0.0.1"])
+    foreign = _load(tmp_path / "two" / "client.pem")
+    # Both CAs carry the same subject name, so only the signature tells them apart.
+    with pytest.raises(InvalidSignature):
+        foreign.verify_directly_issued_by(_load(tmp_path / "one" / "ca.pem"))
+
+
+def test_init_refuses_to_overwrite_a_ca(tmp_path: Path) -> None:
+    certs.init_ca(tmp_path)
+    before = (tmp_path / "ca.pem").read_bytes()
+    with pytest.raises(FileExistsError):
+        certs.init_ca(tmp_path)
+    assert (tmp_path / "ca.pem").read_bytes() == before
+
+
+@pytest.mark.parametrize(("uri", "role"), [
+    ("holdfast://coordinator", Role("coordinator")),
+    ("holdfast://client", Role("client")),
+    ("holdfast://agent/node-a", Role("agent", "node-a")),
+    ("holdfast://agent", None),               # an agent certificate must name its host
+    ("holdfast://agent/a/b", None),
+    ("holdfast://client/x", None),
+    ("holdfast://root", None),
+    ("spiffe://coordinator", None),
+    ("", None),
+])
+def test_role_from_uri(uri: str, role: Role | None) -> None:
+    assert certs.role_from_uri(uri) == role
+
+
+def test_a_certificate_claiming_two_roles_has_none(tmp_path: Path) -> None:
+    certs.init_ca(tmp_path)
+    path = certs.issue(tmp_path, Role("client"), [])
+    cert = _load(path)
+    assert certs.role_of_certificate(cert) == Role("client")
+    # Re-sign the same key with a second role URI beside the first.
+    ca_key = serialization.load_pem_private_key((tmp_path / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = datetime.datetime.now(datetime.UTC)
+    both = (x509.CertificateBuilder().subject_name(cert.subject).issuer_name(cert.issuer)
+            .public_key(cert.public_key()).serial_number(1)
+            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([
+                x509.UniformResourceIdentifier("holdfast://client"),
+                x509.UniformResourceIdentifier("holdfast://coordinator")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    assert certs.role_of_certificate(both) is None
