@@ -31,7 +31,9 @@ def test_a_clean_history_has_no_violation() -> None:
     (lambda h: [*h[:4], Event(5, "grant", "s", fence=1, host="b"), *h[5:]],
      "fence did not strictly increase"),
     # B's tree started before A's was seen gone.
-    (lambda h: [h[0], h[1], h[2], Event(4, "tree-start", "s", fence=2, host="b"), *h[4:]],
+    (lambda h: [*h[:3], Event(4, "grant", "s", fence=2, host="b"),
+                Event(5, "tree-start", "s", fence=2, host="b"),
+                Event(6, "tree-end", "s", fence=1, host="a"), *h[6:]],
      "two trees alive at once"),
     (lambda h: [*h, Event(11, "flock-failed", "s", fence=2, host="b")],
      "two trees held the session lock at once"),
