@@ -1,9 +1,9 @@
 """A local certificate authority for holdfast's mTLS, with each party's role inside its certificate.
 
-A certificate names its role in a URI subject alternative name, `holdfast://<role>/<name>`:
-`coordinator`, `client`, or `agent/<host_id>`. Roles come from the CA's signature, never from a
-request field: an agent certificate naming host H is the only thing that may register H, and a
-client certificate can never pass for an agent's. Private keys are written 0600.
+A certificate names its role in a URI subject alternative name (see `holdfast.agent.tls`). Roles
+come from the CA's signature, never from a request field: an agent certificate naming host H is
+the only thing that may register H, and a client certificate can never pass for an agent's.
+Private keys are written 0600.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import datetime
 import ipaddress
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -20,43 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-ROLE_SCHEME = "holdfast"
-ROLES = ("coordinator", "client", "agent")
+from holdfast.agent.tls import Role
+
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
-
-
-@dataclass(frozen=True)
-class Role:
-    """What a peer certificate says it is: `agent` carries the host id it may speak for."""
-
-    kind: str
-    name: str = ""
-
-    def uri(self) -> str:
-        return f"{ROLE_SCHEME}://{self.kind}/{self.name}" if self.name else f"{ROLE_SCHEME}://{self.kind}"
-
-
-def role_from_uri(uri: str) -> Role | None:
-    """The role a certificate URI names, or None for anything that is not exactly a holdfast role."""
-    prefix = f"{ROLE_SCHEME}://"
-    if not uri.startswith(prefix):
-        return None
-    kind, _, name = uri[len(prefix):].partition("/")
-    if kind not in ROLES or (kind == "agent") != bool(name) or "/" in name:
-        return None
-    return Role(kind, name)
-
-
-def role_of_certificate(cert: x509.Certificate) -> Role | None:
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return None
-    uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
-    roles = {role for role in map(role_from_uri, uris) if role is not None}
-    # A certificate claiming two roles is ambiguous; ambiguity grants nothing.
-    return roles.pop() if len(roles) == 1 else None
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -131,9 +97,8 @@ def issue(directory: Path, role: Role, hosts: list[str]) -> Path:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    stem = role.kind if not role.name else f"{role.kind}-{role.name}"
-    _write_private(directory / f"{stem}.key", _key_pem(key))
-    path = directory / f"{stem}.pem"
+    _write_private(directory / f"{role.file_stem}.key", _key_pem(key))
+    path = directory / f"{role.file_stem}.pem"
     path.write_bytes(_cert_pem(cert))
     return path
 

@@ -12,8 +12,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from holdfast.agent import tls
+from holdfast.agent.tls import Role
 from holdfast.coordinator import certs
-from holdfast.coordinator.certs import Role
 
 
 def _load(path: Path) -> x509.Certificate:
@@ -27,7 +28,7 @@ def test_init_issues_one_certificate_per_role_signed_by_the_ca(tmp_path: Path) -
     for path in issued:
         cert = _load(path)
         cert.verify_directly_issued_by(ca)
-        roles.append(certs.role_of_certificate(cert))
+        roles.append(tls.role_of_certificate(cert))
         assert stat.S_IMODE(path.with_suffix(".key").stat().st_mode) == 0o600
     assert roles == [Role("coordinator"), Role("client"), Role("agent", "node-a")]
     assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
@@ -62,14 +63,14 @@ def test_init_refuses_to_overwrite_a_ca(tmp_path: Path) -> None:
     ("", None),
 ])
 def test_role_from_uri(uri: str, role: Role | None) -> None:
-    assert certs.role_from_uri(uri) == role
+    assert tls.role_from_uri(uri) == role
 
 
 def test_a_certificate_claiming_two_roles_has_none(tmp_path: Path) -> None:
     certs.init_ca(tmp_path)
     path = certs.issue(tmp_path, Role("client"), [])
     cert = _load(path)
-    assert certs.role_of_certificate(cert) == Role("client")
+    assert tls.role_of_certificate(cert) == Role("client")
     # Re-sign the same key with a second role URI beside the first.
     ca_key = serialization.load_pem_private_key((tmp_path / "ca.key").read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
@@ -81,4 +82,4 @@ def test_a_certificate_claiming_two_roles_has_none(tmp_path: Path) -> None:
                 x509.UniformResourceIdentifier("holdfast://client"),
                 x509.UniformResourceIdentifier("holdfast://coordinator")]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    assert certs.role_of_certificate(both) is None
+    assert tls.role_of_certificate(both) is None

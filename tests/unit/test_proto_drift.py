@@ -12,7 +12,8 @@ GENERATED = ("agent_pb2.py", "agent_pb2.pyi", "agent_pb2_grpc.py",
 
 
 def test_committed_modules_match_protos(tmp_path: Path) -> None:
-    protos = sorted(str(p.relative_to(ROOT / "protos")) for p in (ROOT / "protos/holdfast/v1").glob("*.proto"))
+    sources = (ROOT / "protos/holdfast/v1").glob("*.proto")
+    protos = sorted(str(p.relative_to(ROOT / "protos")) for p in sources)
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT / "protos"), f"--python_out={tmp_path}",
          f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos],

@@ -1,0 +1,89 @@
+"""mTLS for holdfast's gRPC links, and the role a peer's CA-signed certificate gives it.
+
+Each certificate carries exactly one role as a URI SAN, `holdfast://<kind>[/<name>]`
+(`coordinator`, `client`, `agent/<host_id>`). A server reads the role from the verified peer
+certificate in the gRPC auth context, never from a request: without TLS there is no role at all,
+and an ambiguous certificate (two roles) has none either. Lives beside the agent because both
+servers need it and the agent never imports the coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+
+ROLE_SCHEME = "holdfast"
+ROLE_KINDS = ("coordinator", "client", "agent")
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a peer certificate says it is: `agent` carries the host id it may speak for."""
+
+    kind: str
+    name: str = ""
+
+    def uri(self) -> str:
+        return f"{ROLE_SCHEME}://{self.kind}/{self.name}" if self.name else f"{ROLE_SCHEME}://{self.kind}"
+
+    @property
+    def file_stem(self) -> str:
+        return f"{self.kind}-{self.name}" if self.name else self.kind
+
+
+def role_from_uri(uri: str) -> Role | None:
+    """The role a certificate URI names, or None for anything that is not exactly a holdfast role."""
+    prefix = f"{ROLE_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    kind, _, name = uri[len(prefix):].partition("/")
+    if kind not in ROLE_KINDS or (kind == "agent") != bool(name) or "/" in name:
+        return None
+    return Role(kind, name)
+
+
+def role_of_certificate(cert: x509.Certificate) -> Role | None:
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
+    roles = {role for role in map(role_from_uri, uris) if role is not None}
+    # A certificate claiming two roles is ambiguous; ambiguity grants nothing.
+    return roles.pop() if len(roles) == 1 else None
+
+
+def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
+    """The verified peer's role, or None on a plaintext link or a certificate without one role."""
+    pems = context.auth_context().get("x509_pem_cert", [])
+    if len(pems) != 1:
+        return None
+    return role_of_certificate(x509.load_pem_x509_certificate(pems[0]))
+
+
+def _read(directory: Path, name: str) -> bytes:
+    path = directory / name
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing; make it with `holdfast certs init`") from None
+
+
+def server_credentials(directory: Path, role: Role) -> grpc.ServerCredentials:
+    """Serves with `role`'s certificate and requires every client to present one from the same CA."""
+    return grpc.ssl_server_credentials(
+        [(_read(directory, f"{role.file_stem}.key"), _read(directory, f"{role.file_stem}.pem"))],
+        root_certificates=_read(directory, "ca.pem"),
+        require_client_auth=True,
+    )
+
+
+def channel_credentials(directory: Path, role: Role) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(directory, "ca.pem"),
+        private_key=_read(directory, f"{role.file_stem}.key"),
+        certificate_chain=_read(directory, f"{role.file_stem}.pem"),
+    )
