@@ -1,0 +1,45 @@
+"""Reading one process's environment and finding one variable in it, exactly.
+
+A token may stand after hundreds of KB of other variables, so the block is read whole. A match is
+exact: `VAR=` at the start of an entry, never the prefix of `VAR_EXTRA=`. Nothing but that one
+value ever leaves this module.
+"""
+
+from __future__ import annotations
+
+import os
+
+_CHUNK = 1 << 16
+
+
+def read_proc_file(path: str) -> bytes:
+    """The whole file, however large; raises OSError as the kernel reports it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts = []
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def value_in_block(block: bytes, variable: bytes) -> bytes | None:
+    """The value of `variable` in a NUL-separated environ block, or None when it is absent."""
+    needle = variable + b"="
+    if block.startswith(needle):
+        start = len(needle)
+    else:
+        at = block.find(b"\0" + needle)
+        if at < 0:
+            return None
+        start = at + 1 + len(needle)
+    end = block.find(b"\0", start)
+    return block[start:] if end < 0 else block[start:end]
+
+
+def read_value(pid: int, variable: bytes) -> bytes | None:
+    """The variable's value in `pid`'s environ; raises OSError when it cannot be read."""
+    return value_in_block(read_proc_file(f"/proc/{pid}/environ"), variable)

@@ -1,0 +1,88 @@
+"""Exit events from the kernel, the moment they happen: one pidfd per watched identity, polled by
+the event loop. The pidfd is opened first and the identity re-checked after, closing the
+read-then-open race; observed exits are remembered by full identity, never by pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+
+from holdfast.agent.observe import pidfd_exited
+from holdfast.v1 import agent_pb2
+
+P = agent_pb2.ProbeOutcome
+# Forgetting an old exit is safe (the /proc evidence remains); the cap only bounds memory.
+MEMORY_CAP = 65536
+
+
+def identity_key(identity: agent_pb2.ProcessIdentity) -> bytes:
+    return identity.SerializeToString(deterministic=True)
+
+
+def exit_result() -> agent_pb2.ProbeResult:
+    return agent_pb2.ProbeResult(outcome=P.EXIT_OBSERVED, reason="pidfd reported the exit",
+                                 observed_at_unix_ms=int(time.time() * 1000))
+
+
+class ExitWatcher:
+    """Pidfds for watched owners; `probe` judges an identity from /proc without this memory."""
+
+    def __init__(self, probe: Callable[[agent_pb2.ProcessIdentity], agent_pb2.ProbeResult]) -> None:
+        self._probe = probe
+        self._exited: dict[bytes, int] = {}
+        self._watches: dict[bytes, asyncio.Future[agent_pb2.ProbeResult]] = {}
+
+    def exited(self, identity: agent_pb2.ProcessIdentity) -> bool:
+        return identity_key(identity) in self._exited
+
+    @property
+    def watching(self) -> int:
+        return len(self._watches)
+
+    def _remember(self, key: bytes) -> None:
+        self._exited[key] = int(time.time() * 1000)
+        while len(self._exited) > MEMORY_CAP:
+            self._exited.pop(next(iter(self._exited)))
+
+    def watch(self, identity: agent_pb2.ProcessIdentity) -> asyncio.Future[agent_pb2.ProbeResult]:
+        """Resolves with EXIT_OBSERVED on exit, or at once with whatever proves it is not this owner."""
+        loop = asyncio.get_running_loop()
+        key = identity_key(identity)
+        if key in self._watches:
+            return self._watches[key]
+        done: asyncio.Future[agent_pb2.ProbeResult] = loop.create_future()
+        if key in self._exited:
+            done.set_result(exit_result())
+            return done
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except OSError:
+            done.set_result(self._probe(identity))
+            return done
+        now = self._probe(identity)
+        same_fd = not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino
+        if now.outcome != P.IDENTITY_MATCHED or not same_fd:
+            # Not this owner at this pid (or it died between open and re-check): the probe says which.
+            os.close(fd)
+            done.set_result(now if now.outcome != P.IDENTITY_MATCHED else self._probe(identity))
+            return done
+        if pidfd_exited(fd):
+            os.close(fd)
+            self._remember(key)
+            done.set_result(exit_result())
+            return done
+
+        def on_exit() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            self._watches.pop(key, None)
+            self._remember(key)
+            if not done.done():
+                done.set_result(exit_result())
+
+        loop.add_reader(fd, on_exit)
+        self._watches[key] = done
+        return done

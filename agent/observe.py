@@ -1,0 +1,81 @@
+"""The I/O behind a probe: look at one pid through a fresh pidfd and /proc, and at one token's tree.
+
+The pidfd is opened before /proc is read, and polled after, so a pid reused in between is caught:
+a readable pidfd means the process it names has exited, whatever /proc now shows.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+
+from holdfast.agent.environ import read_proc_file, value_in_block
+from holdfast.agent.probe_rules import Observation, TreeObservation
+from holdfast.agent.procstat import StatParseError, parse_stat
+from holdfast.agent.scan import Scan
+from holdfast.v1 import agent_pb2
+
+_GONE = (errno.ENOENT, errno.ESRCH)
+
+
+def pidfd_exited(fd: int) -> bool:
+    """A pidfd polls readable once the whole thread group it names has exited."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: bool) -> Observation:
+    pid = identity.pid
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return Observation(exit_watched=exit_watched, absent=True)
+        return Observation(exit_watched=exit_watched, error=f"pidfd_open({pid}): {exc.strerror}")
+    try:
+        ino = os.fstat(fd).st_ino
+        try:
+            stat = parse_stat(read_proc_file(f"/proc/{pid}/stat"))
+        except OSError as exc:
+            if exc.errno in _GONE:
+                return Observation(exit_watched=exit_watched, absent=True)
+            return Observation(exit_watched=exit_watched, error=f"/proc/{pid}/stat: {exc.strerror}")
+        except StatParseError as exc:
+            return Observation(exit_watched=exit_watched, error=f"/proc/{pid}/stat unparsable: {exc}")
+        token: bool | None = None
+        if identity.spawn_token:
+            try:
+                value = value_in_block(read_proc_file(f"/proc/{pid}/environ"), variable)
+                token = value == identity.spawn_token.encode()
+            except OSError:
+                token = None  # unreadable environ is no evidence either way
+        return Observation(exit_watched=exit_watched, state=stat.state, start_ticks=stat.start_ticks,
+                           pidfd_ino=ino, pidfd_exited=pidfd_exited(fd), token_matched=token)
+    finally:
+        os.close(fd)
+
+
+def cgroup_populated(ref: agent_pb2.CgroupRef) -> bool | None:
+    """From cgroup.events; None when it cannot be read or the inode names another cgroup."""
+    try:
+        if os.stat(ref.path).st_ino != ref.inode:
+            return None
+        for line in read_proc_file(os.path.join(ref.path, "cgroup.events")).splitlines():
+            key, _, value = line.partition(b" ")
+            if key == b"populated":
+                return value.strip() != b"0"
+    except OSError:
+        return None
+    return None
+
+
+def observe_tree(identity: agent_pb2.ProcessIdentity, scan: Scan) -> TreeObservation:
+    return TreeObservation(
+        enumerable=scan.enumerable,
+        complete=scan.complete,
+        unreadable=scan.unreadable,
+        carriers=len(scan.of_token(identity.spawn_token.encode())),
+        cgroup_populated=cgroup_populated(identity.cgroup) if identity.cgroup.path else None,
+    )

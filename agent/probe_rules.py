@@ -1,0 +1,122 @@
+"""The probe verdict as a pure function: what was observed about a pid → one outcome, in exactly
+the order of DESIGN.md §2. Indeterminate is never death; the token is only positive evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holdfast.v1 import agent_pb2
+
+P = agent_pb2.ProbeOutcome
+PROVEN_DEAD = (P.EXIT_OBSERVED, P.PID_ABSENT, P.IDENTITY_MISMATCH)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent saw of one pid; `error` set means it could not look (EPERM, EIO, parse)."""
+
+    exit_watched: bool = False  # a pidfd held for this exact identity polled readable
+    absent: bool = False  # /proc/<pid> gone with ENOENT/ESRCH
+    error: str = ""
+    state: str = ""
+    start_ticks: int = 0
+    pidfd_ino: int = 0  # 0: no pidfs inode could be taken
+    pidfd_exited: bool = False  # the pidfd opened at this probe polled readable
+    token_matched: bool | None = None  # None: no token recorded, or environ unreadable
+
+
+@dataclass(frozen=True)
+class TreeObservation:
+    enumerable: bool
+    complete: bool
+    unreadable: int
+    carriers: int
+    cgroup_populated: bool | None  # None: no cgroup recorded
+
+
+def incarnation_verdict(
+    recorded: agent_pb2.HostIncarnation, current: agent_pb2.HostIncarnation
+) -> tuple[str, str]:
+    """('same'|'ended'|'unknown', why). Only a new boot or a reused pid-ns inode proves an end."""
+    if recorded == current:
+        return "same", ""
+    if recorded.machine_id != current.machine_id:
+        return "unknown", "recorded machine id differs from this host's: maybe a replacement machine"
+    if recorded.boot_id != current.boot_id:
+        return "ended", "host rebooted (boot id changed)"
+    if recorded.pid_ns != current.pid_ns:
+        return "unknown", "recorded PID namespace is not the agent's; the old one may still exist"
+    if recorded.ns_init_start_ticks != current.ns_init_start_ticks:
+        return "ended", "PID namespace inode reused by a new namespace: the old one is gone"
+    return "unknown", "incarnation differs in a field the agent cannot interpret"
+
+
+def _result(outcome: int, **kw: object) -> agent_pb2.ProbeResult:
+    return agent_pb2.ProbeResult(outcome=outcome, **kw)  # type: ignore[arg-type]
+
+
+def judge(
+    identity: agent_pb2.ProcessIdentity,
+    host_id: str,
+    incarnation: agent_pb2.HostIncarnation,
+    seen: Observation,
+) -> agent_pb2.ProbeResult:
+    if identity.host_id != host_id:
+        return _result(P.INDETERMINATE, reason=f"misrouted: owner is on host {identity.host_id!r}, "
+                       f"this agent answers for {host_id!r}")
+    verdict, why = incarnation_verdict(identity.incarnation, incarnation)
+    if verdict == "ended":
+        return _result(P.IDENTITY_MISMATCH, mismatch_field="incarnation", reason=why)
+    if verdict == "unknown":
+        return _result(P.INDETERMINATE, reason=why)
+    if seen.exit_watched:
+        return _result(P.EXIT_OBSERVED, reason="pidfd held for this identity reported its exit")
+    if seen.absent:
+        return _result(P.PID_ABSENT, reason=f"/proc/{identity.pid} does not exist")
+    if seen.error:
+        return _result(P.INDETERMINATE, reason=seen.error)
+    matched: list[str] = []
+    if identity.pidfd_ino and seen.pidfd_ino:
+        if seen.pidfd_ino != identity.pidfd_ino:
+            return _result(P.IDENTITY_MISMATCH, mismatch_field="pidfd",
+                           reason="another process holds this pid (pidfs inode differs)")
+        if identity.start_ticks and seen.start_ticks != identity.start_ticks:
+            return _result(P.INDETERMINATE, contradiction=True,
+                           reason="pidfs inode matches but start ticks differ: contradictory identity")
+        matched.append("pidfd")
+    if identity.start_ticks:
+        if seen.start_ticks != identity.start_ticks:
+            if seen.token_matched:
+                return _result(P.INDETERMINATE, contradiction=True,
+                               reason="spawn token matches but start ticks differ: contradictory identity")
+            return _result(P.IDENTITY_MISMATCH, mismatch_field="start-time",
+                           reason="another process holds this pid (start ticks differ)")
+        matched.append("start-time")
+    if seen.token_matched:
+        matched.append("token")
+    if not matched:
+        return _result(P.INDETERMINATE, reason="only the pid matched, which proves nothing")
+    if seen.state == "Z" and seen.pidfd_exited:
+        # A zombie is dead only when its whole thread group is: a leader that called
+        # pthread_exit shows Z while its other threads run, and then its pidfd is not readable.
+        return _result(P.EXIT_OBSERVED, reason="zombie whose pidfd reports its exit")
+    return _result(P.IDENTITY_MATCHED, matched_on=matched)
+
+
+def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation) -> tuple[bool, str]:
+    """(gone, why): gone only when a complete scan found no carrier and the cgroup is empty."""
+    if not identity.spawn_token:
+        return False, "identity records no spawn token; the tree cannot be checked"
+    if not tree.enumerable:
+        return False, "this host cannot enumerate processes"
+    if tree.carriers:
+        return False, f"{tree.carriers} process(es) still carry the token"
+    if not tree.complete:
+        return False, f"{tree.unreadable} process(es) could not be read; absence is unproven"
+    if tree.cgroup_populated:
+        return False, "the session's cgroup is still populated"
+    if tree.cgroup_populated is None and identity.cgroup.path:
+        return False, "the session's cgroup could not be read"
+    return True, "no process carries the token" + ("" if tree.cgroup_populated is None else
+                                                   " and the cgroup is empty")

@@ -1,0 +1,34 @@
+"""Parsing /proc/<pid>/stat: state, parent and start ticks, immune to odd process names.
+
+The command name sits in parentheses and may itself contain `)` or spaces, so fields are counted
+after the LAST `)`. Start ticks (field 22) are raw clock ticks since boot: exact integer compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    state: str
+    ppid: int
+    start_ticks: int
+
+
+class StatParseError(ValueError):
+    """The stat line does not have the shape the kernel documents."""
+
+
+def parse_stat(line: bytes) -> ProcStat:
+    close = line.rfind(b")")
+    if close < 0:
+        raise StatParseError("no ')' closing the command name")
+    fields = line[close + 1 :].split()
+    # fields[0] is field 3 (state); field 22 (starttime) is fields[19].
+    if len(fields) < 20:
+        raise StatParseError(f"only {len(fields) + 2} fields")
+    try:
+        return ProcStat(state=fields[0].decode(), ppid=int(fields[1]), start_ticks=int(fields[19]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StatParseError(str(exc)) from exc

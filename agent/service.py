@@ -1,0 +1,256 @@
+"""The HostAgent gRPC servicer: validates every request whole (INVALID_ARGUMENT with what was
+wrong, nothing changed), then answers only for this host from its own process table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from holdfast.agent import probe_rules
+from holdfast.agent.environ import read_proc_file, value_in_block
+from holdfast.agent.exit_watch import ExitWatcher
+from holdfast.agent.hostinfo import HostFacts
+from holdfast.agent.kill import kill_tree
+from holdfast.agent.observe import observe, observe_tree, pidfd_exited
+from holdfast.agent.procstat import StatParseError, parse_stat
+from holdfast.agent.scan import Scan, scan
+from holdfast.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("holdfast.agent")
+P = agent_pb2.ProbeOutcome
+TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
+MAX_BATCH = 1024
+MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
+MAX_KILL_WAIT = 60.0
+VERSION = "0.1.0"
+
+
+class InvalidRequest(ValueError):
+    pass
+
+
+async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="holdfast"))
+    await context.abort_with_status(
+        rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[info]))
+    )
+
+
+def check_token(token: str, what: str, required: bool) -> None:
+    if not token and not required:
+        return
+    if not TOKEN_RE.match(token):
+        raise InvalidRequest(f"{what}: spawn token must be 32 lowercase hex characters")
+
+
+def check_identity(identity: agent_pb2.ProcessIdentity, what: str) -> None:
+    if not identity.host_id:
+        raise InvalidRequest(f"{what}: host_id is missing")
+    if not identity.HasField("incarnation") or not identity.incarnation.boot_id:
+        raise InvalidRequest(f"{what}: incarnation is missing")
+    if not 0 < identity.pid < MAX_PID:
+        raise InvalidRequest(f"{what}: pid must be in 1..{MAX_PID - 1}, got {identity.pid}")
+    if identity.start_ticks <= 0:
+        raise InvalidRequest(f"{what}: start_ticks is missing")
+    check_token(identity.spawn_token, what, required=False)
+    if identity.cgroup.path and not identity.cgroup.path.startswith("/"):
+        raise InvalidRequest(f"{what}: cgroup path must be absolute")
+
+
+def check_batch(owners: list[agent_pb2.ProcessIdentity]) -> None:
+    if not owners:
+        raise InvalidRequest("owners is empty")
+    if len(owners) > MAX_BATCH:
+        raise InvalidRequest(f"batch of {len(owners)} owners exceeds the limit of {MAX_BATCH}")
+    for i, owner in enumerate(owners):
+        check_identity(owner, f"owners[{i}]")
+
+
+class HostAgentService(agent_pb2_grpc.HostAgentServicer):
+    def __init__(self, host_id: str, facts: HostFacts, spawn_token_env: str) -> None:
+        self.host_id = host_id
+        self.facts = facts
+        self.spawn_token_env = spawn_token_env
+        self.variable = spawn_token_env.encode()
+        self.watcher = ExitWatcher(self.probe_proc)
+
+    # -- judging ---------------------------------------------------------------------------------
+    def _stamp(self, result: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
+        result.answered_by_host_id = self.host_id
+        result.answered_by_incarnation.CopyFrom(self.facts.incarnation)
+        if not result.observed_at_unix_ms:
+            result.observed_at_unix_ms = int(time.time() * 1000)
+        return result
+
+    def probe_proc(self, identity: agent_pb2.ProcessIdentity) -> agent_pb2.ProbeResult:
+        """/proc evidence only, without the exit memory (used by the watcher's re-check)."""
+        seen = observe(identity, self.variable, exit_watched=False)
+        return probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen)
+
+    def probe(self, identity: agent_pb2.ProcessIdentity, tree: Scan | None) -> agent_pb2.ProbeResult:
+        if identity.host_id == self.host_id and identity.incarnation == self.facts.incarnation:
+            seen = observe(identity, self.variable, exit_watched=self.watcher.exited(identity))
+        else:
+            seen = probe_rules.Observation()  # judged on host id / incarnation alone
+        result = probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen)
+        if tree is not None:
+            gone, why = probe_rules.tree_verdict(identity, observe_tree(identity, tree))
+            result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
+        return self._stamp(result)
+
+    def identity_of(self, pid: int, token: str) -> agent_pb2.ProcessIdentity | None:
+        """The full identity of a live pid, taken through a pidfd so it cannot name a reused pid."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        try:
+            stat = parse_stat(read_proc_file(f"/proc/{pid}/stat"))
+            identity = agent_pb2.ProcessIdentity(
+                host_id=self.host_id, incarnation=self.facts.incarnation, pid=pid,
+                start_ticks=stat.start_ticks, pidfd_ino=os.fstat(fd).st_ino if self.facts.pidfs else 0,
+                spawn_token=token,
+            )
+            return None if pidfd_exited(fd) else identity
+        except (OSError, StatParseError):
+            return None
+        finally:
+            os.close(fd)
+
+    def _carries(self, pid: int, token: bytes) -> bool:
+        try:
+            return value_in_block(read_proc_file(f"/proc/{pid}/environ"), self.variable) == token
+        except OSError:
+            return False
+
+    def attest(self, token: str, pid_hint: int) -> tuple[agent_pb2.ProcessIdentity | None, str]:
+        raw = token.encode()
+        if pid_hint and self._carries(pid_hint, raw):
+            try:
+                ppid = parse_stat(read_proc_file(f"/proc/{pid_hint}/stat")).ppid
+            except (OSError, StatParseError):
+                ppid = -1
+            if ppid >= 0 and not self._carries(ppid, raw):
+                identity = self.identity_of(pid_hint, token)
+                if identity is not None and self._carries(pid_hint, raw):
+                    return identity, ""
+        roots = [c for c in scan(self.variable, raw).carriers if c.root]
+        if len(roots) != 1:
+            return None, f"{len(roots)} tree roots carry the token; attestation needs exactly one"
+        identity = self.identity_of(roots[0].pid, token)
+        if identity is None or not self._carries(roots[0].pid, raw):
+            return None, "the token's root exited during attestation"
+        return identity, ""
+
+    # -- RPCs --------------------------------------------------------------------------------------
+    async def GetHostInfo(self, request, context):
+        f = self.facts
+        return agent_pb2.HostInfo(
+            host_id=self.host_id, incarnation=f.incarnation, clock_ticks_per_second=f.clock_ticks,
+            can_enumerate=f.can_enumerate, pidfs=f.pidfs, cgroup_writable=f.cgroup_writable,
+            cgroup_root=f.cgroup_root, agent_version=VERSION, spawn_token_env=self.spawn_token_env,
+        )
+
+    async def ScanSpawnToken(self, request, context):
+        try:
+            check_token(request.spawn_token, "spawn_token", required=True)
+        except InvalidRequest as exc:
+            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+        found = scan(self.variable, request.spawn_token.encode())
+        return agent_pb2.ScanResult(
+            enumerable=found.enumerable, complete=found.complete, scanned=found.scanned,
+            unreadable=found.unreadable,
+            carriers=[agent_pb2.TokenCarrier(pid=c.pid, ppid=c.ppid, root=c.root) for c in found.carriers],
+        )
+
+    async def AttestSpawn(self, request, context):
+        try:
+            check_token(request.spawn_token, "spawn_token", required=True)
+            if request.pid_hint >= MAX_PID:
+                raise InvalidRequest(f"pid_hint must be below {MAX_PID}")
+        except InvalidRequest as exc:
+            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+        identity, why = self.attest(request.spawn_token, request.pid_hint)
+        if identity is None:
+            log.info("attestation refused", extra={"fields": {"reason": why}})
+            return await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "ATTESTATION_FAILED", why)
+        return agent_pb2.AttestSpawnResponse(identity=identity)
+
+    async def ListTokenRoots(self, request, context):
+        found = scan(self.variable)
+        roots = []
+        for carrier in found.carriers:
+            token = carrier.token.decode(errors="replace")
+            if carrier.root and TOKEN_RE.match(token):
+                identity = self.identity_of(carrier.pid, token)
+                if identity is not None:
+                    roots.append(agent_pb2.TokenRoot(identity=identity))
+        return agent_pb2.ListTokenRootsResponse(complete=found.complete, unreadable=found.unreadable,
+                                                roots=roots)
+
+    async def ProbeOwners(self, request, context):
+        try:
+            check_batch(list(request.owners))
+        except InvalidRequest as exc:
+            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+        tree = scan(self.variable) if request.check_tree else None
+        return agent_pb2.ProbeOwnersResponse(results=[self.probe(o, tree) for o in request.owners])
+
+    async def WatchExits(self, request, context) -> AsyncIterator[agent_pb2.ExitEvent]:
+        try:
+            check_batch(list(request.owners))
+        except InvalidRequest as exc:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+            return
+        pending: dict[asyncio.Future[agent_pb2.ProbeResult], agent_pb2.ProcessIdentity] = {}
+        for owner in request.owners:
+            if owner.host_id == self.host_id and owner.incarnation == self.facts.incarnation:
+                pending[self.watcher.watch(owner)] = owner
+            else:
+                yield agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None))
+        while pending:
+            # shield: a watch is shared by every stream on the same identity; one cancel must not end it.
+            _done, _ = await asyncio.wait([asyncio.shield(f) for f in pending], return_when=asyncio.FIRST_COMPLETED)
+            for fut in [f for f in pending if f.done()]:
+                owner = pending.pop(fut)
+                yield agent_pb2.ExitEvent(identity=owner, result=self._stamp(agent_pb2.ProbeResult()
+                                          if fut.cancelled() else fut.result()))
+
+    async def KillOwner(self, request, context):
+        try:
+            if not request.HasField("owner"):
+                raise InvalidRequest("owner is missing")
+            check_identity(request.owner, "owner")
+            if not 0 <= request.wait_seconds <= MAX_KILL_WAIT:
+                raise InvalidRequest(f"wait_seconds must be in 0..{MAX_KILL_WAIT}")
+        except InvalidRequest as exc:
+            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+        owner = request.owner
+        before = self.probe(owner, None)
+        if before.outcome != P.IDENTITY_MATCHED:
+            # Never signal what is not proven to be this owner; report what was found.
+            return agent_pb2.KillOwnerResponse(result=self.probe(owner, scan(self.variable)))
+        watch = self.watcher.watch(owner)
+        sent = kill_tree(owner, self.variable)
+        log.info("killed owner tree", extra={"fields": {"pid": owner.pid, "signalled": sent}})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or 5.0)
+        # Give carriers that were signalled a moment to be gone from the table.
+        deadline = time.monotonic() + (request.wait_seconds or 5.0)
+        while True:
+            result = self.probe(owner, scan(self.variable))
+            if result.tree_gone or time.monotonic() > deadline:
+                return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
+            await asyncio.sleep(0.01)
