@@ -40,6 +40,26 @@ def value_in_block(block: bytes, variable: bytes) -> bytes | None:
     return block[start:] if end < 0 else block[start:end]
 
 
+def read_environ(pid: int | str, proc: str = "/proc") -> bytes | None:
+    """`pid`'s environ block; None when it has none (a kernel thread, a reaped or plain zombie).
+
+    A leader that called pthread_exit is a zombie whose environ reads ESRCH while its threads
+    run on: their task entries still share the memory, so it is read through them.
+    Raises OSError (ENOENT when gone, EACCES/EPERM/EIO when it may not be read).
+    """
+    try:
+        return read_proc_file(f"{proc}/{pid}/environ")
+    except ProcessLookupError:
+        for tid in os.listdir(f"{proc}/{pid}/task"):
+            if tid != str(pid):
+                try:
+                    return read_proc_file(f"{proc}/{pid}/task/{tid}/environ")
+                except ProcessLookupError:
+                    continue
+        return None
+
+
 def read_value(pid: int, variable: bytes) -> bytes | None:
     """The variable's value in `pid`'s environ; raises OSError when it cannot be read."""
-    return value_in_block(read_proc_file(f"/proc/{pid}/environ"), variable)
+    block = read_environ(pid)
+    return None if block is None else value_in_block(block, variable)

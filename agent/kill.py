@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-from holdfast.agent.environ import read_proc_file, value_in_block
+from holdfast.agent.environ import read_value
 from holdfast.agent.scan import scan
 from holdfast.v1 import agent_pb2
 
@@ -20,7 +20,7 @@ def _signal_carrier(pid: int, variable: bytes, token: bytes) -> bool:
         return False
     try:
         # Re-read through the opened pidfd's pid: the process must still carry the token now.
-        if value_in_block(read_proc_file(f"/proc/{pid}/environ"), variable) != token:
+        if read_value(pid, variable) != token:
             return False
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         return True

@@ -10,7 +10,7 @@ import errno
 import os
 import select
 
-from holdfast.agent.environ import read_proc_file, value_in_block
+from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.probe_rules import Observation, TreeObservation
 from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import Scan
@@ -47,7 +47,7 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
         token: bool | None = None
         if identity.spawn_token:
             try:
-                value = value_in_block(read_proc_file(f"/proc/{pid}/environ"), variable)
+                value = read_value(pid, variable)
                 token = value == identity.spawn_token.encode()
             except OSError:
                 token = None  # unreadable environ is no evidence either way

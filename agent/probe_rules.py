@@ -95,6 +95,11 @@ def judge(
         matched.append("start-time")
     if seen.token_matched:
         matched.append("token")
+    elif seen.token_matched is False and "pidfd" not in matched:
+        # Start ticks alone cannot tell a pid reused inside the same tick from the owner whose
+        # environ was rewritten: neither death nor life is proven.
+        return _result(P.INDETERMINATE, reason="start ticks match but the process no longer carries the "
+                       "token, and without a pidfs inode a pid reused in the same tick looks the same")
     if not matched:
         return _result(P.INDETERMINATE, reason="only the pid matched, which proves nothing")
     if seen.state == "Z" and seen.pidfd_exited:

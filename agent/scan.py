@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from holdfast.agent.environ import read_proc_file, value_in_block
+from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
 from holdfast.agent.procstat import StatParseError, parse_stat
 
 
@@ -49,13 +49,16 @@ def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc") -> Sc
         if not entry.isdigit():
             continue
         try:
-            block = read_proc_file(f"{proc}/{entry}/environ")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
+            block = read_environ(entry, proc)
+        except FileNotFoundError:
+            continue  # exited mid-scan
         except OSError:
+            # EACCES/EPERM/EIO: alive but unreadable; absence claims are off for this scan.
             result.scanned += 1
             result.unreadable += 1
             continue
+        if block is None:
+            continue  # kernel thread or zombie: no memory, no environment, nothing runs
         result.scanned += 1
         value = value_in_block(block, variable)
         if value is not None and (token is None or value == token):

@@ -18,7 +18,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from holdfast.agent import probe_rules
-from holdfast.agent.environ import read_proc_file, value_in_block
+from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.exit_watch import ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
@@ -131,7 +131,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
 
     def _carries(self, pid: int, token: bytes) -> bool:
         try:
-            return value_in_block(read_proc_file(f"/proc/{pid}/environ"), self.variable) == token
+            return read_value(pid, self.variable) == token
         except OSError:
             return False
 
@@ -222,7 +222,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                 yield agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None))
         while pending:
             # shield: a watch is shared by every stream on the same identity; one cancel must not end it.
-            _done, _ = await asyncio.wait([asyncio.shield(f) for f in pending], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([asyncio.shield(f) for f in pending], return_when=asyncio.FIRST_COMPLETED)
             for fut in [f for f in pending if f.done()]:
                 owner = pending.pop(fut)
                 yield agent_pb2.ExitEvent(identity=owner, result=self._stamp(agent_pb2.ProbeResult()

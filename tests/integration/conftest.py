@@ -1,0 +1,113 @@
+"""Fixtures for real agents: one in this machine's PID namespace, and simulated hosts in their own.
+
+Each fixture stops everything it started. Addresses are 127.0.0.N with N in 10..49 for agent tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.v1 import agent_pb2, agent_pb2_grpc
+
+_indexes = itertools.cycle(range(10, 50))
+
+
+def mint_token() -> str:
+    return secrets.token_hex(16)
+
+
+class AgentProcess:
+    """A real `holdfast agent serve` child with a client stub on its channel."""
+
+    def __init__(self, tmp: Path, host_id: str, prefix: Sequence[str] = (),
+                 env_var: str = "HOLDFAST_SPAWN_TOKEN") -> None:
+        ready = tmp / f"ready-{host_id}.json"
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
+             "--listen", f"127.0.0.{next(_indexes)}:0", "--host-id", host_id,
+             "--spawn-token-env", env_var, "--ready-file", str(ready)],
+            stderr=open(tmp / f"agent-{host_id}.log", "ab"),  # noqa: SIM115 - the child owns it
+        )
+        deadline = time.monotonic() + 15
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"agent did not start: {(tmp / f'agent-{host_id}.log').read_text()}")
+            time.sleep(0.01)
+        self.address = json.loads(ready.read_text())["address"]
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = agent_pb2_grpc.HostAgentStub(self.channel)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if hasattr(self, "channel"):
+            self.channel.close()
+
+
+def stub_for(address: str) -> agent_pb2_grpc.HostAgentStub:
+    return agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(address))
+
+
+def probe(stub: agent_pb2_grpc.HostAgentStub, identity: agent_pb2.ProcessIdentity,
+          check_tree: bool = False) -> agent_pb2.ProbeResult:
+    req = agent_pb2.ProbeOwnersRequest(owners=[identity], check_tree=check_tree)
+    return stub.ProbeOwners(req, timeout=10).results[0]
+
+
+def attest(stub: agent_pb2_grpc.HostAgentStub, token: str, pid_hint: int = 0) -> agent_pb2.ProcessIdentity:
+    req = agent_pb2.AttestSpawnRequest(spawn_token=token, pid_hint=pid_hint)
+    return stub.AttestSpawn(req, timeout=10).identity
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    if os.geteuid() != 0:
+        pytest.fail("agent integration tests run as root (CI runs as root)")
+    a = AgentProcess(tmp_path, "host-local")
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def simhosts(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    """Factory: simhosts("h1") → a started SimulatedHost; all are stopped at teardown."""
+    started: list[SimulatedHost] = []
+
+    def make(host_id: str) -> SimulatedHost:
+        host = SimulatedHost(host_id, next(_indexes), tmp_path / host_id)
+        started.append(host)
+        host.start()
+        return host
+
+    yield make
+    for host in started:
+        host.stop()
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen]]:  # type: ignore[type-arg]
+    """Processes a test starts; killed and reaped at teardown."""
+    procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(5)
