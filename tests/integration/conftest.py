@@ -5,10 +5,12 @@ Each fixture stops everything it started. Addresses are 127.0.0.N with N in 10..
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -108,6 +110,16 @@ def children() -> Iterator[list[subprocess.Popen]]:  # type: ignore[type-arg]
     procs: list[subprocess.Popen] = []  # type: ignore[type-arg]
     yield procs
     for p in procs:
-        if p.poll() is None:
-            p.kill()
+        for pid in [*descendants(p.pid), p.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         p.wait(5)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (this namespace's view), deepest last."""
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return [d for k in kids for d in (k, *descendants(k))]

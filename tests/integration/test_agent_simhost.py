@@ -1,0 +1,184 @@
+"""Agents in simulated hosts (own PID namespaces): invisibility across hosts, the incarnation
+rule both ways, real PID reuse via ns_last_pid (also inside one clock tick), and KillOwner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from holdfast.v1 import agent_pb2
+from tests.integration.conftest import attest, mint_token, probe, stub_for
+
+P = agent_pb2.ProbeOutcome
+VAR = "HOLDFAST_SPAWN_TOKEN"
+
+# Runs inside the namespace: make the next fork get pid TARGET, exec sleep with TOKEN there.
+REUSE = """
+import json, os, sys
+target, token = int(sys.argv[1]), sys.argv[2]
+for _ in range(50):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(target - 1))
+    pid = os.fork()
+    if pid == 0:
+        os.execve("/bin/sleep", ["sleep", "300"], {"HOLDFAST_SPAWN_TOKEN": token})
+    if pid == target:
+        print(json.dumps({"pid": pid}), flush=True)
+        os.waitpid(pid, 0)
+        sys.exit(0)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+sys.exit("could not land on the target pid")
+"""
+
+# Inside one clock tick: fork A, take its kernel identity, kill it, and fork B on the same pid,
+# until B's start ticks equal A's. Prints A's identity facts; B keeps running.
+SAME_TICK = """
+import json, os, sys
+def ticks(pid):
+    line = open(f"/proc/{pid}/stat", "rb").read()
+    return int(line[line.rfind(b")") + 2:].split()[19])
+def child(token):
+    pid = os.fork()
+    if pid == 0:
+        os.execve("/bin/sleep", ["sleep", "300"], {"HOLDFAST_SPAWN_TOKEN": token})
+    return pid
+for _ in range(500):
+    a = child(sys.argv[1])
+    fd = os.pidfd_open(a)
+    a_ino, a_ticks = os.fstat(fd).st_ino, ticks(a)
+    os.kill(a, 9)
+    os.waitpid(a, 0)
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(a - 1))
+    b = child(sys.argv[2])
+    if b == a and ticks(b) == a_ticks:
+        print(json.dumps({"pid": a, "start_ticks": a_ticks, "pidfd_ino": a_ino,
+                          "b_ino": os.fstat(os.pidfd_open(b)).st_ino}), flush=True)
+        os.waitpid(b, 0)
+        sys.exit(0)
+    os.kill(b, 9)
+    os.waitpid(b, 0)
+sys.exit("no same-tick reuse in 500 tries")
+"""
+
+
+def host_stub(host):
+    return stub_for(host.agent_address)
+
+
+def wait_carrier(stub, token: str, want: int = 1) -> agent_pb2.ScanResult:
+    import time
+
+    deadline = time.monotonic() + 5
+    while True:
+        scan = stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=5)
+        if len(scan.carriers) >= want or time.monotonic() > deadline:
+            return scan
+        time.sleep(0.01)
+
+
+def test_processes_of_one_host_are_invisible_to_another(simhosts, children) -> None:
+    a, b = simhosts("sim-a"), simhosts("sim-b")
+    token = mint_token()
+    children.append(b.spawn(["sleep", "300"], env={VAR: token, "PATH": "/usr/bin:/bin"}))
+    scan_b = wait_carrier(host_stub(b), token)
+    assert scan_b.complete and [c.pid for c in scan_b.carriers] == [b.host_pid(children[0])]
+    scan_a = host_stub(a).ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=5)
+    assert scan_a.enumerable and scan_a.complete and not scan_a.carriers
+    with pytest.raises(grpc.RpcError) as err:
+        attest(host_stub(a), token)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # An identity recorded on B, sent to A under A's host id, names another namespace: unknown.
+    foreign = attest(host_stub(b), token)
+    foreign.host_id = "sim-a"
+    result = probe(host_stub(a), foreign)
+    assert result.outcome == P.INDETERMINATE and "namespace" in result.reason
+
+
+def test_reboot_is_a_new_incarnation_and_the_rule_holds_both_ways(simhosts, children) -> None:
+    host = simhosts("sim-reboot")
+    token = mint_token()
+    children.append(host.spawn(["sleep", "300"], env={VAR: token}))
+    wait_carrier(host_stub(host), token)
+    old = attest(host_stub(host), token)
+    host.reboot()
+    info = host_stub(host).GetHostInfo(agent_pb2.GetHostInfoRequest(), timeout=5)
+    assert info.incarnation != old.incarnation
+    assert info.incarnation.boot_id == old.incarnation.boot_id
+    result = probe(host_stub(host), old)
+    if info.incarnation.pid_ns == old.incarnation.pid_ns:
+        # Same nsfs inode reused: the old namespace, and every process in it, is gone.
+        assert result.outcome == P.IDENTITY_MISMATCH and result.mismatch_field == "incarnation"
+    else:
+        assert result.outcome == P.INDETERMINATE
+    assert result.answered_by_incarnation == info.incarnation
+
+
+def test_pid_reuse_is_identity_mismatch(simhosts, children) -> None:
+    host = simhosts("sim-reuse")
+    stub = host_stub(host)
+    token = mint_token()
+    owner = host.spawn(["sleep", "300"], env={VAR: token})
+    children.append(owner)
+    wait_carrier(stub, token)
+    identity = attest(stub, token)
+    outer = host.outer_pid(owner)
+    subprocess.run(["kill", "-9", str(outer)], check=True)
+    owner.wait(5)
+    reuse = host.spawn([sys.executable, "-c", REUSE, str(identity.pid), mint_token()], stdout=subprocess.PIPE)
+    children.append(reuse)
+    assert json.loads(reuse.stdout.readline())["pid"] == identity.pid
+    assert probe(stub, identity).mismatch_field == "pidfd"
+    no_pidfs = agent_pb2.ProcessIdentity()
+    no_pidfs.CopyFrom(identity)
+    no_pidfs.pidfd_ino = 0
+    result = probe(stub, no_pidfs)
+    assert (result.outcome, result.mismatch_field) == (P.IDENTITY_MISMATCH, "start-time")
+
+
+def test_pid_reused_in_the_same_tick_is_caught_by_pidfs_or_token(simhosts, children) -> None:
+    host = simhosts("sim-tick")
+    stub = host_stub(host)
+    info = stub.GetHostInfo(agent_pb2.GetHostInfoRequest(), timeout=5)
+    token_a, token_b = mint_token(), mint_token()
+    helper = host.spawn([sys.executable, "-c", SAME_TICK, token_a, token_b], stdout=subprocess.PIPE)
+    children.append(helper)
+    facts = json.loads(helper.stdout.readline())
+    wait_carrier(stub, token_b)
+    assert facts["b_ino"] != facts["pidfd_ino"]
+    a = agent_pb2.ProcessIdentity(host_id="sim-tick", incarnation=info.incarnation, pid=facts["pid"],
+                                  start_ticks=facts["start_ticks"], pidfd_ino=facts["pidfd_ino"],
+                                  spawn_token=token_a)
+    by_pidfs = probe(stub, a)
+    assert (by_pidfs.outcome, by_pidfs.mismatch_field) == (P.IDENTITY_MISMATCH, "pidfd")
+    # Without pidfs the start ticks coincide; the missing token keeps it from counting as alive.
+    a.pidfd_ino = 0
+    by_token = probe(stub, a)
+    assert by_token.outcome == P.INDETERMINATE and "token" in by_token.reason
+    # Start ticks alone would have said "the same process": the hazard this test measures.
+    a.spawn_token = ""
+    assert probe(stub, a).outcome == P.IDENTITY_MATCHED
+
+
+def test_kill_owner_ends_the_whole_tree(simhosts, children) -> None:
+    host = simhosts("sim-kill")
+    stub = host_stub(host)
+    token = mint_token()
+    tree = host.spawn(["sh", "-c", "sleep 300 & (sleep 300 & wait) & wait"],
+                      env={VAR: token, "PATH": "/usr/bin:/bin"})
+    children.append(tree)
+    scan = wait_carrier(stub, token, want=4)
+    assert len(scan.carriers) == 4 and sum(c.root for c in scan.carriers) == 1
+    identity = attest(stub, token)
+    before = probe(stub, identity, check_tree=True)
+    assert before.outcome == P.IDENTITY_MATCHED and not before.tree_gone
+    killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
+    assert killed.signalled >= 4
+    assert killed.result.outcome in (P.EXIT_OBSERVED, P.PID_ABSENT)
+    assert killed.result.tree_checked and killed.result.tree_gone, killed.result.tree_reason
+    assert not stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=5).carriers
