@@ -1,0 +1,96 @@
+"""Environ and stat parsing, and the scan over a /proc-shaped directory (the seeds' scenarios)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from holdfast.agent.environ import value_in_block
+from holdfast.agent.procstat import StatParseError, parse_stat
+from holdfast.agent.scan import scan
+
+V = b"HOLDFAST_SPAWN_TOKEN"
+
+
+@pytest.mark.parametrize(
+    ("block", "value"),
+    [
+        (b"A=1\0HOLDFAST_SPAWN_TOKEN=abc\0B=2\0", b"abc"),
+        (b"HOLDFAST_SPAWN_TOKEN=first\0", b"first"),  # at the start
+        (b"A=1\0HOLDFAST_SPAWN_TOKEN=last", b"last"),  # no trailing NUL
+        (b"HOLDFAST_SPAWN_TOKEN_EXTRA=no\0", None),  # prefix collision
+        (b"X_HOLDFAST_SPAWN_TOKEN=no\0", None),  # suffix collision
+        (b"A=HOLDFAST_SPAWN_TOKEN=no\0", None),  # inside another value
+        (b"HOLDFAST_SPAWN_TOKEN=\0", b""),  # empty value
+        (b"", None),
+        (b"F=" + b"x" * 500_000 + b"\0HOLDFAST_SPAWN_TOKEN=deep\0", b"deep"),
+    ],
+)
+def test_exact_variable_match(block: bytes, value: bytes | None) -> None:
+    assert value_in_block(block, V) == value
+
+
+def test_stat_counts_fields_after_the_last_paren() -> None:
+    # A command name may hold ") S " itself; only the last ")" ends it.
+    line = b"42 (a) b) S c) R 41 " + b"0 " * 17 + b"123456 0 0\n"
+    st = parse_stat(line)
+    assert (st.state, st.ppid, st.start_ticks) == ("R", 41, 123456)
+
+
+@pytest.mark.parametrize("line", [b"42 no paren S", b"42 (x) S 1 2"])
+def test_stat_parse_failures_raise(line: bytes) -> None:
+    with pytest.raises(StatParseError):
+        parse_stat(line)
+
+
+def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None) -> None:
+    d = root / str(pid)
+    d.mkdir()
+    fields = ["S", str(ppid)] + ["0"] * 17 + [str(pid * 10)]
+    (d / "stat").write_bytes(f"{pid} (p) {' '.join(fields)}\n".encode())
+    if environ is not None:
+        (d / "environ").write_bytes(environ)
+    else:
+        (d / "environ").write_bytes(b"")
+        os.chmod(d / "environ", 0)
+
+
+def test_scan_marks_roots_and_counts_unreadable(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    fake_proc(tmp_path, 10, 1, b"HOLDFAST_SPAWN_TOKEN=t1\0")
+    fake_proc(tmp_path, 11, 10, b"HOLDFAST_SPAWN_TOKEN=t1\0")
+    fake_proc(tmp_path, 12, 11, b"HOLDFAST_SPAWN_TOKEN=t2\0")  # child with another token: its own root
+    fake_proc(tmp_path, 13, 1, b"HOLDFAST_SPAWN_TOKEN_EXTRA=t1\0")
+    (tmp_path / "self").mkdir()
+    result = scan(V, proc=str(tmp_path))
+    assert {(c.pid, c.token, c.root) for c in result.carriers} == {
+        (10, b"t1", True), (11, b"t1", False), (12, b"t2", True)}
+    assert result.complete and result.scanned == 5
+    assert sorted(c.pid for c in scan(V, b"t1", proc=str(tmp_path)).carriers) == [10, 11]
+
+
+def test_unreadable_pid_makes_the_scan_incomplete() -> None:
+    proc = Path(tempfile.mkdtemp(prefix="holdfast-fakeproc-"))  # traversable by nobody
+    try:
+        proc.chmod(0o755)
+        fake_proc(proc, 1, 0, b"PATH=/bin\0")
+        fake_proc(proc, 20, 1, None)
+        pid = os.fork()
+        if pid == 0:
+            # root reads mode-0 files; the scan runs as nobody, as an unprivileged agent would.
+            os.setuid(65534)
+            r = scan(V, proc=str(proc))
+            os._exit(0 if (r.enumerable and not r.complete and r.unreadable == 1 and r.scanned == 2) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        shutil.rmtree(proc)
+
+
+def test_no_proc_is_not_enumerable_never_an_empty_answer(tmp_path: Path) -> None:
+    r = scan(V, proc=str(tmp_path / "missing"))
+    assert not r.enumerable and not r.complete and r.carriers == []

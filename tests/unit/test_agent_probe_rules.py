@@ -1,0 +1,134 @@
+"""The probe verdict, exhaustively, as a pure function (DESIGN.md §2 order and the seeds' rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from holdfast.agent.probe_rules import PROVEN_DEAD, Observation, TreeObservation, judge, tree_verdict
+from holdfast.v1 import agent_pb2
+
+P = agent_pb2.ProbeOutcome
+INC = agent_pb2.HostIncarnation(machine_id="m", boot_id="b", pid_ns=4026531836, ns_init_start_ticks=10)
+CG = agent_pb2.CgroupRef(path="/sys/fs/cgroup/s", inode=5)
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def ident(**kw: object) -> agent_pb2.ProcessIdentity:
+    base = {"host_id": "h", "incarnation": INC, "pid": 42, "start_ticks": 1000, "pidfd_ino": 77,
+            "spawn_token": TOKEN}
+    return agent_pb2.ProcessIdentity(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def live(**kw: object) -> Observation:
+    return Observation(**{"state": "S", "start_ticks": 1000, "pidfd_ino": 77, "token_matched": True, **kw})
+
+
+def inc(**kw: object) -> agent_pb2.HostIncarnation:
+    i = agent_pb2.HostIncarnation()
+    i.CopyFrom(INC)
+    for k, v in kw.items():
+        setattr(i, k, v)
+    return i
+
+
+def test_all_matching_is_alive_on_every_element() -> None:
+    r = judge(ident(), "h", INC, live())
+    assert r.outcome == P.IDENTITY_MATCHED and list(r.matched_on) == ["pidfd", "start-time", "token"]
+
+
+def test_other_host_is_misrouted_even_when_everything_else_differs() -> None:
+    r = judge(ident(host_id="other"), "h", inc(boot_id="new"), Observation(absent=True))
+    assert r.outcome == P.INDETERMINATE and "misrouted" in r.reason
+
+
+@pytest.mark.parametrize(
+    ("current", "outcome"),
+    [
+        (inc(boot_id="rebooted"), P.IDENTITY_MISMATCH),  # same machine, new boot
+        (inc(ns_init_start_ticks=99), P.IDENTITY_MISMATCH),  # same ns inode reused by a new namespace
+        (inc(pid_ns=4026532000), P.INDETERMINATE),  # another namespace: the old may still exist
+        (inc(machine_id="replacement", boot_id="x"), P.INDETERMINATE),  # another machine, same name
+    ],
+)
+def test_incarnation_rule(current: agent_pb2.HostIncarnation, outcome: int) -> None:
+    r = judge(ident(), "h", current, live())
+    assert r.outcome == outcome
+    if outcome == P.IDENTITY_MISMATCH:
+        assert r.mismatch_field == "incarnation"
+
+
+def test_order_watched_exit_before_absent_before_error() -> None:
+    assert judge(ident(), "h", INC, Observation(exit_watched=True, absent=True)).outcome == P.EXIT_OBSERVED
+    assert judge(ident(), "h", INC, Observation(absent=True, error="x")).outcome == P.PID_ABSENT
+
+
+def test_eperm_eio_parse_failure_fail_closed() -> None:
+    r = judge(ident(), "h", INC, Observation(error="pidfd_open(42): Operation not permitted"))
+    assert r.outcome == P.INDETERMINATE and "not permitted" in r.reason
+
+
+def test_pidfs_inode_differs_is_mismatch_even_with_same_ticks() -> None:
+    r = judge(ident(), "h", INC, live(pidfd_ino=78, token_matched=False))
+    assert (r.outcome, r.mismatch_field) == (P.IDENTITY_MISMATCH, "pidfd")
+
+
+def test_pidfs_inode_matches_but_ticks_differ_is_contradiction() -> None:
+    r = judge(ident(), "h", INC, live(start_ticks=1001))
+    assert r.outcome == P.INDETERMINATE and r.contradiction
+
+
+def test_start_ticks_differ_is_mismatch_without_token_match() -> None:
+    r = judge(ident(pidfd_ino=0), "h", INC, live(start_ticks=1001, token_matched=False))
+    assert (r.outcome, r.mismatch_field) == (P.IDENTITY_MISMATCH, "start-time")
+    r = judge(ident(pidfd_ino=0), "h", INC, live(start_ticks=1001, token_matched=None))
+    assert r.mismatch_field == "start-time"
+
+
+def test_token_match_with_contradicting_start_time_is_indeterminate() -> None:
+    r = judge(ident(pidfd_ino=0), "h", INC, live(start_ticks=1001, token_matched=True))
+    assert r.outcome == P.INDETERMINATE and r.contradiction
+
+
+def test_missing_token_is_never_death() -> None:
+    # Rewritten environ / exec with a new one: pidfd and ticks still prove it is the owner.
+    r = judge(ident(), "h", INC, live(token_matched=False))
+    assert r.outcome == P.IDENTITY_MATCHED and "token" not in r.matched_on
+    # Without a pidfs inode, ticks alone cannot exclude same-tick reuse: not alive, not dead.
+    r = judge(ident(pidfd_ino=0), "h", INC, live(token_matched=False))
+    assert r.outcome == P.INDETERMINATE and r.outcome not in PROVEN_DEAD
+
+
+def test_bare_pid_match_proves_nothing() -> None:
+    r = judge(ident(pidfd_ino=0, start_ticks=0, spawn_token=""), "h", INC, live(token_matched=None))
+    assert r.outcome == P.INDETERMINATE and "only the pid" in r.reason
+
+
+def test_zombie_counts_as_exited_only_when_its_pidfd_is_readable() -> None:
+    assert judge(ident(), "h", INC, live(state="Z", pidfd_exited=True)).outcome == P.EXIT_OBSERVED
+    # A leader that called pthread_exit: Z while other threads run, pidfd not readable.
+    assert judge(ident(), "h", INC, live(state="Z", pidfd_exited=False)).outcome == P.IDENTITY_MATCHED
+
+
+def tree(**kw: object) -> TreeObservation:
+    return TreeObservation(**{"enumerable": True, "complete": True, "unreadable": 0, "carriers": 0,
+                              "cgroup_populated": None, **kw})
+
+
+@pytest.mark.parametrize(
+    ("identity", "seen", "gone", "why"),
+    [
+        (ident(), tree(), True, "no process"),
+        (ident(), tree(carriers=1), False, "still carry"),
+        (ident(), tree(complete=False, unreadable=3), False, "3 process(es) could not be read"),
+        (ident(), tree(enumerable=False, complete=False), False, "cannot enumerate"),
+        (ident(spawn_token=""), tree(), False, "no spawn token"),
+        (ident(cgroup=CG), tree(cgroup_populated=True),
+         False, "populated"),
+        (ident(cgroup=CG), tree(), False, "could not be read"),
+        (ident(cgroup=CG), tree(cgroup_populated=False),
+         True, "cgroup is empty"),
+    ],
+)
+def test_tree_is_gone_only_with_a_complete_scan_and_an_empty_cgroup(identity, seen, gone, why) -> None:
+    verdict, reason = tree_verdict(identity, seen)
+    assert verdict is gone and why in reason
