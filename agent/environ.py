@@ -16,12 +16,15 @@ def read_proc_file(path: str) -> bytes:
     """The whole file, however large; raises OSError as the kernel reports it."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        parts = []
-        while True:
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                return b"".join(parts)
+        first = os.read(fd, _CHUNK)
+        if len(first) < _CHUNK:
+            # procfs fills a read up to the end of the data: a short read is the whole file,
+            # which saves the EOF read on the common small environ.
+            return first
+        parts = [first]
+        while chunk := os.read(fd, _CHUNK):
             parts.append(chunk)
+        return b"".join(parts)
     finally:
         os.close(fd)
 
