@@ -10,7 +10,7 @@ import errno
 import os
 import select
 
-from holdfast.agent.environ import read_proc_file, read_value
+from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
 from holdfast.agent.probe_rules import Observation, TreeObservation
 from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import Scan
@@ -47,10 +47,12 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
         token: bool | None = None
         if identity.spawn_token:
             try:
-                value = read_value(pid, variable)
-                token = value == identity.spawn_token.encode()
+                block = read_environ(pid)
+                # No environ at all (a zombie's memory is gone) and an unreadable one are no evidence.
+                if block is not None:
+                    token = value_in_block(block, variable) == identity.spawn_token.encode()
             except OSError:
-                token = None  # unreadable environ is no evidence either way
+                token = None
         return Observation(exit_watched=exit_watched, state=stat.state, start_ticks=stat.start_ticks,
                            pidfd_ino=ino, pidfd_exited=pidfd_exited(fd), token_matched=token)
     finally:

@@ -93,6 +93,10 @@ def judge(
             return _result(P.IDENTITY_MISMATCH, mismatch_field="start-time",
                            reason="another process holds this pid (start ticks differ)")
         matched.append("start-time")
+    if matched and seen.state == "Z" and seen.pidfd_exited:
+        # A zombie is dead only when its whole thread group is: a leader that called
+        # pthread_exit shows Z while its other threads run, and then its pidfd is not readable.
+        return _result(P.EXIT_OBSERVED, reason="zombie whose pidfd reports its exit")
     if seen.token_matched:
         matched.append("token")
     elif seen.token_matched is False and "pidfd" not in matched:
@@ -102,10 +106,6 @@ def judge(
                        "token, and without a pidfs inode a pid reused in the same tick looks the same")
     if not matched:
         return _result(P.INDETERMINATE, reason="only the pid matched, which proves nothing")
-    if seen.state == "Z" and seen.pidfd_exited:
-        # A zombie is dead only when its whole thread group is: a leader that called
-        # pthread_exit shows Z while its other threads run, and then its pidfd is not readable.
-        return _result(P.EXIT_OBSERVED, reason="zombie whose pidfd reports its exit")
     return _result(P.IDENTITY_MATCHED, matched_on=matched)
 
 

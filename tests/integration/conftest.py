@@ -36,17 +36,18 @@ class AgentProcess:
     def __init__(self, tmp: Path, host_id: str, prefix: Sequence[str] = (),
                  env_var: str = "HOLDFAST_SPAWN_TOKEN") -> None:
         ready = tmp / f"ready-{host_id}.json"
+        self.log_path = tmp / f"agent-{host_id}.log"
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
              "--listen", f"127.0.0.{next(_indexes)}:0", "--host-id", host_id,
              "--spawn-token-env", env_var, "--ready-file", str(ready)],
-            stderr=open(tmp / f"agent-{host_id}.log", "ab"),  # noqa: SIM115 - the child owns it
+            stderr=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it
         )
         deadline = time.monotonic() + 15
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"agent did not start: {(tmp / f'agent-{host_id}.log').read_text()}")
+                raise RuntimeError(f"agent did not start: {self.log_path.read_text()}")
             time.sleep(0.01)
         self.address = json.loads(ready.read_text())["address"]
         self.channel = grpc.insecure_channel(self.address)

@@ -129,6 +129,8 @@ def test_attest_refuses_none_or_several_roots(agent: AgentProcess, children: lis
     with pytest.raises(grpc.RpcError) as two:
         attest(agent.stub, token)
     assert "2 tree roots" in error_of(two.value)[2]
+    assert "attestation refused" in agent.log_path.read_text()
+    assert token not in agent.log_path.read_text()  # tokens are never logged
 
 
 def test_token_after_hundreds_of_kb_of_environment(agent: AgentProcess, children: list) -> None:
@@ -274,3 +276,20 @@ def test_malformed_requests_are_invalid_argument(agent: AgentProcess, request_fn
     assert needle in message
     # Nothing crashed: the agent still answers.
     assert agent.stub.GetHostInfo(agent_pb2.GetHostInfoRequest(), timeout=5).host_id == "host-local"
+
+
+def test_health_reflection_and_sigterm_drain(agent: AgentProcess) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(agent.channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service="holdfast.v1.HostAgent"), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(agent.channel)
+    answer = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                            timeout=5))
+    assert "holdfast.v1.HostAgent" in {s.name for s in answer.list_services_response.service}
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(10) == 0
+    log = (Path(agent.log_path)).read_text()
+    assert '"msg": "draining"' in log and '"msg": "stopped"' in log

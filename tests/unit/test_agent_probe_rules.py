@@ -109,6 +109,13 @@ def test_zombie_counts_as_exited_only_when_its_pidfd_is_readable() -> None:
     assert judge(ident(), "h", INC, live(state="Z", pidfd_exited=False)).outcome == P.IDENTITY_MATCHED
 
 
+def test_zombie_without_pidfs_is_exit_observed_on_start_ticks() -> None:
+    # No environ to read (token None), ticks match, pidfd polls readable: gone either way,
+    # since a same-tick reuse would also mean the owner is gone.
+    seen = live(state="Z", pidfd_exited=True, pidfd_ino=0, token_matched=None)
+    assert judge(ident(pidfd_ino=0), "h", INC, seen).outcome == P.EXIT_OBSERVED
+
+
 def tree(**kw: object) -> TreeObservation:
     return TreeObservation(**{"enumerable": True, "complete": True, "unreadable": 0, "carriers": 0,
                               "cgroup_populated": None, **kw})
