@@ -1,0 +1,138 @@
+"""The adjudication rules of DESIGN.md §3 as pure functions: no I/O, no clock reads.
+
+Guarantee: a grant is returned only for a free session, a reservation that is past its commit
+deadline or proven unused, or an owner whose root is proven dead *and* whose tree is proven gone
+by its own host's agent. Anything else is a refusal, and a refusal carries no write. Time alone
+never grants: the deadline only lets an uncommitted reservation (which can never run CMD) go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+PROVEN_DEAD = {apb.EXIT_OBSERVED, apb.PID_ABSENT, apb.IDENTITY_MISMATCH}
+OUTCOME_NAMES = {
+    apb.EXIT_OBSERVED: "exit-observed",
+    apb.PID_ABSENT: "pid-absent",
+    apb.IDENTITY_MISMATCH: "identity-mismatch",
+    apb.IDENTITY_MATCHED: "identity-matched",
+    apb.RESERVATION_UNUSED: "reservation-unused",
+    apb.INDETERMINATE: "indeterminate",
+    apb.PROBE_OUTCOME_UNSPECIFIED: "indeterminate",
+}
+
+
+class Action(StrEnum):
+    GRANT = "grant"
+    REFUSE = "refuse"
+    PROBE = "probe"            # the rules need the owner host's answer before deciding
+    TO_MANUAL = "to-manual"    # contradictory evidence: the one refusal that writes (manual-recovery)
+
+
+class Reason(StrEnum):
+    FREE = "FREE"
+    STALE_FENCE = "STALE_FENCE"
+    MANUAL_RECOVERY = "MANUAL_RECOVERY"
+    OPERATION_CONFLICT = "OPERATION_CONFLICT"
+    RESERVED = "RESERVED"
+    HELD = "HELD"
+    OWNERSHIP_UNKNOWN = "OWNERSHIP_UNKNOWN"
+    OWNER_DEAD = "OWNER_DEAD"
+    RESERVATION_SUPERSEDED = "RESERVATION_SUPERSEDED"
+
+
+@dataclass(frozen=True)
+class AcquireAsk:
+    expected_fence: int | None   # None = no expectation
+    operation_hash: str          # hash of (rpc, caller, operation id), never the id itself
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: Reason
+    detail: str = ""
+    evidence: pb.DeathEvidence | None = None
+
+
+def _has_claim(lease: pb.Lease) -> bool:
+    return lease.claim_status in (pb.RESERVED, pb.COMMITTED, pb.LIVE, pb.CONFLICTED)
+
+
+def adjudicate(
+    record: pb.SessionRecord | None, ask: AcquireAsk, probe: apb.ProbeResult | None, now_ms: int
+) -> Verdict:
+    """Decide an Acquire in the order of DESIGN.md §3."""
+    lease = record.lease if record is not None else pb.Lease()
+    if ask.expected_fence is not None and ask.expected_fence != lease.fence:
+        return Verdict(Action.REFUSE, Reason.STALE_FENCE, f"expected fence {ask.expected_fence}, "
+                       f"current {lease.fence}")
+    if lease.claim_status == pb.CONFLICTED or lease.handoff_stage == pb.MANUAL_RECOVERY:
+        return Verdict(Action.REFUSE, Reason.MANUAL_RECOVERY, "session is in manual recovery; use Recover")
+    if lease.handoff_stage == pb.HANDOFF_REQUESTED and lease.handoff_operation_hash != ask.operation_hash:
+        return Verdict(Action.REFUSE, Reason.OPERATION_CONFLICT,
+                       f"a handoff was requested by host {lease.handoff_requested_by_host}")
+    if not _has_claim(lease):
+        return Verdict(Action.GRANT, Reason.FREE)
+    if lease.claim_status == pb.RESERVED:
+        return _reservation(lease, probe, now_ms)
+    return _owner(lease, probe)
+
+
+def _reservation(lease: pb.Lease, probe: apb.ProbeResult | None, now_ms: int) -> Verdict:
+    if now_ms >= lease.commit_deadline_unix_ms:
+        # Safe by the spawn gate: an uncommitted reservation can never run CMD.
+        return Verdict(Action.GRANT, Reason.RESERVATION_SUPERSEDED, "commit deadline passed",
+                       _evidence("reservation-superseded", "commit deadline passed", now_ms, lease.fence))
+    if probe is not None and probe.outcome == apb.RESERVATION_UNUSED:
+        return Verdict(Action.GRANT, Reason.RESERVATION_SUPERSEDED, "no carrier of the reserved token",
+                       _evidence("reservation-unused", probe.reason, probe.observed_at_unix_ms, lease.fence))
+    return Verdict(Action.REFUSE, Reason.RESERVED,
+                   f"reserved for host {lease.reserved_host_id} until {lease.commit_deadline_unix_ms}")
+
+
+def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
+    owner = lease.owner
+    if probe is None:
+        return Verdict(Action.PROBE, Reason.OWNERSHIP_UNKNOWN, "owner not probed yet")
+    if probe.answered_by_host_id != owner.host_id:
+        return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN,
+                       f"probe answered by {probe.answered_by_host_id!r}, "
+                       f"not the owner host {owner.host_id!r}")
+    if probe.contradiction:
+        return Verdict(Action.TO_MANUAL, Reason.MANUAL_RECOVERY, f"contradictory evidence: {probe.reason}")
+    name = OUTCOME_NAMES[probe.outcome]
+    if probe.outcome in PROVEN_DEAD:
+        if not probe.tree_checked or not probe.tree_gone:
+            why = probe.tree_reason or "tree not proven gone"
+            return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN, f"root {name} but {why}")
+        detail = probe.mismatch_field or probe.reason
+        return Verdict(Action.GRANT, Reason.OWNER_DEAD, f"{name} {detail}".strip(),
+                       _evidence(name, detail, probe.observed_at_unix_ms, lease.fence))
+    if probe.outcome == apb.IDENTITY_MATCHED and probe.matched_on:
+        return Verdict(Action.REFUSE, Reason.HELD,
+                       f"held by pid {owner.pid} on host {owner.host_id} since {lease.owner_since_unix_ms} "
+                       f"(matched on {','.join(probe.matched_on)})")
+    return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN, probe.reason or f"{name} proves nothing")
+
+
+def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:
+    """Release needs the whole tree proven gone by the owner's own host (DESIGN.md §2)."""
+    return (probe.answered_by_host_id == lease.owner.host_id and probe.tree_checked and probe.tree_gone
+            and probe.outcome in PROVEN_DEAD | {apb.RESERVATION_UNUSED})
+
+
+def replay_still_valid(stored_fence: int, record: pb.SessionRecord | None) -> bool:
+    """A replayed grant stands only while the record is still at that grant's fence."""
+    return record is not None and record.lease.fence == stored_fence and record.lease.claim_status in (
+        pb.RESERVED, pb.COMMITTED, pb.LIVE)
+
+
+def _evidence(kind: str, detail: str, observed_at_ms: int, owner_fence: int) -> pb.DeathEvidence:
+    return pb.DeathEvidence(
+        kind=kind, detail=detail, observed_at_unix_ms=observed_at_ms, owner_fence=owner_fence
+    )

@@ -1,0 +1,90 @@
+"""Session records as protobuf JSON in etcd, and validation of what clients send.
+
+Guarantee: every value written is readable with `etcdctl` and carries SCHEMA_VERSION; a record of
+an unknown schema is refused rather than misread; malformed input is rejected before any I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from holdfast.v1 import coordinator_pb2 as pb
+
+SCHEMA_VERSION = 1
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
+OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
+HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
+DATA_KEY = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
+MAX_VALUE_BYTES = 1024 * 1024
+MAX_HANDLE_CHARS = 4096
+MAX_FENCE = 2**63 - 1
+
+
+class InvalidInput(ValueError):
+    """Malformed client input; always INVALID_ARGUMENT and never a write."""
+
+
+def check_session_id(session_id: str) -> str:
+    if not SESSION_ID.fullmatch(session_id):
+        raise InvalidInput(f"session id {session_id[:40]!r} must match {SESSION_ID.pattern}")
+    return session_id
+
+
+def check_operation_id(operation_id: str) -> str:
+    if not OPERATION_ID.fullmatch(operation_id):
+        raise InvalidInput("operation id must be 32 lowercase hex characters")
+    return operation_id
+
+
+def check_host_id(host_id: str) -> str:
+    if not HOST_ID.fullmatch(host_id):
+        raise InvalidInput(f"host id {host_id[:40]!r} must match {HOST_ID.pattern}")
+    return host_id
+
+
+def check_fence(fence: int) -> int:
+    if not 1 <= fence <= MAX_FENCE:
+        raise InvalidInput(f"fence must be in 1..{MAX_FENCE}")
+    return fence
+
+
+def check_data_key(key: str) -> str:
+    if not DATA_KEY.fullmatch(key) or ".." in key.split("/"):
+        raise InvalidInput(f"data key must match {DATA_KEY.pattern} without '..' segments")
+    return key
+
+
+def check_value(value: bytes) -> bytes:
+    if len(value) > MAX_VALUE_BYTES:
+        raise InvalidInput(f"value is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}")
+    return value
+
+
+def check_text(name: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidInput(f"{name} is {len(value)} characters; the limit is {limit}")
+    return value
+
+
+def encode(message: Message) -> bytes:
+    return json_format.MessageToJson(message, indent=None, sort_keys=True).encode()
+
+
+def decode_record(raw: bytes) -> pb.SessionRecord:
+    record = json_format.Parse(raw, pb.SessionRecord())
+    if record.schema_version != SCHEMA_VERSION:
+        raise ValueError(f"record schema {record.schema_version} is not {SCHEMA_VERSION}")
+    return record
+
+
+def new_record(session_id: str, provider: str, location: str) -> pb.SessionRecord:
+    return pb.SessionRecord(
+        schema_version=SCHEMA_VERSION,
+        session_id=session_id,
+        provider=provider,
+        location=location,
+        lease=pb.Lease(handoff_stage=pb.NONE),
+    )

@@ -1,0 +1,132 @@
+"""Table-driven tests of the pure adjudication rules (DESIGN.md §3 order) and of next_fence."""
+
+from __future__ import annotations
+
+import pytest
+
+from holdfast.coordinator.adjudication import (
+    AcquireAsk,
+    Action,
+    Reason,
+    adjudicate,
+    release_allowed,
+    replay_still_valid,
+)
+from holdfast.coordinator.fencing import next_fence
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+NOW = 1_000_000
+OWNER = apb.ProcessIdentity(host_id="host-a", pid=42, start_ticks=7, spawn_token="a" * 32)
+
+
+def record(**lease: object) -> pb.SessionRecord:
+    base: dict[str, object] = {"fence": 3, "handoff_stage": pb.NONE}
+    base.update(lease)
+    return pb.SessionRecord(schema_version=1, session_id="session-1", lease=pb.Lease(**base))
+
+
+def owned(**lease: object) -> pb.SessionRecord:
+    return record(claim_status=pb.LIVE, owner=OWNER, **lease)
+
+
+def probe(outcome: int, *, host: str = "host-a", tree: bool | None = True, **kw: object) -> apb.ProbeResult:
+    return apb.ProbeResult(outcome=outcome, answered_by_host_id=host, tree_checked=tree is not None,
+                           tree_gone=bool(tree), observed_at_unix_ms=NOW, **kw)
+
+
+ASK = AcquireAsk(expected_fence=None, operation_hash="op-b")
+
+CASES = [
+    ("new session", None, ASK, None, Action.GRANT, Reason.FREE),
+    ("released session", record(claim_status=pb.RELEASED), ASK, None, Action.GRANT, Reason.FREE),
+    ("stale expected fence", owned(), AcquireAsk(2, "op-b"), None, Action.REFUSE, Reason.STALE_FENCE),
+    ("stale expected on a free record", record(claim_status=pb.RELEASED), AcquireAsk(9, "op-b"), None,
+     Action.REFUSE, Reason.STALE_FENCE),
+    ("stale fence beats a dead owner", owned(), AcquireAsk(1, "op-b"), probe(apb.PID_ABSENT),
+     Action.REFUSE, Reason.STALE_FENCE),
+    ("conflicted stays refused even with exit-observed", record(claim_status=pb.CONFLICTED, owner=OWNER),
+     ASK, probe(apb.EXIT_OBSERVED), Action.REFUSE, Reason.MANUAL_RECOVERY),
+    ("manual stage refuses", owned(handoff_stage=pb.MANUAL_RECOVERY), ASK, probe(apb.PID_ABSENT),
+     Action.REFUSE, Reason.MANUAL_RECOVERY),
+    ("handoff under another op id", owned(handoff_stage=pb.HANDOFF_REQUESTED, handoff_operation_hash="op-x"),
+     ASK, probe(apb.PID_ABSENT), Action.REFUSE, Reason.OPERATION_CONFLICT),
+    ("handoff under our op id proceeds", owned(handoff_stage=pb.HANDOFF_REQUESTED,
+     handoff_operation_hash="op-b"), ASK, probe(apb.PID_ABSENT), Action.GRANT, Reason.OWNER_DEAD),
+    ("young reservation is held", record(claim_status=pb.RESERVED, commit_deadline_unix_ms=NOW + 1), ASK,
+     None, Action.REFUSE, Reason.RESERVED),
+    ("young reservation with a carrier is held", record(claim_status=pb.RESERVED,
+     commit_deadline_unix_ms=NOW + 1), ASK, probe(apb.INDETERMINATE), Action.REFUSE, Reason.RESERVED),
+    ("young reservation freed only on reservation-unused", record(claim_status=pb.RESERVED,
+     commit_deadline_unix_ms=NOW + 1), ASK, probe(apb.RESERVATION_UNUSED), Action.GRANT,
+     Reason.RESERVATION_SUPERSEDED),
+    ("old reservation superseded", record(claim_status=pb.RESERVED, commit_deadline_unix_ms=NOW), ASK, None,
+     Action.GRANT, Reason.RESERVATION_SUPERSEDED),
+    ("owner not probed asks for a probe", owned(), ASK, None, Action.PROBE, Reason.OWNERSHIP_UNKNOWN),
+    ("exit observed, tree gone", owned(), ASK, probe(apb.EXIT_OBSERVED), Action.GRANT, Reason.OWNER_DEAD),
+    ("pid absent, tree gone", owned(), ASK, probe(apb.PID_ABSENT), Action.GRANT, Reason.OWNER_DEAD),
+    ("mismatch, tree gone", owned(), ASK, probe(apb.IDENTITY_MISMATCH, mismatch_field="incarnation"),
+     Action.GRANT, Reason.OWNER_DEAD),
+    ("root dead but tree alive", owned(), ASK, probe(apb.PID_ABSENT, tree=False), Action.REFUSE,
+     Reason.OWNERSHIP_UNKNOWN),
+    ("root dead, tree unchecked", owned(), ASK, probe(apb.PID_ABSENT, tree=None), Action.REFUSE,
+     Reason.OWNERSHIP_UNKNOWN),
+    ("alive", owned(), ASK, probe(apb.IDENTITY_MATCHED, matched_on=["start-time", "pidfd"]), Action.REFUSE,
+     Reason.HELD),
+    ("bare pid match is not life", owned(), ASK, probe(apb.IDENTITY_MATCHED), Action.REFUSE,
+     Reason.OWNERSHIP_UNKNOWN),
+    ("indeterminate is never death", owned(), ASK, probe(apb.INDETERMINATE, reason="agent unreachable"),
+     Action.REFUSE, Reason.OWNERSHIP_UNKNOWN),
+    ("another host's answer proves nothing", owned(), ASK, probe(apb.PID_ABSENT, host="host-b"),
+     Action.REFUSE, Reason.OWNERSHIP_UNKNOWN),
+    ("contradiction moves to manual", owned(), ASK, probe(apb.INDETERMINATE, contradiction=True),
+     Action.TO_MANUAL, Reason.MANUAL_RECOVERY),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "rec", "ask", "result", "action", "reason"), CASES, ids=[c[0] for c in CASES]
+)
+def test_adjudication_table(name, rec, ask, result, action, reason) -> None:
+    verdict = adjudicate(rec, ask, result, NOW)
+    assert (verdict.action, verdict.reason) == (action, reason), verdict.detail
+    # A refusal carries no evidence to write; a grant over a previous owner records why.
+    if action is Action.REFUSE:
+        assert verdict.evidence is None
+    if reason in (Reason.OWNER_DEAD, Reason.RESERVATION_SUPERSEDED):
+        assert verdict.evidence is not None and verdict.evidence.owner_fence == 3
+
+
+def test_refusal_does_not_touch_the_record() -> None:
+    rec = owned()
+    before = rec.SerializeToString()
+    adjudicate(rec, ASK, probe(apb.IDENTITY_MATCHED, matched_on=["pidfd"]), NOW)
+    assert rec.SerializeToString() == before
+
+
+@pytest.mark.parametrize(("fence", "floor", "expected"), [(0, 0, 1), (3, 0, 4), (3, 10, 10), (10, 10, 11),
+                                                          (3, 4, 4)])
+def test_grant_is_exactly_the_next_fence_and_respects_the_floor(fence, floor, expected) -> None:
+    assert next_fence(fence, floor) == expected
+
+
+@pytest.mark.parametrize(("stored", "rec", "valid"), [
+    (3, owned(), True),
+    (3, owned(fence=4), False),              # a replayed grant whose fence moved is stale
+    (3, record(claim_status=pb.RELEASED), False),
+    (3, None, False),
+])
+def test_replayed_grant(stored, rec, valid) -> None:
+    assert replay_still_valid(stored, rec) is valid
+
+
+@pytest.mark.parametrize(("result", "allowed"), [
+    (probe(apb.PID_ABSENT), True),
+    (probe(apb.PID_ABSENT, tree=False), False),
+    (probe(apb.PID_ABSENT, tree=None), False),
+    (probe(apb.IDENTITY_MATCHED, matched_on=["pidfd"]), False),
+    (probe(apb.INDETERMINATE), False),
+    (probe(apb.PID_ABSENT, host="host-b"), False),
+])
+def test_release_needs_the_tree_gone(result, allowed) -> None:
+    assert release_allowed(owned().lease, result) is allowed
