@@ -142,9 +142,14 @@ class SimulatedHost:
                 self._unshare.wait(timeout)  # type: ignore[union-attr]
         self._kill()
 
-    def reboot(self, timeout: float = 15.0) -> None:
-        """Kill the namespace outright (a crash, not a drain) and start a new one."""
+    def reboot(self, timeout: float = 15.0, settle: float = 0.3) -> None:
+        """Kill the namespace outright (a crash, not a drain) and start a new one.
+
+        `settle` lets the kernel release the dead namespace first (it does so asynchronously), so
+        the new one usually reuses its nsfs inode, as consecutive namespaces do on a real host.
+        """
         self._kill()
+        time.sleep(settle)
         self.start(timeout)
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
