@@ -142,18 +142,31 @@ def test_pid_reuse_is_identity_mismatch(simhosts, children) -> None:
     children.append(owner)
     wait_carrier(stub, token)
     identity = attest(stub, token)
-    outer = host.outer_pid(owner)
-    subprocess.run(["kill", "-9", str(outer)], check=True)
+    unwatched = agent_pb2.ProcessIdentity()
+    unwatched.CopyFrom(identity)
+    unwatched.pidfd_ino = 0  # another identity for the same pid: the exit memory must not cover it
+    stream = stub.WatchExits(agent_pb2.WatchExitsRequest(owners=[identity]), timeout=10)
+    subprocess.run(["kill", "-9", str(host.outer_pid(owner))], check=True)
+    assert next(stream).result.outcome == P.EXIT_OBSERVED
     owner.wait(5)
-    reuse = host.spawn([sys.executable, "-c", REUSE, str(identity.pid), mint_token()], stdout=subprocess.PIPE)
+    new_token = mint_token()
+    reuse = host.spawn([sys.executable, "-c", REUSE, str(identity.pid), new_token], stdout=subprocess.PIPE)
     children.append(reuse)
     assert json.loads(reuse.stdout.readline())["pid"] == identity.pid
-    assert probe(stub, identity).mismatch_field == "pidfd"
-    no_pidfs = agent_pb2.ProcessIdentity()
-    no_pidfs.CopyFrom(identity)
-    no_pidfs.pidfd_ino = 0
-    result = probe(stub, no_pidfs)
+    wait_carrier(stub, new_token)
+    # The watched identity's exit is remembered, even with its pid now taken by another process.
+    assert probe(stub, identity).outcome == P.EXIT_OBSERVED
+    result = probe(stub, unwatched)
     assert (result.outcome, result.mismatch_field) == (P.IDENTITY_MISMATCH, "start-time")
+    # The memory is keyed by identity, not pid: the newcomer on that pid is alive.
+    newcomer = attest(stub, new_token)
+    assert newcomer.pid == identity.pid and newcomer.pidfd_ino != identity.pidfd_ino
+    assert probe(stub, newcomer).outcome == P.IDENTITY_MATCHED
+    # Without the exit memory, the pidfs inode alone proves the owner gone.
+    fresh = probe(stub, agent_pb2.ProcessIdentity(
+        host_id=identity.host_id, incarnation=identity.incarnation, pid=identity.pid,
+        start_ticks=identity.start_ticks, pidfd_ino=identity.pidfd_ino))
+    assert (fresh.outcome, fresh.mismatch_field) == (P.IDENTITY_MISMATCH, "pidfd")
 
 
 def test_pid_reused_in_the_same_tick_is_caught_by_pidfs_or_token(simhosts, children) -> None:
@@ -190,6 +203,8 @@ def test_kill_owner_ends_the_whole_tree(simhosts, children) -> None:
     scan = wait_carrier(stub, token, want=4)
     assert len(scan.carriers) == 4 and sum(c.root for c in scan.carriers) == 1
     identity = attest(stub, token)
+    roots = stub.ListTokenRoots(agent_pb2.ListTokenRootsRequest(), timeout=5)
+    assert roots.complete and [r.identity for r in roots.roots] == [identity]
     before = probe(stub, identity, check_tree=True)
     assert before.outcome == P.IDENTITY_MATCHED and not before.tree_gone
     killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
