@@ -1,0 +1,187 @@
+"""The one module over aetcd: every etcd read, transaction, lease and watch goes through here.
+
+Guarantee: the gRPC channel is opened here (several endpoints with round_robin, TLS optional —
+aetcd's own `connect()` does neither, DESIGN.md §7) and handed to aetcd's stubs; a write is one
+etcd transaction, so it lands whole or not at all; an unreachable etcd is `StoreUnavailable`, never
+a partial write and never a silent success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import grpc
+from aetcd import rpc
+
+UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+DEFAULT_PREFIX = "/holdfast/v1/"
+CALL_TIMEOUT_S = 5.0
+
+
+class StoreUnavailable(Exception):
+    """etcd could not be reached; nothing was written."""
+
+
+class Compacted(Exception):
+    """A watch's start revision was compacted away; the caller must re-list."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: bytes
+    lease: int = 0
+
+
+def channel_target(endpoints: str) -> str:
+    """`http://127.0.0.1:P1,http://127.0.0.1:P2` → `ipv4:127.0.0.1:P1,127.0.0.1:P2`."""
+    hosts = []
+    for url in filter(None, (part.strip() for part in endpoints.split(","))):
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        if not parsed.hostname or not parsed.port:
+            raise ValueError(f"etcd endpoint {url!r} needs host and port")
+        hosts.append(f"{parsed.hostname}:{parsed.port}")
+    if not hosts:
+        raise ValueError("no etcd endpoints given")
+    return "ipv4:" + ",".join(hosts)
+
+
+def open_channel(endpoints: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+    options = [("grpc.lb_policy_name", "round_robin"), ("grpc.max_receive_message_length", 16 << 20)]
+    target = channel_target(endpoints)
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+def mod_equals(key: str, revision: int) -> rpc.Compare:
+    """revision 0 means the key must not exist (etcd reports mod_revision 0 for a missing key)."""
+    return rpc.Compare(key=key.encode(), result=rpc.Compare.EQUAL, target=rpc.Compare.MOD,
+                       mod_revision=revision)
+
+
+def value_equals(key: str, value: str) -> rpc.Compare:
+    return rpc.Compare(key=key.encode(), result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE,
+                       value=value.encode())
+
+
+def absent(key: str) -> rpc.Compare:
+    return rpc.Compare(key=key.encode(), result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE,
+                       create_revision=0)
+
+
+def _range_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _entry(kv: rpc.KeyValue) -> Entry:
+    return Entry(kv.key.decode(), kv.value, kv.mod_revision, kv.create_revision, kv.lease)
+
+
+class Store:
+    def __init__(self, channel: grpc.aio.Channel, prefix: str = DEFAULT_PREFIX) -> None:
+        self.channel = channel
+        self.prefix = prefix
+        self._kv = rpc.KVStub(channel)
+        self._lease = rpc.LeaseStub(channel)
+        self._watch = rpc.WatchStub(channel)
+
+    @classmethod
+    def connect(cls, endpoints: str, credentials: grpc.ChannelCredentials | None = None,
+                prefix: str = DEFAULT_PREFIX) -> Store:
+        return cls(open_channel(endpoints, credentials), prefix)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + "/".join(parts)
+
+    async def _call(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=CALL_TIMEOUT_S, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in UNAVAILABLE_CODES:
+                raise StoreUnavailable(f"etcd: {exc.details()}") from exc
+            raise
+
+    async def get(self, key: str) -> Entry | None:
+        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=key.encode()))
+        return _entry(resp.kvs[0]) if resp.kvs else None
+
+    async def list_prefix(
+        self, prefix: str, start_after: str = "", limit: int = 0
+    ) -> tuple[list[Entry], bool]:
+        """Keys under prefix in key order after `start_after`; returns (entries, more)."""
+        raw = prefix.encode()
+        start = (start_after.encode() + b"\x00") if start_after else raw
+        resp = await self._call(self._kv.Range, rpc.RangeRequest(
+            key=start, range_end=_range_end(raw), limit=limit,
+            sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY))
+        return [_entry(kv) for kv in resp.kvs], bool(resp.more)
+
+    async def txn(self, compares: Sequence[rpc.Compare], puts: Sequence[Put],
+                  deletes: Sequence[str] = ()) -> tuple[bool, int]:
+        """All puts and deletes in one transaction, applied only if every compare holds."""
+        ops = [rpc.RequestOp(request_put=rpc.PutRequest(key=p.key.encode(), value=p.value, lease=p.lease))
+               for p in puts]
+        ops += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
+        resp = await self._call(self._kv.Txn, rpc.TxnRequest(compare=list(compares), success=ops))
+        return bool(resp.succeeded), int(resp.header.revision)
+
+    async def grant_lease(self, ttl_seconds: int) -> int:
+        resp = await self._call(self._lease.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl_seconds))
+        return int(resp.ID)
+
+    async def refresh_lease(self, lease_id: int) -> int:
+        """Renews once; returns the remaining TTL, 0 when the lease no longer exists."""
+        try:
+            stream = self._lease.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+                                                timeout=CALL_TIMEOUT_S)
+            async for reply in stream:
+                return int(reply.TTL)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in UNAVAILABLE_CODES:
+                raise StoreUnavailable(f"etcd: {exc.details()}") from exc
+            raise
+        return 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        await self._call(self._lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id))
+
+    async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[Entry | str]:
+        """Yields changed entries (or the key of a deleted one) from `start_revision` on."""
+        raw = prefix.encode()
+        create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=raw, range_end=_range_end(raw), start_revision=start_revision))
+        call = self._watch.Watch(iter([create]))
+        try:
+            async for resp in call:
+                if resp.compact_revision:
+                    raise Compacted(f"compacted at {resp.compact_revision}")
+                for event in resp.events:
+                    if event.type == rpc.Event.DELETE:
+                        yield event.kv.key.decode()
+                    else:
+                        yield _entry(event.kv)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in UNAVAILABLE_CODES:
+                raise StoreUnavailable(f"etcd: {exc.details()}") from exc
+            raise
+        finally:
+            call.cancel()
+
+    async def current_revision(self) -> int:
+        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=self.prefix.encode(), count_only=True))
+        return int(resp.header.revision)
