@@ -4,14 +4,17 @@ rule both ways, real PID reuse via ns_last_pid (also inside one clock tick), and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import grpc
 import pytest
 
 from holdfast.v1 import agent_pb2
-from tests.integration.conftest import attest, mint_token, probe, stub_for
+from tests.integration.conftest import attest, descendants, mint_token, probe, stub_for
 
 P = agent_pb2.ProbeOutcome
 VAR = "HOLDFAST_SPAWN_TOKEN"
@@ -212,3 +215,43 @@ def test_kill_owner_ends_the_whole_tree(simhosts, children) -> None:
     assert killed.result.outcome in (P.EXIT_OBSERVED, P.PID_ABSENT)
     assert killed.result.tree_checked and killed.result.tree_gone, killed.result.tree_reason
     assert not stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=5).carriers
+
+
+def test_kill_owner_uses_cgroup_kill_and_tree_needs_an_empty_cgroup(simhosts, children) -> None:
+    host = simhosts("sim-cgroup")
+    stub = host_stub(host)
+    info = stub.GetHostInfo(agent_pb2.GetHostInfoRequest(), timeout=5)
+    assert info.cgroup_writable, "CI hosts have a writable cgroup v2 hierarchy"
+    cg = Path(info.cgroup_root) / f"holdfast-test-{os.getpid()}-{mint_token()[:8]}"
+    cg.mkdir()
+    try:
+        token = mint_token()
+        # One descendant drops the token from its environment: only the cgroup still holds it.
+        tree = host.spawn(["sh", "-c", f"env -u {VAR} sleep 300 & sleep 300 & wait"],
+                          env={VAR: token, "PATH": "/usr/bin:/bin"})
+        children.append(tree)
+        wait_carrier(stub, token, want=2)
+        deadline = time.monotonic() + 5
+        while len(descendants(tree.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for pid in descendants(tree.pid):
+            (cg / "cgroup.procs").write_text(str(pid))
+        escaped = [p for p in descendants(tree.pid)
+                   if VAR.encode() not in Path(f"/proc/{p}/environ").read_bytes()]
+        assert len(escaped) == 1
+        identity = attest(stub, token)
+        identity.cgroup.CopyFrom(agent_pb2.CgroupRef(path=str(cg), inode=cg.stat().st_ino))
+        killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
+        assert killed.result.tree_gone and "cgroup is empty" in killed.result.tree_reason
+        # The escaped process was ended by cgroup.kill (gone, or a zombie awaiting its reaper).
+        stat = Path(f"/proc/{escaped[0]}/stat")
+        assert not stat.exists() or b") Z " in stat.read_bytes()
+    finally:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                (cg / "cgroup.kill").write_text("1")
+                time.sleep(0.05)
