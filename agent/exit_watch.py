@@ -38,10 +38,6 @@ class ExitWatcher:
     def exited(self, identity: agent_pb2.ProcessIdentity) -> bool:
         return identity_key(identity) in self._exited
 
-    @property
-    def watching(self) -> int:
-        return len(self._watches)
-
     def _remember(self, key: bytes) -> None:
         self._exited[key] = int(time.time() * 1000)
         while len(self._exited) > MEMORY_CAP:

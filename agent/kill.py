@@ -30,19 +30,22 @@ def _signal_carrier(pid: int, variable: bytes, token: bytes) -> bool:
         os.close(fd)
 
 
-def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes) -> int:
-    """Signals sent; call only for an identity just judged IDENTITY_MATCHED."""
+def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched: bool) -> int:
+    """Signals sent. The root is signalled only when just judged IDENTITY_MATCHED (its pid may
+    belong to a stranger otherwise); carriers and the cgroup whenever the root is matched or
+    proven dead, since descendants outlive their root."""
     sent = 0
-    try:
-        fd = os.pidfd_open(identity.pid)
+    if root_matched:
         try:
-            if not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-                sent += 1
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # already gone: the probe after the kill reports it
+            fd = os.pidfd_open(identity.pid)
+            try:
+                if not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    sent += 1
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # already gone: the probe after the kill reports it
     if identity.spawn_token:
         token = identity.spawn_token.encode()
         for carrier in scan(variable, token).carriers:

@@ -225,8 +225,9 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             await asyncio.wait([asyncio.shield(f) for f in pending], return_when=asyncio.FIRST_COMPLETED)
             for fut in [f for f in pending if f.done()]:
                 owner = pending.pop(fut)
-                yield agent_pb2.ExitEvent(identity=owner, result=self._stamp(agent_pb2.ProbeResult()
-                                          if fut.cancelled() else fut.result()))
+                result = fut.result() if not fut.cancelled() else agent_pb2.ProbeResult(
+                    outcome=P.INDETERMINATE, reason="the agent stopped watching this owner")
+                yield agent_pb2.ExitEvent(identity=owner, result=self._stamp(result))
 
     async def KillOwner(self, request, context):
         try:
@@ -239,15 +240,16 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         owner = request.owner
         before = self.probe(owner, None)
-        if before.outcome != P.IDENTITY_MATCHED:
-            # Never signal what is not proven to be this owner; report what was found.
+        matched = before.outcome == P.IDENTITY_MATCHED
+        if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
+            # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
             return agent_pb2.KillOwnerResponse(result=self.probe(owner, scan(self.variable)))
         watch = self.watcher.watch(owner)
-        sent = kill_tree(owner, self.variable)
+        sent = kill_tree(owner, self.variable, root_matched=matched)
         log.info("killed owner tree", extra={"fields": {"pid": owner.pid, "signalled": sent}})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or 5.0)
-        # Give carriers that were signalled a moment to be gone from the table.
+        # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
         deadline = time.monotonic() + (request.wait_seconds or 5.0)
         while True:
             result = self.probe(owner, scan(self.variable))

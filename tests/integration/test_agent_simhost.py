@@ -255,3 +255,20 @@ def test_kill_owner_uses_cgroup_kill_and_tree_needs_an_empty_cgroup(simhosts, ch
             except OSError:
                 (cg / "cgroup.kill").write_text("1")
                 time.sleep(0.05)
+
+
+def test_kill_owner_ends_descendants_that_outlived_their_root(simhosts, children) -> None:
+    host = simhosts("sim-orphans")
+    stub = host_stub(host)
+    token = mint_token()
+    tree = host.spawn(["sh", "-c", "sleep 300 & sleep 300 & wait"], env={VAR: token, "PATH": "/usr/bin:/bin"})
+    children.append(tree)
+    wait_carrier(stub, token, want=3)
+    identity = attest(stub, token)
+    root = descendants(tree.pid)[0]
+    os.kill(root, 9)
+    tree.wait(5)
+    dead_root = probe(stub, identity, check_tree=True)
+    assert dead_root.outcome == P.PID_ABSENT and not dead_root.tree_gone  # orphans still carry it
+    killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
+    assert killed.signalled == 2 and killed.result.tree_gone, killed.result.tree_reason
