@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from holdfast.agent import commands as agent_commands
-from holdfast.coordinator import certs
+from holdfast.coordinator import certs, serve_commands
 
 EX_USAGE = 2
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     agent_commands.register(sub)
     certs.register(sub)
+    serve_commands.register(sub)
     return parser
 
 

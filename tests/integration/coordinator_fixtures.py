@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,3 +42,51 @@ def run_async(fn: Callable[..., Coroutine[object, object, None]]) -> Callable[..
         asyncio.run(asyncio.wait_for(fn(*args, **kwargs), 50))
 
     return wrapper
+
+
+@dataclass
+class Coordinator:
+    """A `holdfast coordinator serve` process, restartable on the same port."""
+
+    etcd_url: str
+    state_dir: Path
+    prefix: str
+    listen: str = "127.0.0.1:0"
+    address: str = ""
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> Coordinator:
+        ready = self.state_dir / f"coordinator-{uuid.uuid4().hex}.json"
+        log = open(self.state_dir / "coordinator.log", "ab")  # noqa: SIM115 - handed to the child
+        with log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "holdfast.coordinator.cli", "coordinator", "serve", "--etcd",
+                 self.etcd_url, "--listen", self.address or self.listen, "--ready-file", str(ready),
+                 "--prefix", self.prefix], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"coordinator did not start; see {self.state_dir}/coordinator.log")
+            time.sleep(0.05)
+        self.address = json.loads(ready.read_text())["address"]
+        return self
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+@pytest.fixture
+def coordinator(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:
+    server = Coordinator(etcd.url, tmp_path, prefix).start()
+    try:
+        yield server
+    finally:
+        server.stop()

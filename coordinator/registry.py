@@ -1,0 +1,68 @@
+"""Host registrations: `hosts/<host_id>` under an etcd lease (DESIGN.md §4).
+
+Guarantee: registration is create-only while the previous registration's lease lives, so a second
+agent claiming a live host id is refused; a heartbeat renews only the lease that registration holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from holdfast.coordinator import records
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.store import Put, Store, absent
+from holdfast.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger(__name__)
+MIN_TTL, DEFAULT_TTL, MAX_TTL = 2, 10, 60
+
+
+class Registry:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _key(self, host_id: str) -> str:
+        return self.store.key("hosts", host_id)
+
+    async def register(self, reg: pb.HostRegistration, ttl: int) -> tuple[int, int]:
+        records.check_host_id(reg.host_id)
+        records.check_text("address", reg.address, 256)
+        if not reg.address or not reg.spawn_token_env:
+            raise records.InvalidInput("registration needs an address and a spawn-token variable")
+        ttl = min(max(ttl or DEFAULT_TTL, MIN_TTL), MAX_TTL)
+        lease_id = await self.store.grant_lease(ttl)
+        stored = pb.HostRegistration()
+        stored.CopyFrom(reg)
+        stored.registered_at_unix_ms = int(time.time() * 1000)
+        stored.lease_id = lease_id
+        ok, _ = await self.store.txn(
+            [absent(self._key(reg.host_id))], [Put(self._key(reg.host_id), records.encode(stored), lease_id)]
+        )
+        if not ok:
+            await self.store.revoke_lease(lease_id)
+            log.warning(
+                "refused registration of host %s from %s: a live registration holds the id",
+                reg.host_id,
+                reg.address,
+            )
+            raise CoordinatorError("HOST_LIVE", f"host id {reg.host_id} is registered and its lease is live")
+        return lease_id, ttl
+
+    async def heartbeat(self, host_id: str, lease_id: int) -> int:
+        records.check_host_id(host_id)
+        entry = await self.store.get(self._key(host_id))
+        if entry is None or entry.lease != lease_id:
+            raise CoordinatorError("NOT_FOUND", f"no live registration of {host_id} under that lease")
+        ttl = await self.store.refresh_lease(lease_id)
+        if ttl <= 0:
+            raise CoordinatorError("NOT_FOUND", f"the registration of {host_id} expired; register again")
+        return ttl
+
+    async def get(self, host_id: str) -> pb.HostRegistration | None:
+        entry = await self.store.get(self._key(host_id))
+        return records.json_format.Parse(entry.value, pb.HostRegistration()) if entry else None
+
+    async def list(self) -> list[pb.HostRegistration]:
+        entries, _ = await self.store.list_prefix(self.store.key("hosts", ""))
+        return [records.json_format.Parse(e.value, pb.HostRegistration()) for e in entries]

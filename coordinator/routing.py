@@ -1,0 +1,98 @@
+"""Calls to the owner host's agent (DESIGN.md §4): only coordinators call agents.
+
+Guarantee: a host without registration, an unreachable agent or a timeout yields an INDETERMINATE
+probe result naming that reason — after bounded tenacity retries — never a proof of death.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from holdfast.coordinator.registry import Registry
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import agent_pb2_grpc
+
+CALL_TIMEOUT_S = 2.0
+RETRY_BUDGET_S = 3.0
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def indeterminate(reason: str) -> apb.ProbeResult:
+    return apb.ProbeResult(
+        outcome=apb.INDETERMINATE, reason=reason, observed_at_unix_ms=int(time.time() * 1000)
+    )
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in RETRYABLE
+
+
+class Router:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def agent(self, host_id: str) -> agent_pb2_grpc.HostAgentStub | None:
+        reg = await self.registry.get(host_id)
+        if reg is None:
+            return None
+        channel = self._channels.get(reg.address)
+        if channel is None:
+            channel = self._channels[reg.address] = grpc.aio.insecure_channel(reg.address)
+        return agent_pb2_grpc.HostAgentStub(channel)
+
+    async def _call(self, method, request, timeout: float = CALL_TIMEOUT_S):  # type: ignore[no-untyped-def]
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+            stop=stop_after_attempt(4) | stop_after_delay(RETRY_BUDGET_S),
+            wait=wait_exponential(multiplier=0.05, max=0.5),
+        ):
+            with attempt:
+                return await method(request, timeout=timeout)
+        raise AssertionError("unreachable: tenacity reraises")
+
+    async def probe(self, owner: apb.ProcessIdentity, check_tree: bool = True) -> apb.ProbeResult:
+        stub = await self.agent(owner.host_id)
+        if stub is None:
+            return indeterminate(f"host {owner.host_id} has no live registration")
+        try:
+            request = apb.ProbeOwnersRequest(owners=[owner], check_tree=check_tree)
+            resp = await self._call(stub.ProbeOwners, request)
+        except grpc.aio.AioRpcError as exc:
+            return indeterminate(f"agent of {owner.host_id} unreachable: {exc.code().name} {exc.details()}")
+        if len(resp.results) != 1:
+            return indeterminate(f"agent of {owner.host_id} answered {len(resp.results)} results, not one")
+        return resp.results[0]
+
+    async def kill(self, owner: apb.ProcessIdentity, wait_seconds: float) -> apb.ProbeResult:
+        stub = await self.agent(owner.host_id)
+        if stub is None:
+            return indeterminate(f"host {owner.host_id} has no live registration")
+        try:
+            resp = await stub.KillOwner(
+                apb.KillOwnerRequest(owner=owner, wait_seconds=wait_seconds),
+                timeout=wait_seconds + CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            return indeterminate(f"agent of {owner.host_id} did not kill: {exc.code().name} {exc.details()}")
+        return resp.result
+
+    async def attest(self, host_id: str, token: str, pid_hint: int) -> apb.ProcessIdentity | str:
+        """The attested identity, or why there is none."""
+        stub = await self.agent(host_id)
+        if stub is None:
+            return f"host {host_id} has no live registration"
+        try:
+            request = apb.AttestSpawnRequest(spawn_token=token, pid_hint=pid_hint)
+            resp = await self._call(stub.AttestSpawn, request)
+        except grpc.aio.AioRpcError as exc:
+            return f"agent of {host_id}: {exc.code().name} {exc.details()}"
+        return resp.identity
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()

@@ -1,0 +1,29 @@
+"""`holdfast coordinator serve`: run one coordinator replica over an etcd cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from holdfast.coordinator.store import DEFAULT_PREFIX
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from holdfast.coordinator import server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    group = subparsers.add_parser("coordinator", help="the etcd-backed lease service")
+    sub = group.add_subparsers(dest="coordinator_command", required=True)
+    p = sub.add_parser("serve", help="serve the Coordinator gRPC API")
+    p.add_argument("--etcd", required=True, help="etcd client URLs, comma-separated")
+    p.add_argument("--listen", required=True, help="host:port (port 0 picks one)")
+    p.add_argument("--ready-file", help="write {\"address\": ...} here once listening")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
+    p.set_defaults(handler=_serve)
+    return sub

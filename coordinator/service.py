@@ -1,0 +1,348 @@
+"""The Coordinator gRPC servicer: stateless over etcd, so any number of replicas behave as one.
+
+Guarantee: only Acquire mints a fence, token and secret; every transition is one etcd transaction
+comparing the record's mod revision and rewriting `fence/<id>`; every fenced write is one
+transaction comparing `fence/<id>`; a refusal writes nothing; indeterminate never grants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from holdfast.coordinator import adjudication, fencing, records
+from holdfast.coordinator.adjudication import AcquireAsk, Action
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.registry import Registry
+from holdfast.coordinator.routing import Router
+from holdfast.coordinator.store import Entry, Put, Store, StoreUnavailable, mod_equals, value_equals
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+
+COMMIT_WINDOW_MS = 30_000
+HISTORY_SHOWN = 64
+MAX_CHAIN = 256
+MAX_PAGE = 500
+RACE_RETRIES = 16
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def caller_of(context: grpc.aio.ServicerContext, host_id: str) -> str:
+    # No mTLS identity yet: the peer address (without its ephemeral port) plus the claimed host id.
+    peer = context.peer()
+    return f"{peer.rsplit(':', 1)[0]}|{host_id}"
+
+
+def op_hash(rpc: str, caller: str, operation_id: str) -> str:
+    return hashlib.sha256(f"{rpc}\0{caller}\0{operation_id}".encode()).hexdigest()
+
+
+def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
+    """Turns domain errors into statuses; anything unexpected stays an INTERNAL error, not a crash."""
+
+    async def wrapped(self: CoordinatorService, request: object, context: grpc.aio.ServicerContext) -> object:
+        try:
+            return await fn(self, request, context)
+        except records.InvalidInput as exc:
+            error = CoordinatorError("INVALID_ARGUMENT", str(exc))
+        except StoreUnavailable as exc:
+            error = CoordinatorError("UNAVAILABLE", f"{exc}; nothing was written")
+        except CoordinatorError as exc:
+            error = exc
+        await context.abort_with_status(error.to_status())
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.registry = Registry(store)
+        self.router = Router(self.registry)
+
+    # --- records -------------------------------------------------------------------------
+    def _skey(self, session_id: str) -> str:
+        return self.store.key("sessions", session_id)
+
+    async def _read(self, session_id: str) -> tuple[Entry | None, pb.SessionRecord | None]:
+        entry = await self.store.get(self._skey(session_id))
+        return entry, records.decode_record(entry.value) if entry else None
+
+    async def _require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
+        entry, record = await self._read(records.check_session_id(session_id))
+        if entry is None or record is None:
+            raise CoordinatorError("NOT_FOUND", f"unknown session {session_id}")
+        return entry, record
+
+    async def _transition(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord,
+        transition: str,
+        detail: str = "",
+        extra: tuple[Put, ...] = (),
+    ) -> bool:
+        """One transaction: the record (compared on its mod revision), its fence key and a history entry."""
+        sid = record.session_id
+        seq = (entry.mod_revision if entry else 0) + 1
+        history = pb.HistoryEntry(
+            seq=seq, at_unix_ms=now_ms(), transition=transition, fence=record.lease.fence, detail=detail[:512]
+        )
+        puts = [
+            Put(self._skey(sid), records.encode(record)),
+            Put(self.store.key("fence", sid), fencing.fence_value_of(record).encode()),
+            Put(self.store.key("history", sid, f"{seq:020d}"), records.encode(history)),
+            *extra,
+        ]
+        ok, _ = await self.store.txn([mod_equals(self._skey(sid), entry.mod_revision if entry else 0)], puts)
+        return ok
+
+    def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
+        """Fence first, then secret (DESIGN.md §3)."""
+        records.check_fence(fence)
+        if fence != record.lease.fence:
+            raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")
+        if not fencing.secret_matches(secret, record.lease.grant_secret_hash):
+            raise CoordinatorError("PERMISSION_DENIED", "grant secret does not match this fence")
+
+    # --- acquisition ---------------------------------------------------------------------
+    @_handler
+    async def Acquire(
+        self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AcquireResponse:
+        sid = records.check_session_id(request.session_id)
+        records.check_operation_id(request.operation_id)
+        records.check_host_id(request.host_id)
+        records.check_text("provider", request.provider, 128)
+        records.check_text("location", request.location, 1024)
+        if request.has_expected_fence and request.expected_fence > records.MAX_FENCE:
+            raise records.InvalidInput("expected fence out of range")
+        if not 0 <= request.wait_seconds <= 3600:
+            raise records.InvalidInput("wait_seconds must be in 0..3600")
+        ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
+        ops_key = self.store.key("ops", sid, ohash)
+        replay = await self.store.get(ops_key)
+        if replay is not None:
+            stored = records.json_format.Parse(replay.value, pb.AcquireResponse())
+            _, current = await self._read(sid)
+            if not adjudication.replay_still_valid(stored.grant.fence, current):
+                raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
+            return stored
+        ask = AcquireAsk(
+            request.expected_fence if request.has_expected_fence else None,
+            hashlib.sha256(f"handoff\0{request.operation_id}".encode()).hexdigest(),
+        )
+        for _ in range(RACE_RETRIES):
+            entry, record = await self._read(sid)
+            verdict = adjudication.adjudicate(record, ask, None, now_ms())
+            if verdict.action is Action.PROBE and record is not None:
+                owner = record.lease.owner
+                probe = (
+                    await self.router.kill(owner, 5.0)
+                    if request.force
+                    else await self.router.probe(owner, check_tree=True)
+                )
+                verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+            if verdict.action is Action.TO_MANUAL and record is not None:
+                record.lease.handoff_stage = pb.MANUAL_RECOVERY
+                await self._transition(entry, record, "manual-recovery", verdict.detail)
+                raise CoordinatorError("MANUAL_RECOVERY", verdict.detail)
+            if verdict.action is not Action.GRANT:
+                raise CoordinatorError(verdict.reason.value, verdict.detail)
+            response = await self._grant(entry, record, request, verdict, ops_key)
+            if response is not None:
+                return response
+        raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
+
+    async def _grant(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord | None,
+        request: pb.AcquireRequest,
+        verdict: adjudication.Verdict,
+        ops_key: str,
+    ) -> pb.AcquireResponse | None:
+        host = await self.registry.get(request.host_id)
+        if host is None:
+            raise CoordinatorError(
+                "HOST_NOT_REGISTERED", f"host {request.host_id} has no live agent registration"
+            )
+        if record is None:
+            record = records.new_record(request.session_id, request.provider, request.location)
+        old = record.lease
+        secret, token, at = fencing.mint_secret(), fencing.mint_spawn_token(), now_ms()
+        lease = pb.Lease(
+            fence=fencing.next_fence(old.fence, old.minimum_next_fence),
+            minimum_next_fence=old.minimum_next_fence,
+            claim_status=pb.RESERVED,
+            handoff_stage=pb.NONE,
+            reserved_spawn_token=token,
+            spawn_token_env=host.spawn_token_env,
+            reserved_host_id=request.host_id,
+            reserved_at_unix_ms=at,
+            commit_deadline_unix_ms=at + COMMIT_WINDOW_MS,
+            live_on_commit=request.live_on_commit,
+            grant_secret_hash=fencing.hash_secret(secret),
+            last_proven_alive_at_unix_ms=old.last_proven_alive_at_unix_ms,
+        )
+        lease.death_evidence.CopyFrom(verdict.evidence or old.death_evidence)
+        record.lease.CopyFrom(lease)
+        grant = pb.Grant(
+            session_id=record.session_id,
+            fence=lease.fence,
+            secret=secret,
+            spawn_token=token,
+            spawn_token_env=lease.spawn_token_env,
+            commit_deadline_unix_ms=lease.commit_deadline_unix_ms,
+        )
+        response = pb.AcquireResponse(grant=grant, record=record)
+        stored = Put(ops_key, records.encode(response))
+        ok = await self._transition(entry, record, "grant", verdict.reason.value, (stored,))
+        return response if ok else None
+
+    @_handler
+    async def CommitOwner(
+        self, request: pb.CommitOwnerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CommitOwnerResponse:
+        entry, record = await self._require(request.session_id)
+        self._check_grant(record, request.fence, request.secret)
+        lease = record.lease
+        if lease.claim_status != pb.RESERVED:
+            raise CoordinatorError("STALE_FENCE", "this grant is no longer a reservation")
+        identity = await self.router.attest(
+            lease.reserved_host_id, lease.reserved_spawn_token, request.pid_hint
+        )
+        if isinstance(identity, str):
+            raise CoordinatorError("ATTESTATION_FAILED", identity)
+        if identity.spawn_token != lease.reserved_spawn_token or identity.host_id != lease.reserved_host_id:
+            raise CoordinatorError("ATTESTATION_FAILED", "the attested identity is not the reserved token's")
+        lease.owner.CopyFrom(identity)
+        lease.claim_status = pb.LIVE if lease.live_on_commit else pb.COMMITTED
+        lease.owner_since_unix_ms = lease.last_proven_alive_at_unix_ms = now_ms()
+        if not await self._transition(entry, record, "commit", f"pid {identity.pid} on {identity.host_id}"):
+            raise CoordinatorError("STALE_FENCE", "the record changed during commit")
+        return pb.CommitOwnerResponse(record=record)
+
+    @_handler
+    async def RecordProviderHandle(
+        self, request: pb.RecordProviderHandleRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordProviderHandleResponse:
+        records.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
+        entry, record = await self._require(request.session_id)
+        self._check_grant(record, request.fence, request.secret)
+        if record.lease.claim_status not in (pb.COMMITTED, pb.LIVE):
+            raise CoordinatorError("NOT_LIVE", "a provider handle needs a committed owner")
+        if len(record.provider_handle_chain) >= MAX_CHAIN:
+            raise CoordinatorError("CHAIN_FULL", f"the provider handle chain holds {MAX_CHAIN} links")
+        record.provider_handle_chain.add(
+            handle=request.handle, minted_at_fence=request.fence, observed_at_unix_ms=now_ms()
+        )
+        record.lease.claim_status = pb.LIVE
+        if not await self._transition(entry, record, "provider-handle", request.handle[:64]):
+            raise CoordinatorError("STALE_FENCE", "the record changed; this grant may be stale")
+        return pb.RecordProviderHandleResponse(record=record)
+
+    @_handler
+    async def Release(
+        self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseResponse:
+        entry, record = await self._require(request.session_id)
+        self._check_grant(record, request.fence, request.secret)
+        lease = record.lease
+        if lease.claim_status in (pb.COMMITTED, pb.LIVE):
+            probe = await self.router.probe(lease.owner, check_tree=True)
+            if not adjudication.release_allowed(lease, probe):
+                raise CoordinatorError(
+                    "TREE_ALIVE", probe.tree_reason or probe.reason or "owner tree not proven gone"
+                )
+        elif lease.claim_status != pb.RESERVED:
+            raise CoordinatorError("STALE_FENCE", "this grant is no longer held")
+        lease.claim_status = pb.RELEASED
+        lease.death_evidence.CopyFrom(
+            pb.DeathEvidence(kind="released", observed_at_unix_ms=now_ms(), owner_fence=lease.fence)
+        )
+        if not await self._transition(entry, record, "release"):
+            raise CoordinatorError("STALE_FENCE", "the record changed during release")
+        return pb.ReleaseResponse(record=record)
+
+    # --- fenced data ---------------------------------------------------------------------
+    @_handler
+    async def FencedPut(
+        self, request: pb.FencedPutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FencedPutResponse:
+        sid = records.check_session_id(request.session_id)
+        key = self.store.key("data", sid, records.check_data_key(request.key))
+        records.check_value(request.value)
+        records.check_fence(request.fence)
+        expected = fencing.expected_fence_value(request.fence, pb.LIVE, request.secret)
+        ok, revision = await self.store.txn(
+            [value_equals(self.store.key("fence", sid), expected)], [Put(key, request.value)]
+        )
+        if ok:
+            return pb.FencedPutResponse(revision=revision)
+        _, record = await self._require(sid)  # classify the refusal: nothing was written
+        self._check_grant(record, request.fence, request.secret)
+        raise CoordinatorError("NOT_LIVE", "fenced writes need a live owner")
+
+    @_handler
+    async def FencedGet(
+        self, request: pb.FencedGetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FencedGetResponse:
+        sid = records.check_session_id(request.session_id)
+        entry = await self.store.get(self.store.key("data", sid, records.check_data_key(request.key)))
+        if entry is None:
+            return pb.FencedGetResponse(found=False)
+        return pb.FencedGetResponse(found=True, value=entry.value, revision=entry.mod_revision)
+
+    # --- reads ---------------------------------------------------------------------------
+    @_handler
+    async def GetSession(
+        self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSessionResponse:
+        _, record = await self._require(request.session_id)
+        entries, _ = await self.store.list_prefix(self.store.key("history", record.session_id, ""))
+        history = [records.json_format.Parse(e.value, pb.HistoryEntry()) for e in entries[-HISTORY_SHOWN:]]
+        return pb.GetSessionResponse(record=record, history=history)
+
+    @_handler
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        size = min(request.page_size or 100, MAX_PAGE)
+        after = ""
+        if request.page_token:
+            after = self._skey(records.check_session_id(request.page_token))
+        entries, more = await self.store.list_prefix(self.store.key("sessions", ""), after, size)
+        page = [records.decode_record(e.value) for e in entries]
+        return pb.ListSessionsResponse(
+            records=page, next_page_token=page[-1].session_id if more and page else ""
+        )
+
+    # --- hosts ---------------------------------------------------------------------------
+    @_handler
+    async def RegisterHost(
+        self, request: pb.RegisterHostRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterHostResponse:
+        lease_id, ttl = await self.registry.register(request.registration, request.ttl_seconds)
+        return pb.RegisterHostResponse(lease_id=lease_id, ttl_seconds=ttl)
+
+    @_handler
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(
+            ttl_seconds=await self.registry.heartbeat(request.host_id, request.lease_id)
+        )
+
+    @_handler
+    async def ListHosts(
+        self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListHostsResponse:
+        return pb.ListHostsResponse(hosts=await self.registry.list())

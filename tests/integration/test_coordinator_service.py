@@ -1,0 +1,220 @@
+"""The coordinator over real etcd, real agents in simulated hosts (PID namespaces), real gRPC."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from holdfast.coordinator.errors import reason_of
+from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.coordinator_fixtures import Coordinator
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+
+
+def stub(address: str) -> coordinator_pb2_grpc.CoordinatorStub:
+    return coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(address))
+
+
+def register(coord: coordinator_pb2_grpc.CoordinatorStub, host: SimulatedHost, ttl: int = 10) -> int:
+    info = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(host.agent_address)).GetHostInfo(
+        apb.GetHostInfoRequest(), timeout=5
+    )
+    reg = pb.HostRegistration(
+        host_id=host.host_id,
+        address=host.agent_address,
+        incarnation=info.incarnation,
+        spawn_token_env=info.spawn_token_env,
+        agent_version=info.agent_version,
+    )
+    return coord.RegisterHost(pb.RegisterHostRequest(registration=reg, ttl_seconds=ttl), timeout=5).lease_id
+
+
+def refused(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=30, **kwargs)
+    return info.value.code(), reason_of(info.value)  # type: ignore[arg-type]
+
+
+def acquire(coord, session: str, host: str, timeout: float = 30, **kw) -> pb.AcquireResponse:  # type: ignore[no-untyped-def]
+    return coord.Acquire(
+        pb.AcquireRequest(
+            session_id=session, host_id=host, operation_id=secrets.token_hex(16), live_on_commit=True, **kw
+        ),
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[tuple[SimulatedHost, SimulatedHost]]:
+    a = SimulatedHost("host-a", 50, tmp_path / "a")
+    b = SimulatedHost("host-b", 51, tmp_path / "b")
+    a.start()
+    try:
+        b.start()
+        try:
+            yield a, b
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+
+
+def spawn_owner(host: SimulatedHost, grant: pb.Grant) -> subprocess.Popen[bytes]:
+    env = {**os.environ, grant.spawn_token_env: grant.spawn_token}
+    return host.spawn(["sleep", "300"], env=env)
+
+
+def end(host: SimulatedHost, proc: subprocess.Popen[bytes]) -> None:
+    os.kill(host.outer_pid(proc), signal.SIGKILL)
+    proc.wait(5)
+
+
+def test_full_cycle_tree_alive_secret_and_takeover(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    sid = "session-cycle-1"
+    first = acquire(coord, sid, a.host_id).grant
+    assert first.fence == 1
+    owner = spawn_owner(a, first)
+    try:
+        rec = coord.CommitOwner(
+            pb.CommitOwnerRequest(session_id=sid, fence=1, secret=first.secret, pid_hint=a.host_pid(owner)),
+            timeout=30,
+        ).record
+        assert rec.lease.claim_status == pb.LIVE and rec.lease.owner.host_id == a.host_id
+        put = pb.FencedPutRequest(session_id=sid, fence=1, secret=first.secret, key="k", value=b"v1")
+        assert coord.FencedPut(put, timeout=10).revision > 0
+        # A reader knows fence and token but not the secret: it can neither write nor release.
+        wrong = secrets.token_hex(32)
+        assert (
+            refused(
+                coord.FencedPut,
+                pb.FencedPutRequest(session_id=sid, fence=1, secret=wrong, key="k", value=b"x"),
+            )[1]
+            == "PERMISSION_DENIED"
+        )
+        assert (
+            refused(coord.Release, pb.ReleaseRequest(session_id=sid, fence=1, secret=wrong))[1]
+            == "PERMISSION_DENIED"
+        )
+        # Host B's acquisition is adjudicated by A's agent: alive → HELD.
+        assert refused(acquire, coord, sid, b.host_id) == (grpc.StatusCode.FAILED_PRECONDITION, "HELD")
+        assert (
+            refused(coord.Release, pb.ReleaseRequest(session_id=sid, fence=1, secret=first.secret))[1]
+            == "TREE_ALIVE"
+        )
+    finally:
+        end(a, owner)
+    second = acquire(coord, sid, b.host_id).grant
+    assert second.fence == 2
+    # The stale owner's writes are refused and change nothing.
+    code, reason = refused(coord.FencedPut, put)
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "STALE_FENCE")
+    assert (
+        refused(
+            coord.RecordProviderHandle,
+            pb.RecordProviderHandleRequest(session_id=sid, fence=1, secret=first.secret, handle="h"),
+        )[1]
+        == "STALE_FENCE"
+    )
+    got = coord.FencedGet(pb.FencedGetRequest(session_id=sid, key="k"), timeout=10)
+    assert got.found and got.value == b"v1"
+    history = coord.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).history
+    assert [h.transition for h in history] == ["grant", "commit", "grant"]
+
+
+def test_unreachable_agent_is_never_a_grant_and_restart_keeps_writes(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a, ttl=2)
+    register(coord, b)
+    sid = "session-outage-1"
+    grant = acquire(coord, sid, a.host_id).grant
+    owner = spawn_owner(a, grant)
+    coord.CommitOwner(
+        pb.CommitOwnerRequest(session_id=sid, fence=1, secret=grant.secret, pid_hint=a.host_pid(owner)),
+        timeout=30,
+    )
+    coord.FencedPut(
+        pb.FencedPutRequest(session_id=sid, fence=1, secret=grant.secret, key="k", value=b"ack"), timeout=10
+    )
+    a.stop()  # the agent is gone (and so is its namespace): nothing may be granted on that basis
+    assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
+    time.sleep(2.5)  # the registration's lease expires: that is time, and time grants nothing
+    assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
+    coordinator.stop()
+    coordinator.start()
+    coord = stub(coordinator.address)
+    got = coord.FencedGet(pb.FencedGetRequest(session_id=sid, key="k"), timeout=10)
+    assert got.found and got.value == b"ack"
+    assert coord.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.lease.fence == 1
+
+
+def test_32_racing_clients_one_grant_across_two_replicas(
+    coordinator: Coordinator, hosts, etcd, tmp_path, prefix
+) -> None:
+    a, _ = hosts
+    replica = Coordinator(etcd.url, tmp_path, prefix).start()
+    try:
+        stubs = [stub(coordinator.address), stub(replica.address)]
+        register(stubs[0], a)
+        sid = "session-race-32"
+
+        def one(i: int) -> str:
+            try:
+                acquire(stubs[i % 2], sid, a.host_id)
+                return "grant"
+            except grpc.RpcError as exc:
+                return reason_of(exc)  # type: ignore[arg-type]
+
+        with ThreadPoolExecutor(32) as pool:
+            outcomes = list(pool.map(one, range(32)))
+        assert outcomes.count("grant") == 1
+        assert set(outcomes) <= {"grant", "STALE_FENCE", "HELD", "RESERVED"}
+        assert stubs[1].GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.lease.fence == 1
+    finally:
+        replica.stop()
+
+
+def test_second_agent_on_a_live_host_id_is_refused(coordinator: Coordinator, hosts) -> None:
+    a, _ = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    with pytest.raises(grpc.RpcError) as info:
+        register(coord, a)
+    assert reason_of(info.value) == "HOST_LIVE"  # type: ignore[arg-type]
+    assert [h.host_id for h in coord.ListHosts(pb.ListHostsRequest(), timeout=5).hosts] == [a.host_id]
+
+
+def test_replay_returns_only_to_the_same_caller(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    op = secrets.token_hex(16)
+    req = pb.AcquireRequest(session_id="session-replay", host_id=a.host_id, operation_id=op)
+    first = coord.Acquire(req, timeout=30)
+    assert coord.Acquire(req, timeout=30).grant.secret == first.grant.secret
+    # Another caller (another host id) replaying the same operation id learns nothing of the first grant.
+    other = pb.AcquireRequest(session_id="session-replay", host_id=b.host_id, operation_id=op)
+    assert refused(coord.Acquire, other)[1] == "RESERVED"
