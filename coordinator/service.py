@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -18,7 +18,15 @@ from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.routing import Router
-from holdfast.coordinator.store import Entry, Put, Store, StoreUnavailable, mod_equals, value_equals
+from holdfast.coordinator.store import (
+    Compacted,
+    Entry,
+    Put,
+    Store,
+    StoreUnavailable,
+    mod_equals,
+    value_equals,
+)
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -346,3 +354,119 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListHostsResponse:
         return pb.ListHostsResponse(hosts=await self.registry.list())
+
+    # --- handoff, probes, recovery -------------------------------------------------------
+    @_handler
+    async def RequestHandoff(
+        self, request: pb.RequestHandoffRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RequestHandoffResponse:
+        records.check_operation_id(request.operation_id)
+        records.check_host_id(request.host_id)
+        handoff_hash = hashlib.sha256(f"handoff\0{request.operation_id}".encode()).hexdigest()
+        for _ in range(RACE_RETRIES):
+            entry, record = await self._require(request.session_id)
+            lease = record.lease
+            if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
+                raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
+            if lease.handoff_stage == pb.HANDOFF_REQUESTED:
+                if lease.handoff_operation_hash != handoff_hash:
+                    raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
+                return pb.RequestHandoffResponse(record=record)
+            lease.handoff_stage = pb.HANDOFF_REQUESTED
+            lease.handoff_operation_hash = handoff_hash
+            lease.handoff_requested_by_host = request.host_id
+            if await self._transition(entry, record, "handoff-requested", request.host_id):
+                return pb.RequestHandoffResponse(record=record)
+        raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
+
+    @_handler
+    async def ProbeSession(
+        self, request: pb.ProbeSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProbeSessionResponse:
+        _, record = await self._require(request.session_id)
+        ask = AcquireAsk(None, record.lease.handoff_operation_hash)  # judge as the requester would be
+        probe = None
+        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
+            probe = await self.router.probe(record.lease.owner, check_tree=True)
+        verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+        return pb.ProbeSessionResponse(
+            verdict=VERDICT_NAMES.get(verdict.reason.value, verdict.action.value),
+            reason=verdict.detail,
+            probe=probe,
+            record=record,
+        )
+
+    @_handler
+    async def Recover(
+        self, request: pb.RecoverRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecoverResponse:
+        records.check_fence(request.expected_fence)
+        if not request.reason.strip() or not request.operator.strip():
+            raise records.InvalidInput("Recover needs a reason and an operator")
+        records.check_text("reason", request.reason, 1024)
+        records.check_text("operator", request.operator, 256)
+        entry, record = await self._require(request.session_id)
+        lease = record.lease
+        if lease.fence != request.expected_fence:
+            raise CoordinatorError(
+                "STALE_FENCE", f"expected fence {request.expected_fence}, current {lease.fence}"
+            )
+        # The fence is invalidated at once: the floor moves past it and the claim is released, so
+        # the old grant's writes fail their compare and the next Acquire grants above it.
+        lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
+        lease.claim_status = pb.RELEASED
+        lease.handoff_stage = pb.NONE
+        lease.death_evidence.CopyFrom(
+            pb.DeathEvidence(
+                kind="operator-asserted",
+                detail=f"{request.operator}: {request.reason}"[:1024],
+                observed_at_unix_ms=now_ms(),
+                owner_fence=lease.fence,
+            )
+        )
+        if not await self._transition(entry, record, "recover", f"{request.operator} from {context.peer()}"):
+            raise CoordinatorError("STALE_FENCE", "the record changed during recovery; retry")
+        return pb.RecoverResponse(record=record)
+
+    # --- watch ---------------------------------------------------------------------------
+    async def WatchSessions(
+        self, request: pb.WatchSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SessionEvent]:
+        try:
+            key = self._skey(records.check_session_id(request.session_id)) if request.session_id else None
+            prefix = key or self.store.key("sessions", "")
+            while True:
+                # List first, then watch from the listing's revision: after a compaction, list again.
+                revision = await self.store.current_revision()
+                entries, _ = await self.store.list_prefix(prefix)
+                for e in entries:
+                    if key is None or e.key == key:
+                        yield pb.SessionEvent(record=records.decode_record(e.value), resync=True)
+                try:
+                    async for change in self.store.watch_prefix(prefix, revision + 1):
+                        if isinstance(change, str):
+                            if key is None or change == key:
+                                sid = change.rsplit("/", 1)[1]
+                                yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True)
+                        elif key is None or change.key == key:
+                            yield pb.SessionEvent(record=records.decode_record(change.value))
+                except Compacted:
+                    continue
+                return
+        except records.InvalidInput as exc:
+            await context.abort_with_status(CoordinatorError("INVALID_ARGUMENT", str(exc)).to_status())
+        except StoreUnavailable as exc:
+            await context.abort_with_status(CoordinatorError("UNAVAILABLE", str(exc)).to_status())
+
+
+VERDICT_NAMES = {
+    "FREE": "free",
+    "OWNER_DEAD": "grant",
+    "RESERVATION_SUPERSEDED": "grant",
+    "HELD": "held",
+    "RESERVED": "reserved",
+    "OWNERSHIP_UNKNOWN": "unknown",
+    "MANUAL_RECOVERY": "manual-recovery",
+    "OPERATION_CONFLICT": "held",
+    "STALE_FENCE": "unknown",
+}

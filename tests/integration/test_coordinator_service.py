@@ -218,3 +218,95 @@ def test_replay_returns_only_to_the_same_caller(coordinator: Coordinator, hosts)
     # Another caller (another host id) replaying the same operation id learns nothing of the first grant.
     other = pb.AcquireRequest(session_id="session-replay", host_id=b.host_id, operation_id=op)
     assert refused(coord.Acquire, other)[1] == "RESERVED"
+
+
+def _own(coord, host: SimulatedHost, sid: str) -> tuple[pb.Grant, subprocess.Popen[bytes]]:  # type: ignore[no-untyped-def]
+    grant = acquire(coord, sid, host.host_id).grant
+    owner = spawn_owner(host, grant)
+    request = pb.CommitOwnerRequest(
+        session_id=sid, fence=grant.fence, secret=grant.secret, pid_hint=host.host_pid(owner)
+    )
+    coord.CommitOwner(request, timeout=30)
+    return grant, owner
+
+
+def test_reboot_grants_by_incarnation_and_other_namespace_needs_recover(
+    coordinator: Coordinator, hosts
+) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a, ttl=2)
+    register(coord, b)
+    sid = "session-reboot-1"
+    _own(coord, a, sid)
+    assert coord.ProbeSession(pb.ProbeSessionRequest(session_id=sid), timeout=30).verdict == "held"
+    old_ns = coord.GetSession(
+        pb.GetSessionRequest(session_id=sid), timeout=10
+    ).record.lease.owner.incarnation.pid_ns
+    a.reboot()
+    time.sleep(2.5)  # the old registration lapses; the new incarnation registers
+    register(coord, a)
+    new = (
+        agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(a.agent_address))
+        .GetHostInfo(apb.GetHostInfoRequest(), timeout=5)
+        .incarnation
+    )
+    if new.pid_ns == old_ns:
+        grant = acquire(coord, sid, b.host_id).grant
+        assert grant.fence == 2
+        evidence = coord.GetSession(
+            pb.GetSessionRequest(session_id=sid), timeout=10
+        ).record.lease.death_evidence
+        assert evidence.kind == "identity-mismatch"
+    else:
+        # Another inode: the old namespace may still exist, so only an operator can free it.
+        assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
+        recover = pb.RecoverRequest(session_id=sid, expected_fence=1, reason="host replaced", operator="test")
+        assert coord.Recover(recover, timeout=10).record.lease.death_evidence.kind == "operator-asserted"
+        assert acquire(coord, sid, b.host_id).grant.fence == 2
+
+
+def test_recover_invalidates_the_fence_and_handoff_conflicts(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    sid = "session-recover-1"
+    grant, owner = _own(coord, a, sid)
+    try:
+        op = secrets.token_hex(16)
+        coord.RequestHandoff(
+            pb.RequestHandoffRequest(session_id=sid, operation_id=op, host_id=b.host_id), timeout=10
+        )
+        other = pb.RequestHandoffRequest(
+            session_id=sid, operation_id=secrets.token_hex(16), host_id=b.host_id
+        )
+        assert refused(coord.RequestHandoff, other) == (grpc.StatusCode.ABORTED, "OPERATION_CONFLICT")
+        assert (
+            refused(
+                coord.Recover, pb.RecoverRequest(session_id=sid, expected_fence=9, reason="r", operator="o")
+            )[1]
+            == "STALE_FENCE"
+        )
+        coord.Recover(
+            pb.RecoverRequest(session_id=sid, expected_fence=1, reason="stuck", operator="ops"), timeout=10
+        )
+        put = pb.FencedPutRequest(session_id=sid, fence=1, secret=grant.secret, key="k", value=b"late")
+        assert refused(coord.FencedPut, put)[1] == "NOT_LIVE"
+        assert not coord.FencedGet(pb.FencedGetRequest(session_id=sid, key="k"), timeout=10).found
+    finally:
+        end(a, owner)
+
+
+def test_watch_sessions_lists_then_streams(coordinator: Coordinator, hosts) -> None:
+    a, _ = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    acquire(coord, "session-watch-1", a.host_id)
+    stream = coord.WatchSessions(pb.WatchSessionsRequest(), timeout=20)
+    first = next(stream)
+    assert first.resync and first.record.session_id == "session-watch-1"
+    acquire(coord, "session-watch-2", a.host_id)
+    second = next(stream)
+    assert not second.resync and second.record.session_id == "session-watch-2"
+    stream.cancel()
