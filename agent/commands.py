@@ -14,6 +14,13 @@ def _serve(args: argparse.Namespace) -> int:
     from holdfast.agent import server
 
     server.setup_logging()
+    if args.coordinator:
+        from holdfast.agent import registration
+
+        asyncio.run(registration.serve_registered(
+            lambda ready: server.serve(args.listen, args.host_id, args.spawn_token_env, ready),
+            args.ready_file, args.coordinator, args.host_id, args.spawn_token_env))
+        return 0
     asyncio.run(server.serve(args.listen, args.host_id, args.spawn_token_env, args.ready_file))
     return 0
 
@@ -31,6 +38,7 @@ def add_serve(agent_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spawn-token-env", default=DEFAULT_SPAWN_TOKEN_ENV,
                    help="environment variable that carries spawn tokens")
     p.add_argument("--ready-file", help="write {\"address\": ...} here once listening")
+    p.add_argument("--coordinator", help="register with this coordinator (host:port) and keep it alive")
     p.set_defaults(handler=_serve)
 
 

@@ -1,0 +1,105 @@
+"""The agent side of registration (DESIGN.md §4): RegisterHost, then unary Heartbeats.
+
+Guarantee: the agent keeps serving probes whatever happens here — a coordinator that is away only
+delays renewal; a lapsed registration is registered again; a refusal because the host id is held
+by a live registration is logged loudly and retried only after that lease could have expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from holdfast.agent import hostinfo
+from holdfast.agent.service import VERSION
+from holdfast.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+log = logging.getLogger("holdfast.agent.registration")
+TTL_SECONDS = 10
+CALL_TIMEOUT_S = 3.0
+
+
+async def keep_registered(
+    coordinator: str,
+    host_id: str,
+    address: str,
+    incarnation: agent_pb2.HostIncarnation,
+    spawn_token_env: str,
+    agent_version: str,
+    ttl: int = TTL_SECONDS,
+) -> None:
+    """Runs until cancelled."""
+    registration = coordinator_pb2.HostRegistration(
+        host_id=host_id,
+        address=address,
+        incarnation=incarnation,
+        spawn_token_env=spawn_token_env,
+        agent_version=agent_version,
+    )
+    async with grpc.aio.insecure_channel(coordinator) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        lease_id = 0
+        while True:
+            try:
+                if lease_id == 0:
+                    reply = await stub.RegisterHost(
+                        coordinator_pb2.RegisterHostRequest(registration=registration, ttl_seconds=ttl),
+                        timeout=CALL_TIMEOUT_S,
+                    )
+                    lease_id, ttl = reply.lease_id, reply.ttl_seconds
+                    log.info("registered host %s at %s with %s", host_id, coordinator, address)
+                else:
+                    await stub.Heartbeat(
+                        coordinator_pb2.HeartbeatRequest(host_id=host_id, lease_id=lease_id),
+                        timeout=CALL_TIMEOUT_S,
+                    )
+                await asyncio.sleep(max(ttl / 3, 0.5))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    lease_id = 0  # our registration lapsed: register again at once
+                    continue
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.error(
+                        "host id %s is held by a live registration; not registered: %s",
+                        host_id,
+                        exc.details(),
+                    )
+                    await asyncio.sleep(ttl)
+                    continue
+                log.warning(
+                    "coordinator %s unreachable (%s); still serving probes", coordinator, exc.code().name
+                )
+                await asyncio.sleep(1.0)
+
+
+async def serve_registered(
+    serve: Callable[[str], Awaitable[None]],
+    ready_file: str | None,
+    coordinator: str,
+    host_id: str,
+    spawn_token_env: str,
+) -> None:
+    """Runs the agent server and, once it has bound, keeps it registered until the server stops."""
+    ready = Path(ready_file) if ready_file else Path(tempfile.mkdtemp()) / "ready.json"
+    server = asyncio.create_task(serve(str(ready)))
+    while not ready.exists() and not server.done():
+        await asyncio.sleep(0.05)
+    if server.done():
+        await server
+        return
+    address = json.loads(ready.read_text())["address"]
+    keeper = asyncio.create_task(
+        keep_registered(
+            coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION
+        )
+    )
+    try:
+        await server
+    finally:
+        keeper.cancel()
