@@ -99,6 +99,10 @@ def test_agent_sees_the_node_with_sys_ptrace_and_nothing_more() -> None:
     host_id = {e["name"]: e for e in container["env"]}["HOLDFAST_HOST_ID"]
     assert host_id["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert "--host-id=$(HOLDFAST_HOST_ID)" in container["args"]
+    # The agent registers the address it listens on, so it must be one coordinators can dial.
+    assert "--listen=$(POD_IP):7601" in container["args"]
+    pod_ip = {e["name"]: e for e in container["env"]}["POD_IP"]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     cgroup = {v["name"]: v for v in spec["volumes"]}["cgroup"]
     assert cgroup["hostPath"]["path"] == "/sys/fs/cgroup"
     assert {"requests", "limits"} <= container["resources"].keys()
