@@ -81,6 +81,23 @@ class Router:
             return indeterminate(f"agent of {owner.host_id} did not kill: {exc.code().name} {exc.details()}")
         return resp.result
 
+    async def wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> None:
+        """Returns at the owner's first exit event from its agent, or when `seconds` pass.
+
+        It proves nothing by itself: the caller re-reads and re-adjudicates with a fresh probe.
+        """
+        stub = await self.agent(owner.host_id)
+        if stub is None:
+            return
+        call = stub.WatchExits(apb.WatchExitsRequest(owners=[owner]), timeout=seconds)
+        try:
+            async for _event in call:
+                return
+        except grpc.aio.AioRpcError:
+            return  # deadline or agent gone: the re-adjudication decides, never this
+        finally:
+            call.cancel()
+
     async def attest(self, host_id: str, token: str, pid_hint: int) -> apb.ProcessIdentity | str:
         """The attested identity, or why there is none."""
         stub = await self.agent(host_id)

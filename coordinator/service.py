@@ -147,7 +147,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             request.expected_fence if request.has_expected_fence else None,
             hashlib.sha256(f"handoff\0{request.operation_id}".encode()).hexdigest(),
         )
-        for _ in range(RACE_RETRIES):
+        deadline = time.monotonic() + request.wait_seconds
+        held: adjudication.Verdict | None = None
+        attempts = 0
+        while attempts < RACE_RETRIES:
+            attempts += 1
             entry, record = await self._read(sid)
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
             if verdict.action is Action.PROBE and record is not None:
@@ -162,11 +166,19 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 record.lease.handoff_stage = pb.MANUAL_RECOVERY
                 await self._transition(entry, record, "manual-recovery", verdict.detail)
                 raise CoordinatorError("MANUAL_RECOVERY", verdict.detail)
+            remaining = deadline - time.monotonic()
+            if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
+                held = verdict
+                # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
+                await self.router.wait_exit(record.lease.owner, remaining)
+                continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
             response = await self._grant(entry, record, request, verdict, ops_key)
             if response is not None:
                 return response
+        if held is not None:
+            raise CoordinatorError(held.reason.value, held.detail)
         raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
 
     async def _grant(

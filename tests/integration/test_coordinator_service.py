@@ -310,3 +310,18 @@ def test_watch_sessions_lists_then_streams(coordinator: Coordinator, hosts) -> N
     second = next(stream)
     assert not second.resync and second.record.session_id == "session-watch-2"
     stream.cancel()
+
+
+def test_wait_seconds_grants_on_the_owners_exit_event(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    sid = "session-wait-1"
+    _, owner = _own(coord, a, sid)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(acquire, coord, sid, b.host_id, wait_seconds=20)
+        time.sleep(0.5)
+        assert not waiting.done()  # held open while the owner lives
+        end(a, owner)
+        assert waiting.result(timeout=15).grant.fence == 2
