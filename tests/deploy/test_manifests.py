@@ -236,6 +236,13 @@ def test_cert_manager_objects_have_the_shape_cert_manager_needs() -> None:
             assert spec["issuerRef"]["name"] != "holdfast-selfsigned", "leaf certs come from the CA"
 
 
+def _doc_anchor(link: str) -> bool:
+    # GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens.
+    doc, _, anchor = link.partition("#")
+    headings = re.findall(r"^#+ (.+)$", (ROOT / doc).read_text(), flags=re.MULTILINE)
+    return anchor in {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
 def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
     (rule,) = [o for o in render("external-etcd") if o["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
@@ -248,6 +255,7 @@ def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
             assert re.fullmatch(r"\d+[smh]", r["for"])
             assert r["labels"]["severity"] in {"warning", "critical"}
             assert r["annotations"]["summary"]
+            assert _doc_anchor(r["annotations"]["runbook"]), r["annotations"]["runbook"]
             alerts[r["alert"]] = r["expr"]
     assert alerts.keys() == {"HoldfastSessionIndeterminate", "HoldfastHostUnregistered",
                              "HoldfastCertificateNearExpiry"}
