@@ -325,3 +325,15 @@ def test_wait_seconds_grants_on_the_owners_exit_event(coordinator: Coordinator, 
         assert not waiting.done()  # held open while the owner lives
         end(a, owner)
         assert waiting.result(timeout=15).grant.fence == 2
+
+
+def test_force_kills_the_owner_tree_through_its_agent_then_grants(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    sid = "session-force-1"
+    _, owner = _own(coord, a, sid)
+    assert refused(acquire, coord, sid, b.host_id)[1] == "HELD"
+    assert acquire(coord, sid, b.host_id, force=True).grant.fence == 2
+    owner.wait(10)  # the owner really is gone: its nsenter parent saw it die
