@@ -31,7 +31,7 @@ from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
 COMMIT_WINDOW_MS = 30_000
-HISTORY_SHOWN = 64
+HISTORY_KEPT = 64
 MAX_CHAIN = 256
 MAX_PAGE = 500
 RACE_RETRIES = 16
@@ -99,7 +99,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> bool:
         """One transaction: the record (compared on its mod revision), its fence key and a history entry."""
         sid = record.session_id
-        seq = (entry.mod_revision if entry else 0) + 1
+        record.history_seq += 1
+        seq = record.history_seq
         history = pb.HistoryEntry(
             seq=seq, at_unix_ms=now_ms(), transition=transition, fence=record.lease.fence, detail=detail[:512]
         )
@@ -109,7 +110,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             Put(self.store.key("history", sid, f"{seq:020d}"), records.encode(history)),
             *extra,
         ]
-        ok, _ = await self.store.txn([mod_equals(self._skey(sid), entry.mod_revision if entry else 0)], puts)
+        # The cap: each transition adds one entry and drops the one HISTORY_KEPT transitions older.
+        dropped = [self.store.key("history", sid, f"{seq - HISTORY_KEPT:020d}")] if seq > HISTORY_KEPT else []
+        ok, _ = await self.store.txn(
+            [mod_equals(self._skey(sid), entry.mod_revision if entry else 0)], puts, dropped
+        )
         return ok
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
@@ -328,7 +333,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.GetSessionResponse:
         _, record = await self._require(request.session_id)
         entries, _ = await self.store.list_prefix(self.store.key("history", record.session_id, ""))
-        history = [records.json_format.Parse(e.value, pb.HistoryEntry()) for e in entries[-HISTORY_SHOWN:]]
+        history = [records.json_format.Parse(e.value, pb.HistoryEntry()) for e in entries]
         return pb.GetSessionResponse(record=record, history=history)
 
     @_handler

@@ -95,20 +95,22 @@ class Lease(_message.Message):
     def __init__(self, fence: _Optional[int] = ..., minimum_next_fence: _Optional[int] = ..., claim_status: _Optional[_Union[ClaimStatus, str]] = ..., handoff_stage: _Optional[_Union[HandoffStage, str]] = ..., owner: _Optional[_Union[_agent_pb2.ProcessIdentity, _Mapping]] = ..., reserved_spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., reserved_host_id: _Optional[str] = ..., reserved_at_unix_ms: _Optional[int] = ..., commit_deadline_unix_ms: _Optional[int] = ..., live_on_commit: _Optional[bool] = ..., grant_secret_hash: _Optional[str] = ..., death_evidence: _Optional[_Union[DeathEvidence, _Mapping]] = ..., last_proven_alive_at_unix_ms: _Optional[int] = ..., handoff_operation_hash: _Optional[str] = ..., handoff_requested_by_host: _Optional[str] = ..., owner_since_unix_ms: _Optional[int] = ...) -> None: ...
 
 class SessionRecord(_message.Message):
-    __slots__ = ("schema_version", "session_id", "provider", "location", "lease", "provider_handle_chain")
+    __slots__ = ("schema_version", "session_id", "provider", "location", "lease", "provider_handle_chain", "history_seq")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_HANDLE_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_SEQ_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     session_id: str
     provider: str
     location: str
     lease: Lease
     provider_handle_chain: _containers.RepeatedCompositeFieldContainer[ProviderHandleLink]
-    def __init__(self, schema_version: _Optional[int] = ..., session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., provider_handle_chain: _Optional[_Iterable[_Union[ProviderHandleLink, _Mapping]]] = ...) -> None: ...
+    history_seq: int
+    def __init__(self, schema_version: _Optional[int] = ..., session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., provider_handle_chain: _Optional[_Iterable[_Union[ProviderHandleLink, _Mapping]]] = ..., history_seq: _Optional[int] = ...) -> None: ...
 
 class HistoryEntry(_message.Message):
     __slots__ = ("seq", "at_unix_ms", "transition", "fence", "detail")
