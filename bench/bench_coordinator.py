@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -199,6 +200,7 @@ def main() -> None:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(10)
         etcd.stop()
+        shutil.rmtree(ROOT, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +92,7 @@ def main() -> None:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(10)
         etcd.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
