@@ -1,0 +1,62 @@
+"""How a holdfast gRPC server comes up and goes down, shared by the agent and the coordinator.
+
+Guarantee: the ready file names the real bound address (a supervisor asking for port 0 learns the
+port) and appears only after the server accepts calls, written whole by rename; on SIGTERM or
+SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace period.
+Lives beside the agent because the agent never imports the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+
+@dataclass
+class Serving:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    address: str
+
+
+async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.Server], object]) -> Serving:
+    server = grpc.aio.server()
+    add_service(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([service_name, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen}: is the address on this machine and the port free?")
+    await server.start()
+    for name in ("", service_name):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Serving(server, health_servicer, f"{listen.rsplit(':', 1)[0]}:{port}")
+
+
+def announce(ready_file: str | None, address: str) -> None:
+    if ready_file:
+        tmp = Path(ready_file + ".tmp")
+        tmp.write_text(json.dumps({"address": address}))
+        tmp.rename(ready_file)
+
+
+async def until_stop_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def drain(serving: Serving, grace_seconds: float) -> None:
+    await serving.health.enter_graceful_shutdown()
+    await serving.server.stop(grace_seconds)
