@@ -1,0 +1,59 @@
+"""What a refusal means to a person and to a shell (DESIGN.md §6): an exit code and a next step.
+
+Guarantee: every coordinator reason maps to exactly one exit code — 75 (EX_TEMPFAIL) when the
+session is held or its ownership unknown, 69 (EX_UNAVAILABLE) when the coordinator or this host's
+agent registration is missing, 77 (EX_NOPERM) for authentication, 2 for bad input — and every
+message names what to do next. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+EX_TEMPFAIL = 75
+EX_NOPERM = 77
+EX_FAILURE = 1
+
+UNREACHABLE = "UNREACHABLE"  # the client's own reason: no answer from the coordinator at all
+
+_TABLE: dict[str, tuple[int, str]] = {
+    "HELD": (EX_TEMPFAIL, "wait for it with `--wait`, or ask for it with `--takeover` "
+                          "(add `--force` to have its host's agent end the old tree)"),
+    "RESERVED": (EX_TEMPFAIL, "another client is starting this session; retry after its commit deadline "
+                              "or use `--wait`"),
+    "OWNERSHIP_UNKNOWN": (EX_TEMPFAIL, "`holdfast probe {session}` shows why; only if you know the owner "
+                                       "is gone: `holdfast recover {session} --fence N --reason TEXT`"),
+    "MANUAL_RECOVERY": (EX_TEMPFAIL, "`holdfast show {session}`, then `holdfast recover {session} "
+                                     "--fence N --reason TEXT`"),
+    "OPERATION_CONFLICT": (EX_TEMPFAIL, "another takeover is in progress; `holdfast show {session}` and "
+                                        "retry once it has finished"),
+    "STALE_FENCE": (EX_TEMPFAIL, "the session has moved on; `holdfast show {session}` and retry"),
+    "TREE_ALIVE": (EX_TEMPFAIL, "processes of the session's tree are still running; end them, then "
+                                "`holdfast probe {session}`"),
+    "ATTESTATION_FAILED": (EX_TEMPFAIL, "this host's agent found no single carrier of the spawn token; check "
+                                        "`holdfast hosts` lists this host under the id `run` uses "
+                                        "(--host-id / HOLDFAST_HOST_ID)"),
+    "NOT_LIVE": (EX_TEMPFAIL, "fenced writes need the session's live owner; run them from inside "
+                              "`holdfast run`"),
+    "HOST_LIVE": (EX_TEMPFAIL, "another agent holds this host id; stop it or wait for its lease to expire"),
+    "CHAIN_FULL": (EX_FAILURE, "the provider handle chain is full; start a new session id"),
+    "HOST_NOT_REGISTERED": (EX_UNAVAILABLE, "start this host's agent with `--coordinator ADDR` (or "
+                                            "`holdfast up`), or pass the registered id with --host-id"),
+    "UNAVAILABLE": (EX_UNAVAILABLE, "the coordinator cannot reach etcd; check etcd, then retry"),
+    UNREACHABLE: (EX_UNAVAILABLE, "start one with `holdfast up`, or point --coordinator / "
+                                  "HOLDFAST_COORDINATOR at a running coordinator"),
+    "PERMISSION_DENIED": (EX_NOPERM, "the grant secret does not match; use the grant file of the current "
+                                     "owner (HOLDFAST_GRANT_FILE)"),
+    "UNAUTHENTICATED": (EX_NOPERM, "present a client certificate the coordinator trusts"),
+    "INVALID_ARGUMENT": (EX_USAGE, "fix the argument; see `holdfast --help`"),
+    "NOT_FOUND": (EX_FAILURE, "no such session; `holdfast status` lists the sessions"),
+}
+
+
+def exit_code(reason: str) -> int:
+    return _TABLE.get(reason, (EX_FAILURE, ""))[0]
+
+
+def next_step(reason: str, session: str = "SESSION") -> str:
+    step = _TABLE.get(reason, (EX_FAILURE, "see the coordinator's log"))[1]
+    return step.format(session=session or "SESSION") or "see the coordinator's log"

@@ -1,0 +1,67 @@
+"""Pure client rules: exit codes and next steps, the child's environment, grant files, statuses."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from holdfast.coordinator import exit_codes
+from holdfast.coordinator.client import Grant, child_environment, status_of
+from holdfast.coordinator.errors import CODES
+from holdfast.coordinator.gate import gate_argv
+
+
+@pytest.mark.parametrize("reason,code", [
+    ("HELD", 75), ("RESERVED", 75), ("OWNERSHIP_UNKNOWN", 75), ("MANUAL_RECOVERY", 75),
+    ("OPERATION_CONFLICT", 75), ("STALE_FENCE", 75), ("ATTESTATION_FAILED", 75),
+    ("UNAVAILABLE", 69), (exit_codes.UNREACHABLE, 69), ("HOST_NOT_REGISTERED", 69),
+    ("PERMISSION_DENIED", 77), ("UNAUTHENTICATED", 77), ("INVALID_ARGUMENT", 2),
+])
+def test_exit_codes_of_design_section_6(reason: str, code: int) -> None:
+    assert exit_codes.exit_code(reason) == code
+
+
+def test_every_coordinator_reason_has_a_next_step_naming_the_session() -> None:
+    for reason in [*CODES, exit_codes.UNREACHABLE, "UNAUTHENTICATED"]:
+        step = exit_codes.next_step(reason, "my-session-01")
+        assert step and "{session}" not in step
+    assert "my-session-01" in exit_codes.next_step("OWNERSHIP_UNKNOWN", "my-session-01")
+
+
+def test_unknown_reason_is_a_plain_failure_with_a_pointer() -> None:
+    assert exit_codes.exit_code("SOMETHING_NEW") == 1
+    assert exit_codes.next_step("SOMETHING_NEW")
+
+
+def grant() -> Grant:
+    return Grant("my-session-01", 7, "s" * 64, "a" * 32, "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:7420")
+
+
+def test_child_environment_of_design_section_5() -> None:
+    env = child_environment(grant(), "/tmp/x/grant.json", {"PATH": "/bin", "HOLDFAST_FENCE": "1"})
+    assert env == {"PATH": "/bin", "HOLDFAST_SPAWN_TOKEN": "a" * 32, "HOLDFAST_SESSION": "my-session-01",
+                   "HOLDFAST_FENCE": "7", "HOLDFAST_COORDINATOR": "127.0.0.1:7420",
+                   "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json"}
+    assert "s" * 64 not in env.values()  # the secret travels only in the 0600 file
+
+
+def test_grant_file_is_0600_round_trips_and_hides_the_secret_in_repr(tmp_path: Path) -> None:
+    path = grant().write(str(tmp_path))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert Grant.from_file(path) == grant()
+    assert "s" * 64 not in repr(grant()) and "a" * 32 not in repr(grant())
+
+
+def test_status_of_follows_the_shell() -> None:
+    assert status_of(0) == 0 and status_of(3) == 3
+    assert status_of(-15) == 143 and status_of(-9) == 137
+
+
+def test_gate_program_execs_only_on_the_exact_word() -> None:
+    argv = gate_argv(12, ["codex", "resume", "a b"])
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert '[ "$go" = committed ] && exec "$@"' in argv[2] and "/dev/fd/12" in argv[2]
+    assert argv[4:] == ["codex", "resume", "a b"]  # passed as arguments, never through the shell's parser
