@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from holdfast.agent import commands as agent_commands
-from holdfast.coordinator import certs, serve_commands
+from holdfast.coordinator import certs, run_commands, serve_commands, up
 
 EX_USAGE = 2
 
@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent_commands.register(sub)
     certs.register(sub)
     serve_commands.register(sub)
+    run_commands.register(sub)
+    up.register(sub)
     return parser
 
 

@@ -1,0 +1,493 @@
+"""The client library (`holdfast.coordinator.client`): be a session's single writer from Python.
+
+Guarantee: CMD runs only after its CommitOwner succeeded — `Owner.start` acquires, spawns the
+gate with the spawn token in its environment, has the coordinator's agent attest it, and only then
+releases the gate; any failure before that ends the gate unrun. While CMD runs, the owner watches
+its record: a requested handoff or a lost fence ends the whole tree (SIGTERM, grace, SIGKILL),
+and Release is sent with the grant once the tree is gone. Calls are retried with tenacity only
+where a retry is safe: Acquire replays by operation id, and a retried commit or release that finds
+its own effect already applied counts as done. The client never calls an agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from holdfast.coordinator import exit_codes
+from holdfast.coordinator.errors import reason_of
+from holdfast.coordinator.gate import Gate
+from holdfast.coordinator.tree import SessionCgroup, Tree, end_tree
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+
+DEFAULT_COORDINATOR = "127.0.0.1:7420"  # where `holdfast up` listens
+CALL_TIMEOUT_S = 10.0
+RETRY_BUDGET_S = 5.0
+MAX_WAIT_S = 3600.0
+OWNED = (pb.COMMITTED, pb.LIVE)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                     signal.SIGUSR2, signal.SIGWINCH)
+# The coordinator answered before the caller's wait ran out, and the answer can change by itself.
+WAITABLE = {"HELD", "RESERVED", "OWNERSHIP_UNKNOWN"}
+
+Say = Callable[[str], None]
+
+
+def coordinator_address(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("HOLDFAST_COORDINATOR") or DEFAULT_COORDINATOR
+
+
+def local_host_id(explicit: str | None = None) -> str:
+    """The id this host's agent registered under (`holdfast exec --host N` sets HOLDFAST_HOST_ID)."""
+    return explicit or os.environ.get("HOLDFAST_HOST_ID") or os.uname().nodename
+
+
+def say_stderr(line: str) -> None:
+    print(f"holdfast: {line}", file=sys.stderr, flush=True)
+
+
+class ClientError(Exception):
+    """A refusal or failure with its reason, exit code and next step."""
+
+    def __init__(self, reason: str, message: str, session: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.session = session
+
+    @property
+    def exit_code(self) -> int:
+        return exit_codes.exit_code(self.reason)
+
+    @property
+    def next_step(self) -> str:
+        return exit_codes.next_step(self.reason, self.session)
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}. Next: {self.next_step}"
+
+
+def _classify(exc: grpc.aio.AioRpcError, session: str, address: str) -> ClientError:
+    reason = reason_of(exc)
+    if not reason:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return ClientError(exit_codes.UNREACHABLE, f"no answer from the coordinator at {address} "
+                               f"({code.name})", session)
+        reason = code.name
+    return ClientError(reason, exc.details() or reason, session)
+
+
+def _transient(exc: BaseException) -> bool:
+    # UNAVAILABLE is both "no coordinator" and "the coordinator cannot reach etcd": nothing was written.
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A grant: the fence and secret every owner write carries. The secret is never printed."""
+
+    session_id: str
+    fence: int
+    secret: str = field(repr=False)
+    spawn_token: str = field(repr=False)
+    spawn_token_env: str
+    coordinator: str
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Grant:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def write(self, directory: str) -> str:
+        """A mode-0600 file the child can read to make fenced writes."""
+        path = os.path.join(directory, "grant.json")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(self), f)
+        return path
+
+
+class Client:
+    """One channel to a coordinator, with the calls a runtime and an operator need."""
+
+    def __init__(self, address: str | None = None, host_id: str | None = None) -> None:
+        self.address = coordinator_address(address)
+        self.host_id = local_host_id(host_id)
+        self.channel = grpc.aio.insecure_channel(self.address)
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method, request, session: str = "", timeout: float = CALL_TIMEOUT_S):  # type: ignore[no-untyped-def]
+        """One RPC, retried while nothing answers. Use only for calls that are safe to repeat."""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_transient), reraise=True,
+                stop=stop_after_delay(RETRY_BUDGET_S), wait=wait_exponential(multiplier=0.05, max=1.0),
+            ):
+                with attempt:
+                    return await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _classify(exc, session, self.address) from None
+        raise AssertionError("unreachable: tenacity reraises")
+
+    # --- owner calls ---------------------------------------------------------------------
+    async def acquire(self, session_id: str, operation_id: str, *, provider: str = "", location: str = "",
+                      wait_seconds: float = 0.0, takeover: bool = False, force: bool = False,
+                      live_on_commit: bool = True) -> tuple[Grant, pb.SessionRecord]:
+        request = pb.AcquireRequest(
+            session_id=session_id, provider=provider, location=location, operation_id=operation_id,
+            host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,
+            takeover=takeover, force=force,
+        )
+        # A replay with the same operation id returns the first grant, so the retry is safe.
+        response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
+        g = response.grant
+        grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address)
+        return grant, response.record
+
+    async def request_handoff(self, session_id: str, operation_id: str) -> pb.SessionRecord | None:
+        """None when the session has no record yet (nothing to hand off)."""
+        request = pb.RequestHandoffRequest(session_id=session_id, operation_id=operation_id,
+                                           host_id=self.host_id)
+        try:
+            return (await self._call(self.stub.RequestHandoff, request, session_id)).record
+        except ClientError as err:
+            if err.reason == "NOT_FOUND":
+                return None
+            raise
+
+    async def commit(self, grant: Grant, pid_hint: int) -> pb.SessionRecord:
+        request = pb.CommitOwnerRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                        pid_hint=pid_hint)
+        try:
+            return (await self._call(self.stub.CommitOwner, request, grant.session_id)).record
+        except ClientError as err:
+            # A retried commit whose first try landed finds no reservation: check that it is ours.
+            record = await self._own_effect(grant, err, lambda lease: lease.claim_status in OWNED and
+                                            lease.owner.spawn_token == grant.spawn_token)
+            if record is None:
+                raise
+            return record
+
+    async def release(self, grant: Grant) -> pb.SessionRecord:
+        request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret)
+        try:
+            return (await self._call(self.stub.Release, request, grant.session_id)).record
+        except ClientError as err:
+            record = await self._own_effect(grant, err, lambda lease: lease.claim_status == pb.RELEASED)
+            if record is None:
+                raise
+            return record
+
+    async def _own_effect(self, grant: Grant, err: ClientError,
+                          applied: Callable[[pb.Lease], bool]) -> pb.SessionRecord | None:
+        if err.reason != "STALE_FENCE":
+            return None
+        record = (await self.get_session(grant.session_id)).record
+        return record if record.lease.fence == grant.fence and applied(record.lease) else None
+
+    async def fenced_put(self, grant: Grant, key: str, value: bytes) -> int:
+        request = pb.FencedPutRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                      key=key, value=value)
+        return (await self._call(self.stub.FencedPut, request, grant.session_id)).revision
+
+    async def record_provider_handle(self, grant: Grant, handle: str) -> pb.SessionRecord:
+        request = pb.RecordProviderHandleRequest(session_id=grant.session_id, fence=grant.fence,
+                                                 secret=grant.secret, handle=handle)
+        return (await self._call(self.stub.RecordProviderHandle, request, grant.session_id)).record
+
+    # --- reads and operator calls ----------------------------------------------------------
+    async def fenced_get(self, session_id: str, key: str) -> pb.FencedGetResponse:
+        return await self._call(self.stub.FencedGet, pb.FencedGetRequest(session_id=session_id, key=key),
+                                session_id)
+
+    async def get_session(self, session_id: str) -> pb.GetSessionResponse:
+        return await self._call(self.stub.GetSession, pb.GetSessionRequest(session_id=session_id), session_id)
+
+    async def list_sessions(self) -> list[pb.SessionRecord]:
+        found: list[pb.SessionRecord] = []
+        token = ""
+        while True:
+            page = await self._call(self.stub.ListSessions, pb.ListSessionsRequest(page_size=500,
+                                                                                   page_token=token))
+            found.extend(page.records)
+            token = page.next_page_token
+            if not token:
+                return found
+
+    async def list_hosts(self) -> list[pb.HostRegistration]:
+        return list((await self._call(self.stub.ListHosts, pb.ListHostsRequest())).hosts)
+
+    async def probe(self, session_id: str) -> pb.ProbeSessionResponse:
+        return await self._call(self.stub.ProbeSession, pb.ProbeSessionRequest(session_id=session_id),
+                                session_id, timeout=30.0)
+
+    async def recover(self, session_id: str, fence: int, reason: str, operator: str) -> pb.SessionRecord:
+        request = pb.RecoverRequest(session_id=session_id, expected_fence=fence, reason=reason,
+                                    operator=operator)
+        return (await self._call(self.stub.Recover, request, session_id)).record
+
+    async def watch(self, session_id: str) -> AsyncIterator[pb.SessionRecord]:
+        """The session's record now and at every change; reconnects while the coordinator is away."""
+        backoff = 0.05
+        while True:
+            call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
+            try:
+                async for event in call:
+                    backoff = 0.05
+                    if not event.deleted:
+                        yield event.record
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    raise _classify(exc, session_id, self.address) from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def next_change(self, session_id: str, timeout: float) -> None:
+        """Returns at the record's first change after now, or after `timeout` seconds."""
+        async def changed() -> None:
+            first = True
+            async for _record in self.watch(session_id):
+                if not first:
+                    return
+                first = False  # the watch opens with the current record
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed(), max(timeout, 0.0))
+
+
+@dataclass
+class RunSpec:
+    """What `holdfast run` asks for; the library's callers fill the same fields."""
+
+    session_id: str
+    argv: list[str]
+    provider: str = ""
+    location: str = ""
+    takeover: bool = False
+    force: bool = False
+    handoff_timeout: float = 30.0
+    wait: float = 0.0
+    grace: float = 10.0
+    cwd: str | None = None
+
+
+async def obtain(client: Client, spec: RunSpec, operation_id: str,
+                 say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+    """Acquire as the spec says: once; or waiting (`--wait`, the coordinator holds the call on the
+    owner's exit); or as a takeover that asks the owner to let go, then — with force — has the
+    owner's agent end it. Waiting between calls is on record changes, never on a polling timer."""
+    loop = asyncio.get_running_loop()
+    budget = spec.wait or (spec.handoff_timeout if spec.takeover else 0.0)
+    deadline = loop.time() + budget
+    if spec.takeover and await client.request_handoff(spec.session_id, operation_id) is not None:
+        say(f"handoff of {spec.session_id} requested; waiting up to {budget:g}s for the owner to let go")
+    while True:
+        left = max(deadline - loop.time(), 0.0)
+        try:
+            return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
+                                        location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
+                                        takeover=spec.takeover)
+        except ClientError as err:
+            if err.reason not in WAITABLE:
+                raise
+            left = deadline - loop.time()
+            if left <= 0:
+                if spec.force and err.reason != "RESERVED":
+                    break
+                raise
+            # e.g. the owner's root exited but its tree is still ending: the next change decides.
+            await client.next_change(spec.session_id, left)
+    say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it")
+    return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
+                                location=spec.location, takeover=True, force=True)
+
+
+def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update({
+        grant.spawn_token_env: grant.spawn_token,
+        "HOLDFAST_SESSION": grant.session_id,
+        "HOLDFAST_FENCE": str(grant.fence),
+        "HOLDFAST_COORDINATOR": grant.coordinator,
+        "HOLDFAST_GRANT_FILE": grant_file,
+    })
+    return env
+
+
+def hand_terminal(pgid: int) -> int | None:
+    """Makes `pgid` the terminal's foreground group when this process holds the terminal, so an
+    interactive CMD can read it and gets Ctrl-C itself; returns the terminal fd to take back."""
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+    except (OSError, ValueError):
+        return None
+    # A process group that is not in the foreground gets SIGTTOU for tcsetpgrp.
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        return None
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
+    return fd
+
+
+def status_of(returncode: int) -> int:
+    """A shell's view of a child's end: its exit status, or 128 + the signal that ended it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Owner:
+    """A committed owner: the gate released, CMD running in its own process group."""
+
+    def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
+                 workdir: str, record: pb.SessionRecord, say: Say, terminal: int | None = None) -> None:
+        self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
+        self.workdir, self.record, self.say, self.terminal = workdir, record, say, terminal
+        self.ended_by = ""   # "", "handoff" or "lost"
+
+    @classmethod
+    async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
+        operation_id = secrets.token_hex(16)
+        grant, _ = await obtain(client, spec, operation_id, say)
+        workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
+        cgroup = SessionCgroup.create(grant.session_id, grant.fence)
+        gate: Gate | None = None
+        try:
+            env = child_environment(grant, grant.write(workdir))
+            gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
+            if cgroup is not None:
+                try:
+                    cgroup.add(gate.pid)  # before CMD can fork: the gate is blocked on its pipe
+                except OSError:
+                    cgroup.remove()
+                    cgroup = None
+            record = await client.commit(grant, gate.pid)
+        except BaseException:
+            if gate is not None:
+                gate.abort()
+                await asyncio.to_thread(gate.process.wait)
+            with contextlib.suppress(ClientError):
+                await client.release(grant)  # a reservation: lets the next caller in at once
+            if cgroup is not None:
+                cgroup.remove()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        terminal = hand_terminal(gate.pid)
+        gate.release()
+        owner = record.lease.owner
+        say(f"session {grant.session_id} fence {grant.fence}: running on host {owner.host_id} "
+            f"as pid {owner.pid}")
+        return cls(client, spec, grant, gate, Tree(grant.spawn_token_env, grant.spawn_token, cgroup),
+                   workdir, record, say, terminal)
+
+    async def _watch(self) -> None:
+        """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
+        async for record in self.client.watch(self.grant.session_id):
+            lease = record.lease
+            if lease.fence != self.grant.fence or lease.claim_status not in OWNED:
+                self.ended_by = "lost"
+                self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
+                         f"(now fence {lease.fence}); ending the tree")
+                return
+            if lease.handoff_stage == pb.HANDOFF_REQUESTED:
+                self.ended_by = "handoff"
+                self.say(f"handoff to host {lease.handoff_requested_by_host} requested; ending the tree "
+                         f"(grace {self.spec.grace:g}s)")
+                return
+
+    def _forward(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.gate.pid, sig)
+
+    async def supervise(self, forward_signals: bool = True) -> int:
+        """Until CMD's tree is gone and released; returns CMD's status as a shell reports it."""
+        loop = asyncio.get_running_loop()
+        if forward_signals:
+            for sig in FORWARDED_SIGNALS:
+                loop.add_signal_handler(sig, self._forward, sig)
+        pidfd = os.pidfd_open(self.gate.pid)
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        watcher = asyncio.create_task(self._watch())
+        try:
+            await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher.done():
+                if watcher.exception() is not None:
+                    self.say(f"stopped watching the record ({watcher.exception()}); CMD keeps running")
+                elif self.ended_by:
+                    await asyncio.to_thread(end_tree, self.tree, self.spec.grace)
+            await exited
+        finally:
+            watcher.cancel()
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            if forward_signals:
+                for sig in FORWARDED_SIGNALS:
+                    loop.remove_signal_handler(sig)
+        status = status_of(self.gate.process.wait())
+        try:
+            await self.finish()
+        finally:
+            self.cleanup()
+        return status
+
+    async def finish(self) -> None:
+        """End what is left of the tree, then Release; a fence already moved on needs no release."""
+        if not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
+            self.say("processes of the session's tree survived SIGKILL; not releasing")
+            return
+        try:
+            await self.client.release(self.grant)
+            self.say(f"session {self.grant.session_id} released at fence {self.grant.fence}")
+        except ClientError as err:
+            if err.reason != "STALE_FENCE":
+                raise
+            self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
+                     "nothing to release")
+
+    def cleanup(self) -> None:
+        if self.terminal is not None:
+            previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(self.terminal, os.getpgrp())
+            signal.signal(signal.SIGTTOU, previous)
+        if self.tree.cgroup is not None:
+            self.tree.cgroup.remove()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def run(spec: RunSpec, address: str | None = None, host_id: str | None = None,
+              say: Say = say_stderr) -> int:
+    """`holdfast run`: CMD's status, or raises ClientError (nothing ran)."""
+    async with Client(address, host_id) as client:
+        owner = await Owner.start(client, spec, say)
+        return await owner.supervise()

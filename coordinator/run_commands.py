@@ -1,0 +1,313 @@
+"""`holdfast run`, the fenced data commands (`put`, `get`) and the operator commands (`status`,
+`show`, `probe`, `recover`, `hosts`).
+
+Guarantee: `run` exits with CMD's status, or — when CMD never ran — 75 held/unknown, 69 no
+coordinator, 77 authentication, 2 usage (DESIGN.md §6); every read command's `--json` output is
+one JSON document, errors included; every error names the next step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import getpass
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from holdfast.coordinator import client as client_
+from holdfast.coordinator import exit_codes, records
+from holdfast.coordinator.adjudication import OUTCOME_NAMES
+from holdfast.coordinator.client import Client, ClientError, Grant, RunSpec
+from holdfast.coordinator.fencing import CLAIM_NAMES
+from holdfast.v1 import coordinator_pb2 as pb
+
+STAGE_NAMES = {pb.NONE: "none", pb.HANDOFF_REQUESTED: "handoff-requested",
+               pb.MANUAL_RECOVERY: "manual-recovery", pb.HANDOFF_STAGE_UNSPECIFIED: "none"}
+
+
+def _session_id(text: str) -> str:
+    try:
+        return records.check_session_id(text)
+    except records.InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= client_.MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"seconds must be in 0..{client_.MAX_WAIT_S:g}")
+    return value
+
+
+def _fence(text: str) -> int:
+    try:
+        return records.check_fence(int(text))
+    except (ValueError, records.InvalidInput):
+        raise argparse.ArgumentTypeError(f"fence must be an integer in 1..{records.MAX_FENCE}") from None
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def _when(unix_ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_ms / 1000)) if unix_ms else "-"
+
+
+def _incarnation(inc: Any) -> str:
+    return f"{inc.boot_id[:8]}/{inc.pid_ns}" if inc.boot_id else "-"
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in [header, *rows])
+
+
+def session_row(record: pb.SessionRecord) -> list[str]:
+    lease = record.lease
+    owner = lease.owner
+    host = owner.host_id or lease.reserved_host_id or "-"
+    return [record.session_id, host, _incarnation(owner.incarnation), str(owner.pid or "-"), str(lease.fence),
+            CLAIM_NAMES.get(lease.claim_status, "none"), STAGE_NAMES.get(lease.handoff_stage, "none"),
+            _when(lease.owner_since_unix_ms or lease.reserved_at_unix_ms)]
+
+
+SESSION_HEADER = ["SESSION", "HOST", "INCARNATION", "PID", "FENCE", "CLAIM", "STAGE", "SINCE"]
+HOST_HEADER = ["HOST", "ADDRESS", "INCARNATION", "TOKEN VARIABLE", "VERSION", "REGISTERED"]
+
+
+def host_row(host: pb.HostRegistration) -> list[str]:
+    return [host.host_id, host.address, _incarnation(host.incarnation), host.spawn_token_env,
+            host.agent_version, _when(host.registered_at_unix_ms)]
+
+
+Body = Callable[[argparse.Namespace, Client], Awaitable[int]]
+
+
+def _command(body: Body) -> Callable[[argparse.Namespace], int]:
+    """Runs one command against the coordinator; a ClientError becomes its exit code and next step."""
+
+    def handler(args: argparse.Namespace) -> int:
+        async def main() -> int:
+            async with Client(args.coordinator, getattr(args, "host_id", None)) as client:
+                return await body(args, client)
+
+        try:
+            return asyncio.run(main())
+        except ClientError as err:
+            if getattr(args, "json", False):
+                print(json.dumps({"error": {"reason": err.reason, "message": err.message,
+                                            "next_step": err.next_step}}))
+            print(f"holdfast: {err}", file=sys.stderr)
+            return err.exit_code
+
+    return handler
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+# --- run -------------------------------------------------------------------------------------------
+async def _run(args: argparse.Namespace, client: Client) -> int:
+    spec = RunSpec(session_id=args.session, argv=args.cmd, provider=args.provider, location=args.location,
+                   takeover=args.takeover, force=args.force, handoff_timeout=args.handoff_timeout,
+                   wait=args.wait or 0.0, grace=args.grace)
+    owner = await client_.Owner.start(client, spec)
+    return await owner.supervise()
+
+
+# --- fenced data -----------------------------------------------------------------------------------
+def _grant_file(args: argparse.Namespace) -> Grant:
+    path = args.grant_file or os.environ.get("HOLDFAST_GRANT_FILE")
+    if not path:
+        raise ClientError("INVALID_ARGUMENT", "no grant: `put` runs inside `holdfast run` "
+                          "(HOLDFAST_GRANT_FILE) or takes --grant-file")
+    try:
+        return Grant.from_file(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ClientError("INVALID_ARGUMENT", f"cannot read the grant file {path}: {exc}") from None
+
+
+async def _put(args: argparse.Namespace, client: Client) -> int:
+    grant = _grant_file(args)
+    value = sys.stdin.buffer.read() if args.value in (None, "-") else args.value.encode()
+    revision = await client.fenced_put(grant, args.key, value)
+    if args.json:
+        _print_json({"session_id": grant.session_id, "fence": grant.fence, "key": args.key,
+                     "revision": revision})
+    else:
+        print(f"put {args.key} at fence {grant.fence} (revision {revision})")
+    return 0
+
+
+async def _get(args: argparse.Namespace, client: Client) -> int:
+    session = args.session or os.environ.get("HOLDFAST_SESSION", "")
+    if not session:
+        raise ClientError("INVALID_ARGUMENT", "which session? pass --session or run inside `holdfast run`")
+    found = await client.fenced_get(session, args.key)
+    if args.json:
+        out: dict[str, object] = {"session_id": session, "key": args.key, "found": found.found}
+        if found.found:
+            out["revision"] = found.revision
+            out["value_base64"] = base64.b64encode(found.value).decode()
+            with contextlib.suppress(UnicodeDecodeError):  # binary: value_base64 only
+                out["value"] = found.value.decode()
+        _print_json(out)
+        return 0 if found.found else exit_codes.EX_FAILURE
+    if not found.found:
+        print(f"holdfast: {args.key} is not set in session {session}. Next: `holdfast put` it from inside "
+              "`holdfast run`", file=sys.stderr)
+        return exit_codes.EX_FAILURE
+    sys.stdout.buffer.write(found.value)
+    return 0
+
+
+# --- operator commands -----------------------------------------------------------------------------
+async def _status(args: argparse.Namespace, client: Client) -> int:
+    hosts, sessions = await client.list_hosts(), await client.list_sessions()
+    if args.json:
+        _print_json({"coordinator": client.address, "hosts": [as_dict(h) for h in hosts],
+                     "sessions": [as_dict(r) for r in sessions]})
+        return 0
+    print(f"coordinator {client.address}: {len(hosts)} hosts, {len(sessions)} sessions\n")
+    print(table([host_row(h) for h in hosts], HOST_HEADER) + "\n")
+    print(table([session_row(r) for r in sessions], SESSION_HEADER))
+    return 0
+
+
+async def _show(args: argparse.Namespace, client: Client) -> int:
+    found = await client.get_session(args.session)
+    if args.json:
+        _print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history]})
+        return 0
+    print(table([session_row(found.record)], SESSION_HEADER) + "\n")
+    lease = found.record.lease
+    if lease.death_evidence.kind:
+        ev = lease.death_evidence
+        print(f"last evidence: {ev.kind} {ev.detail} at {_when(ev.observed_at_unix_ms)} "
+              f"(fence {ev.owner_fence})")
+    for link in found.record.provider_handle_chain:
+        print(f"provider handle at fence {link.minted_at_fence}: {link.handle}")
+    rows = [[str(h.seq), _when(h.at_unix_ms), h.transition, str(h.fence), h.detail] for h in found.history]
+    print(table(rows, ["SEQ", "AT", "TRANSITION", "FENCE", "DETAIL"]))
+    return 0
+
+
+async def _probe(args: argparse.Namespace, client: Client) -> int:
+    found = await client.probe(args.session)
+    if args.json:
+        _print_json(as_dict(found))
+        return 0
+    print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or 'no reason given'}")
+    if found.HasField("probe"):
+        p = found.probe
+        outcome = OUTCOME_NAMES.get(p.outcome, "indeterminate")
+        print(f"probe answered by {p.answered_by_host_id or '-'}: {outcome}"
+              f"{' matched on ' + ','.join(p.matched_on) if p.matched_on else ''}"
+              f"{'; tree: ' + p.tree_reason if p.tree_checked else ''}")
+    return 0
+
+
+async def _recover(args: argparse.Namespace, client: Client) -> int:
+    record = await client.recover(args.session, args.fence, args.reason, args.operator)
+    if args.json:
+        _print_json(as_dict(record))
+        return 0
+    print(f"{args.session}: fence {args.fence} invalidated; the next grant is at fence "
+          f"{max(record.lease.minimum_next_fence, record.lease.fence + 1)}")
+    return 0
+
+
+async def _hosts(args: argparse.Namespace, client: Client) -> int:
+    hosts = await client.list_hosts()
+    if args.json:
+        _print_json({"hosts": [as_dict(h) for h in hosts]})
+        return 0
+    print(table([host_row(h) for h in hosts], HOST_HEADER))
+    return 0
+
+
+def _run_handler(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        args.parser.error("run needs a command after --")
+    if args.force and not args.takeover:
+        args.parser.error("--force needs --takeover")
+    args.cmd = cmd
+    return _command(_run)(args)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
+                        f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
+    reader = argparse.ArgumentParser(add_help=False, parents=[common])
+    reader.add_argument("--json", action="store_true", help="print one JSON document")
+
+    p = subparsers.add_parser("run", parents=[common], help="run CMD as the session's single writer",
+                              usage="holdfast run --session ID [options] -- CMD [ARGS...]")
+    p.add_argument("--session", required=True, type=_session_id)
+    p.add_argument("--provider", default="", help="provider name recorded with the session")
+    p.add_argument("--location", default="", help="where the session's state lives")
+    p.add_argument("--takeover", action="store_true", help="ask the current owner to hand the session over")
+    p.add_argument("--force", action="store_true",
+                   help="with --takeover: if the owner does not let go in time, its host's agent ends it")
+    p.add_argument("--handoff-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="how long a takeover waits for the owner to let go (default 30)")
+    p.add_argument("--wait", type=_seconds, nargs="?", const=client_.MAX_WAIT_S, metavar="S",
+                   help="wait (up to S seconds, default an hour) until the session can be had")
+    p.add_argument("--grace", type=_seconds, default=10.0, metavar="S",
+                   help="SIGTERM to SIGKILL grace when the tree must end (default 10)")
+    p.add_argument("--host-id", help="this host's agent id (default: $HOLDFAST_HOST_ID, else the node name)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.set_defaults(handler=_run_handler, parser=p)
+
+    p = subparsers.add_parser("put", parents=[reader], help="fenced write from inside `holdfast run`")
+    p.add_argument("key")
+    p.add_argument("value", nargs="?", help="the value (default: read stdin)")
+    p.add_argument("--grant-file", help="default: $HOLDFAST_GRANT_FILE")
+    p.set_defaults(handler=_command(_put))
+
+    p = subparsers.add_parser("get", parents=[reader], help="read a session's fenced data")
+    p.add_argument("key")
+    p.add_argument("--session", type=_session_id, help="default: $HOLDFAST_SESSION")
+    p.set_defaults(handler=_command(_get))
+
+    p = subparsers.add_parser("status", parents=[reader], help="hosts and sessions")
+    p.set_defaults(handler=_command(_status))
+
+    p = subparsers.add_parser("show", parents=[reader], help="one session's record and history")
+    p.add_argument("session", type=_session_id)
+    p.set_defaults(handler=_command(_show))
+
+    p = subparsers.add_parser("probe", parents=[reader], help="ask the owner's host whether it lives")
+    p.add_argument("session", type=_session_id)
+    p.set_defaults(handler=_command(_probe))
+
+    p = subparsers.add_parser("recover", parents=[reader],
+                              help="operator: invalidate a fence you know is dead (the only way out "
+                              "of unknown)")
+    p.add_argument("session", type=_session_id)
+    p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (see `holdfast show`)")
+    p.add_argument("--reason", required=True, help="why you know the owner is gone (recorded)")
+    p.add_argument("--operator", default=f"{getpass.getuser()}@{socket.gethostname()}",
+                   help="who is asking (recorded)")
+    p.set_defaults(handler=_command(_recover))
+
+    p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")
+    p.set_defaults(handler=_command(_hosts))

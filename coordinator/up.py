@@ -1,0 +1,333 @@
+"""`holdfast up`: everything on one machine — an etcd of its own, a coordinator, and this host's
+agent (or, with `--hosts N`, N simulated hosts) — and `holdfast exec --host N -- CMD`.
+
+Guarantee: `up` reports ready only once etcd answers, the coordinator listens and every agent is
+registered; Ctrl-C or SIGTERM stops agents, then the coordinator, then etcd, each by the pid it
+started, so no record is lost; the state directory (etcd's data and its ports) makes a second `up`
+on it find every record again. Everything listens on 127.0.0.0/8 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from holdfast.coordinator import etcd_server, exit_codes
+from holdfast.coordinator.client import DEFAULT_COORDINATOR
+from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.coordinator.store import Store, StoreUnavailable
+from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+STATE_FILE = "up.json"
+DEFAULT_IP_BASE = 10          # simulated host N listens on 127.0.0.<base + N>
+START_TIMEOUT_S = 20.0
+# After a restart the previous agents' registrations stay live until their etcd leases expire
+# (TTL 10 s, renewed once when etcd restarts); the new agents register right after.
+REGISTER_TIMEOUT_S = 40.0
+
+
+class UpError(Exception):
+    """A reason `up` cannot start, with what to do about it."""
+
+
+def find_etcd() -> str:
+    binary = os.environ.get("HOLDFAST_ETCD_BIN") or shutil.which("etcd")
+    if not binary or not os.access(binary, os.X_OK):
+        raise UpError("no etcd binary found. Next: install it with `apt-get install etcd-server` (or run "
+                      "./scripts/setup), or set HOLDFAST_ETCD_BIN to an etcd >= 3.4")
+    return binary
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("HOLDFAST_STATE_DIR", "state"))
+
+
+def _start_ticks(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
+class Stack:
+    """The processes of one `up`, started in order and stopped in reverse."""
+
+    def __init__(self, state_dir: Path, listen: str, hosts: int, ip_base: int) -> None:
+        self.state_dir = state_dir
+        self.listen = listen
+        self.hosts_wanted = hosts
+        self.ip_base = ip_base
+        self.etcd: EtcdServer | None = None
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_address = ""
+        self.simhosts: list[SimulatedHost] = []
+
+    # --- start -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        if self.hosts_wanted and os.geteuid() != 0:
+            raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
+                          "or without --hosts for this host's agent only")
+        try:
+            self._start_etcd()
+            self._start_coordinator()
+            self._start_agents()
+            self._wait_registered()
+            self._write_state()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_etcd(self) -> None:
+        # EtcdServer runs the module's binary; point it at the one found here (HOLDFAST_ETCD_BIN / PATH).
+        etcd_server.ETCD_BINARY = find_etcd()
+        ports_file = self.state_dir / "etcd-ports.json"
+        ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+        # The same ports on every start: the member's peer URL is stored in its data directory.
+        self.etcd = EtcdServer(self.state_dir / "etcd", client_port=ports.get("client", 0),
+                               peer_port=ports.get("peer", 0))
+        try:
+            self.etcd.start(START_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as exc:
+            raise UpError(f"etcd did not start: {exc}. Next: see {self.state_dir}/etcd/etcd.log") from None
+        ports_file.write_text(json.dumps({"client": self.etcd.client_port, "peer": self.etcd.peer_port}))
+
+    def _spawn(self, name: str, argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+        ready = self.state_dir / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        log = open(self.state_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        with log:
+            proc = subprocess.Popen([sys.executable, "-m", "holdfast.coordinator.cli", *argv,
+                                     "--ready-file", str(ready)],
+                                    stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_process(proc)
+                raise UpError(f"{name} did not start. Next: see {self.state_dir}/{name}.log")
+            time.sleep(0.02)
+        return proc, json.loads(ready.read_text())["address"]
+
+    def _start_coordinator(self) -> None:
+        assert self.etcd is not None
+        self.coordinator, self.address = self._spawn(
+            "coordinator", ["coordinator", "serve", "--etcd", self.etcd.url, "--listen", self.listen])
+
+    def _start_agents(self) -> None:
+        if not self.hosts_wanted:
+            self.agent, self.agent_address = self._spawn(
+                "agent", ["agent", "serve", "--listen", "127.0.0.1:0", "--host-id", os.uname().nodename,
+                          "--coordinator", self.address])
+            return
+        for n in range(1, self.hosts_wanted + 1):
+            host = SimulatedHost(f"host-{n}", self.ip_base + n, self.state_dir / "hosts",
+                                 agent_args=["--coordinator", self.address])
+            self.simhosts.append(host)
+            host.start(START_TIMEOUT_S)
+
+    def _wait_registered(self) -> None:
+        wanted = {h.host_id: h.agent_address for h in self.simhosts}
+        if self.agent is not None:
+            wanted = {os.uname().nodename: self.agent_address}
+        deadline = time.monotonic() + REGISTER_TIMEOUT_S
+        with grpc.insecure_channel(self.address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            while True:
+                hosts = stub.ListHosts(coordinator_pb2.ListHostsRequest(), timeout=5).hosts
+                if all(any(h.host_id == i and h.address == a for h in hosts) for i, a in wanted.items()):
+                    return
+                if time.monotonic() > deadline:
+                    raise UpError(f"agents not registered within {REGISTER_TIMEOUT_S:g}s. Next: see the "
+                                  f"agent logs in {self.state_dir}")
+                time.sleep(0.2)
+
+    def _write_state(self) -> None:
+        assert self.etcd is not None
+        state = {
+            "pid": os.getpid(),
+            "coordinator": self.address,
+            "etcd": self.etcd.url,
+            "hosts": [
+                {"n": n, "host_id": h.host_id, "ip": h.ip, "agent": h.agent_address,
+                 "reaper_pid": h.reaper_pid, "reaper_start_ticks": _start_ticks(h.reaper_pid)}
+                for n, h in enumerate(self.simhosts, start=1)
+            ],
+        }
+        if self.agent is not None:
+            state["hosts"] = [{"n": 0, "host_id": os.uname().nodename, "ip": "127.0.0.1",
+                               "agent": self.agent_address}]
+        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.rename(self.state_dir / STATE_FILE)
+
+    # --- stop --------------------------------------------------------------------------------
+    def _registration_leases(self) -> list[int]:
+        ours = {h.agent_address for h in self.simhosts} | {self.agent_address}
+        try:
+            with grpc.insecure_channel(self.address) as channel:
+                hosts = coordinator_pb2_grpc.CoordinatorStub(channel).ListHosts(
+                    coordinator_pb2.ListHostsRequest(), timeout=5).hosts
+        except grpc.RpcError:
+            return []
+        return [h.lease_id for h in hosts if h.address in ours]
+
+    def stop(self) -> None:
+        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        leases = self._registration_leases() if self.coordinator is not None else []
+        for host in reversed(self.simhosts):
+            host.stop()
+        self.simhosts = []
+        if self.agent is not None:
+            _stop_process(self.agent)
+            self.agent = None
+        if leases and self.etcd is not None:
+            # The agents behind these registrations were just stopped by this process, so the
+            # registrations name nobody: dropping them lets the next `up` register at once instead
+            # of waiting for their leases to run out. It removes routing only, never a record.
+            asyncio.run(_revoke(self.etcd.url, leases))
+        if self.coordinator is not None:
+            _stop_process(self.coordinator)
+            self.coordinator = None
+        if self.etcd is not None:
+            self.etcd.stop()
+            self.etcd = None
+
+    def failed(self) -> str:
+        """The name of a part that died on its own, '' while all run."""
+        if self.etcd is not None and self.etcd.process is not None and self.etcd.process.poll() is not None:
+            return "etcd"
+        for name, proc in (("coordinator", self.coordinator), ("agent", self.agent)):
+            if proc is not None and proc.poll() is not None:
+                return name
+        return next((h.host_id for h in self.simhosts if not h.running), "")
+
+
+async def _revoke(etcd_url: str, leases: list[int]) -> None:
+    store = Store.connect(etcd_url)
+    try:
+        for lease in leases:
+            with contextlib.suppress(StoreUnavailable, grpc.RpcError):  # gone already: fine
+                await store.revoke_lease(lease)
+    finally:
+        await store.close()
+
+
+def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _up(args: argparse.Namespace) -> int:
+    stack = Stack(Path(args.state_dir), args.listen, args.hosts, args.ip_base)
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what already runs
+    try:
+        stack.start()
+    except UpError as exc:
+        print(f"holdfast up: {exc}", file=sys.stderr)
+        return exit_codes.EX_UNAVAILABLE
+    except KeyboardInterrupt:
+        return 130
+    # From here signals are only waited for. Blocked only now, after every child started: a
+    # blocked signal mask is inherited across exec and would deafen the children to SIGTERM.
+    stop_on = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_on)
+    say = lambda line: print(f"holdfast up: {line}", flush=True)  # noqa: E731
+    assert stack.etcd is not None
+    say(f"etcd {stack.etcd.url} (data in {stack.state_dir / 'etcd'})")
+    say(f"coordinator {stack.address}")
+    for n, host in enumerate(stack.simhosts, start=1):
+        say(f"{host.host_id} agent {host.agent_address} (PID namespace; `holdfast exec --host {n} -- CMD`)")
+    if stack.agent is not None:
+        say(f"{os.uname().nodename} agent {stack.agent_address}")
+    say(f"ready; state in {stack.state_dir}. Try `holdfast status`; Ctrl-C stops everything")
+    code = 0
+    while True:
+        info = signal.sigwaitinfo(stop_on)
+        if info.si_signo != signal.SIGCHLD:
+            say(f"{signal.Signals(info.si_signo).name}: stopping")
+            break
+        if failed := stack.failed():
+            say(f"{failed} exited on its own; stopping everything. Next: see the logs in {stack.state_dir}")
+            code = 1
+            break
+    stack.stop()
+    say("stopped")
+    return code
+
+
+def load_state(state_dir: Path) -> dict:  # type: ignore[type-arg]
+    path = state_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UpError(f"no running `holdfast up` with state in {state_dir}. Next: start one with "
+                      f"`holdfast up --hosts N --state-dir {state_dir}`") from None
+    return state  # type: ignore[no-any-return]
+
+
+def _exec(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        args.parser.error("exec needs a command after --")
+    try:
+        state = load_state(Path(args.state_dir))
+    except UpError as exc:
+        print(f"holdfast exec: {exc}", file=sys.stderr)
+        return exit_codes.EX_UNAVAILABLE
+    host = next((h for h in state["hosts"] if h["n"] == args.host and "reaper_pid" in h), None)
+    if host is None:
+        n = len([h for h in state["hosts"] if "reaper_pid" in h])
+        args.parser.error(f"no simulated host {args.host}: `holdfast up` runs {n} (hosts 1..{n})")
+    try:
+        alive = _start_ticks(host["reaper_pid"]) == host["reaper_start_ticks"]
+    except (OSError, ValueError, IndexError):
+        alive = False
+    if not alive:
+        print(f"holdfast exec: host {args.host} is not running. Next: restart `holdfast up`", file=sys.stderr)
+        return exit_codes.EX_UNAVAILABLE
+    env = {**os.environ, "HOLDFAST_HOST_ID": host["host_id"], "HOLDFAST_COORDINATOR": state["coordinator"]}
+    argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", "--", *cmd]
+    os.execvpe("nsenter", argv, env)
+    return 0  # not reached: exec replaced this process
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("up", help="etcd, a coordinator and agents on this machine")
+    p.add_argument("--state-dir", default=str(default_state_dir()),
+                   help="etcd data and ports (default: $HOLDFAST_STATE_DIR, else ./state)")
+    p.add_argument("--listen", default=DEFAULT_COORDINATOR,
+                   help=f"coordinator address (default {DEFAULT_COORDINATOR})")
+    p.add_argument("--hosts", type=int, default=0, choices=range(0, 41), metavar="N",
+                   help="N simulated hosts (PID namespaces, root) instead of this host's agent")
+    p.add_argument("--ip-base", type=int, default=DEFAULT_IP_BASE, choices=range(1, 200), metavar="B",
+                   help=f"simulated host N listens on 127.0.0.<B+N> (default {DEFAULT_IP_BASE})")
+    p.set_defaults(handler=_up)
+
+    p = subparsers.add_parser("exec", help="run CMD on a simulated host of `holdfast up --hosts N`",
+                              usage="holdfast exec --host N -- CMD [ARGS...]")
+    p.add_argument("--host", type=int, required=True, metavar="N")
+    p.add_argument("--state-dir", default=str(default_state_dir()))
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_exec, parser=p)
