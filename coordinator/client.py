@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from holdfast.coordinator import exit_codes
+from holdfast.coordinator import exit_codes, records
 from holdfast.coordinator.errors import reason_of
 from holdfast.coordinator.gate import Gate
 from holdfast.coordinator.tree import SessionCgroup, Tree, end_tree
@@ -68,6 +68,7 @@ class ClientError(Exception):
         self.reason = reason
         self.message = message
         self.session = session
+        self.retried = False  # set when an earlier try of the same call may have landed
 
     @property
     def exit_code(self) -> int:
@@ -139,17 +140,23 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, method, request, session: str = "", timeout: float = CALL_TIMEOUT_S):  # type: ignore[no-untyped-def]
-        """One RPC, retried while nothing answers. Use only for calls that are safe to repeat."""
+    async def _call(self, method, request, session: str = "", timeout: float = CALL_TIMEOUT_S,  # type: ignore[no-untyped-def]
+                    retry: bool = True):
+        """One RPC, retried while nothing answers (`retry` only for calls that are safe to repeat).
+        A ClientError says whether an earlier try was sent, whose effect may have landed."""
+        tries = 0
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_transient), reraise=True,
+                retry=retry_if_exception(_transient if retry else lambda _exc: False), reraise=True,
                 stop=stop_after_delay(RETRY_BUDGET_S), wait=wait_exponential(multiplier=0.05, max=1.0),
             ):
                 with attempt:
+                    tries += 1
                     return await method(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _classify(exc, session, self.address) from None
+            error = _classify(exc, session, self.address)
+            error.retried = tries > 1
+            raise error from None
         raise AssertionError("unreachable: tenacity reraises")
 
     # --- owner calls ---------------------------------------------------------------------
@@ -203,7 +210,8 @@ class Client:
 
     async def _own_effect(self, grant: Grant, err: ClientError,
                           applied: Callable[[pb.Lease], bool]) -> pb.SessionRecord | None:
-        if err.reason != "STALE_FENCE":
+        # Only a retry can find its own first try's effect; otherwise the effect is someone else's.
+        if err.reason != "STALE_FENCE" or not err.retried:
             return None
         record = (await self.get_session(grant.session_id)).record
         return record if record.lease.fence == grant.fence and applied(record.lease) else None
@@ -216,7 +224,9 @@ class Client:
     async def record_provider_handle(self, grant: Grant, handle: str) -> pb.SessionRecord:
         request = pb.RecordProviderHandleRequest(session_id=grant.session_id, fence=grant.fence,
                                                  secret=grant.secret, handle=handle)
-        return (await self._call(self.stub.RecordProviderHandle, request, grant.session_id)).record
+        # Not retried: a second try whose first landed would append the handle twice.
+        response = await self._call(self.stub.RecordProviderHandle, request, grant.session_id, retry=False)
+        return response.record
 
     # --- reads and operator calls ----------------------------------------------------------
     async def fenced_get(self, session_id: str, key: str) -> pb.FencedGetResponse:
@@ -295,6 +305,30 @@ class RunSpec:
     wait: float = 0.0
     grace: float = 10.0
     cwd: str | None = None
+
+
+def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path]:
+    """The operation id of this host's takeover of the session, kept (mode 0600) until granted.
+
+    The coordinator admits one handoff request per session, under its operation id; a takeover
+    that gave up leaves its request standing, so the next try from this host must continue it
+    under the same id rather than be refused as a conflicting operation.
+    """
+    state_home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    base = state_home / "holdfast" / "takeovers"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = base / f"{host_id}.{session_id}"
+    with contextlib.suppress(OSError):
+        kept = path.read_text().strip()
+        if records.OPERATION_ID.fullmatch(kept):
+            return kept, path
+    operation_id = secrets.token_hex(16)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(operation_id)
+    tmp.rename(path)
+    return operation_id, path
 
 
 async def obtain(client: Client, spec: RunSpec, operation_id: str,
@@ -376,8 +410,12 @@ class Owner:
 
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
-        operation_id = secrets.token_hex(16)
-        grant, _ = await obtain(client, spec, operation_id, say)
+        if spec.takeover:
+            operation_id, kept = takeover_operation(spec.session_id, client.host_id)
+            grant, _ = await obtain(client, spec, operation_id, say)
+            kept.unlink(missing_ok=True)
+        else:
+            grant, _ = await obtain(client, spec, secrets.token_hex(16), say)
         workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
         cgroup = SessionCgroup.create(grant.session_id, grant.fence)
         gate: Gate | None = None

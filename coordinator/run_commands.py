@@ -135,7 +135,7 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
 def _grant_file(args: argparse.Namespace) -> Grant:
     path = args.grant_file or os.environ.get("HOLDFAST_GRANT_FILE")
     if not path:
-        raise ClientError("INVALID_ARGUMENT", "no grant: `put` runs inside `holdfast run` "
+        raise ClientError("INVALID_ARGUMENT", "no grant: `put` and `handle` run inside `holdfast run` "
                           "(HOLDFAST_GRANT_FILE) or takes --grant-file")
     try:
         return Grant.from_file(path)
@@ -152,6 +152,17 @@ async def _put(args: argparse.Namespace, client: Client) -> int:
                      "revision": revision})
     else:
         print(f"put {args.key} at fence {grant.fence} (revision {revision})")
+    return 0
+
+
+async def _handle(args: argparse.Namespace, client: Client) -> int:
+    grant = _grant_file(args)
+    record = await client.record_provider_handle(grant, args.handle)
+    if args.json:
+        _print_json(as_dict(record))
+    else:
+        links = len(record.provider_handle_chain)
+        print(f"provider handle recorded at fence {grant.fence} ({links} in the chain)")
     return 0
 
 
@@ -282,6 +293,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("value", nargs="?", help="the value (default: read stdin)")
     p.add_argument("--grant-file", help="default: $HOLDFAST_GRANT_FILE")
     p.set_defaults(handler=_command(_put))
+
+    p = subparsers.add_parser("handle", parents=[reader],
+                              help="record the provider's handle (e.g. a thread id) from inside "
+                              "`holdfast run`")
+    p.add_argument("handle")
+    p.add_argument("--grant-file", help="default: $HOLDFAST_GRANT_FILE")
+    p.set_defaults(handler=_command(_handle))
 
     p = subparsers.add_parser("get", parents=[reader], help="read a session's fenced data")
     p.add_argument("key")

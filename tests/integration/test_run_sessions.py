@@ -1,0 +1,133 @@
+"""`holdfast run` across simulated hosts: real etcd, coordinator, agents in PID namespaces, real
+children. "Never two trees at once" is judged by the children's flock detector and the process
+tables, never by holdfast's own word."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+
+import pytest
+
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.conftest import descendants
+from tests.integration.run_fixtures import Cluster, until
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+
+
+def gone(pid: int, timeout: float = 0.0) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def started(cluster: Cluster, fence: int, timeout: float = 20.0) -> list[str]:
+    found = until(f"a child at fence {fence}",
+                  lambda: [e for e in cluster.events("start") if e[1] == str(fence)], timeout)
+    return found[0]  # type: ignore[index, no-any-return]
+
+
+def child_pids(run) -> list[int]:  # type: ignore[no-untyped-def]
+    return descendants(run.run_pid)
+
+
+def test_second_host_refused_while_first_lives_then_granted_on_the_agents_proof(cluster: Cluster) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-crash-0001"
+    first = cluster.run(a, sid)
+    started(cluster, 1)
+    refused = cluster.run(b, sid)
+    assert refused.wait(30) == 75
+    assert "HELD" in refused.err() and "host-a" in refused.err() and "--wait" in refused.err()
+    # kill -9 of `run` and its child together: nothing is released.
+    tree = [first.run_pid, *child_pids(first)]
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    first.wait(10)
+    assert all(gone(pid, 5) for pid in tree)  # process table: the first tree is gone
+    lease = cluster.record(sid).record.lease
+    assert lease.fence == 1 and lease.claim_status == pb.LIVE and lease.owner.host_id == "host-a"
+    second = cluster.run(b, sid, "--wait", "30")
+    started(cluster, 2)
+    found = cluster.record(sid)
+    lease = found.record.lease
+    assert lease.fence == 2 and lease.owner.host_id == "host-b"
+    # Granted only by host-a's agent's proof of death (exit or absence of the recorded root).
+    assert lease.death_evidence.kind in ("exit-observed", "pid-absent")
+    assert lease.death_evidence.owner_fence == 1
+    assert [(h.transition, h.fence, h.detail) for h in found.history if h.transition == "grant"] == [
+        ("grant", 1, "FREE"), ("grant", 2, "OWNER_DEAD")]
+    # SIGTERM to `run` is forwarded; the child exits 0 and `run` exits with its status.
+    os.kill(second.run_pid, signal.SIGTERM)
+    assert second.wait(30) == 0
+    assert cluster.record(sid).record.lease.claim_status == pb.RELEASED
+    assert not cluster.events("overlap")
+    assert [e[1] for e in cluster.events("start")] == ["1", "2"]
+
+
+def test_cooperative_handoff_waits_for_the_whole_old_tree(cluster: Cluster) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-handoff-01"
+    first = cluster.run(a, sid, "--grace", "5", cmd=cluster.child("--grandchild", "--handle", "thread-a"))
+    started(cluster, 1)
+    until("the first provider handle", lambda: cluster.record(sid).record.provider_handle_chain)
+    old_tree = [p for p in child_pids(first)]
+    second = cluster.run(b, sid, "--takeover", "--handoff-timeout", "20",
+                         cmd=cluster.child("--handle", "thread-b"))
+    start2 = started(cluster, 2)
+    assert first.wait(30) == 0  # the old child took SIGTERM and exited 0
+    assert "handoff to host host-b requested" in first.err()
+    stops = {e[0]: int(e[4]) for e in cluster.log() if e[0] in ("stop", "grandchild-stop")}
+    # B's child started only after every process of A's tree had ended (the grandchild is slow).
+    assert stops["stop"] < int(start2[4]) and stops["grandchild-stop"] < int(start2[4])
+    assert all(gone(pid) for pid in old_tree)
+    assert not cluster.events("overlap")
+    until("the second provider handle", lambda: len(cluster.record(sid).record.provider_handle_chain) == 2)
+    record = cluster.record(sid).record
+    assert [(link.handle, link.minted_at_fence) for link in record.provider_handle_chain] == [
+        ("thread-a", 1), ("thread-b", 2)]
+    fences = [h.fence for h in cluster.record(sid).history if h.transition == "grant"]
+    assert fences == sorted(set(fences)) == [1, 2]
+    os.kill(second.run_pid, signal.SIGTERM)
+    assert second.wait(30) == 0
+
+
+def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluster) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-frozen-001"
+    first = cluster.run(a, sid)
+    started(cluster, 1)
+    child = child_pids(first)[0]
+    os.kill(first.run_pid, signal.SIGSTOP)  # A's run cannot react to the handoff request
+    try:
+        refused = cluster.run(b, sid, "--takeover", "--handoff-timeout", "1")
+        assert refused.wait(30) == 75
+        assert "HELD" in refused.err()
+        assert not gone(child)  # still A's live child, still the only tree
+        forced = cluster.run(b, sid, "--takeover", "--force", "--handoff-timeout", "1")
+        started(cluster, 2)
+        assert gone(child)  # A's agent killed A's tree before B was granted
+        lease = cluster.record(sid).record.lease
+        assert lease.fence == 2 and lease.owner.host_id == "host-b"
+    finally:
+        # nsenter stops itself when its child stops (job control): continue both.
+        os.kill(first.run_pid, signal.SIGCONT)
+        os.kill(first.proc.pid, signal.SIGCONT)
+    # A's run wakes to a dead child and a fence that moved on: it has nothing to release.
+    assert first.wait(30) == 128 + signal.SIGKILL
+    assert "moved past fence 1" in first.err()
+    assert not cluster.events("overlap")
+    os.kill(forced.run_pid, signal.SIGTERM)
+    assert forced.wait(30) == 0
