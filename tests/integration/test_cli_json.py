@@ -1,0 +1,67 @@
+"""Every command's --json is one parseable JSON document — answers and errors alike — against a
+real coordinator, etcd and agents; the child of `run` makes fenced writes with `put`/`handle`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.run_fixtures import Cluster
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+
+HOLDFAST = [sys.executable, "-m", "holdfast.coordinator.cli"]
+
+
+def cli(cluster: Cluster, *argv: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    done = subprocess.run([*HOLDFAST, *argv, "--coordinator", cluster.coordinator.address],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_every_read_command_json_parses(cluster: Cluster) -> None:
+    a = cluster.host("host-a")
+    sid = "sess-json-0001"
+    out = cluster.tmp / "child.json"
+    # Inside the run: a fenced put and a provider handle, both with --json.
+    child = f"{sys.executable} -m holdfast.coordinator.cli put greeting hello --json > {out}.put && " \
+            f"{sys.executable} -m holdfast.coordinator.cli handle thread-1 --json > {out}.handle"
+    run = cluster.run(a, sid, cmd=["sh", "-c", child])
+    assert run.wait(30) == 0, run.err()
+    put = json.loads(Path(f"{out}.put").read_text())
+    assert put["fence"] == 1 and put["revision"] > 0
+    handle = json.loads(Path(f"{out}.handle").read_text())
+    assert handle["provider_handle_chain"][0]["handle"] == "thread-1"
+
+    code, got = cli(cluster, "get", "greeting", "--session", sid, "--json")
+    assert code == 0 and got["value"] == "hello" and got["found"] is True
+    code, status = cli(cluster, "status", "--json")
+    assert code == 0 and [h["host_id"] for h in status["hosts"]] == ["host-a"]
+    assert [s["session_id"] for s in status["sessions"]] == [sid]
+    code, hosts = cli(cluster, "hosts", "--json")
+    assert code == 0 and hosts["hosts"][0]["address"] == a.agent_address
+    code, shown = cli(cluster, "show", sid, "--json")
+    assert code == 0 and shown["record"]["lease"]["claim_status"] == "RELEASED"
+    assert [h["transition"] for h in shown["history"]] == ["grant", "commit", "provider-handle", "release"]
+    code, probed = cli(cluster, "probe", sid, "--json")
+    assert code == 0 and probed["verdict"] == "free"
+    code, recovered = cli(cluster, "recover", sid, "--fence", "1", "--reason", "test", "--json")
+    assert code == 0 and recovered["lease"]["death_evidence"]["kind"] == "operator-asserted"
+    # Errors are JSON too, with the reason and the next step.
+    code, missing = cli(cluster, "show", "sess-json-none", "--json")
+    assert code == 1 and missing["error"]["reason"] == "NOT_FOUND"
+    assert "holdfast status" in missing["error"]["next_step"]
+    code, stale = cli(cluster, "recover", sid, "--fence", "2", "--reason", "not the current fence", "--json")
+    assert code == 75 and stale["error"]["reason"] == "STALE_FENCE"
+    code, absent = cli(cluster, "get", "nothing", "--session", sid, "--json")
+    assert code == 1 and absent["found"] is False

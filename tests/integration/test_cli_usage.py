@@ -1,0 +1,62 @@
+"""CLI: bad arguments are usage errors (exit 2) that change nothing; no coordinator is exit 69."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from holdfast.coordinator.cli import main
+from holdfast.coordinator.etcd_server import free_port
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["no-such-command"],
+    ["run", "--session", "my-session-01"],                           # no CMD
+    ["run", "--session", "my-session-01", "--"],                     # empty CMD
+    ["run", "--session", "short", "--", "true"],                     # malformed session id
+    ["run", "--session", "my-session-01", "--force", "--", "true"],  # --force without --takeover
+    ["run", "--session", "my-session-01", "--wait", "-1", "--", "true"],
+    ["run", "--session", "my-session-01", "--grace", "soon", "--", "true"],
+    ["run", "--", "true"],                                           # no --session
+    ["show"],
+    ["show", "bad id!"],
+    ["probe"],
+    ["recover", "my-session-01", "--reason", "gone"],                # no --fence
+    ["recover", "my-session-01", "--fence", "0", "--reason", "gone"],
+    ["recover", "my-session-01", "--fence", "x", "--reason", "gone"],
+    ["status", "--bogus"],
+    ["hosts", "extra"],
+    ["get"],
+    ["put"],
+    ["exec", "--", "true"],                                          # no --host
+    ["exec", "--host", "1"],                                         # no CMD
+    ["up", "--hosts", "-1"],
+    ["up", "--hosts", "many"],
+])
+def test_bad_arguments_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_put_outside_a_run_is_a_usage_error_naming_the_way(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("HOLDFAST_GRANT_FILE", raising=False)
+    assert main(["put", "key", "value", "--json"]) == 2
+    out = capsys.readouterr()
+    assert json.loads(out.out)["error"]["reason"] == "INVALID_ARGUMENT"
+    assert "holdfast run" in out.err
+
+
+def test_no_coordinator_is_exit_69_with_the_next_step() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", "status", "--json",
+                           "--coordinator", address], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 69
+    error = json.loads(done.stdout)["error"]
+    assert error["reason"] == "UNREACHABLE" and "holdfast up" in error["next_step"]
