@@ -8,6 +8,7 @@ never grants: the deadline only lets an uncommitted reservation (which can never
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -115,9 +116,13 @@ def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
                        _evidence(name, detail, probe.observed_at_unix_ms, lease.fence))
     if probe.outcome == apb.IDENTITY_MATCHED and probe.matched_on:
         return Verdict(Action.REFUSE, Reason.HELD,
-                       f"held by pid {owner.pid} on host {owner.host_id} since {lease.owner_since_unix_ms} "
-                       f"(matched on {','.join(probe.matched_on)})")
+                       f"held by pid {owner.pid} on host {owner.host_id} "
+                       f"since {_utc(lease.owner_since_unix_ms)} (matched on {','.join(probe.matched_on)})")
     return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN, probe.reason or f"{name} proves nothing")
+
+
+def _utc(unix_ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_ms / 1000))
 
 
 def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:

@@ -130,3 +130,11 @@ def test_replayed_grant(stored, rec, valid) -> None:
 ])
 def test_release_needs_the_tree_gone(result, allowed) -> None:
     assert release_allowed(owned().lease, result) is allowed
+
+
+def test_held_names_the_owner_and_since_when_in_utc() -> None:
+    # 2026-12-03T07:40:24Z: an operator reads the refusal, not a count of milliseconds.
+    rec = owned(owner_since_unix_ms=1_796_283_624_037)
+    verdict = adjudicate(rec, ASK, probe(apb.IDENTITY_MATCHED, matched_on=["pidfd"]), NOW)
+    assert verdict.reason == Reason.HELD
+    assert "pid 42 on host host-a since 2026-12-03T07:40:24Z" in verdict.detail
