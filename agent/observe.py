@@ -74,10 +74,12 @@ def cgroup_populated(ref: agent_pb2.CgroupRef) -> bool | None:
 
 
 def observe_tree(identity: agent_pb2.ProcessIdentity, scan: Scan) -> TreeObservation:
+    # Only unreadable processes that could be members of this tree leave its absence unproven.
+    unreadable = scan.unreadable_since(identity.start_ticks)
     return TreeObservation(
         enumerable=scan.enumerable,
-        complete=scan.complete,
-        unreadable=scan.unreadable,
+        complete=scan.enumerable and unreadable == 0,
+        unreadable=unreadable,
         carriers=len(scan.of_token(identity.spawn_token.encode())),
         cgroup_populated=cgroup_populated(identity.cgroup) if identity.cgroup.path else None,
     )

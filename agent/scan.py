@@ -28,13 +28,34 @@ class Scan:
     scanned: int = 0
     unreadable: int = 0
     carriers: list[Carrier] = field(default_factory=list)
+    # Start ticks of each unreadable process, None where its stat could not be read either.
+    unreadable_started: list[int | None] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
         return self.enumerable and self.unreadable == 0
 
+    def unreadable_since(self, root_start_ticks: int) -> int:
+        """Unreadable processes that could belong to a tree whose root started at these ticks.
+
+        A descendant is born after its root, so an unreadable process that started strictly
+        earlier cannot be one (a pid namespace's init, unreadable inside many containers, would
+        otherwise make every tree unprovable). One started in the same tick, or with no readable
+        stat, still counts: it could be a member. Ticks 0 (no root) counts everything.
+        """
+        if root_start_ticks <= 0:
+            return self.unreadable
+        return sum(1 for ticks in self.unreadable_started if ticks is None or ticks >= root_start_ticks)
+
     def of_token(self, token: bytes) -> list[Carrier]:
         return [c for c in self.carriers if c.token == token]
+
+
+def _start_ticks(entry: str, proc: str) -> int | None:
+    try:
+        return parse_stat(read_proc_file(f"{proc}/{entry}/stat")).start_ticks
+    except (OSError, StatParseError):
+        return None
 
 
 def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc") -> Scan:
@@ -56,6 +77,7 @@ def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc") -> Sc
             # EACCES/EPERM/EIO: alive but unreadable; absence claims are off for this scan.
             result.scanned += 1
             result.unreadable += 1
+            result.unreadable_started.append(_start_ticks(entry, proc))
             continue
         if block is None:
             continue  # kernel thread or zombie: no memory, no environment, nothing runs

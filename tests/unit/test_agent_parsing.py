@@ -91,6 +91,26 @@ def test_unreadable_pid_makes_the_scan_incomplete() -> None:
         shutil.rmtree(proc)
 
 
+def test_only_unreadable_processes_younger_than_the_root_leave_its_tree_unproven() -> None:
+    proc = Path(tempfile.mkdtemp(prefix="holdfast-fakeproc-"))
+    try:
+        proc.chmod(0o755)
+        fake_proc(proc, 1, 0, None)    # an unreadable init, started at tick 10
+        fake_proc(proc, 20, 1, None)   # unreadable, started at tick 200
+        fake_proc(proc, 30, 1, None)
+        os.chmod(proc / "30" / "stat", 0)  # not even its start is known: always a possible member
+        pid = os.fork()
+        if pid == 0:
+            os.setuid(65534)
+            r = scan(V, proc=str(proc))
+            counts = [r.unreadable_since(ticks) for ticks in (0, 11, 200, 201)]
+            os._exit(0 if (r.unreadable == 3 and counts == [3, 2, 2, 1]) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        shutil.rmtree(proc)
+
+
 def test_no_proc_is_not_enumerable_never_an_empty_answer(tmp_path: Path) -> None:
     r = scan(V, proc=str(tmp_path / "missing"))
     assert not r.enumerable and not r.complete and r.carriers == []
