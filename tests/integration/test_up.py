@@ -1,0 +1,84 @@
+"""`holdfast up` twice in a row on one state directory: each start becomes ready, each Ctrl-C
+stops every process it started (etcd, coordinator, agent) and exits 0, and the second start finds
+the first one's record again — a new run of the same session is granted at the next fence."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import descendants
+from tests.integration.run_fixtures import until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent reads other processes' environ as root")
+
+CLI = [sys.executable, "-m", "holdfast.coordinator.cli"]
+
+
+@pytest.fixture
+def ups() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:  # a failed test must not leave a stack behind
+        if proc.poll() is None:
+            for pid in [*descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def start_up(state: Path, ups: list[subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([*CLI, "up", "--state-dir", str(state), "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ups.append(proc)
+    until("up.json", lambda: (state / "up.json").exists() or proc.poll() is not None, timeout=60)
+    assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+    return proc, json.loads((state / "up.json").read_text())["coordinator"]
+
+
+def stop_up(proc: subprocess.Popen[bytes]) -> str:
+    parts = descendants(proc.pid)
+    assert len(parts) >= 3, "etcd, the coordinator and the agent run under up"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out.decode()
+    assert [pid for pid in parts if Path(f"/proc/{pid}").exists()] == []
+    return out.decode()
+
+
+def cli(coordinator: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOLDFAST_COORDINATOR": coordinator, "HOLDFAST_HOST_ID": os.uname().nodename}
+    return subprocess.run([*CLI, *argv], env=env, capture_output=True, text=True, timeout=60)
+
+
+def lease(coordinator: str, session: str) -> dict[str, object]:
+    shown = cli(coordinator, "show", session, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)["record"]["lease"]  # type: ignore[no-any-return]
+
+
+def test_up_twice_on_one_state_dir_keeps_records(tmp_path: Path, ups: list[subprocess.Popen[bytes]]) -> None:
+    state = tmp_path / "state"
+    proc, coordinator = start_up(state, ups)
+    first = cli(coordinator, "run", "--session", "kept-session-01", "--", "true")
+    assert first.returncode == 0, first.stderr
+    assert lease(coordinator, "kept-session-01")["fence"] == "1"
+    out = stop_up(proc)
+    assert "stopped" in out
+    assert not (state / "up.json").exists(), "a stopped up leaves no state that exec would trust"
+
+    proc, coordinator = start_up(state, ups)
+    kept = lease(coordinator, "kept-session-01")
+    assert kept["fence"] == "1" and kept["claim_status"] == "RELEASED"
+    second = cli(coordinator, "run", "--session", "kept-session-01", "--", "true")
+    assert second.returncode == 0, second.stderr
+    assert lease(coordinator, "kept-session-01")["fence"] == "2"
+    stop_up(proc)
