@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from holdfast.coordinator.store import Store
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
-from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.coordinator_fixtures import Coordinator, snapshot
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 
@@ -69,18 +66,6 @@ CLEAN_REFUSALS = {
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.ABORTED,
 }
-
-
-def snapshot(etcd_url: str, prefix: str) -> list[tuple[str, bytes]]:
-    async def read() -> list[tuple[str, bytes]]:
-        store = Store.connect(etcd_url, prefix=prefix)
-        try:
-            entries, _ = await store.list_prefix(prefix)
-            return [(e.key, e.value) for e in entries]
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
 
 
 def test_bad_input_never_crashes_nor_writes(coordinator: Coordinator, etcd, prefix) -> None:
