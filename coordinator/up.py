@@ -63,10 +63,10 @@ def _start_ticks(pid: int) -> int:
 class Stack:
     """The processes of one `up`, started in order and stopped in reverse."""
 
-    def __init__(self, state_dir: Path, listen: str, hosts: int, ip_base: int, tls: bool = False) -> None:
+    def __init__(self, state_dir: Path, listen: str, hosts: int, ip_base: int, use_tls: bool = False) -> None:
         self.state_dir = state_dir
         # With --tls every link is mTLS, with certificates kept in the state dir across restarts.
-        self.tls_dir = (state_dir / "tls").resolve() if tls else None
+        self.tls_dir = (state_dir / "tls").resolve() if use_tls else None
         self.listen = listen
         self.hosts_wanted = hosts
         self.ip_base = ip_base
