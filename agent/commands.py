@@ -11,17 +11,18 @@ DEFAULT_SPAWN_TOKEN_ENV = "HOLDFAST_SPAWN_TOKEN"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from holdfast.agent import server
+    from holdfast.agent import server, tls
 
     server.setup_logging()
+    tls_dir = tls.tls_dir(args.tls_dir)
     if args.coordinator:
         from holdfast.agent import registration
 
         asyncio.run(registration.serve_registered(
-            lambda ready: server.serve(args.listen, args.host_id, args.spawn_token_env, ready),
-            args.ready_file, args.coordinator, args.host_id, args.spawn_token_env))
+            lambda ready: server.serve(args.listen, args.host_id, args.spawn_token_env, ready, tls_dir),
+            args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir))
         return 0
-    asyncio.run(server.serve(args.listen, args.host_id, args.spawn_token_env, args.ready_file))
+    asyncio.run(server.serve(args.listen, args.host_id, args.spawn_token_env, args.ready_file, tls_dir))
     return 0
 
 
@@ -39,7 +40,15 @@ def add_serve(agent_sub: argparse._SubParsersAction) -> None:
                    help="environment variable that carries spawn tokens")
     p.add_argument("--ready-file", help="write {\"address\": ...} here once listening")
     p.add_argument("--coordinator", help="register with this coordinator (host:port) and keep it alive")
+    add_tls_dir(p, "serve mTLS only, answering coordinator certificates, and register with "
+                "agent-<host id>.pem")
     p.set_defaults(handler=_serve)
+
+
+def add_tls_dir(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--tls-dir`, shared by every command that opens or serves a holdfast gRPC link."""
+    parser.add_argument("--tls-dir", metavar="DIR",
+                        help=f"certificates from `holdfast certs init` (default: $HOLDFAST_TLS_DIR): {what}")
 
 
 def add_demo(agent_sub: argparse._SubParsersAction) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.agent import hostinfo
+from holdfast.agent import hostinfo, tls
 from holdfast.agent.service import VERSION
 from holdfast.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -33,6 +33,7 @@ async def keep_registered(
     spawn_token_env: str,
     agent_version: str,
     ttl: int = TTL_SECONDS,
+    tls_dir: Path | None = None,
 ) -> None:
     """Runs until cancelled."""
     registration = coordinator_pb2.HostRegistration(
@@ -42,7 +43,8 @@ async def keep_registered(
         spawn_token_env=spawn_token_env,
         agent_version=agent_version,
     )
-    async with grpc.aio.insecure_channel(coordinator) as channel:
+    # Only this host's own agent certificate may register it (the coordinator checks the role).
+    async with tls.open_channel(coordinator, tls_dir, tls.Role("agent", host_id)) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         lease_id = 0
         while True:
@@ -72,6 +74,12 @@ async def keep_registered(
                     )
                     await asyncio.sleep(ttl)
                     continue
+                if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                    # A certificate problem does not fix itself by hammering: say so, retry slowly.
+                    log.error("coordinator %s refused host %s's certificate: %s", coordinator, host_id,
+                              exc.details())
+                    await asyncio.sleep(ttl)
+                    continue
                 log.warning(
                     "coordinator %s unreachable (%s); still serving probes", coordinator, exc.code().name
                 )
@@ -84,6 +92,7 @@ async def serve_registered(
     coordinator: str,
     host_id: str,
     spawn_token_env: str,
+    tls_dir: Path | None = None,
 ) -> None:
     """Runs the agent server and, once it has bound, keeps it registered until the server stops."""
     ready = Path(ready_file) if ready_file else Path(tempfile.mkdtemp()) / "ready.json"
@@ -96,7 +105,8 @@ async def serve_registered(
     address = json.loads(ready.read_text())["address"]
     keeper = asyncio.create_task(
         keep_registered(
-            coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION
+            coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION,
+            tls_dir=tls_dir,
         )
     )
     try:

@@ -9,9 +9,11 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
-from holdfast.agent import hostinfo
+from holdfast.agent import hostinfo, tls
 from holdfast.agent import serving as serving_
+from holdfast.agent.authorization import RoleGate, agent_rule
 from holdfast.agent.service import HostAgentService
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
@@ -36,14 +38,20 @@ def setup_logging() -> None:
     root.setLevel(logging.INFO)
 
 
-async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None) -> None:
+async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None,
+                tls_dir: Path | None = None) -> None:
     log = logging.getLogger("holdfast.agent")
     service = HostAgentService(host_id, hostinfo.gather(), spawn_token_env)
     add_service = functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service)
-    serving = await serving_.start(listen, SERVICE_NAME, add_service)
+    credentials, gates = None, []
+    if tls_dir is not None:
+        credentials = tls.server_credentials(tls_dir, tls.Role("agent", host_id))
+        gates = [RoleGate(SERVICE_NAME, agent_rule, "holdfast")]
+    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates)
     address = serving.address
     log.info("agent serving", extra={"fields": {"address": address, "host_id": host_id,
-                                                "pid_ns": service.facts.incarnation.pid_ns}})
+                                                "pid_ns": service.facts.incarnation.pid_ns,
+                                                "tls": tls_dir is not None}})
     serving_.announce(ready_file, address)
     await serving_.until_stop_signal()
     log.info("draining", extra={"fields": {"grace_s": DRAIN_SECONDS}})

@@ -65,8 +65,13 @@ def check_identity(identity: agent_pb2.ProcessIdentity, what: str) -> None:
     if identity.start_ticks <= 0:
         raise InvalidRequest(f"{what}: start_ticks is missing")
     check_token(identity.spawn_token, what, required=False)
-    if identity.cgroup.path and not identity.cgroup.path.startswith("/"):
+    path = identity.cgroup.path
+    if path and not path.startswith("/"):
         raise InvalidRequest(f"{what}: cgroup path must be absolute")
+    # A NUL crashed the handler (found by tests/integration/test_agent_bad_input.py); `..` would let
+    # a request name a cgroup outside the one recorded for the owner.
+    if "\0" in path or ".." in path.split("/"):
+        raise InvalidRequest(f"{what}: cgroup path must not contain NUL or '..' segments")
 
 
 def check_batch(owners: list[agent_pb2.ProcessIdentity]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +27,16 @@ class Serving:
     address: str
 
 
-async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.Server], object]) -> Serving:
-    server = grpc.aio.server()
+async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.Server], object],
+                credentials: grpc.ServerCredentials | None = None,
+                interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> Serving:
+    """With `credentials` the server has only a TLS port: plaintext is never also accepted."""
+    server = grpc.aio.server(interceptors=list(interceptors))
     add_service(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([service_name, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(listen)
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {listen}: is the address on this machine and the port free?")
     await server.start()

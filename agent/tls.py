@@ -9,6 +9,8 @@ servers need it and the agent never imports the coordinator.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,11 @@ import grpc
 from cryptography import x509
 
 ROLE_SCHEME = "holdfast"
-ROLE_KINDS = ("coordinator", "client", "agent")
+# `etcd` is only ever issued by the separate etcd CA (`<tls dir>/etcd/`), which holdfast's servers
+# do not trust: a client or agent certificate must never reach etcd and write around the fences.
+ROLE_KINDS = ("coordinator", "client", "agent", "etcd")
+TLS_DIR_ENV = "HOLDFAST_TLS_DIR"
+ETCD_SUBDIR = "etcd"
 
 
 @dataclass(frozen=True)
@@ -87,3 +93,26 @@ def channel_credentials(directory: Path, role: Role) -> grpc.ChannelCredentials:
         private_key=_read(directory, f"{role.file_stem}.key"),
         certificate_chain=_read(directory, f"{role.file_stem}.pem"),
     )
+
+
+def tls_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The certificate directory: the explicit option, else $HOLDFAST_TLS_DIR, else None (plaintext)."""
+    chosen = explicit or os.environ.get(TLS_DIR_ENV)
+    return Path(chosen) if chosen else None
+
+
+def open_channel(target: str, directory: Path | None, role: Role, server_name: str = "",
+                 options: Sequence[tuple[str, object]] = (), sync: bool = False) -> grpc.aio.Channel:
+    """A channel presenting `role`'s certificate when `directory` is set, plaintext otherwise.
+
+    `server_name` is the name the server's certificate must carry when it is not the target's
+    host (the coordinator reaches agent H at whatever address H registered, but accepts only a
+    certificate issued for H, so a registration cannot point it at another host's agent).
+    """
+    module = grpc if sync else grpc.aio
+    opts = list(options)
+    if directory is None:
+        return module.insecure_channel(target, options=opts)  # type: ignore[no-any-return]
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    return module.secure_channel(target, channel_credentials(directory, role), options=opts)  # type: ignore[no-any-return]

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from holdfast.agent.tls import Role
+from holdfast.agent.tls import ETCD_SUBDIR, Role
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
@@ -104,11 +104,25 @@ def issue(directory: Path, role: Role, hosts: list[str]) -> Path:
 
 
 def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str]) -> list[Path]:
-    """A CA plus one certificate per role for a local stack: what `holdfast certs init` writes."""
+    """A CA plus one certificate per role for a local stack: what `holdfast certs init` writes.
+
+    An agent certificate also names its host id (a DNS SAN), the name the coordinator checks when it
+    dials that host's agent. `<directory>/etcd/` is a second CA for etcd alone: only the coordinator
+    holds a certificate etcd trusts, so a client or agent certificate can never write to etcd.
+    """
     init_ca(directory)
-    issued = [issue(directory, Role("coordinator"), serve_on), issue(directory, Role("client"), [])]
-    issued += [issue(directory, Role("agent", host), serve_on) for host in agent_hosts]
-    return issued
+    init_ca(directory / ETCD_SUBDIR)
+    return ensure_issued(directory, agent_hosts, serve_on)
+
+
+def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str]) -> list[Path]:
+    """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet."""
+    wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), [])]
+    wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
+    etcd = directory / ETCD_SUBDIR
+    wanted += [(etcd, Role("etcd"), serve_on), (etcd, Role("coordinator"), [])]
+    return [issue(where, role, hosts) for where, role, hosts in wanted
+            if not (where / f"{role.file_stem}.pem").exists()]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

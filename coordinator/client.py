@@ -27,6 +27,8 @@ from pathlib import Path
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from holdfast.agent import tls
+from holdfast.agent.tls import Role
 from holdfast.coordinator import exit_codes, records
 from holdfast.coordinator.errors import reason_of
 from holdfast.coordinator.gate import Gate
@@ -122,13 +124,30 @@ class Grant:
         return path
 
 
+def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:
+    """--tls-dir, else $HOLDFAST_TLS_DIR, else the certificates of the `holdfast up --tls` whose
+    coordinator is `address` (its state file in $HOLDFAST_STATE_DIR or ./state); None = plaintext."""
+    chosen = tls.tls_dir(explicit)
+    if chosen is not None:
+        return chosen
+    from holdfast.coordinator import up  # late: `up` imports this module
+
+    with contextlib.suppress(up.UpError, KeyError, TypeError):
+        state = up.load_state(up.default_state_dir())
+        if state["coordinator"] == address and state.get("tls_dir"):
+            return Path(state["tls_dir"])
+    return None
+
+
 class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
-    def __init__(self, address: str | None = None, host_id: str | None = None) -> None:
+    def __init__(self, address: str | None = None, host_id: str | None = None,
+                 tls_dir: str | os.PathLike[str] | None = None) -> None:
         self.address = coordinator_address(address)
         self.host_id = local_host_id(host_id)
-        self.channel = grpc.aio.insecure_channel(self.address)
+        self.tls_dir = client_tls_dir(tls_dir, self.address)
+        self.channel = tls.open_channel(self.address, self.tls_dir, Role("client"))
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
 
     async def close(self) -> None:
@@ -362,8 +381,11 @@ async def obtain(client: Client, spec: RunSpec, operation_id: str,
                                 location=spec.location, takeover=True, force=True)
 
 
-def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
+                      tls_dir: Path | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    if tls_dir is not None:
+        env[tls.TLS_DIR_ENV] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
     env.update({
         grant.spawn_token_env: grant.spawn_token,
         "HOLDFAST_SESSION": grant.session_id,
@@ -420,7 +442,7 @@ class Owner:
         cgroup = SessionCgroup.create(grant.session_id, grant.fence)
         gate: Gate | None = None
         try:
-            env = child_environment(grant, grant.write(workdir))
+            env = child_environment(grant, grant.write(workdir), tls_dir=client.tls_dir)
             gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
             if cgroup is not None:
                 try:

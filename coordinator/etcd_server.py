@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -34,11 +35,19 @@ class EtcdServer:
     quota_bytes: int = DEFAULT_QUOTA_BYTES
     client_port: int = 0
     peer_port: int = 0
+    # etcd's own CA directory (`<tls dir>/etcd`): https only, and only certificates of that CA.
+    tls_dir: Path | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{'https' if self.tls_dir else 'http'}://{self.host}:{self.client_port}"
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        return ["--cert-file", str(self.tls_dir / "etcd.pem"), "--key-file", str(self.tls_dir / "etcd.key"),
+                "--client-cert-auth", "--trusted-ca-file", str(self.tls_dir / "ca.pem")]
 
     def start(self, timeout: float = 15.0) -> EtcdServer:
         self.client_port = self.client_port or free_port(self.host)
@@ -57,6 +66,7 @@ class EtcdServer:
             "--auto-compaction-retention", "1h",
             "--quota-backend-bytes", str(self.quota_bytes),
             "--log-level", "error",
+            *self._tls_flags(),
         ]
         if self.fast_election:
             cmd += ["--heartbeat-interval=10", "--election-timeout=100"]
@@ -75,8 +85,12 @@ class EtcdServer:
         raise TimeoutError(f"etcd not healthy within {timeout}s")
 
     def healthy(self) -> bool:
+        context = None
+        if self.tls_dir is not None:
+            context = ssl.create_default_context(cafile=str(self.tls_dir / "ca.pem"))
+            context.load_cert_chain(self.tls_dir / "coordinator.pem", self.tls_dir / "coordinator.key")
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as resp:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1, context=context) as resp:
                 return b'"true"' in resp.read()
         except OSError:
             return False

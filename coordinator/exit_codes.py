@@ -45,6 +45,8 @@ _TABLE: dict[str, tuple[int, str]] = {
     "PERMISSION_DENIED": (EX_NOPERM, "the grant secret does not match; use the grant file of the current "
                                      "owner (HOLDFAST_GRANT_FILE)"),
     "UNAUTHENTICATED": (EX_NOPERM, "present a client certificate the coordinator trusts"),
+    "WRONG_ROLE": (EX_NOPERM, "use the certificate of your role: client.pem for clients, agent-<host id>.pem "
+                              "for that host's agent (`holdfast certs init`)"),
     "INVALID_ARGUMENT": (EX_USAGE, "fix the argument; see `holdfast --help`"),
     "NOT_FOUND": (EX_FAILURE, "no such session; `holdfast status` lists the sessions"),
 }

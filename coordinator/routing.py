@@ -7,10 +7,13 @@ probe result naming that reason — after bounded tenacity retries — never a p
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
+from holdfast.agent import tls
+from holdfast.agent.tls import Role
 from holdfast.coordinator.registry import Registry
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc
@@ -31,17 +34,21 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class Router:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, tls_dir: Path | None = None) -> None:
         self.registry = registry
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.tls_dir = tls_dir
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
 
     async def agent(self, host_id: str) -> agent_pb2_grpc.HostAgentStub | None:
         reg = await self.registry.get(host_id)
         if reg is None:
             return None
-        channel = self._channels.get(reg.address)
+        channel = self._channels.get((reg.address, host_id))
         if channel is None:
-            channel = self._channels[reg.address] = grpc.aio.insecure_channel(reg.address)
+            # With TLS the agent at the registered address must hold host_id's own certificate: a
+            # registration pointing at another host's agent gets no answer, hence indeterminate.
+            channel = self._channels[(reg.address, host_id)] = tls.open_channel(
+                reg.address, self.tls_dir, Role("coordinator"), server_name=host_id)
         return agent_pb2_grpc.HostAgentStub(channel)
 
     async def _call(self, method, request, timeout: float = CALL_TIMEOUT_S):  # type: ignore[no-untyped-def]

@@ -24,6 +24,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from holdfast.agent.commands import add_tls_dir
 from holdfast.coordinator import client as client_
 from holdfast.coordinator import exit_codes, records
 from holdfast.coordinator.adjudication import OUTCOME_NAMES
@@ -103,7 +104,7 @@ def _command(body: Body) -> Callable[[argparse.Namespace], int]:
 
     def handler(args: argparse.Namespace) -> int:
         async def main() -> int:
-            async with Client(args.coordinator, getattr(args, "host_id", None)) as client:
+            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir) as client:
                 return await body(args, client)
 
         try:
@@ -267,6 +268,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
                         f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
+    add_tls_dir(common, "present client.pem; without it, and when a `holdfast up --tls` runs the "
+                "coordinator, its certificates")
     reader = argparse.ArgumentParser(add_help=False, parents=[common])
     reader.add_argument("--json", action="store_true", help="print one JSON document")
 

@@ -5,15 +5,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
+from pathlib import Path
 
+from holdfast.agent import tls
+from holdfast.agent.commands import add_tls_dir
 from holdfast.coordinator.store import DEFAULT_PREFIX
+
+EX_USAGE = 2
 
 
 def _serve(args: argparse.Namespace) -> int:
     from holdfast.coordinator import server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix))
+    etcd_tls = Path(args.etcd_tls_dir) if args.etcd_tls_dir else None
+    try:
+        asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
+                                 tls.tls_dir(args.tls_dir), etcd_tls))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"holdfast coordinator: {exc}", file=sys.stderr)
+        return EX_USAGE
     return 0
 
 
@@ -25,5 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     p.add_argument("--listen", required=True, help="host:port (port 0 picks one)")
     p.add_argument("--ready-file", help="write {\"address\": ...} here once listening")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="etcd key prefix")
+    add_tls_dir(p, "serve mTLS only with coordinator.pem, check callers' roles, dial agents with it")
+    p.add_argument("--etcd-tls-dir", metavar="DIR",
+                   help="etcd's CA and the coordinator's etcd certificate (default: <tls dir>/etcd)")
     p.set_defaults(handler=_serve)
     return sub

@@ -8,24 +8,39 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 
 from holdfast.agent import serving as serving_
+from holdfast.agent import tls
+from holdfast.agent.authorization import RoleGate
+from holdfast.agent.tls import ETCD_SUBDIR, Role
+from holdfast.coordinator.authorization import coordinator_rule
+from holdfast.coordinator.errors import DOMAIN
 from holdfast.coordinator.service import CoordinatorService
-from holdfast.coordinator.store import DEFAULT_PREFIX, Store
+from holdfast.coordinator.store import DEFAULT_PREFIX, Store, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 DRAIN_SECONDS = 2.0
 
 
-async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX) -> None:
+async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX,
+                tls_dir: Path | None = None, etcd_tls_dir: Path | None = None) -> None:
+    """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
+    coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
-    store = Store.connect(etcd, prefix=prefix)
-    service = CoordinatorService(store)
+    if tls_dir is not None and etcd_tls_dir is None:
+        etcd_tls_dir = tls_dir / ETCD_SUBDIR
+    store = Store.connect(etcd, etcd_credentials(etcd, etcd_tls_dir), prefix=prefix)
+    service = CoordinatorService(store, tls_dir)
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
-    serving = await serving_.start(listen, SERVICE_NAME, add_service)
+    credentials, gates = None, []
+    if tls_dir is not None:
+        credentials = tls.server_credentials(tls_dir, Role("coordinator"))
+        gates = [RoleGate(SERVICE_NAME, coordinator_rule, DOMAIN)]
+    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates)
     address = serving.address
-    log.info("coordinator serving on %s over etcd %s", address, etcd)
+    log.info("coordinator serving on %s (%s) over etcd %s", address, "mTLS" if tls_dir else "plaintext", etcd)
     serving_.announce(ready_file, address)
     await serving_.until_stop_signal()
     await serving_.drain(serving, DRAIN_SECONDS)

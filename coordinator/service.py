@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import grpc
 
@@ -70,10 +71,10 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, agent_tls_dir: Path | None = None) -> None:
         self.store = store
         self.registry = Registry(store)
-        self.router = Router(self.registry)
+        self.router = Router(self.registry, agent_tls_dir)
 
     # --- records -------------------------------------------------------------------------
     def _skey(self, session_id: str) -> str:

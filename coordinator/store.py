@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
 import grpc
 from aetcd import rpc
+
+from holdfast.agent import tls
 
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 DEFAULT_PREFIX = "/holdfast/v1/"
@@ -44,8 +47,8 @@ class Put:
     lease: int = 0
 
 
-def channel_target(endpoints: str) -> str:
-    """`http://127.0.0.1:P1,http://127.0.0.1:P2` → `ipv4:127.0.0.1:P1,127.0.0.1:P2`."""
+def endpoint_hosts(endpoints: str) -> list[str]:
+    """`http://127.0.0.1:P1,https://h2:P2` → `["127.0.0.1:P1", "h2:P2"]`."""
     hosts = []
     for url in filter(None, (part.strip() for part in endpoints.split(","))):
         parsed = urlparse(url if "://" in url else f"http://{url}")
@@ -54,14 +57,34 @@ def channel_target(endpoints: str) -> str:
         hosts.append(f"{parsed.hostname}:{parsed.port}")
     if not hosts:
         raise ValueError("no etcd endpoints given")
-    return "ipv4:" + ",".join(hosts)
+    return hosts
+
+
+def etcd_credentials(endpoints: str, etcd_tls_dir: Path | None) -> grpc.ChannelCredentials | None:
+    """The coordinator's certificate for etcd's own CA, or None for plaintext; a mix is refused,
+    so TLS configured never quietly falls back to plaintext (nor the other way round)."""
+    schemes = {urlparse(u.strip()).scheme or "http" for u in endpoints.split(",") if u.strip()}
+    wanted = "https" if etcd_tls_dir is not None else "http"
+    if schemes != {wanted}:
+        raise ValueError(f"etcd endpoints {endpoints!r} must all be {wanted}:// "
+                         f"({'with' if etcd_tls_dir else 'without'} TLS configured)")
+    return None if etcd_tls_dir is None else tls.channel_credentials(etcd_tls_dir, tls.Role("coordinator"))
+
+
+def channel_target(endpoints: str) -> str:
+    """`http://127.0.0.1:P1,http://127.0.0.1:P2` → `ipv4:127.0.0.1:P1,127.0.0.1:P2`."""
+    return "ipv4:" + ",".join(endpoint_hosts(endpoints))
 
 
 def open_channel(endpoints: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
-    options = [("grpc.lb_policy_name", "round_robin"), ("grpc.max_receive_message_length", 16 << 20)]
+    options: list[tuple[str, object]] = [("grpc.lb_policy_name", "round_robin"),
+                                         ("grpc.max_receive_message_length", 16 << 20)]
     target = channel_target(endpoints)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options)
+    # An `ipv4:` target list has no single host name to verify: every member's certificate must
+    # name the first endpoint's host (one loopback address here; a shared service name elsewhere).
+    options.append(("grpc.ssl_target_name_override", endpoint_hosts(endpoints)[0].rsplit(":", 1)[0]))
     return grpc.aio.secure_channel(target, credentials, options=options)
 
 

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.coordinator import etcd_server, exit_codes
+from holdfast.agent import tls
+from holdfast.coordinator import certs, etcd_server, exit_codes
 from holdfast.coordinator.client import DEFAULT_COORDINATOR
 from holdfast.coordinator.etcd_server import EtcdServer
 from holdfast.coordinator.simhost import SimulatedHost
-from holdfast.coordinator.store import Store, StoreUnavailable
+from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 STATE_FILE = "up.json"
@@ -62,8 +63,10 @@ def _start_ticks(pid: int) -> int:
 class Stack:
     """The processes of one `up`, started in order and stopped in reverse."""
 
-    def __init__(self, state_dir: Path, listen: str, hosts: int, ip_base: int) -> None:
+    def __init__(self, state_dir: Path, listen: str, hosts: int, ip_base: int, use_tls: bool = False) -> None:
         self.state_dir = state_dir
+        # With --tls every link is mTLS, with certificates kept in the state dir across restarts.
+        self.tls_dir = (state_dir / "tls").resolve() if use_tls else None
         self.listen = listen
         self.hosts_wanted = hosts
         self.ip_base = ip_base
@@ -82,6 +85,7 @@ class Stack:
             raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
                           "or without --hosts for this host's agent only")
         try:
+            self._make_certificates()
             self._start_etcd()
             self._start_coordinator()
             self._start_agents()
@@ -91,6 +95,24 @@ class Stack:
             self.stop()
             raise
 
+    def _host_ids(self) -> list[str]:
+        return [f"host-{n}" for n in range(1, self.hosts_wanted + 1)] or [os.uname().nodename]
+
+    def _make_certificates(self) -> None:
+        if self.tls_dir is None:
+            return
+        serve_on = sorted({"127.0.0.1", "localhost", self.listen.rsplit(":", 1)[0]})
+        if (self.tls_dir / "ca.key").exists():
+            certs.ensure_issued(self.tls_dir, self._host_ids(), serve_on)  # e.g. more hosts than last time
+        else:
+            certs.init_local(self.tls_dir, self._host_ids(), serve_on)
+
+    def _tls_args(self) -> list[str]:
+        return ["--tls-dir", str(self.tls_dir)] if self.tls_dir is not None else []
+
+    def _coordinator_channel(self) -> grpc.Channel:
+        return tls.open_channel(self.address, self.tls_dir, tls.Role("client"), sync=True)
+
     def _start_etcd(self) -> None:
         # EtcdServer runs the module's binary; point it at the one found here (HOLDFAST_ETCD_BIN / PATH).
         etcd_server.ETCD_BINARY = find_etcd()
@@ -98,7 +120,8 @@ class Stack:
         ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
         # The same ports on every start: the member's peer URL is stored in its data directory.
         self.etcd = EtcdServer(self.state_dir / "etcd", client_port=ports.get("client", 0),
-                               peer_port=ports.get("peer", 0))
+                               peer_port=ports.get("peer", 0),
+                               tls_dir=self.tls_dir / tls.ETCD_SUBDIR if self.tls_dir else None)
         try:
             self.etcd.start(START_TIMEOUT_S)
         except (RuntimeError, TimeoutError) as exc:
@@ -124,17 +147,18 @@ class Stack:
     def _start_coordinator(self) -> None:
         assert self.etcd is not None
         self.coordinator, self.address = self._spawn(
-            "coordinator", ["coordinator", "serve", "--etcd", self.etcd.url, "--listen", self.listen])
+            "coordinator", ["coordinator", "serve", "--etcd", self.etcd.url, "--listen", self.listen,
+                            *self._tls_args()])
 
     def _start_agents(self) -> None:
         if not self.hosts_wanted:
             self.agent, self.agent_address = self._spawn(
                 "agent", ["agent", "serve", "--listen", "127.0.0.1:0", "--host-id", os.uname().nodename,
-                          "--coordinator", self.address])
+                          "--coordinator", self.address, *self._tls_args()])
             return
         for n in range(1, self.hosts_wanted + 1):
             host = SimulatedHost(f"host-{n}", self.ip_base + n, self.state_dir / "hosts",
-                                 agent_args=["--coordinator", self.address])
+                                 agent_args=["--coordinator", self.address, *self._tls_args()])
             self.simhosts.append(host)
             host.start(START_TIMEOUT_S)
 
@@ -143,7 +167,7 @@ class Stack:
         if self.agent is not None:
             wanted = {os.uname().nodename: self.agent_address}
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
-        with grpc.insecure_channel(self.address) as channel:
+        with self._coordinator_channel() as channel:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             while True:
                 hosts = stub.ListHosts(coordinator_pb2.ListHostsRequest(), timeout=5).hosts
@@ -160,6 +184,7 @@ class Stack:
             "pid": os.getpid(),
             "coordinator": self.address,
             "etcd": self.etcd.url,
+            "tls_dir": str(self.tls_dir) if self.tls_dir else "",
             "hosts": [
                 {"n": n, "host_id": h.host_id, "ip": h.ip, "agent": h.agent_address,
                  "reaper_pid": h.reaper_pid, "reaper_start_ticks": _start_ticks(h.reaper_pid)}
@@ -177,7 +202,7 @@ class Stack:
     def _registration_leases(self) -> list[int]:
         ours = {h.agent_address for h in self.simhosts} | {self.agent_address}
         try:
-            with grpc.insecure_channel(self.address) as channel:
+            with self._coordinator_channel() as channel:
                 hosts = coordinator_pb2_grpc.CoordinatorStub(channel).ListHosts(
                     coordinator_pb2.ListHostsRequest(), timeout=5).hosts
         except grpc.RpcError:
@@ -197,7 +222,7 @@ class Stack:
             # The agents behind these registrations were just stopped by this process, so the
             # registrations name nobody: dropping them lets the next `up` register at once instead
             # of waiting for their leases to run out. It removes routing only, never a record.
-            asyncio.run(_revoke(self.etcd.url, leases))
+            asyncio.run(_revoke(self.etcd.url, leases, self.etcd.tls_dir))
         if self.coordinator is not None:
             _stop_process(self.coordinator)
             self.coordinator = None
@@ -215,8 +240,8 @@ class Stack:
         return next((h.host_id for h in self.simhosts if not h.running), "")
 
 
-async def _revoke(etcd_url: str, leases: list[int]) -> None:
-    store = Store.connect(etcd_url)
+async def _revoke(etcd_url: str, leases: list[int], etcd_tls_dir: Path | None) -> None:
+    store = Store.connect(etcd_url, etcd_credentials(etcd_url, etcd_tls_dir))
     try:
         for lease in leases:
             with contextlib.suppress(StoreUnavailable, grpc.RpcError):  # gone already: fine
@@ -240,7 +265,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    stack = Stack(Path(args.state_dir), args.listen, args.hosts, args.ip_base)
+    stack = Stack(Path(args.state_dir), args.listen, args.hosts, args.ip_base, args.tls)
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what already runs
     try:
         stack.start()
@@ -261,6 +286,9 @@ def _up(args: argparse.Namespace) -> int:
         say(f"{host.host_id} agent {host.agent_address} (PID namespace; `holdfast exec --host {n} -- CMD`)")
     if stack.agent is not None:
         say(f"{os.uname().nodename} agent {stack.agent_address}")
+    if stack.tls_dir is not None:
+        say(f"mTLS on every link; certificates in {stack.tls_dir} (the CLI finds them through "
+            f"{stack.state_dir / STATE_FILE}, or set {tls.TLS_DIR_ENV})")
     say(f"ready; state in {stack.state_dir}. Try `holdfast status`; Ctrl-C stops everything")
     code = 0
     while True:
@@ -308,6 +336,8 @@ def _exec(args: argparse.Namespace) -> int:
         print(f"holdfast exec: host {args.host} is not running. Next: restart `holdfast up`", file=sys.stderr)
         return exit_codes.EX_UNAVAILABLE
     env = {**os.environ, "HOLDFAST_HOST_ID": host["host_id"], "HOLDFAST_COORDINATOR": state["coordinator"]}
+    if state.get("tls_dir"):
+        env[tls.TLS_DIR_ENV] = state["tls_dir"]
     argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", "--", *cmd]
     os.execvpe("nsenter", argv, env)
     return 0  # not reached: exec replaced this process
@@ -323,6 +353,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="N simulated hosts (PID namespaces, root) instead of this host's agent")
     p.add_argument("--ip-base", type=int, default=DEFAULT_IP_BASE, choices=range(1, 200), metavar="B",
                    help=f"simulated host N listens on 127.0.0.<B+N> (default {DEFAULT_IP_BASE})")
+    p.add_argument("--tls", action="store_true",
+                   help="mTLS on every link: certificates made once in STATE_DIR/tls (`holdfast certs init`)")
     p.set_defaults(handler=_up)
 
     p = subparsers.add_parser("exec", help="run CMD on a simulated host of `holdfast up --hosts N`",

@@ -34,13 +34,13 @@ class AgentProcess:
     """A real `holdfast agent serve` child with a client stub on its channel."""
 
     def __init__(self, tmp: Path, host_id: str, prefix: Sequence[str] = (),
-                 env_var: str = "HOLDFAST_SPAWN_TOKEN") -> None:
+                 env_var: str = "HOLDFAST_SPAWN_TOKEN", args: Sequence[str] = ()) -> None:
         ready = tmp / f"ready-{host_id}.json"
         self.log_path = tmp / f"agent-{host_id}.log"
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
              "--listen", f"127.0.0.{next(_indexes)}:0", "--host-id", host_id,
-             "--spawn-token-env", env_var, "--ready-file", str(ready)],
+             "--spawn-token-env", env_var, "--ready-file", str(ready), *args],
             stderr=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it
         )
         deadline = time.monotonic() + 15

@@ -15,9 +15,11 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.coordinator.store import Store
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,21 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+def snapshot(etcd_url: str, prefix: str,
+             credentials: grpc.ChannelCredentials | None = None) -> list[tuple[str, bytes]]:
+    """Every key and value under prefix: compared before and after to prove nothing was written."""
+
+    async def read() -> list[tuple[str, bytes]]:
+        store = Store.connect(etcd_url, credentials, prefix=prefix)
+        try:
+            entries, _ = await store.list_prefix(prefix)
+            return [(e.key, e.value) for e in entries]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
 
 
 @pytest.fixture
@@ -54,6 +71,7 @@ class Coordinator:
     listen: str = "127.0.0.1:0"
     address: str = ""
     process: subprocess.Popen[bytes] | None = None
+    args: tuple[str, ...] = ()  # e.g. ("--tls-dir", DIR)
 
     def start(self, timeout: float = 15.0) -> Coordinator:
         ready = self.state_dir / f"coordinator-{uuid.uuid4().hex}.json"
@@ -62,7 +80,7 @@ class Coordinator:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "holdfast.coordinator.cli", "coordinator", "serve", "--etcd",
                  self.etcd_url, "--listen", self.address or self.listen, "--ready-file", str(ready),
-                 "--prefix", self.prefix], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                 "--prefix", self.prefix, *self.args], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while not ready.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -23,15 +23,40 @@ def _load(path: Path) -> x509.Certificate:
 
 def test_init_issues_one_certificate_per_role_signed_by_the_ca(tmp_path: Path) -> None:
     issued = certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
-    ca = _load(tmp_path / "ca.pem")
     roles = []
     for path in issued:
         cert = _load(path)
-        cert.verify_directly_issued_by(ca)
-        roles.append(tls.role_of_certificate(cert))
+        cert.verify_directly_issued_by(_load(path.parent / "ca.pem"))
+        roles.append((path.parent.name, tls.role_of_certificate(cert)))
         assert stat.S_IMODE(path.with_suffix(".key").stat().st_mode) == 0o600
-    assert roles == [Role("coordinator"), Role("client"), Role("agent", "node-a")]
+    top = tmp_path.name
+    assert roles == [(top, Role("coordinator")), (top, Role("client")), (top, Role("agent", "node-a")),
+                     ("etcd", Role("etcd")), ("etcd", Role("coordinator"))]
     assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
+
+
+def test_etcd_trusts_a_ca_of_its_own(tmp_path: Path) -> None:
+    # A client or agent certificate must not verify against etcd's CA, or it could write around fences.
+    certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
+    etcd_ca = _load(tmp_path / "etcd" / "ca.pem")
+    for name in ("client.pem", "agent-node-a.pem", "coordinator.pem"):
+        with pytest.raises(InvalidSignature):
+            _load(tmp_path / name).verify_directly_issued_by(etcd_ca)
+
+
+def test_an_agent_certificate_names_its_host_for_the_dialling_coordinator(tmp_path: Path) -> None:
+    certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
+    sans = _load(tmp_path / "agent-node-a.pem").extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert "node-a" in sans.get_values_for_type(x509.DNSName)
+
+
+def test_ensure_issued_adds_only_what_is_missing(tmp_path: Path) -> None:
+    certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
+    before = (tmp_path / "client.pem").read_bytes()
+    added = certs.ensure_issued(tmp_path, ["node-a", "node-b"], ["127.0.0.1"])
+    assert added == [tmp_path / "agent-node-b.pem"]
+    assert (tmp_path / "client.pem").read_bytes() == before
 
 
 def test_a_certificate_from_another_ca_does_not_verify(tmp_path: Path) -> None:

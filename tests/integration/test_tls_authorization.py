@@ -1,0 +1,271 @@
+"""mTLS and roles over the wire, with a real etcd on its own CA, a real coordinator and a real agent.
+
+Refused: plaintext, no certificate, another CA's certificate, a certificate without a role, the wrong
+role (a client or an agent calling an agent; a client, a coordinator or host G's agent registering
+host H; an agent changing a session). A refusal writes nothing (etcd compared before and after) and
+its message carries no secret. A valid client certificate still needs the grant secret for every
+owner write, and a registration cannot point the coordinator at another host's agent.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from holdfast.agent import tls
+from holdfast.agent.tls import Role
+from holdfast.coordinator import certs
+from holdfast.coordinator.errors import reason_of
+from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.conftest import AgentProcess
+from tests.integration.coordinator_fixtures import Coordinator, run_async, snapshot
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.root,
+              pytest.mark.skipif(os.geteuid() != 0, reason="agents read other processes' environments")]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = Path(tmp_path_factory.mktemp("pki"))
+    certs.init_local(base / "ours", ["host-a", "host-b"], ["127.0.0.1", "localhost"])
+    certs.issue(base / "ours", Role("root"), [])  # CA-signed, but names no holdfast role
+    certs.init_local(base / "theirs", ["host-a"], ["127.0.0.1", "localhost"])
+    return base
+
+
+@pytest.fixture(scope="module")
+def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-tls")) / "data", fast_election=True,
+                        tls_dir=pki / "ours" / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def coordinator_tls(tls_etcd: EtcdServer, tmp_path: Path, prefix: str, pki: Path) -> Iterator[Coordinator]:
+    server = Coordinator(tls_etcd.url, tmp_path, prefix, args=("--tls-dir", str(pki / "ours"))).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def agent_tls(tmp_path: Path, pki: Path) -> Iterator[AgentProcess]:
+    agent = AgentProcess(tmp_path, "host-a", args=["--tls-dir", str(pki / "ours")])
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+def etcd_state(etcd: EtcdServer, prefix: str, pki: Path) -> list[tuple[str, bytes]]:
+    return snapshot(etcd.url, prefix, etcd_credentials(etcd.url, pki / "ours" / "etcd"))
+
+
+def coordinator_as(coordinator: Coordinator, pki: Path, role: Role) -> coordinator_pb2_grpc.CoordinatorStub:
+    return coordinator_pb2_grpc.CoordinatorStub(
+        tls.open_channel(coordinator.address, pki / "ours", role, sync=True))
+
+
+def agent_as(agent: AgentProcess, pki: Path, role: Role) -> agent_pb2_grpc.HostAgentStub:
+    # The agent's certificate names its host id, not the loopback address it happens to listen on.
+    return agent_pb2_grpc.HostAgentStub(
+        tls.open_channel(agent.address, pki / "ours", role, server_name="host-a", sync=True))
+
+
+def refused(call, request) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as err:
+        result = call(request, timeout=10)
+        if not hasattr(result, "SerializeToString"):  # a server stream: the refusal comes on reading
+            list(result)
+    return err.value
+
+
+def handshake_failures(address: str, pki: Path, server_name: str) -> list[grpc.StatusCode]:
+    """Plaintext, a TLS client with no certificate, and a certificate of another CA."""
+    ca = (pki / "ours" / "ca.pem").read_bytes()
+    theirs = pki / "theirs"
+    opts = [("grpc.ssl_target_name_override", server_name)]
+    channels = [
+        grpc.insecure_channel(address),
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), opts),
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=(theirs / "coordinator.key").read_bytes(),
+            certificate_chain=(theirs / "coordinator.pem").read_bytes()), opts),
+    ]
+    codes = []
+    for channel in channels:
+        with channel:
+            err = refused(health_pb2_grpc.HealthStub(channel).Check, health_pb2.HealthCheckRequest())
+            codes.append(err.code())  # type: ignore[attr-defined]
+    return codes
+
+
+def registration(host_id: str, address: str = "127.0.0.250:1") -> pb.RegisterHostRequest:
+    return pb.RegisterHostRequest(registration=pb.HostRegistration(
+        host_id=host_id, address=address, spawn_token_env="HOLDFAST_SPAWN_TOKEN"), ttl_seconds=30)
+
+
+def test_plaintext_no_certificate_and_another_ca_are_refused_at_the_handshake(
+        coordinator_tls: Coordinator, agent_tls: AgentProcess, tls_etcd: EtcdServer, prefix: str,
+        pki: Path) -> None:
+    before = etcd_state(tls_etcd, prefix, pki)
+    unavailable = [grpc.StatusCode.UNAVAILABLE] * 3
+    assert handshake_failures(coordinator_tls.address, pki, "127.0.0.1") == unavailable
+    assert handshake_failures(agent_tls.address, pki, "host-a") == unavailable
+    # The same link with our CA's certificate works, so the refusals above are the certificates'.
+    health = health_pb2_grpc.HealthStub(tls.open_channel(coordinator_tls.address, pki / "ours",
+                                                         Role("client"), sync=True))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
+        health_pb2.HealthCheckResponse.SERVING
+    assert etcd_state(tls_etcd, prefix, pki) == before
+
+
+def test_an_agent_answers_only_coordinator_certificates(agent_tls: AgentProcess, pki: Path) -> None:
+    token = secrets.token_hex(16)
+    owner = apb.ProcessIdentity(host_id="host-a", incarnation=apb.HostIncarnation(boot_id="b"), pid=1,
+                                start_ticks=1, spawn_token=token)
+    calls = {
+        "GetHostInfo": apb.GetHostInfoRequest(),
+        "AttestSpawn": apb.AttestSpawnRequest(spawn_token=token),
+        "ProbeOwners": apb.ProbeOwnersRequest(owners=[owner]),
+        "ScanSpawnToken": apb.ScanSpawnTokenRequest(spawn_token=token),
+        "ListTokenRoots": apb.ListTokenRootsRequest(),
+        "WatchExits": apb.WatchExitsRequest(owners=[owner]),
+        "KillOwner": apb.KillOwnerRequest(owner=owner),
+    }
+    assert set(calls) == set(apb.DESCRIPTOR.services_by_name["HostAgent"].methods_by_name)
+    for role in (Role("client"), Role("agent", "host-a"), Role("root")):
+        stub = agent_as(agent_tls, pki, role)
+        wanted = grpc.StatusCode.UNAUTHENTICATED if role.kind == "root" else grpc.StatusCode.PERMISSION_DENIED
+        for method, request in calls.items():
+            err = refused(getattr(stub, method), request)
+            assert err.code() == wanted, (role, method, err)  # type: ignore[attr-defined]
+            assert reason_of(err) in ("WRONG_ROLE", "UNAUTHENTICATED")  # type: ignore[arg-type]
+            assert token not in err.details() and "BEGIN" not in err.details()  # type: ignore[attr-defined]
+    coordinator = agent_as(agent_tls, pki, Role("coordinator"))
+    assert coordinator.GetHostInfo(apb.GetHostInfoRequest(), timeout=10).host_id == "host-a"
+    # Health is open to any certificate of the CA: it says nothing about processes.
+    health = health_pb2_grpc.HealthStub(tls.open_channel(agent_tls.address, pki / "ours", Role("client"),
+                                                         server_name="host-a", sync=True))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
+        health_pb2.HealthCheckResponse.SERVING
+
+
+def test_only_the_agent_certificate_of_host_h_registers_h(
+        coordinator_tls: Coordinator, tls_etcd: EtcdServer, prefix: str, pki: Path) -> None:
+    before = etcd_state(tls_etcd, prefix, pki)
+    for role in (Role("client"), Role("coordinator"), Role("agent", "host-b")):
+        err = refused(coordinator_as(coordinator_tls, pki, role).RegisterHost, registration("host-a"))
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, role  # type: ignore[attr-defined]
+        assert reason_of(err) == "WRONG_ROLE"  # type: ignore[arg-type]
+    err = refused(coordinator_as(coordinator_tls, pki, Role("root")).RegisterHost, registration("host-a"))
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+    assert etcd_state(tls_etcd, prefix, pki) == before
+
+    host_a = coordinator_as(coordinator_tls, pki, Role("agent", "host-a"))
+    lease = host_a.RegisterHost(registration("host-a"), timeout=10).lease_id
+    err = refused(coordinator_as(coordinator_tls, pki, Role("agent", "host-b")).Heartbeat,
+                  pb.HeartbeatRequest(host_id="host-a", lease_id=lease))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
+    assert host_a.Heartbeat(pb.HeartbeatRequest(host_id="host-a", lease_id=lease), timeout=10).ttl_seconds > 0
+    # An agent may read but never change a session.
+    assert [h.host_id for h in host_a.ListHosts(pb.ListHostsRequest(), timeout=10).hosts] == ["host-a"]
+    after_registration = etcd_state(tls_etcd, prefix, pki)
+    err = refused(host_a.Acquire, pb.AcquireRequest(session_id="session-tls-01", host_id="host-a",
+                                                    operation_id=secrets.token_hex(16)))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
+    assert etcd_state(tls_etcd, prefix, pki) == after_registration
+
+
+def test_a_client_certificate_still_needs_the_grant_secret_for_every_owner_write(
+        coordinator_tls: Coordinator, tls_etcd: EtcdServer, prefix: str, pki: Path) -> None:
+    coordinator_as(coordinator_tls, pki, Role("agent", "host-a")).RegisterHost(registration("host-a"),
+                                                                               timeout=10)
+    client = coordinator_as(coordinator_tls, pki, Role("client"))
+    sid = "session-secret-01"
+    grant = client.Acquire(pb.AcquireRequest(session_id=sid, host_id="host-a",
+                                             operation_id=secrets.token_hex(16)), timeout=10).grant
+    before = etcd_state(tls_etcd, prefix, pki)
+    wrong = secrets.token_hex(16)
+    writes = [
+        (client.CommitOwner, pb.CommitOwnerRequest(session_id=sid, fence=grant.fence, secret=wrong)),
+        (client.RecordProviderHandle, pb.RecordProviderHandleRequest(session_id=sid, fence=grant.fence,
+                                                                     secret=wrong, handle="thread-1")),
+        (client.FencedPut, pb.FencedPutRequest(session_id=sid, fence=grant.fence, secret=wrong, key="k",
+                                               value=b"v")),
+        (client.Release, pb.ReleaseRequest(session_id=sid, fence=grant.fence, secret=wrong)),
+    ]
+    for call, request in writes:
+        err = refused(call, request)
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, request  # type: ignore[attr-defined]
+        assert reason_of(err) == "PERMISSION_DENIED"  # type: ignore[arg-type]
+        details = err.details()  # type: ignore[attr-defined]
+        assert grant.secret not in details and wrong not in details and grant.spawn_token not in details
+    assert etcd_state(tls_etcd, prefix, pki) == before
+    # The right secret is accepted: the refusals above were the secret's, not the certificate's.
+    client.Release(pb.ReleaseRequest(session_id=sid, fence=grant.fence, secret=grant.secret), timeout=10)
+
+
+def test_a_registration_cannot_point_the_coordinator_at_another_hosts_agent(
+        coordinator_tls: Coordinator, agent_tls: AgentProcess, pki: Path) -> None:
+    client = coordinator_as(coordinator_tls, pki, Role("client"))
+    # host-b's registration names host-a's agent: its certificate is host-a's, so no answer counts.
+    coordinator_as(coordinator_tls, pki, Role("agent", "host-b")).RegisterHost(
+        registration("host-b", agent_tls.address), timeout=10)
+    coordinator_as(coordinator_tls, pki, Role("agent", "host-a")).RegisterHost(
+        registration("host-a", agent_tls.address), timeout=10)
+    reasons = {}
+    for host in ("host-a", "host-b"):
+        sid = f"session-route-{host}"
+        grant = client.Acquire(pb.AcquireRequest(session_id=sid, host_id=host,
+                                                 operation_id=secrets.token_hex(16)), timeout=10).grant
+        err = refused(client.CommitOwner, pb.CommitOwnerRequest(session_id=sid, fence=grant.fence,
+                                                                secret=grant.secret))
+        assert reason_of(err) == "ATTESTATION_FAILED"  # type: ignore[arg-type]
+        reasons[host] = err.details()  # type: ignore[attr-defined]
+    assert "tree roots carry the token" in reasons["host-a"]  # the agent answered, over mTLS
+    assert "UNAVAILABLE" in reasons["host-b"]  # the certificate did not name host-b: no answer
+
+
+@run_async
+async def test_etcd_takes_only_the_coordinators_certificate(tls_etcd: EtcdServer, pki: Path) -> None:
+    for credentials in (tls.channel_credentials(pki / "ours", Role("client")),
+                        tls.channel_credentials(pki / "ours", Role("agent", "host-a"))):
+        store = Store.connect(tls_etcd.url, credentials)
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.get("/holdfast/v1/sessions/x")
+        finally:
+            await store.close()
+    with pytest.raises(ValueError, match="https"):
+        etcd_credentials(tls_etcd.url.replace("https", "http"), pki / "ours" / "etcd")
+    store = Store.connect(tls_etcd.url, etcd_credentials(tls_etcd.url, pki / "ours" / "etcd"))
+    try:
+        assert await store.get("/holdfast/v1/sessions/x") is None
+    finally:
+        await store.close()
+
+
+def test_a_coordinator_with_tls_refuses_a_plaintext_etcd(tls_etcd: EtcdServer, pki: Path) -> None:
+    plain = tls_etcd.url.replace("https", "http")
+    done = subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", "coordinator", "serve",
+                           "--etcd", plain, "--listen", "127.0.0.1:0", "--tls-dir", str(pki / "ours")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "https://" in done.stderr

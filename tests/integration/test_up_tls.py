@@ -1,0 +1,81 @@
+"""`holdfast up --tls`: the whole local stack on mTLS (etcd on its own CA, coordinator, a simulated
+host's agent registering with its own certificate), found by the CLI through the state dir; a
+`run` there commits through the agent over mTLS and its child's fenced `put` lands; plaintext to
+the same coordinator gets no answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.root,
+              pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")]
+CLI = [sys.executable, "-m", "holdfast.coordinator.cli"]
+IP_BASE = 160  # host 1 on 127.0.0.161, clear of the other fixtures' addresses
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
+    return {**env, **extra}
+
+
+@pytest.fixture
+def up_tls(tmp_path: Path) -> Iterator[tuple[Path, dict]]:  # type: ignore[type-arg]
+    state = tmp_path / "state"
+    out = tmp_path / "up.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen([*CLI, "up", "--tls", "--hosts", "1", "--listen", "127.0.0.1:0",
+                                 "--ip-base", str(IP_BASE), "--state-dir", str(state)],
+                                stdout=sink, stderr=subprocess.STDOUT, env=clean_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while b"ready;" not in out.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        yield state, json.loads((state / "up.json").read_text())
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    assert proc.returncode == 0, out.read_text()
+
+
+def holdfast(*argv: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env=clean_env(**env))
+
+
+def test_up_tls_status_run_and_plaintext_refused(up_tls, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    state, recorded = up_tls
+    assert recorded["tls_dir"] and recorded["etcd"].startswith("https://")
+    status = holdfast("status", "--json", "--coordinator", recorded["coordinator"], cwd=tmp_path,
+                      HOLDFAST_STATE_DIR=str(state))
+    assert status.returncode == 0, status.stderr
+    assert [h["host_id"] for h in json.loads(status.stdout)["hosts"]] == ["host-1"]
+
+    # The same coordinator without certificates: the handshake fails, so the CLI hears nothing.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plain = holdfast("status", "--json", "--coordinator", recorded["coordinator"], cwd=elsewhere)
+    assert plain.returncode == 69 and json.loads(plain.stdout)["error"]["reason"] == "UNREACHABLE"
+
+    sid = "session-up-tls-1"
+    ran = holdfast("exec", "--host", "1", "--state-dir", str(state), "--", *CLI, "run", "--session", sid,
+                   "--", *CLI, "put", "greeting", "over-mtls", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    got = holdfast("get", "greeting", "--session", sid, "--coordinator", recorded["coordinator"],
+                   cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert got.returncode == 0 and got.stdout == "over-mtls", got.stderr

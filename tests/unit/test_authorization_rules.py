@@ -1,0 +1,48 @@
+"""The role rules as pure functions: every RPC of both services has a decision, none by default."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from holdfast.agent.authorization import agent_rule
+from holdfast.agent.tls import Role
+from holdfast.coordinator.authorization import HOST_CALLS, READS, SESSION_WRITES, coordinator_rule
+from holdfast.v1 import agent_pb2
+from holdfast.v1 import coordinator_pb2 as pb
+
+COORDINATOR_METHODS = set(pb.DESCRIPTOR.services_by_name["Coordinator"].methods_by_name)
+ROLES = [Role("client"), Role("coordinator"), Role("agent", "h1"), Role("agent", "h2"), Role("etcd")]
+
+
+def test_every_coordinator_rpc_is_classified_exactly_once() -> None:
+    # A new RPC must be decided here; until then the rule refuses it (see the next test).
+    assert READS | SESSION_WRITES | HOST_CALLS == COORDINATOR_METHODS
+    assert not (READS & SESSION_WRITES) and not (READS & HOST_CALLS) and not (SESSION_WRITES & HOST_CALLS)
+
+
+def test_an_unlisted_method_is_refused_to_every_role() -> None:
+    for role in ROLES:
+        refusal = coordinator_rule("SomethingNew", role, None)
+        assert refusal is not None and refusal.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("method", sorted(COORDINATOR_METHODS))
+def test_no_role_is_unauthenticated_everywhere(method: str) -> None:
+    refusal = coordinator_rule(method, None, pb.HeartbeatRequest(host_id="h1"))
+    assert refusal is not None and refusal.code == grpc.StatusCode.UNAUTHENTICATED
+    assert agent_rule(method, None, None) is not None
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_who_may_do_what(role: Role) -> None:
+    for method in READS:
+        assert coordinator_rule(method, role, None) is None
+    for method in SESSION_WRITES:
+        assert (coordinator_rule(method, role, None) is None) == (role.kind in ("client", "coordinator"))
+    register = pb.RegisterHostRequest(registration=pb.HostRegistration(host_id="h1"))
+    heartbeat = pb.HeartbeatRequest(host_id="h1")
+    for method, request in (("RegisterHost", register), ("Heartbeat", heartbeat)):
+        assert (coordinator_rule(method, role, request) is None) == (role == Role("agent", "h1"))
+    for method in agent_pb2.DESCRIPTOR.services_by_name["HostAgent"].methods_by_name:
+        assert (agent_rule(method, role, None) is None) == (role.kind == "coordinator")
