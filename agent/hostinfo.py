@@ -50,6 +50,20 @@ def has_pidfs() -> bool:
         os.close(b)
 
 
+# Every session's gate gets its own cgroup directly under <cgroup2 root>/holdfast/. Only such a
+# cgroup is ever recorded in an identity or killed: a shared cgroup (a system slice, the agent's
+# own) in a record would make `cgroup.kill` end strangers and its emptiness prove nothing.
+SESSION_CGROUP_PARENT = "holdfast"
+
+
+def is_session_cgroup(path: str, root: str) -> bool:
+    """Whether path names one session cgroup directly under root's holdfast/ subtree."""
+    if not root or not path:
+        return False
+    parent, name = os.path.split(os.path.normpath(path))
+    return parent == os.path.join(root, SESSION_CGROUP_PARENT) and name not in ("", ".", "..")
+
+
 def cgroup2_root() -> str:
     for mount in CGROUP_MOUNTS:
         if os.path.exists(os.path.join(mount, "cgroup.controllers")):

@@ -11,6 +11,7 @@ import os
 import select
 
 from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
+from holdfast.agent.hostinfo import is_session_cgroup
 from holdfast.agent.probe_rules import Observation, TreeObservation
 from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import Scan
@@ -57,6 +58,25 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
                            pidfd_ino=ino, pidfd_exited=pidfd_exited(fd), token_matched=token)
     finally:
         os.close(fd)
+
+
+def session_cgroup_of(pid: int, root: str) -> agent_pb2.CgroupRef | None:
+    """The session cgroup pid runs in, read from /proc/<pid>/cgroup on this host; None outside one.
+
+    This is how a cgroup enters an identity: attested here, never named by a client.
+    """
+    try:
+        lines = read_proc_file(f"/proc/{pid}/cgroup").decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    relative = next((line[3:] for line in lines if line.startswith("0::")), "")
+    path = os.path.normpath(root + relative) if root and relative.startswith("/") else ""
+    if not is_session_cgroup(path, root):
+        return None
+    try:
+        return agent_pb2.CgroupRef(path=path, inode=os.stat(path).st_ino)
+    except OSError:
+        return None
 
 
 def cgroup_populated(ref: agent_pb2.CgroupRef) -> bool | None:

@@ -20,9 +20,9 @@ from grpc_status import rpc_status
 from holdfast.agent import probe_rules
 from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.exit_watch import ExitWatcher
-from holdfast.agent.hostinfo import HostFacts
+from holdfast.agent.hostinfo import SESSION_CGROUP_PARENT, HostFacts, is_session_cgroup
 from holdfast.agent.kill import kill_tree
-from holdfast.agent.observe import observe, observe_tree, pidfd_exited
+from holdfast.agent.observe import observe, observe_tree, pidfd_exited, session_cgroup_of
 from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import Scan, scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
@@ -128,6 +128,9 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                 start_ticks=stat.start_ticks, pidfd_ino=os.fstat(fd).st_ino if self.facts.pidfs else 0,
                 spawn_token=token,
             )
+            cgroup = session_cgroup_of(pid, self.facts.cgroup_root)
+            if cgroup is not None:
+                identity.cgroup.CopyFrom(cgroup)
             return None if pidfd_exited(fd) else identity
         except (OSError, StatParseError):
             return None
@@ -239,6 +242,10 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             if not request.HasField("owner"):
                 raise InvalidRequest("owner is missing")
             check_identity(request.owner, "owner")
+            cgroup = request.owner.cgroup.path
+            if cgroup and not is_session_cgroup(cgroup, self.facts.cgroup_root):
+                raise InvalidRequest(f"owner: {cgroup} is not a session cgroup of this host "
+                                     f"(<cgroup root>/{SESSION_CGROUP_PARENT}/<name>)")
             if not 0 <= request.wait_seconds <= MAX_KILL_WAIT:
                 raise InvalidRequest(f"wait_seconds must be in 0..{MAX_KILL_WAIT}")
         except InvalidRequest as exc:

@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import select
 import signal
 import time
 from dataclasses import dataclass
 
 from holdfast.agent.environ import read_value
-from holdfast.agent.hostinfo import cgroup2_root
+from holdfast.agent.hostinfo import SESSION_CGROUP_PARENT, cgroup2_root
 from holdfast.agent.scan import scan
 
-CGROUP_PARENT = "holdfast"
 KILL_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
 class SessionCgroup:
-    """`<cgroup2 root>/holdfast/<session>.f<fence>.p<pid>`: one per gate, created before it runs."""
+    """`<cgroup2 root>/holdfast/<session>.f<fence>.<random>`: one per gate, created before it runs.
+
+    The random part keeps a name from ever being taken already: a `run` killed with -9 leaves its
+    (then empty) cgroup behind, and with the same pid in a fresh namespace and the same fence the
+    next `run` would otherwise fail mkdir and lose the cgroup half of the tree proof.
+    """
 
     path: str
 
@@ -37,13 +42,14 @@ class SessionCgroup:
         root = cgroup2_root()
         if not root or not os.access(root, os.W_OK):
             return None
-        parent = os.path.join(root, CGROUP_PARENT)
-        path = os.path.join(parent, f"{session_id}.f{fence}.p{os.getpid()}")
+        parent = os.path.join(root, SESSION_CGROUP_PARENT)
+        path = os.path.join(parent, f"{session_id}.f{fence}.{secrets.token_hex(4)}")
         try:
             os.makedirs(parent, exist_ok=True)
             os.mkdir(path)
         except OSError:
             return None  # read-only or not delegated to us: token carriers remain the tree
+        _remove_empty_earlier(parent, session_id, fence)
         return cls(path)
 
     @property
@@ -80,6 +86,21 @@ class SessionCgroup:
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             os.rmdir(self.path)
+
+
+def _remove_empty_earlier(parent: str, session_id: str, fence: int) -> None:
+    """Drop this session's cgroups of earlier fences that crashed `run`s left behind.
+
+    rmdir of a populated cgroup fails, so a tree still ending keeps its cgroup; an earlier fence's
+    grant is superseded by ours, so no `run` of it will add a process to an empty one.
+    """
+    prefix = f"{session_id}.f"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            earlier, _, _ = name[len(prefix):].partition(".")
+            if name.startswith(prefix) and earlier.isdigit() and int(earlier) < fence:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(parent, name))
 
 
 @dataclass(frozen=True)

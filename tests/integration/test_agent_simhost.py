@@ -222,8 +222,8 @@ def test_kill_owner_uses_cgroup_kill_and_tree_needs_an_empty_cgroup(simhosts, ch
     stub = host_stub(host)
     info = stub.GetHostInfo(agent_pb2.GetHostInfoRequest(), timeout=5)
     assert info.cgroup_writable, "CI hosts have a writable cgroup v2 hierarchy"
-    cg = Path(info.cgroup_root) / f"holdfast-test-{os.getpid()}-{mint_token()[:8]}"
-    cg.mkdir()
+    cg = Path(info.cgroup_root) / "holdfast" / f"test-{os.getpid()}-{mint_token()[:8]}"
+    cg.mkdir(parents=True)
     try:
         token = mint_token()
         # One descendant drops the token from its environment: only the cgroup still holds it.
@@ -240,7 +240,8 @@ def test_kill_owner_uses_cgroup_kill_and_tree_needs_an_empty_cgroup(simhosts, ch
                    if VAR.encode() not in Path(f"/proc/{p}/environ").read_bytes()]
         assert len(escaped) == 1
         identity = attest(stub, token)
-        identity.cgroup.CopyFrom(agent_pb2.CgroupRef(path=str(cg), inode=cg.stat().st_ino))
+        # The agent itself read the root's cgroup: no caller names it.
+        assert identity.cgroup == agent_pb2.CgroupRef(path=str(cg), inode=cg.stat().st_ino)
         killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
         assert killed.result.tree_gone and "cgroup is empty" in killed.result.tree_reason
         # The escaped process was ended by cgroup.kill (gone, or a zombie awaiting its reaper).
@@ -255,6 +256,26 @@ def test_kill_owner_uses_cgroup_kill_and_tree_needs_an_empty_cgroup(simhosts, ch
             except OSError:
                 (cg / "cgroup.kill").write_text("1")
                 time.sleep(0.05)
+
+
+def test_kill_owner_refuses_a_cgroup_that_is_not_a_session_cgroup(simhosts, children) -> None:
+    host = simhosts("sim-cgroup-shared")
+    stub = host_stub(host)
+    info = stub.GetHostInfo(agent_pb2.GetHostInfoRequest(), timeout=5)
+    token = mint_token()
+    children.append(host.spawn(["sleep", "300"], env={VAR: token, "PATH": "/usr/bin:/bin"}))
+    wait_carrier(stub, token, want=1)
+    identity = attest(stub, token)
+    assert not identity.cgroup.path, "a process outside <root>/holdfast/ gets no cgroup recorded"
+    root = Path(info.cgroup_root)
+    for shared in (root, root / "holdfast"):
+        identity.cgroup.CopyFrom(agent_pb2.CgroupRef(path=str(shared), inode=shared.stat().st_ino
+                                                     if shared.exists() else 1))
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=1), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a session cgroup" in refused.value.details()
+    assert children[-1].poll() is None, "a refused kill signals nothing"
 
 
 def test_kill_owner_ends_descendants_that_outlived_their_root(simhosts, children) -> None:

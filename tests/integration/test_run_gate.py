@@ -153,6 +153,29 @@ def test_end_tree_with_a_cgroup_sigterm_grace_then_cgroup_kill(tmp_path: Path) -
         cgroup.remove()
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or not writable_cgroup(), reason="needs a writable cgroup v2 (root)")
+def test_a_new_cgroup_sweeps_only_empty_cgroups_of_earlier_fences() -> None:
+    session = f"sweep-test-{secrets.token_hex(4)}"
+    later, crashed, busy = (SessionCgroup.create(session, f) for f in (5, 1, 1))
+    assert crashed and busy and later and len({crashed.path, busy.path, later.path}) == 3
+    sleeper = subprocess.Popen(["sleep", "60"])
+    ours = None
+    try:
+        busy.add(sleeper.pid)
+        ours = SessionCgroup.create(session, 2)  # a crashed fence-1 run left `crashed` behind
+        assert ours is not None
+        assert not os.path.exists(crashed.path), "an empty cgroup of an earlier fence is swept"
+        assert os.path.exists(busy.path), "a populated one is never touched: its tree is still ending"
+        assert os.path.exists(later.path), "a later fence's cgroup is not ours to judge"
+    finally:
+        busy.kill()
+        sleeper.wait(5)
+        for cgroup in (busy, later, ours):
+            if cgroup is not None:
+                cgroup.remove()
+
+
 def test_end_tree_without_a_cgroup_finds_the_token_carriers(tmp_path: Path) -> None:
     gate, tree, (keeps_token, dropped_token) = spawn_tree(tmp_path, None)
     try:
