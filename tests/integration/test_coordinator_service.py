@@ -230,40 +230,53 @@ def _own(coord, host: SimulatedHost, sid: str) -> tuple[pb.Grant, subprocess.Pop
     return grant, owner
 
 
-def test_reboot_grants_by_incarnation_and_other_namespace_needs_recover(
-    coordinator: Coordinator, hosts
-) -> None:
-    a, b = hosts
-    coord = stub(coordinator.address)
+def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: ignore[no-untyped-def]
+    """Host a owns sid, then reboots: (old pid ns inode, the new incarnation a registers)."""
     register(coord, a, ttl=2)
     register(coord, b)
-    sid = "session-reboot-1"
     _own(coord, a, sid)
     assert coord.ProbeSession(pb.ProbeSessionRequest(session_id=sid), timeout=30).verdict == "held"
-    old_ns = coord.GetSession(
-        pb.GetSessionRequest(session_id=sid), timeout=10
-    ).record.lease.owner.incarnation.pid_ns
-    a.reboot()
-    time.sleep(2.5)  # the old registration lapses; the new incarnation registers
-    register(coord, a)
-    new = (
-        agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(a.agent_address))
-        .GetHostInfo(apb.GetHostInfoRequest(), timeout=5)
-        .incarnation
-    )
-    if new.pid_ns == old_ns:
-        grant = acquire(coord, sid, b.host_id).grant
-        assert grant.fence == 2
-        evidence = coord.GetSession(
-            pb.GetSessionRequest(session_id=sid), timeout=10
-        ).record.lease.death_evidence
-        assert evidence.kind == "identity-mismatch"
-    else:
-        # Another inode: the old namespace may still exist, so only an operator can free it.
-        assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
-        recover = pb.RecoverRequest(session_id=sid, expected_fence=1, reason="host replaced", operator="test")
-        assert coord.Recover(recover, timeout=10).record.lease.death_evidence.kind == "operator-asserted"
-        assert acquire(coord, sid, b.host_id).grant.fence == 2
+    owner = coord.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.lease.owner
+    old_ns = owner.incarnation.pid_ns
+    # An open handle keeps the old namespace alive, so the kernel must give the new one another inode.
+    held = os.open(f"/proc/{a.reaper_pid}/ns/pid", os.O_RDONLY) if keep_old_namespace else None
+    try:
+        for _ in range(1 if keep_old_namespace else 6):  # the kernel usually reuses a freed inode
+            a.reboot()
+            time.sleep(2.5)  # the old registration lapses; the new incarnation registers
+            register(coord, a, ttl=2)
+            new = (agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(a.agent_address))
+                   .GetHostInfo(apb.GetHostInfoRequest(), timeout=5).incarnation)
+            if keep_old_namespace or new.pid_ns == old_ns:
+                return old_ns, new
+        raise AssertionError("no reboot reused the namespace inode in 6 tries")
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def test_reboot_into_the_same_namespace_inode_grants_by_incarnation(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    sid = "session-reboot-1"
+    old_ns, new = _rebooted_owner(coord, a, b, sid, keep_old_namespace=False)
+    assert new.pid_ns == old_ns
+    assert acquire(coord, sid, b.host_id).grant.fence == 2
+    evidence = coord.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.lease.death_evidence
+    assert evidence.kind == "identity-mismatch"
+
+
+def test_reboot_into_another_namespace_inode_needs_recover(coordinator: Coordinator, hosts) -> None:
+    a, b = hosts
+    coord = stub(coordinator.address)
+    sid = "session-reboot-2"
+    old_ns, new = _rebooted_owner(coord, a, b, sid, keep_old_namespace=True)
+    assert new.pid_ns != old_ns
+    # Another inode: the old namespace may still exist (here it does), so only an operator frees it.
+    assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
+    recover = pb.RecoverRequest(session_id=sid, expected_fence=1, reason="host replaced", operator="test")
+    assert coord.Recover(recover, timeout=10).record.lease.death_evidence.kind == "operator-asserted"
+    assert acquire(coord, sid, b.host_id).grant.fence == 2
 
 
 def test_recover_invalidates_the_fence_and_handoff_conflicts(coordinator: Coordinator, hosts) -> None:
