@@ -54,7 +54,8 @@ class Bench:
         self.stub = coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(self.stack.address))
         self.host1, self.host2 = self.stack.simhosts
 
-    def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+    def run(self, host: SimulatedHost, session: str, *options: str,
+            cmd: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": self.stack.address}
         return host.spawn([*CLI, "run", "--session", session, "--grace", "5", *options, "--", *cmd],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
