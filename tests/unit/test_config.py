@@ -101,5 +101,6 @@ def test_the_documented_table_lists_every_setting_with_its_variable() -> None:
     rows = _documented()
     for server, settings in (("agent", commands.SERVE_SETTINGS), ("coordinator", serve_commands.SETTINGS)):
         for s in settings:
-            key = next(k for k in ((server, s.name), ("agent, doctor", s.name), ("both", s.name)) if k in rows)
+            keys = ((server, s.name), ("agent, doctor", s.name), ("both", s.name))
+            key = next(k for k in keys if k in rows)
             assert rows[key] == s.env, (server, s.name)
