@@ -18,11 +18,6 @@ def session_fields(session: str, fence: int, host: str, **more: Any) -> dict[str
     return {"session": session, "fence": fence, "host": host, **more}
 
 
-def fields(**values: Any) -> dict[str, dict[str, Any]]:
-    """`log.info(msg, extra=fields(...))`."""
-    return {"fields": values}
-
-
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {"ts": round(time.time(), 3), "level": record.levelname.lower(), "logger": record.name,

@@ -270,7 +270,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             return agent_pb2.KillOwnerResponse(result=self.probe(owner, scan(self.variable)))
         watch = self.watcher.watch(owner)
         sent = kill_tree(owner, self.variable, root_matched=matched)
-        log.info("killed owner tree", extra={"fields": {"pid": owner.pid, "signalled": sent}})
+        log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
+                                                        "signalled": sent}})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or 5.0)
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
