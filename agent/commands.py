@@ -39,7 +39,9 @@ SERVE_SETTINGS = [
     TLS_DIR,
     *config.logging_settings(),
 ]
-DOCTOR_SETTINGS = [COORDINATOR, NODE]
+DOCTOR_SETTINGS = [COORDINATOR, NODE, TLS_DIR,
+                   Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "with --tls-dir: present "
+                           "agent-<host id>.pem to the coordinator", default="")]
 
 
 def load(settings: list[Setting], args: argparse.Namespace) -> argparse.Namespace:
@@ -79,10 +81,15 @@ def _serve(raw: argparse.Namespace) -> int:
 
 
 def _doctor(raw: argparse.Namespace) -> int:
-    from holdfast.agent import doctor
+    from holdfast.agent import doctor, tls
 
     args = load(DOCTOR_SETTINGS, raw)
-    checks = doctor.run_checks(doctor.gather(args.node, args.coordinator))
+    tls_dir = tls.tls_dir(args.tls_dir)
+    if tls_dir is not None and not args.host_id:
+        print("holdfast agent doctor: setting host_id is required with tls_dir (the certificate is "
+              "agent-<host id>.pem). Next: pass --host-id or set HOLDFAST_HOST_ID", file=sys.stderr)
+        return EX_USAGE
+    checks = doctor.run_checks(doctor.gather(args.node, args.coordinator, tls_dir, args.host_id))
     print(json.dumps(doctor.as_json(checks)) if args.json else doctor.render_text(checks))
     return 0 if doctor.healthy(checks) else 1
 

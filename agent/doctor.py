@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent import hostinfo
+from holdfast.agent import hostinfo, tls
 from holdfast.agent.environ import read_environ
 
 INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
@@ -177,13 +177,16 @@ def _read(path: str) -> str:
         return ""
 
 
-def coordinator_error(address: str) -> str:
+def coordinator_error(address: str, tls_dir: Path | None, host_id: str) -> str:
+    """Asks gRPC health the way the agent registers: over mTLS as agent-<host id> when configured."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with tls.open_channel(address, tls_dir, tls.Role("agent", host_id), sync=True) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                               timeout=HEALTH_TIMEOUT_S)
     except grpc.RpcError as exc:
         return f"unreachable ({exc.code().name})"  # type: ignore[attr-defined]
+    except OSError as exc:  # the certificate files
+        return f"cannot read the agent certificate: {exc}"
     return "" if reply.status == health_pb2.HealthCheckResponse.SERVING else \
         health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
@@ -192,7 +195,7 @@ def in_init_pid_ns() -> bool:
     return os.stat("/proc/self/ns/pid").st_ino == INIT_PID_NS
 
 
-def gather(node: bool, coordinator: str) -> Facts:
+def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "") -> Facts:
     read, denied, others, first = environ_facts()
     root = hostinfo.cgroup2_root()
     return Facts(
@@ -200,5 +203,6 @@ def gather(node: bool, coordinator: str) -> Facts:
         environ_read=read, environ_denied=denied, environ_other_users=others, environ_error=first,
         pidfs=hostinfo.has_pidfs(), cgroup_root=root, cgroup_writable=bool(root) and os.access(root, os.W_OK),
         boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=_read("/etc/machine-id"),
-        coordinator=coordinator, coordinator_error=coordinator_error(coordinator) if coordinator else "",
+        coordinator=coordinator,
+        coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
     )

@@ -18,6 +18,9 @@ import pytest
 from holdfast.coordinator.simhost import SimulatedHost
 from tests.integration.coordinator_fixtures import Coordinator
 
+# The mTLS fixtures (a PKI, an etcd and a coordinator serving mTLS only), reused from their module.
+from tests.integration.test_tls_authorization import coordinator_tls, pki, tls_etcd  # noqa: F401
+
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = [
     pytest.mark.timeout(90),
@@ -66,6 +69,19 @@ def test_inside_a_pod_namespace_node_checks_fail_with_their_fix(  # type: ignore
     assert checks["cap-sys-ptrace"]["status"] == "fail" and "SYS_PTRACE" in checks["cap-sys-ptrace"]["fix"]
     env = checks["environ-readable"]
     assert env["status"] == "fail" and "denied" in env["detail"] and "AppArmor" in env["fix"]
+
+
+def test_doctor_reaches_an_mtls_coordinator_only_with_the_agent_certificate(  # type: ignore[no-untyped-def]
+        simhosts, coordinator_tls: Coordinator, pki: Path) -> None:  # noqa: F811
+    host = simhosts("host-a")
+    _, checks = doctor(host, "--coordinator", coordinator_tls.address, "--tls-dir", str(pki / "ours"),
+                       "--host-id", "host-a")
+    assert checks["coordinator"]["status"] == "pass"
+    _, checks = doctor(host, "--coordinator", coordinator_tls.address)  # plaintext to an mTLS-only server
+    assert checks["coordinator"]["status"] == "fail"
+    proc = host.spawn([*HOLDFAST, "agent", "doctor", "--tls-dir", str(pki / "ours")], stderr=subprocess.PIPE,
+                      stdout=subprocess.DEVNULL)
+    assert proc.wait(30) == 2 and b"host_id" in proc.communicate()[1]
 
 
 def test_serve_with_node_refuses_outside_the_init_namespace(tmp_path: Path) -> None:
