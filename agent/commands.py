@@ -1,29 +1,97 @@
 """`holdfast agent ...`: the agent's command group. Each subcommand is one parser with a handler;
 add a subcommand by adding a function that registers its parser below.
+
+Server settings come from flags, HOLDFAST_* variables and `--config` (agent/config.py, table
+`[agent]`); a wrong value stops start-up with exit 2 naming the setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import sys
+
+from holdfast.agent import config
+from holdfast.agent.config import Setting
 
 DEFAULT_SPAWN_TOKEN_ENV = "HOLDFAST_SPAWN_TOKEN"
+EX_USAGE = 2
+TABLE = "agent"
+
+COORDINATOR = Setting("coordinator", "HOLDFAST_COORDINATOR", config.optional_address,
+                      "register with this coordinator (host:port) and keep it alive", default="")
+TLS_DIR = Setting("tls_dir", "HOLDFAST_TLS_DIR", config.text, "certificates from `holdfast certs init`: "
+                  "serve mTLS only, answering coordinator certificates, and register with "
+                  "agent-<host id>.pem", default="")
+NODE = Setting("node", "HOLDFAST_NODE", config.boolean, "this agent answers for a node: refuse to serve "
+               "unless in the init PID namespace", default=False, boolean=True)
+SERVE_SETTINGS = [
+    Setting("listen", "HOLDFAST_AGENT_LISTEN", config.address,
+            "host:port, e.g. 127.0.0.1:7601 (port 0 picks one)", required=True),
+    Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "this host's id (the node name)", required=True),
+    Setting("spawn_token_env", "HOLDFAST_SPAWN_TOKEN_ENV", config.env_name,
+            "environment variable that carries spawn tokens", default=DEFAULT_SPAWN_TOKEN_ENV),
+    COORDINATOR,
+    NODE,
+    Setting("metrics_listen", "HOLDFAST_AGENT_METRICS_LISTEN", config.optional_address,
+            "serve Prometheus /metrics on host:port", default=""),
+    TLS_DIR,
+    *config.logging_settings(),
+]
+DOCTOR_SETTINGS = [COORDINATOR, NODE, TLS_DIR,
+                   Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "with --tls-dir: present "
+                           "agent-<host id>.pem to the coordinator", default="")]
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from holdfast.agent import server, tls
+def load(settings: list[Setting], args: argparse.Namespace) -> argparse.Namespace:
+    """The resolved settings, or exit 2 with the message naming the wrong one."""
+    try:
+        return config.load(settings, args, TABLE)
+    except config.ConfigError as exc:
+        print(f"holdfast agent {args.agent_command}: {exc}", file=sys.stderr)
+        raise SystemExit(EX_USAGE) from None
 
-    server.setup_logging()
+
+def _serve(raw: argparse.Namespace) -> int:
+    from holdfast.agent import doctor, logs, server, tls
+
+    args = load(SERVE_SETTINGS, raw)
     tls_dir = tls.tls_dir(args.tls_dir)
+    logs.setup(args.log_format, args.log_level)
+    if args.node and not doctor.in_init_pid_ns():
+        # A pod without hostPID numbers pids in its own namespace: its probes would judge strangers.
+        print("holdfast agent serve: setting node is on but this process is not in the init PID namespace; "
+              "refusing to serve probes. Next: run with hostPID: true, or without --node off a node",
+              file=sys.stderr)
+        return EX_USAGE
+
+    def serve(ready: str | None) -> object:
+        return server.serve(args.listen, args.host_id, args.spawn_token_env, ready, tls_dir,
+                            args.metrics_listen)
+
     if args.coordinator:
         from holdfast.agent import registration
 
         asyncio.run(registration.serve_registered(
-            lambda ready: server.serve(args.listen, args.host_id, args.spawn_token_env, ready, tls_dir),
-            args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir))
+            serve, args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir))
         return 0
-    asyncio.run(server.serve(args.listen, args.host_id, args.spawn_token_env, args.ready_file, tls_dir))
+    asyncio.run(serve(args.ready_file))  # type: ignore[arg-type]
     return 0
+
+
+def _doctor(raw: argparse.Namespace) -> int:
+    from holdfast.agent import doctor, tls
+
+    args = load(DOCTOR_SETTINGS, raw)
+    tls_dir = tls.tls_dir(args.tls_dir)
+    if tls_dir is not None and not args.host_id:
+        print("holdfast agent doctor: setting host_id is required with tls_dir (the certificate is "
+              "agent-<host id>.pem). Next: pass --host-id or set HOLDFAST_HOST_ID", file=sys.stderr)
+        return EX_USAGE
+    checks = doctor.run_checks(doctor.gather(args.node, args.coordinator, tls_dir, args.host_id))
+    print(json.dumps(doctor.as_json(checks)) if args.json else doctor.render_text(checks))
+    return 0 if doctor.healthy(checks) else 1
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -34,21 +102,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 def add_serve(agent_sub: argparse._SubParsersAction) -> None:
     p = agent_sub.add_parser("serve", help="serve the HostAgent gRPC API for this host")
-    p.add_argument("--listen", required=True, help="host:port, e.g. 127.0.0.1:7601 (port 0 picks one)")
-    p.add_argument("--host-id", required=True, help="this host's id (the node name)")
-    p.add_argument("--spawn-token-env", default=DEFAULT_SPAWN_TOKEN_ENV,
-                   help="environment variable that carries spawn tokens")
+    config.add_flags(p, SERVE_SETTINGS)
     p.add_argument("--ready-file", help="write {\"address\": ...} here once listening")
-    p.add_argument("--coordinator", help="register with this coordinator (host:port) and keep it alive")
-    add_tls_dir(p, "serve mTLS only, answering coordinator certificates, and register with "
-                "agent-<host id>.pem")
     p.set_defaults(handler=_serve)
 
 
 def add_tls_dir(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--tls-dir`, shared by every command that opens or serves a holdfast gRPC link."""
+    """`--tls-dir` for the client commands that open a holdfast gRPC link (servers take TLS_DIR)."""
     parser.add_argument("--tls-dir", metavar="DIR",
                         help=f"certificates from `holdfast certs init` (default: $HOLDFAST_TLS_DIR): {what}")
+
+
+def add_doctor(agent_sub: argparse._SubParsersAction) -> None:
+    p = agent_sub.add_parser("doctor", help="check that this host lets the agent prove life and death "
+                             "(exit 0 only when every check passes)")
+    config.add_flags(p, DOCTOR_SETTINGS)
+    p.add_argument("--json", action="store_true", help="one JSON object: ok and every check")
+    p.set_defaults(handler=_doctor)
 
 
 def add_demo(agent_sub: argparse._SubParsersAction) -> None:
@@ -62,5 +132,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     agent = subparsers.add_parser("agent", help="the per-host agent")
     agent_sub = agent.add_subparsers(dest="agent_command", required=True)
     add_serve(agent_sub)
+    add_doctor(agent_sub)
     add_demo(agent_sub)
     return agent_sub

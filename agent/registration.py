@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.agent import hostinfo, tls
+from holdfast.agent import hostinfo, metrics, tls
 from holdfast.agent.service import VERSION
 from holdfast.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -55,6 +55,7 @@ async def keep_registered(
                         timeout=CALL_TIMEOUT_S,
                     )
                     lease_id, ttl = reply.lease_id, reply.ttl_seconds
+                    metrics.REGISTERED.labels(host_id).set(1)
                     log.info("registered host %s at %s with %s", host_id, coordinator, address)
                 else:
                     await stub.Heartbeat(
@@ -63,6 +64,8 @@ async def keep_registered(
                     )
                 await asyncio.sleep(max(ttl / 3, 0.5))
             except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                    metrics.REGISTERED.labels(host_id).set(0)  # known lapsed or refused; a blip says nothing
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     lease_id = 0  # our registration lapsed: register again at once
                     continue

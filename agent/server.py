@@ -1,14 +1,11 @@
-"""The agent's server lifecycle: bind, serve HostAgent + health + reflection, log JSON lines, and
-on SIGTERM/SIGINT stop taking calls, drain in-flight ones, and exit cleanly.
+"""The agent's server lifecycle: bind, serve HostAgent + health + reflection (and /metrics when asked),
+and on SIGTERM/SIGINT stop taking calls, drain in-flight ones, and exit cleanly.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import sys
-import time
 from pathlib import Path
 
 from holdfast.agent import hostinfo, tls
@@ -21,25 +18,8 @@ DRAIN_SECONDS = 5.0
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["HostAgent"].full_name
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; callers pass only vetted `fields` (never tokens or environ)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(time.time(), 3), "level": record.levelname.lower(), "msg": record.getMessage()}
-        entry.update(getattr(record, "fields", {}))
-        return json.dumps(entry)
-
-
-def setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("holdfast")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-
-
 async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None,
-                tls_dir: Path | None = None) -> None:
+                tls_dir: Path | None = None, metrics_listen: str = "") -> None:
     log = logging.getLogger("holdfast.agent")
     service = HostAgentService(host_id, hostinfo.gather(), spawn_token_env)
     add_service = functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service)
@@ -49,10 +29,11 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
         gates = [RoleGate(SERVICE_NAME, agent_rule, "holdfast")]
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates)
     address = serving.address
-    log.info("agent serving", extra={"fields": {"address": address, "host_id": host_id,
+    metrics = serving_.start_metrics(metrics_listen)
+    log.info("agent serving", extra={"fields": {"address": address, "host": host_id, "metrics": metrics,
                                                 "pid_ns": service.facts.incarnation.pid_ns,
                                                 "tls": tls_dir is not None}})
-    serving_.announce(ready_file, address)
+    serving_.announce(ready_file, address, metrics)
     await serving_.until_stop_signal()
     log.info("draining", extra={"fields": {"grace_s": DRAIN_SECONDS}})
     await serving_.drain(serving, DRAIN_SECONDS)

@@ -17,14 +17,15 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from holdfast.agent import probe_rules
+from holdfast.agent import metrics, probe_rules
+from holdfast.agent import scan as scan_
 from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.exit_watch import ExitWatcher
 from holdfast.agent.hostinfo import SESSION_CGROUP_PARENT, HostFacts, is_session_cgroup
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited, session_cgroup_of
 from holdfast.agent.procstat import StatParseError, parse_stat
-from holdfast.agent.scan import Scan, scan
+from holdfast.agent.scan import Scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("holdfast.agent")
@@ -38,6 +39,14 @@ VERSION = "0.1.0"
 
 class InvalidRequest(ValueError):
     pass
+
+
+def scan(variable: bytes, token: bytes | None = None) -> Scan:
+    """One /proc pass, timed and counted for the metrics endpoint."""
+    started = time.monotonic()
+    result = scan_.scan(variable, token)
+    metrics.observe_scan(result, time.monotonic() - started)
+    return result
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
@@ -213,8 +222,11 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             check_batch(list(request.owners))
         except InvalidRequest as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+        started = time.monotonic()
         tree = scan(self.variable) if request.check_tree else None
-        return agent_pb2.ProbeOwnersResponse(results=[self.probe(o, tree) for o in request.owners])
+        results = [self.probe(o, tree) for o in request.owners]
+        metrics.observe_probes(self.host_id, results, time.monotonic() - started)
+        return agent_pb2.ProbeOwnersResponse(results=results)
 
     async def WatchExits(self, request, context) -> AsyncIterator[agent_pb2.ExitEvent]:
         try:
@@ -258,7 +270,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             return agent_pb2.KillOwnerResponse(result=self.probe(owner, scan(self.variable)))
         watch = self.watcher.watch(owner)
         sent = kill_tree(owner, self.variable, root_matched=matched)
-        log.info("killed owner tree", extra={"fields": {"pid": owner.pid, "signalled": sent}})
+        log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
+                                                        "signalled": sent}})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or 5.0)
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.

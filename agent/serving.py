@@ -2,7 +2,8 @@
 
 Guarantee: the ready file names the real bound address (a supervisor asking for port 0 learns the
 port) and appears only after the server accepts calls, written whole by rename; on SIGTERM or
-SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace period.
+SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace period. With
+`--metrics-listen` the Prometheus endpoint is bound before the ready file names it.
 Lives beside the agent because the agent never imports the coordinator.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -45,10 +47,23 @@ async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.
     return Serving(server, health_servicer, f"{listen.rsplit(':', 1)[0]}:{port}")
 
 
-def announce(ready_file: str | None, address: str) -> None:
+def start_metrics(listen: str) -> str:
+    """Serves /metrics on its own thread; returns the bound host:port ("" when not configured)."""
+    if not listen:
+        return ""
+    host, _, port = listen.rpartition(":")
+    try:
+        httpd, _thread = prometheus_client.start_http_server(int(port), addr=host)
+    except OSError as exc:
+        raise SystemExit(f"cannot serve metrics on {listen}: {exc.strerror}. Next: free the port or change "
+                         "--metrics-listen") from None
+    return f"{host}:{httpd.server_port}"
+
+
+def announce(ready_file: str | None, address: str, metrics: str = "") -> None:
     if ready_file:
         tmp = Path(ready_file + ".tmp")
-        tmp.write_text(json.dumps({"address": address}))
+        tmp.write_text(json.dumps({"address": address, **({"metrics": metrics} if metrics else {})}))
         tmp.rename(ready_file)
 
 

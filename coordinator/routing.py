@@ -14,6 +14,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 
 from holdfast.agent import tls
 from holdfast.agent.tls import Role
+from holdfast.coordinator import metrics
 from holdfast.coordinator.registry import Registry
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc
@@ -63,6 +64,12 @@ class Router:
         raise AssertionError("unreachable: tenacity reraises")
 
     async def probe(self, owner: apb.ProcessIdentity, check_tree: bool = True) -> apb.ProbeResult:
+        started = time.monotonic()
+        result = await self._probe(owner, check_tree)
+        metrics.observe_probe(owner.host_id, result, time.monotonic() - started)
+        return result
+
+    async def _probe(self, owner: apb.ProcessIdentity, check_tree: bool) -> apb.ProbeResult:
         stub = await self.agent(owner.host_id)
         if stub is None:
             return indeterminate(f"host {owner.host_id} has no live registration")
@@ -76,6 +83,12 @@ class Router:
         return resp.results[0]
 
     async def kill(self, owner: apb.ProcessIdentity, wait_seconds: float) -> apb.ProbeResult:
+        started = time.monotonic()
+        result = await self._kill(owner, wait_seconds)
+        metrics.observe_probe(owner.host_id, result, time.monotonic() - started)
+        return result
+
+    async def _kill(self, owner: apb.ProcessIdentity, wait_seconds: float) -> apb.ProbeResult:
         stub = await self.agent(owner.host_id)
         if stub is None:
             return indeterminate(f"host {owner.host_id} has no live registration")

@@ -6,6 +6,7 @@ changes nothing a client can observe; it reports its real address only after bin
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from pathlib import Path
@@ -14,6 +15,7 @@ from holdfast.agent import serving as serving_
 from holdfast.agent import tls
 from holdfast.agent.authorization import RoleGate
 from holdfast.agent.tls import ETCD_SUBDIR, Role
+from holdfast.coordinator import metrics
 from holdfast.coordinator.authorization import coordinator_rule
 from holdfast.coordinator.errors import DOMAIN
 from holdfast.coordinator.service import CoordinatorService
@@ -25,7 +27,8 @@ DRAIN_SECONDS = 2.0
 
 
 async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX,
-                tls_dir: Path | None = None, etcd_tls_dir: Path | None = None) -> None:
+                tls_dir: Path | None = None, etcd_tls_dir: Path | None = None, metrics_listen: str = "",
+                census_seconds: float = 15.0) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
@@ -40,9 +43,16 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
         gates = [RoleGate(SERVICE_NAME, coordinator_rule, DOMAIN)]
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates)
     address = serving.address
-    log.info("coordinator serving on %s (%s) over etcd %s", address, "mTLS" if tls_dir else "plaintext", etcd)
-    serving_.announce(ready_file, address)
+    metrics_address = serving_.start_metrics(metrics_listen)
+    census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds)) \
+        if metrics_address else None
+    log.info("coordinator serving", extra={"fields": {"address": address, "etcd": etcd, "prefix": prefix,
+                                                      "tls": tls_dir is not None,
+                                                      "metrics": metrics_address}})
+    serving_.announce(ready_file, address, metrics_address)
     await serving_.until_stop_signal()
+    if census is not None:
+        census.cancel()
     await serving_.drain(serving, DRAIN_SECONDS)
     await service.router.close()
     await store.close()

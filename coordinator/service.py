@@ -8,13 +8,15 @@ transaction comparing `fence/<id>`; a refusal writes nothing; indeterminate neve
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
 
-from holdfast.coordinator import adjudication, fencing, records
+from holdfast.agent.logs import session_fields
+from holdfast.coordinator import adjudication, fencing, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
@@ -36,6 +38,7 @@ HISTORY_KEPT = 64
 MAX_CHAIN = 256
 MAX_PAGE = 500
 RACE_RETRIES = 16
+log = logging.getLogger("holdfast.coordinator.sessions")
 
 
 def now_ms() -> int:
@@ -61,9 +64,11 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
         except records.InvalidInput as exc:
             error = CoordinatorError("INVALID_ARGUMENT", str(exc))
         except StoreUnavailable as exc:
+            metrics.ETCD_ERRORS.labels(fn.__name__).inc()
             error = CoordinatorError("UNAVAILABLE", f"{exc}; nothing was written")
         except CoordinatorError as exc:
             error = exc
+        metrics.REFUSALS.labels(fn.__name__, error.reason).inc()
         await context.abort_with_status(error.to_status())
 
     wrapped.__name__ = fn.__name__
@@ -116,6 +121,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         ok, _ = await self.store.txn(
             [mod_equals(self._skey(sid), entry.mod_revision if entry else 0)], puts, dropped
         )
+        lease = record.lease
+        host = lease.owner.host_id or lease.reserved_host_id
+        fields = session_fields(sid, lease.fence, host, transition=transition, applied=ok,
+                                detail=detail[:200])
+        log.info("session %s%s", transition, "" if ok else " lost a race", extra={"fields": fields})
         return ok
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
@@ -168,6 +178,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     else await self.router.probe(owner, check_tree=True)
                 )
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+            metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
             if verdict.action is Action.TO_MANUAL and record is not None:
                 record.lease.handoff_stage = pb.MANUAL_RECOVERY
                 await self._transition(entry, record, "manual-recovery", verdict.detail)
@@ -231,6 +242,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         response = pb.AcquireResponse(grant=grant, record=record)
         stored = Put(ops_key, records.encode(response))
         ok = await self._transition(entry, record, "grant", verdict.reason.value, (stored,))
+        if ok:
+            metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None
 
     @_handler
@@ -407,6 +420,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
             probe = await self.router.probe(record.lease.owner, check_tree=True)
         verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+        metrics.INDETERMINATE.verdict(record.session_id, verdict.reason.value)
         return pb.ProbeSessionResponse(
             verdict=VERDICT_NAMES.get(verdict.reason.value, verdict.action.value),
             reason=verdict.detail,

@@ -3,7 +3,8 @@
 Every overlay renders with `kubectl kustomize`; every core object validates against the Kubernetes
 schemas; CRD objects (cert-manager, PrometheusRule) are shape-checked here; yamllint is clean; the
 agent has hostPID and SYS_PTRACE and nothing more; the coordinator is non-root; probes name real
-container ports; the NetworkPolicy admits only coordinators to the agents; the Dockerfile's
+container ports and the agent's readiness is its doctor; metrics ports are declared; the ConfigMap
+holds only settings a server reads; the NetworkPolicy admits only coordinators to the agents; the Dockerfile's
 entrypoints exist and the pinned lock covers every runtime dependency.
 """
 
@@ -139,12 +140,47 @@ def test_probes_are_grpc_health_on_the_port_the_server_listens_on(kind: str, nam
     (container,) = pod_spec(objs, kind, name)["containers"]
     port = _listen_port(container["args"])
     assert port in {p["containerPort"] for p in container["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
+    # The agent's readiness is its doctor (test below); liveness is gRPC health for both.
+    probes = ("livenessProbe",) if kind == "DaemonSet" else ("readinessProbe", "livenessProbe")
+    for probe in probes:
         assert container[probe]["grpc"]["port"] == port, probe
     service = one(objs, "Service", name)
     (svc_port,) = service["spec"]["ports"]
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert named[svc_port["targetPort"]] == port
+
+
+def test_agent_readiness_is_the_doctor_for_a_node_and_serve_refuses_off_one() -> None:
+    (container,) = pod_spec(render("external-etcd"), "DaemonSet", "holdfast-agent")["containers"]
+    command = container["readinessProbe"]["exec"]["command"]
+    assert command[0] == "/opt/holdfast/bin/holdfast"  # the venv the Dockerfile installs
+    args = importlib.import_module("holdfast.coordinator.cli").build_parser().parse_args(command[1:])
+    assert args.agent_command == "doctor" and args.node is True
+    assert "--node" in container["args"]
+    machine_id = {v["name"]: v for v in pod_spec(render("external-etcd"), "DaemonSet",
+                                                 "holdfast-agent")["volumes"]}["machine-id"]
+    assert machine_id["hostPath"] == {"path": "/etc/machine-id", "type": "File"}
+
+
+@pytest.mark.parametrize("kind,name", SERVERS)
+def test_metrics_port_is_declared_and_annotated(kind: str, name: str) -> None:
+    template = one(render("external-etcd"), kind, name)["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    (listen,) = [a for a in container["args"] if a.startswith("--metrics-listen=")]
+    port = int(listen.rsplit(":", 1)[1])
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(port)
+
+
+def test_config_map_holds_only_settings_a_server_reads() -> None:
+    from holdfast.agent import commands
+    from holdfast.coordinator import serve_commands
+
+    read = {s.env for s in [*commands.SERVE_SETTINGS, *commands.DOCTOR_SETTINGS, *serve_commands.SETTINGS]}
+    for overlay in OVERLAYS:
+        (config,) = [o for o in render(overlay) if o["kind"] == "ConfigMap"]
+        assert set(config["data"]) <= read, set(config["data"]) - read
 
 
 def test_network_policy_admits_only_coordinators_to_agents() -> None:

@@ -71,7 +71,8 @@ class Coordinator:
     listen: str = "127.0.0.1:0"
     address: str = ""
     process: subprocess.Popen[bytes] | None = None
-    args: tuple[str, ...] = ()  # e.g. ("--tls-dir", DIR)
+    args: tuple[str, ...] = ()  # e.g. ("--tls-dir", DIR) or ("--metrics-listen", ADDR)
+    metrics: str = ""  # the /metrics address its ready file names, when started with --metrics-listen
 
     def start(self, timeout: float = 15.0) -> Coordinator:
         ready = self.state_dir / f"coordinator-{uuid.uuid4().hex}.json"
@@ -87,7 +88,8 @@ class Coordinator:
                 self.stop()
                 raise RuntimeError(f"coordinator did not start; see {self.state_dir}/coordinator.log")
             time.sleep(0.05)
-        self.address = json.loads(ready.read_text())["address"]
+        announced = json.loads(ready.read_text())
+        self.address, self.metrics = announced["address"], announced.get("metrics", "")
         return self
 
     def stop(self) -> None:

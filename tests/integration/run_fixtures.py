@@ -71,9 +71,9 @@ class Cluster:
     def stub(self) -> coordinator_pb2_grpc.CoordinatorStub:
         return coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(self.coordinator.address))
 
-    def host(self, host_id: str) -> SimulatedHost:
+    def host(self, host_id: str, *agent_args: str) -> SimulatedHost:
         host = SimulatedHost(host_id, next(_indexes), self.tmp / host_id,
-                             agent_args=["--coordinator", self.coordinator.address])
+                             agent_args=["--coordinator", self.coordinator.address, *agent_args])
         self.hosts[host_id] = host
         host.start()
         until(f"registration of {host_id}", lambda: any(

@@ -1,0 +1,208 @@
+"""`holdfast agent doctor`: can this agent prove life and death on this host? One line per check.
+
+Guarantee: every check is a pure function of `Facts` gathered once at the edge (`gather`), and each
+failing line names its fix; the command exits 0 only when no check fails. A check that cannot be
+run here (no coordinator configured, not asked to check a node) is `skip`, never `pass`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from holdfast.agent import hostinfo, tls
+from holdfast.agent.environ import read_environ
+
+INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
+CAP_SYS_PTRACE = 19
+HEALTH_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Facts:
+    node: bool  # configured for a node: the init PID namespace is required
+    pid_ns: int
+    cap_eff: int
+    environ_read: int  # processes whose environ was read
+    environ_denied: int  # processes whose environ read failed (the scan would be incomplete)
+    environ_other_users: int  # of those read or denied, how many belong to another uid
+    environ_error: str  # the first failure, e.g. "pid 1: Permission denied"
+    pidfs: bool
+    cgroup_root: str
+    cgroup_writable: bool
+    boot_id: str  # "" when unreadable
+    machine_id: str  # "" when unreadable
+    coordinator: str
+    coordinator_error: str  # "" when it answered SERVING
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass | fail | skip
+    detail: str
+    fix: str = ""
+
+
+def _result(name: str, ok: bool, detail: str, fix: str) -> Check:
+    return Check(name, "pass", detail) if ok else Check(name, "fail", detail, fix)
+
+
+# --- pure checks ----------------------------------------------------------------------------------
+def check_pid_ns(f: Facts) -> Check:
+    if not f.node:
+        return Check("init-pid-namespace", "skip", f"pid namespace {f.pid_ns}; pass --node to require the "
+                     "node's own")
+    return _result("init-pid-namespace", f.pid_ns == INIT_PID_NS,
+                   f"pid namespace {f.pid_ns} (the init namespace is {INIT_PID_NS})",
+                   "run the agent with hostPID: true (a pod's own PID namespace hides the node's processes)")
+
+
+def check_ptrace(f: Facts) -> Check:
+    return _result("cap-sys-ptrace", bool(f.cap_eff >> CAP_SYS_PTRACE & 1), f"CapEff {f.cap_eff:#x}",
+                   "add capability SYS_PTRACE to the agent container (securityContext.capabilities.add)")
+
+
+def check_environ(f: Facts) -> Check:
+    return _result("environ-readable", f.environ_denied == 0,
+                   f"{f.environ_read} read, {f.environ_denied} denied, {f.environ_other_users} of other users"
+                   + (f" (first: {f.environ_error})" if f.environ_error else ""),
+                   "scans stay incomplete until every environ is readable: CAP_SYS_PTRACE, and an AppArmor "
+                   "profile that allows ptrace reads (appArmorProfile: Unconfined)")
+
+
+def check_pidfs(f: Facts) -> Check:
+    return _result("pidfs", f.pidfs, "pidfd inodes are per process" if f.pidfs else "no pidfs",
+                   "use Linux >= 6.9: without pidfs a pid reused within one clock tick is told apart only "
+                   "by its spawn token")
+
+
+def check_cgroup(f: Facts) -> Check:
+    ok = bool(f.cgroup_root) and f.cgroup_writable
+    detail = f"cgroup v2 at {f.cgroup_root}, {'writable' if f.cgroup_writable else 'read-only'}" \
+        if f.cgroup_root else "no cgroup v2 hierarchy"
+    return _result("cgroup-v2", ok, detail, "mount the node's /sys/fs/cgroup (cgroup v2, unified) read-write")
+
+
+def check_boot_id(f: Facts) -> Check:
+    ok = bool(f.boot_id) and bool(f.machine_id)
+    detail = f"boot id {f.boot_id or 'unreadable'}, machine id {f.machine_id or 'unreadable'}"
+    return _result("boot-id", ok, detail, "/proc/sys/kernel/random/boot_id and the node's /etc/machine-id "
+                   "must be readable (mount /etc/machine-id from the node)")
+
+
+def check_coordinator(f: Facts) -> Check:
+    if not f.coordinator:
+        return Check("coordinator", "skip", "none configured (--coordinator / HOLDFAST_COORDINATOR)")
+    return _result("coordinator", not f.coordinator_error,
+                   f"{f.coordinator}: " + (f.coordinator_error or "SERVING"),
+                   "check the address, the coordinator pods and that the NetworkPolicy lets this node reach "
+                   "the coordinator Service")
+
+
+CHECKS: tuple[Callable[[Facts], Check], ...] = (
+    check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_boot_id, check_coordinator)
+
+
+def run_checks(f: Facts) -> list[Check]:
+    return [check(f) for check in CHECKS]
+
+
+def healthy(checks: list[Check]) -> bool:
+    return all(c.status != "fail" for c in checks)
+
+
+def render_text(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status:4}  {c.name}: {c.detail}" + (f"\n      fix: {c.fix}" if c.fix else ""))
+    return "\n".join(lines)
+
+
+def as_json(checks: list[Check]) -> dict[str, object]:
+    return {"ok": healthy(checks), "checks": [asdict(c) for c in checks]}
+
+
+# --- the edge: facts from this process and host ---------------------------------------------------
+def cap_eff() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _uid(pid: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def environ_facts() -> tuple[int, int, int, str]:
+    """Reads every visible process's environ as a scan would: (read, denied, other users, first error)."""
+    me, self_pid = os.geteuid(), str(os.getpid())
+    read = denied = others = 0
+    first = ""
+    for entry in os.listdir("/proc"):
+        uid = _uid(entry) if entry.isdigit() and entry != self_pid else None
+        if uid is None:
+            continue
+        try:
+            block = read_environ(entry)
+        except FileNotFoundError:
+            continue  # exited meanwhile
+        except OSError as exc:
+            denied += 1
+            others += uid != me
+            first = first or f"pid {entry} (uid {uid}): {exc.strerror}"
+            continue
+        if block is not None:  # None: kernel thread or zombie, nothing to read
+            read += 1
+            others += uid != me
+    return read, denied, others, first
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def coordinator_error(address: str, tls_dir: Path | None, host_id: str) -> str:
+    """Asks gRPC health the way the agent registers: over mTLS as agent-<host id> when configured."""
+    try:
+        with tls.open_channel(address, tls_dir, tls.Role("agent", host_id), sync=True) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                              timeout=HEALTH_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        return f"unreachable ({exc.code().name})"  # type: ignore[attr-defined]
+    except OSError as exc:  # the certificate files
+        return f"cannot read the agent certificate: {exc}"
+    return "" if reply.status == health_pb2.HealthCheckResponse.SERVING else \
+        health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def in_init_pid_ns() -> bool:
+    return os.stat("/proc/self/ns/pid").st_ino == INIT_PID_NS
+
+
+def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "") -> Facts:
+    read, denied, others, first = environ_facts()
+    root = hostinfo.cgroup2_root()
+    return Facts(
+        node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),
+        environ_read=read, environ_denied=denied, environ_other_users=others, environ_error=first,
+        pidfs=hostinfo.has_pidfs(), cgroup_root=root, cgroup_writable=bool(root) and os.access(root, os.W_OK),
+        boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=_read("/etc/machine-id"),
+        coordinator=coordinator,
+        coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
+    )

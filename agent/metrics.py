@@ -1,0 +1,36 @@
+"""The agent's Prometheus metrics; recorded at the RPC edges (service.py, registration.py), never inside
+the probe rules. Labels carry host ids and outcomes only — never tokens, pids or environ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from holdfast.agent.scan import Scan
+from holdfast.v1 import agent_pb2
+
+PROBES = Counter("holdfast_agent_probes", "Owner probes answered, by outcome", ["host", "outcome"])
+PROBE_SECONDS = Histogram("holdfast_agent_probe_seconds", "ProbeOwners latency (one batch)", ["host"])
+SCAN_SECONDS = Histogram("holdfast_agent_scan_seconds", "Duration of one /proc environ scan")
+SCANS = Counter("holdfast_agent_scans", "Scans of /proc, by whether every process was readable", ["complete"])
+SCAN_UNREADABLE = Gauge("holdfast_agent_scan_unreadable_processes",
+                        "Processes whose environ the last scan could not read (absence claims are off)")
+REGISTERED = Gauge("holdfast_agent_registered", "1 while this agent holds a live registration", ["host"])
+
+
+def outcome_name(outcome: int) -> str:
+    return agent_pb2.ProbeOutcome.Name(outcome).lower()
+
+
+def observe_probes(host: str, results: Iterable[agent_pb2.ProbeResult], seconds: float) -> None:
+    PROBE_SECONDS.labels(host).observe(seconds)
+    for result in results:
+        PROBES.labels(host, outcome_name(result.outcome)).inc()
+
+
+def observe_scan(result: Scan, seconds: float) -> None:
+    SCAN_SECONDS.observe(seconds)
+    SCANS.labels(str(result.complete).lower()).inc()
+    SCAN_UNREADABLE.set(result.unreadable)

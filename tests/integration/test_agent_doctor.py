@@ -1,0 +1,125 @@
+"""`holdfast agent doctor` and `agent serve --node` for real: outcomes forced with PID namespaces
+(simulated hosts), dropped capabilities (setpriv), another user's process, and an unreachable or
+a real coordinator. Which checks pass elsewhere is what this machine says; these are forced.
+(Measured on this machine's kernel: root with CAP_SYS_PTRACE dropped still reads a uid-65534
+process's environ, so the denied case is forced by running the doctor as uid 65534 instead.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from holdfast.coordinator.simhost import SimulatedHost
+from tests.integration.coordinator_fixtures import Coordinator
+
+# The mTLS fixtures (a PKI, an etcd and a coordinator serving mTLS only), reused from their module.
+from tests.integration.test_tls_authorization import coordinator_tls, pki, tls_etcd  # noqa: F401
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+HOLDFAST = [sys.executable, "-m", "holdfast.coordinator.cli"]
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def doctor(host, *args: str, prefix: tuple[str, ...] = ()) -> tuple[int, dict[str, dict[str, str]]]:  # type: ignore[no-untyped-def]
+    proc = host.spawn([*prefix, *HOLDFAST, "agent", "doctor", "--json", *args],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=30)
+    report = json.loads(out)
+    assert report["ok"] is (proc.returncode == 0), err
+    return proc.returncode, {c["name"]: c for c in report["checks"]}
+
+
+def test_inside_a_pod_namespace_node_checks_fail_with_their_fix(  # type: ignore[no-untyped-def]
+        simhosts, children, coordinator: Coordinator) -> None:
+    host = simhosts("doc-h1")
+    other = host.spawn([*NOBODY, "sleep", "60"])
+    children.append(other)
+    time.sleep(0.3)  # setpriv has exec'd sleep as uid 65534
+
+    rc, checks = doctor(host, "--node", "--coordinator", "127.0.0.1:1")
+    assert rc == 1
+    ns = checks["init-pid-namespace"]
+    assert ns["status"] == "fail" and "hostPID" in ns["fix"]
+    assert checks["coordinator"]["status"] == "fail" and "unreachable" in checks["coordinator"]["detail"]
+    assert "NetworkPolicy" in checks["coordinator"]["fix"]
+    # In its own namespace everything is readable as root, including another user's process.
+    env = checks["environ-readable"]
+    assert env["status"] == "pass" and "1 of other users" in env["detail"]
+    assert checks["cap-sys-ptrace"]["status"] == "pass"
+
+    # Without --node the namespace is not required, and a real coordinator answers.
+    rc, checks = doctor(host, "--coordinator", coordinator.address)
+    assert checks["init-pid-namespace"]["status"] == "skip"
+    assert checks["coordinator"]["status"] == "pass"
+
+    # As another user without CAP_SYS_PTRACE, root's environ is denied: scans would be incomplete.
+    rc, checks = doctor(host, prefix=tuple(NOBODY))
+    assert rc == 1
+    assert checks["cap-sys-ptrace"]["status"] == "fail" and "SYS_PTRACE" in checks["cap-sys-ptrace"]["fix"]
+    env = checks["environ-readable"]
+    assert env["status"] == "fail" and "denied" in env["detail"] and "AppArmor" in env["fix"]
+
+
+def test_doctor_reaches_an_mtls_coordinator_only_with_the_agent_certificate(  # type: ignore[no-untyped-def]
+        simhosts, coordinator_tls: Coordinator, pki: Path) -> None:  # noqa: F811
+    host = simhosts("host-a")
+    _, checks = doctor(host, "--coordinator", coordinator_tls.address, "--tls-dir", str(pki / "ours"),
+                       "--host-id", "host-a")
+    assert checks["coordinator"]["status"] == "pass"
+    _, checks = doctor(host, "--coordinator", coordinator_tls.address)  # plaintext to an mTLS-only server
+    assert checks["coordinator"]["status"] == "fail"
+    proc = host.spawn([*HOLDFAST, "agent", "doctor", "--tls-dir", str(pki / "ours")], stderr=subprocess.PIPE,
+                      stdout=subprocess.DEVNULL)
+    assert proc.wait(30) == 2 and b"host_id" in proc.communicate()[1]
+
+
+def test_serve_with_node_refuses_outside_the_init_namespace(tmp_path: Path) -> None:
+    host = SimulatedHost("doc-node", 49, tmp_path / "h", agent_args=["--node"])
+    try:
+        with pytest.raises(RuntimeError, match="exited"):
+            host.start(timeout=15)
+    finally:
+        host.stop()
+    assert "not in the init PID namespace" in (tmp_path / "h" / "agent-doc-node.log").read_text()
+
+    # This machine's own namespace is the init one here: the same flag serves.
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([*HOLDFAST, "agent", "serve", "--node", "--listen", "127.0.0.1:0",
+                             "--host-id", "doc-init", "--ready-file", str(ready)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "agent serve --node did not start in the init PID namespace"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("server,toml,setting", [
+    ("coordinator", '[coordinator]\netcd = "http://127.0.0.1:2379"\nlisten = "127.0.0.1:0"\n'
+                    'log_format = "xml"\n', "log_format"),
+    ("agent", '[agent]\nlisten = "127.0.0.1:0"\nhost_id = "has spaces"\n', "host_id"),
+])
+def test_a_bad_toml_value_stops_start_up_naming_the_setting(server: str, toml: str, setting: str,
+                                                             tmp_path: Path) -> None:
+    path = tmp_path / "holdfast.toml"
+    path.write_text(toml)
+    ready = tmp_path / "ready.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
+    proc = subprocess.run([*HOLDFAST, server, "serve", "--config", str(path), "--ready-file", str(ready)],
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 2
+    assert f"setting {setting}" in proc.stderr and str(path) in proc.stderr
+    assert not ready.exists()
