@@ -2,11 +2,13 @@
 
 Guarantee: `start()` returns only once etcd answers its health endpoint; the server always runs
 with auto-compaction and a backend quota (3.4's defaults compact nothing and stop at 2 GB with
-NOSPACE); `stop()` ends exactly the process it started, by pid.
+NOSPACE); `stop()` ends exactly the process it started, by pid. A cluster member (`name`,
+`initial_cluster`) is launched with `launch()` and judged healthy only once its cluster has a leader.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -32,6 +34,10 @@ class EtcdServer:
     data_dir: Path
     host: str = "127.0.0.1"
     fast_election: bool = False  # single member only: ~0.1 s start-up (DESIGN.md §8)
+    name: str = "holdfast"
+    initial_cluster: str = ""  # "name=peer-url,..." for a cluster member; empty: a cluster of one
+    # Heartbeat/election ms for a cluster member; 3 members on 2 loaded cores churn below 50/500.
+    election_ms: tuple[int, int] | None = None
     quota_bytes: int = DEFAULT_QUOTA_BYTES
     client_port: int = 0
     peer_port: int = 0
@@ -49,19 +55,28 @@ class EtcdServer:
         return ["--cert-file", str(self.tls_dir / "etcd.pem"), "--key-file", str(self.tls_dir / "etcd.key"),
                 "--client-cert-auth", "--trusted-ca-file", str(self.tls_dir / "ca.pem")]
 
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
     def start(self, timeout: float = 15.0) -> EtcdServer:
+        self.launch()
+        return self.wait_healthy(timeout)
+
+    def launch(self) -> EtcdServer:
+        """Starts the process without waiting: a cluster member is healthy only with its peers."""
         self.client_port = self.client_port or free_port(self.host)
         self.peer_port = self.peer_port or free_port(self.host)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             ETCD_BINARY,
-            "--name", "holdfast",
+            "--name", self.name,
             "--data-dir", str(self.data_dir),
             "--listen-client-urls", self.url,
             "--advertise-client-urls", self.url,
             "--listen-peer-urls", f"http://{self.host}:{self.peer_port}",
             "--initial-advertise-peer-urls", f"http://{self.host}:{self.peer_port}",
-            "--initial-cluster", f"holdfast=http://{self.host}:{self.peer_port}",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}",
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", "1h",
             "--quota-backend-bytes", str(self.quota_bytes),
@@ -70,9 +85,16 @@ class EtcdServer:
         ]
         if self.fast_election:
             cmd += ["--heartbeat-interval=10", "--election-timeout=100"]
+        elif self.election_ms:
+            heartbeat, election = self.election_ms
+            cmd += [f"--heartbeat-interval={heartbeat}", f"--election-timeout={election}"]
         log = open(self.data_dir / "etcd.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.process = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         log.close()
+        return self
+
+    def wait_healthy(self, timeout: float = 15.0) -> EtcdServer:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -94,6 +116,17 @@ class EtcdServer:
                 return b'"true"' in resp.read()
         except OSError:
             return False
+
+    def is_leader(self) -> bool:
+        """Whether this member leads its cluster now (maintenance status over the JSON gateway)."""
+        req = urllib.request.Request(f"{self.url}/v3/maintenance/status", data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                status = json.loads(resp.read())
+        except OSError:
+            return False
+        leader = status.get("leader")
+        return bool(leader) and leader == status.get("header", {}).get("member_id")
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None

@@ -22,6 +22,7 @@ EventKind = Literal[
     "put-stale-ack",  # a FencedPut with a fence older than the record's was acknowledged
     "indeterminate-grant",  # a grant whose recorded evidence was an indeterminate probe
     "final-key",      # a key present in the store at the end of the run
+    "uncommitted-cmd-ran",  # a CMD whose parent died between Acquire and commit ran anyway
 ]
 
 
@@ -84,7 +85,8 @@ def _one_tree_at_a_time(session: str, events: list[Event]) -> list[Violation]:
 def _flagged(session: str, events: list[Event]) -> list[Violation]:
     rules = {"flock-failed": "two trees held the session lock at once",
              "put-stale-ack": "a stale-fence write was accepted",
-             "indeterminate-grant": "an indeterminate probe led to a grant"}
+             "indeterminate-grant": "an indeterminate probe led to a grant",
+             "uncommitted-cmd-ran": "a CMD ran without its commit (spawn gate)"}
     return [Violation(rules[e.kind], session, [e]) for e in events if e.kind in rules]
 
 

@@ -1,0 +1,123 @@
+"""The fault cluster on one machine: 3 etcd members, 2 coordinator replicas, 3 simulated hosts, and
+a fault proxy in front of every etcd member, every coordinator and every agent's coordinator link.
+
+Guarantee: everything listens on 127.0.0.0/8 only; `stop()` ends every process it started, by pid,
+after resuming any it paused (a stopped process cannot be ended by SIGTERM). Clients and agents
+reach etcd and coordinators only through proxies, so a link can be cut without killing anything.
+The agent's own listener is not proxied: the agent registers the address it listens on and has no
+advertise option, so "cutting an agent off" cuts its link to the coordinator (registration and
+heartbeats) and a SIGSTOP makes its probes indeterminate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from holdfast.coordinator.etcd_server import EtcdServer, free_port
+from holdfast.coordinator.simhost import SimulatedHost
+from tests.faults.proxy import FaultProxy, ProxyLoop
+from tests.integration.coordinator_fixtures import Coordinator
+
+# 3 members on 2 loaded cores: below 50/500 the leader churns (DESIGN.md §8); 100/1000 leaves room
+# for the coordinators, agents and runs that share those cores.
+CLUSTER_ELECTION_MS = (100, 1000)
+HOST_INDEXES = (150, 151, 152)  # 127.0.0.150..152: disjoint from the integration fixtures' ranges
+
+
+@dataclass
+class FaultCluster:
+    tmp: Path
+    seed: int
+    proxies: ProxyLoop = field(default_factory=ProxyLoop)
+    etcd: list[EtcdServer] = field(default_factory=list)
+    etcd_proxies: list[FaultProxy] = field(default_factory=list)
+    coordinators: list[Coordinator] = field(default_factory=list)
+    coordinator_proxies: list[FaultProxy] = field(default_factory=list)
+    hosts: list[SimulatedHost] = field(default_factory=list)
+    agent_links: list[FaultProxy] = field(default_factory=list)  # host i → its coordinator
+    paused: set[int] = field(default_factory=set)
+
+    def start(self) -> FaultCluster:
+        members = [EtcdServer(self.tmp / f"etcd{i}", name=f"m{i}", election_ms=CLUSTER_ELECTION_MS,
+                              client_port=free_port(), peer_port=free_port()) for i in range(3)]
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+        for m in members:
+            m.initial_cluster = initial
+            self.etcd.append(m.launch())
+        for m in members:
+            m.wait_healthy(30)
+        self.etcd_proxies = [self.proxies.add(f"etcd{i}", f"127.0.0.1:{m.client_port}", seed=self.seed + i)
+                             for i, m in enumerate(members)]
+        endpoints = ",".join(f"http://{p.address}" for p in self.etcd_proxies)
+        prefix = f"/holdfast-faults/{uuid.uuid4().hex}/"
+        for i in range(2):
+            state = self.tmp / f"coordinator{i}"
+            state.mkdir()
+            self.coordinators.append(Coordinator(endpoints, state, prefix).start(30))
+        self.coordinator_proxies = [self.proxies.add(f"coordinator{i}", c.address, seed=self.seed + 10 + i)
+                                    for i, c in enumerate(self.coordinators)]
+        for i, index in enumerate(HOST_INDEXES):
+            link = self.proxies.add(f"agent-link{i}", self.coordinator_proxies[i % 2].address,
+                                    seed=self.seed + 20 + i)
+            self.agent_links.append(link)
+            host = SimulatedHost(f"h{i}", index, self.tmp / f"h{i}",
+                                 agent_args=["--coordinator", link.address])
+            host.start(30)
+            self.hosts.append(host)
+        return self
+
+    def coordinator_address(self, i: int) -> str:
+        return self.coordinator_proxies[i].address
+
+    def agent_pid(self, host: SimulatedHost) -> int:
+        reaper = host.reaper_pid
+        kids = Path(f"/proc/{reaper}/task/{reaper}/children").read_text().split()
+        return int(kids[0])  # the reaper's first child is the agent (simhost.REAPER)
+
+    def leader(self) -> int | None:
+        return next((i for i, m in enumerate(self.etcd) if m.process and m.is_leader()), None)
+
+    def pause(self, pid: int) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        self.paused.add(pid)
+
+    def resume(self, pid: int) -> None:
+        self.paused.discard(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    def restart_etcd(self, i: int) -> None:
+        self.etcd[i].launch().wait_healthy(30)
+
+    def heal_all(self) -> None:
+        for pid in list(self.paused):
+            self.resume(pid)
+        for proxy in self.proxies.proxies:
+            self.proxies.heal(proxy)
+        for i, m in enumerate(self.etcd):
+            if m.process is None or m.process.poll() is not None:
+                self.restart_etcd(i)
+        for c in self.coordinators:
+            if c.process is None or c.process.poll() is not None:
+                c.start(30)
+        for host in self.hosts:
+            if not host.running:
+                host.reboot()
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        for pid in list(self.paused):
+            self.resume(pid)
+        for host in self.hosts:
+            host.stop()
+        for c in self.coordinators:
+            c.stop()
+        for m in self.etcd:
+            m.stop()
+        self.proxies.close()

@@ -1,0 +1,378 @@
+"""The soak: seeded random `holdfast run`s and takeovers on random hosts, random faults, and the
+history they leave, judged by tests/faults/history.py.
+
+Guarantee: every random choice comes from one `random.Random(seed)` (the seed is printed), the
+soak is bounded by an operation count and a wall-clock budget, and the history is built only from
+evidence outside holdfast: the children's logs (flock detector, send/ack of each FencedPut), a
+sampler of the machine's process table (which child trees are alive), marker files of CMDs that
+must never run, and FencedGet of every acknowledged key at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from holdfast.coordinator.client import Client, ClientError
+from holdfast.coordinator.simhost import SimulatedHost, ns_pid
+from tests.faults.cluster import FaultCluster
+from tests.faults.history import Event
+from tests.integration.conftest import descendants
+from tests.integration.test_agent_simhost import REUSE
+from tests.integration.test_run_reservation import RESERVER
+
+CHILD = str(Path(__file__).with_name("writer_child.py"))
+TAKEOVERS = ("plain", "takeover", "force", "wait")
+FAULTS = ("kill-child", "kill-run", "kill-agent", "kill-coordinator", "kill-etcd-member", "kill-etcd-leader",
+          "pause-child", "pause-run", "pause-agent", "pause-coordinator", "cut-agent-link",
+          "cut-coordinator", "degrade-etcd", "reboot-host", "pid-reuse", "kill-before-commit")
+
+
+@dataclass
+class Launched:
+    host: SimulatedHost
+    proc: subprocess.Popen[bytes]
+    session: str
+    kind: str
+
+
+@dataclass
+class Soak:
+    cluster: FaultCluster
+    tmp: Path
+    seed: int
+    sessions: int = 3
+    skip_gate: bool = False  # test-only broken client: starts CMD without `holdfast run` (no gate)
+    rng: random.Random = field(init=False)
+    launched: list[Launched] = field(default_factory=list)
+    ops: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    samples: list[tuple[int, frozenset[tuple[str, int, int]]]] = field(default_factory=list)
+    _sampling: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        print(f"fault soak seed={self.seed} (HOLDFAST_SOAK_SEED={self.seed} replays the choices)", flush=True)
+
+    # --- workload ---------------------------------------------------------------------------
+    def session_ids(self) -> list[str]:
+        return [f"soak-{i}" for i in range(self.sessions)]
+
+    def env(self, host: SimulatedHost) -> dict[str, str]:
+        coordinator = self.cluster.coordinator_address(self.rng.randrange(2))
+        return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": coordinator}
+
+    def child(self, session: str, *extra: str) -> list[str]:
+        lock, log = self.tmp / f"{session}.lock", self.tmp / f"{session}.log"
+        return [sys.executable, CHILD, str(lock), str(log), *extra]
+
+    def live_hosts(self) -> list[SimulatedHost]:
+        return [h for h in self.cluster.hosts if h.running]
+
+    def launch_run(self) -> None:
+        hosts = self.live_hosts()
+        if not hosts:
+            return
+        host, session = self.rng.choice(hosts), self.rng.choice(self.session_ids())
+        kind = self.rng.choice(TAKEOVERS)
+        options = {"plain": [], "takeover": ["--takeover", "--handoff-timeout", "3"],
+                   "force": ["--takeover", "--force", "--handoff-timeout", "2"],
+                   "wait": ["--wait", "4"]}[kind]
+        if self.skip_gate and self.rng.random() < 0.5:
+            argv, kind = self.child(session, "--unfenced"), "skip-gate"
+            env = {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_SESSION": session}
+        else:
+            argv = [sys.executable, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
+                    "--grace", "1", "--", *self.child(session)]
+            env = self.env(host)
+        err = open(self.tmp / f"run-{len(self.launched)}.err", "wb")  # noqa: SIM115 - handed to the child
+        with err:
+            proc = host.spawn(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        self.launched.append(Launched(host, proc, session, kind))
+        self.ops[kind] += 1
+
+    def reap(self) -> None:
+        for run in self.launched:
+            if run.proc.returncode is None and run.proc.poll() is not None:
+                self.ops[f"exit-{run.proc.returncode}"] += 1
+
+    # --- faults -----------------------------------------------------------------------------
+    def children_alive(self) -> list[tuple[int, str, int]]:
+        """(outer pid, session, fence) of every writer child alive on the machine now."""
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                if argv[1:2] != [CHILD]:
+                    continue  # a `holdfast run` or nsenter naming the child in its CMD is not the child
+                stat = (entry / "stat").read_text()
+                if stat[stat.rfind(")") + 2] in "ZX":
+                    continue  # a zombie holds no lock and runs nothing
+                pairs = (entry / "environ").read_text().split("\0")
+                env = dict(kv.split("=", 1) for kv in pairs if "=" in kv)
+            except OSError:
+                continue
+            fence = int(env.get("HOLDFAST_FENCE", "0"))
+            alive.append((int(entry.name), env.get("HOLDFAST_SESSION", "-"), fence))
+        return alive
+
+    def run_pids(self) -> list[int]:
+        pids = []
+        for run in self.launched:
+            if run.proc.poll() is None and run.kind != "skip-gate":
+                pids += descendants(run.proc.pid)[:1]
+        return pids
+
+    def inject(self, kind: str) -> None:
+        c, rng = self.cluster, self.rng
+        pause = rng.uniform(0.5, 3.0)
+        if kind in ("kill-child", "pause-child", "pid-reuse"):
+            kids = self.children_alive()
+            if not kids:
+                return
+            pid, _, _ = rng.choice(kids)
+            if kind == "pause-child":
+                self._pause_for(pid, pause)
+            else:
+                host_pid = _ns_pid(pid)
+                host = self._host_of(pid)
+                _kill(pid)
+                if kind == "pid-reuse" and host is not None and host_pid:
+                    self._reuse(host, host_pid)
+        elif kind in ("kill-run", "pause-run"):
+            pids = self.run_pids()
+            if not pids:
+                return
+            pid = rng.choice(pids)
+            self._pause_for(pid, pause) if kind == "pause-run" else _kill(pid)
+        elif kind in ("kill-agent", "pause-agent", "reboot-host"):
+            hosts = self.live_hosts()
+            if not hosts:
+                return
+            host = rng.choice(hosts)
+            if kind == "pause-agent":
+                self._pause_for(c.agent_pid(host), pause)
+            elif kind == "kill-agent":
+                _kill(c.agent_pid(host))  # the reaper exits with its agent: the host goes down
+                time.sleep(pause)
+                host.reboot()
+            else:
+                host.reboot()
+        elif kind in ("kill-coordinator", "pause-coordinator"):
+            coordinator = rng.choice(c.coordinators)
+            if coordinator.process is None:
+                return
+            if kind == "pause-coordinator":
+                self._pause_for(coordinator.process.pid, pause)
+            else:
+                _kill(coordinator.process.pid)
+                coordinator.process.wait(5)
+                time.sleep(pause)
+                coordinator.start(30)
+        elif kind in ("kill-etcd-member", "kill-etcd-leader"):
+            i = c.leader() if kind == "kill-etcd-leader" else rng.randrange(3)
+            if i is None or c.etcd[i].process is None:
+                return
+            _kill(c.etcd[i].process.pid)
+            c.etcd[i].process.wait(5)
+            time.sleep(pause)
+            c.restart_etcd(i)
+        elif kind in ("cut-agent-link", "cut-coordinator", "degrade-etcd"):
+            proxy = rng.choice({"cut-agent-link": c.agent_links, "cut-coordinator": c.coordinator_proxies,
+                                "degrade-etcd": c.etcd_proxies}[kind])
+            if kind == "degrade-etcd":
+                c.proxies.degrade(proxy, delay=rng.uniform(0.01, 0.2), drop=rng.uniform(0.0, 0.05))
+            else:
+                c.proxies.cut(proxy)
+            time.sleep(pause)
+            c.proxies.heal(proxy)
+        elif kind == "kill-before-commit":
+            self._kill_before_commit()
+        self.faults[kind] += 1
+
+    def _pause_for(self, pid: int, seconds: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.cluster.pause(pid)
+            time.sleep(seconds)
+        self.cluster.resume(pid)
+
+    def _host_of(self, outer_pid: int) -> SimulatedHost | None:
+        for host in self.live_hosts():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{outer_pid}/ns/pid") == os.readlink(f"/proc/{host.reaper_pid}/ns/pid"):
+                    return host
+        return None
+
+    def _reuse(self, host: SimulatedHost, host_pid: int) -> None:
+        """A new process lands on the dead owner's pid inside its host (ns_last_pid)."""
+        proc = host.spawn([sys.executable, "-c", REUSE, str(host_pid), "not-a-token"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.launched.append(Launched(host, proc, "-", "skip-gate"))  # ended at cleanup like the rest
+
+    def _kill_before_commit(self) -> None:
+        """A parent killed between Acquire and commit: its CMD (touch MARKER) must never run."""
+        hosts = self.live_hosts()
+        if not hosts:
+            return
+        host, session = self.rng.choice(hosts), self.rng.choice(self.session_ids())
+        marker = self.tmp / f"uncommitted-{len(self.launched)}-{session}"
+        proc = host.spawn([sys.executable, "-c", RESERVER, session, str(marker)], env=self.env(host),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.launched.append(Launched(host, proc, session, "reserver"))
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 5.0)  # Acquire answered: it printed its fence
+        for pid in [*descendants(proc.pid)[:1]]:
+            _kill(pid)  # the reserver itself (inside nsenter), whether or not Acquire answered yet
+        if ready:
+            self.ops["reserved-then-killed"] += 1
+
+    # --- the run ----------------------------------------------------------------------------
+    def _sample(self) -> None:
+        while not self._sampling.is_set():
+            alive = frozenset((s, f, pid) for pid, s, f in self.children_alive())
+            self.samples.append((time.time_ns(), alive))
+            time.sleep(0.05)
+
+    def run(self, max_ops: int, budget_s: float, fault_rate: float = 0.35) -> None:
+        sampler = threading.Thread(target=self._sample, daemon=True)
+        sampler.start()
+        deadline = time.monotonic() + budget_s
+        try:
+            for _ in range(max_ops):
+                if time.monotonic() > deadline:
+                    break
+                if self.rng.random() < fault_rate:
+                    self.inject(self.rng.choice(FAULTS))
+                else:
+                    self.launch_run()
+                self.reap()
+                time.sleep(self.rng.uniform(0.1, 0.8))
+            self.cluster.heal_all()
+            time.sleep(2.0)
+            self.end_all()
+        finally:
+            self._sampling.set()
+            sampler.join(5)
+
+    def end_all(self) -> None:
+        """SIGTERM every run (it ends its tree and releases), then SIGKILL what is left."""
+        for run in self.launched:
+            if run.proc.poll() is None:
+                for pid in descendants(run.proc.pid)[:1]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for run in self.launched:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.proc.wait(max(0.1, deadline - time.monotonic()))
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        for run in self.launched:
+            if run.proc.poll() is None:
+                for pid in [*descendants(run.proc.pid), run.proc.pid]:
+                    _kill(pid)
+                run.proc.wait(10)
+        for pid, _, _ in self.children_alive():  # orphans a killed run left behind
+            _kill(pid)
+
+    # --- the history ------------------------------------------------------------------------
+    def history(self) -> list[Event]:
+        timed: list[tuple[int, Event]] = []
+        for session in self.session_ids():
+            timed += self._log_events(session)
+        timed += self._tree_events()
+        for marker in self.tmp.glob("uncommitted-*"):
+            session = marker.name.split("-", 2)[2]
+            ran = Event(0, "uncommitted-cmd-ran", session, key=marker.name)
+            timed.append((marker.stat().st_mtime_ns, ran))
+        acked = [e for _, e in timed if e.kind == "put-ack"]
+        present = asyncio.run(self._present(acked))
+        timed += [(time.time_ns(), Event(0, "final-key", e.session, key=e.key)) for e in present]
+        timed.sort(key=lambda te: te[0])
+        return [Event(n, e.kind, e.session, e.fence, e.host, e.key) for n, (_, e) in enumerate(timed, 1)]
+
+    def _log_events(self, session: str) -> list[tuple[int, Event]]:
+        path = self.tmp / f"{session}.log"
+        lines = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+        starts: list[tuple[int, int]] = []  # (time, fence) of every child start: the grants it proves
+        out: list[tuple[int, Event]] = []
+        sends: dict[str, int] = {}
+        for event, sid, fence_s, host, pid, seq, t_s in lines:
+            fence, t = int(fence_s), int(t_s)
+            key = f"w/{fence}/{host}/{pid}/{seq}"
+            if event == "start":
+                starts.append((t, fence))
+                out.append((t, Event(0, "grant", sid, fence, host)))
+            elif event == "overlap":
+                out.append((t, Event(0, "flock-failed", sid, fence, host)))
+            elif event == "send":
+                sends[key] = t
+            elif event == "ack":
+                out.append((t, Event(0, "put-ack", sid, fence, host, key)))
+                # Sent after a newer fence's child had started, i.e. after that fence's commit.
+                if any(st < sends.get(key, t) and f > fence for st, f in starts):
+                    out.append((t, Event(0, "put-stale-ack", sid, fence, host, key)))
+        return out
+
+    def _tree_events(self) -> list[tuple[int, Event]]:
+        """tree-start/tree-end from the process-table samples: two trees in one sample overlap."""
+        out: list[tuple[int, Event]] = []
+        before: frozenset[tuple[str, int, int]] = frozenset()
+        for t, alive in self.samples:
+            out += [(t, Event(0, "tree-end", s, f, str(pid))) for s, f, pid in before - alive]
+            out += [(t, Event(0, "tree-start", s, f, str(pid))) for s, f, pid in alive - before]
+            before = alive
+        return out
+
+    async def _present(self, acked: list[Event]) -> list[Event]:
+        present = []
+        async with Client(self.cluster.coordinators[0].address) as client:
+            for event in acked:
+                for _ in range(5):
+                    try:
+                        if (await client.fenced_get(event.session, event.key)).found:
+                            present.append(event)
+                        break
+                    except ClientError:
+                        await asyncio.sleep(0.5)
+        return present
+
+    def figures(self, duration: float, violations: int) -> dict[str, object]:
+        return {"seed": self.seed, "duration_s": round(duration, 1), "operations": dict(self.ops),
+                "faults": dict(self.faults), "acknowledged_writes": sum(1 for _ in self._acks()),
+                "violations": violations}
+
+    def _acks(self) -> list[str]:
+        return [line for s in self.session_ids() if (self.tmp / f"{s}.log").exists()
+                for line in (self.tmp / f"{s}.log").read_text().splitlines() if line.startswith("ack ")]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _ns_pid(outer_pid: int) -> int:
+    try:
+        return ns_pid(outer_pid)
+    except (OSError, LookupError):
+        return 0  # already gone: nothing to reuse
+
+
+def dump(figures: dict[str, object]) -> str:
+    return json.dumps(figures, sort_keys=True)
