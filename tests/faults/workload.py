@@ -68,7 +68,7 @@ class Soak:
 
     # --- workload ---------------------------------------------------------------------------
     def session_ids(self) -> list[str]:
-        return [f"soak-{i}" for i in range(self.sessions)]
+        return [f"soak-session-{i}" for i in range(self.sessions)]
 
     def env(self, host: SimulatedHost) -> dict[str, str]:
         coordinator = self.cluster.coordinator_address(self.rng.randrange(2))
