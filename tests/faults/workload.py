@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -25,14 +26,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from holdfast.coordinator.client import Client, ClientError
 from holdfast.coordinator.simhost import SimulatedHost, ns_pid
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
 from tests.faults.cluster import FaultCluster
 from tests.faults.history import Event
 from tests.integration.conftest import descendants
 from tests.integration.test_agent_simhost import REUSE
 from tests.integration.test_run_reservation import RESERVER
 
+PROBED = {"exit-observed", "pid-absent", "identity-mismatch"}  # evidence only an agent's probe gives
+PAUSE_MARGIN_MS = 50
 CHILD = str(Path(__file__).with_name("writer_child.py"))
 TAKEOVERS = ("plain", "takeover", "force", "wait")
 FAULTS = ("kill-child", "kill-run", "kill-agent", "kill-coordinator", "kill-etcd-member", "kill-etcd-leader",
@@ -60,6 +67,8 @@ class Soak:
     ops: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     samples: list[tuple[int, frozenset[tuple[str, int, int]]]] = field(default_factory=list)
+    agent_pauses: list[tuple[str, int, int]] = field(default_factory=list)  # (host, from ms, to ms)
+    evidence: dict[tuple[str, int], pb.DeathEvidence] = field(default_factory=dict)  # per grant
     _sampling: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -165,7 +174,7 @@ class Soak:
                 return
             host = rng.choice(hosts)
             if kind == "pause-agent":
-                self._pause_for(c.agent_pid(host), pause)
+                self._pause_for(c.agent_pid(host), pause, host.host_id)
             elif kind == "kill-agent":
                 _kill(c.agent_pid(host))  # the reaper exits with its agent: the host goes down
                 time.sleep(pause)
@@ -204,10 +213,14 @@ class Soak:
             self._kill_before_commit()
         self.faults[kind] += 1
 
-    def _pause_for(self, pid: int, seconds: float) -> None:
+    def _pause_for(self, pid: int, seconds: float, agent_of: str = "") -> None:
         with contextlib.suppress(ProcessLookupError):
             self.cluster.pause(pid)
+            # The window an agent surely could not answer in: after SIGSTOP landed, before SIGCONT.
+            start_ms = time.time_ns() // 1_000_000 + PAUSE_MARGIN_MS
             time.sleep(seconds)
+            if agent_of:
+                self.agent_pauses.append((agent_of, start_ms, time.time_ns() // 1_000_000))
         self.cluster.resume(pid)
 
     def _host_of(self, outer_pid: int) -> SimulatedHost | None:
@@ -242,10 +255,26 @@ class Soak:
 
     # --- the run ----------------------------------------------------------------------------
     def _sample(self) -> None:
-        while not self._sampling.is_set():
+        channel = grpc.insecure_channel(self.cluster.coordinators[0].address)
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        for n in itertools.count():
+            if self._sampling.is_set():
+                return
             alive = frozenset((s, f, pid) for pid, s, f in self.children_alive())
             self.samples.append((time.time_ns(), alive))
+            if n % 10 == 0:
+                self._sample_evidence(stub)
             time.sleep(0.05)
+
+    def _sample_evidence(self, stub: coordinator_pb2_grpc.CoordinatorStub) -> None:
+        """Each grant's recorded death evidence, read while that grant is current."""
+        for session in self.session_ids():
+            try:
+                lease = stub.GetSession(pb.GetSessionRequest(session_id=session), timeout=1).record.lease
+            except grpc.RpcError:
+                continue  # not created yet, or the replica is down: the next sample tries again
+            if lease.death_evidence.kind:
+                self.evidence.setdefault((session, lease.fence), lease.death_evidence)
 
     def run(self, max_ops: int, budget_s: float, fault_rate: float = 0.35) -> None:
         sampler = threading.Thread(target=self._sample, daemon=True)
@@ -296,6 +325,7 @@ class Soak:
         for session in self.session_ids():
             timed += self._log_events(session)
         timed += self._tree_events()
+        timed += self._indeterminate_grants(timed)
         for marker in self.tmp.glob("uncommitted-*"):
             session = marker.name.split("-", 2)[2]
             ran = Event(0, "uncommitted-cmd-ran", session, key=marker.name)
@@ -329,6 +359,19 @@ class Soak:
                     out.append((t, Event(0, "put-stale-ack", sid, fence, host, key)))
         return out
 
+    def _indeterminate_grants(self, timed: list[tuple[int, Event]]) -> list[tuple[int, Event]]:
+        """Grants whose death evidence is a probe answer timed while that host's agent was stopped:
+        the agent could not have answered, so the grant rested on an indeterminate probe."""
+        host_of = {(e.session, e.fence): e.host for _, e in timed if e.kind == "grant"}
+        out = []
+        for (session, fence), ev in self.evidence.items():
+            host = host_of.get((session, ev.owner_fence))
+            if ev.kind in PROBED and any(h == host and lo <= ev.observed_at_unix_ms <= hi
+                                         for h, lo, hi in self.agent_pauses):
+                out.append((ev.observed_at_unix_ms * 1_000_000,
+                            Event(0, "indeterminate-grant", session, fence, host or "", ev.kind)))
+        return out
+
     def _tree_events(self) -> list[tuple[int, Event]]:
         """tree-start/tree-end from the process-table samples: two trees in one sample overlap."""
         out: list[tuple[int, Event]] = []
@@ -355,6 +398,7 @@ class Soak:
     def figures(self, duration: float, violations: int) -> dict[str, object]:
         return {"seed": self.seed, "duration_s": round(duration, 1), "operations": dict(self.ops),
                 "faults": dict(self.faults), "acknowledged_writes": sum(1 for _ in self._acks()),
+                "grants_with_death_evidence": len(self.evidence),
                 "violations": violations}
 
     def _acks(self) -> list[str]:
