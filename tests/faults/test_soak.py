@@ -48,7 +48,7 @@ def _soak(tmp: Path, seconds: float, max_ops: int, skip_gate: bool = False) -> t
 
 
 def test_randomized_soak_keeps_every_promise(tmp_path: Path) -> None:
-    seconds = float(os.environ.get("HOLDFAST_SOAK_SECONDS", "100"))
+    seconds = float(os.environ.get("HOLDFAST_SOAK_SECONDS", "70"))
     soak, violations = _soak(tmp_path, seconds, max_ops=int(seconds * 4))
     assert sum(soak.ops.values()) > 0 and sum(soak.faults.values()) > 0
     assert not violations, "\n".join(str(v) for v in violations)
@@ -57,7 +57,7 @@ def test_randomized_soak_keeps_every_promise(tmp_path: Path) -> None:
 def test_a_client_that_skips_the_gate_is_caught(tmp_path: Path) -> None:
     # Test-only broken build in the harness: half the "runs" start CMD directly, without Acquire,
     # commit or the spawn gate, so two trees of one session can hold the lock at once.
-    soak, violations = _soak(tmp_path, 25, max_ops=60, skip_gate=True)
+    soak, violations = _soak(tmp_path, 20, max_ops=50, skip_gate=True)
     assert soak.ops["skip-gate"] > 0
     rules = {v.rule for v in violations}
     assert rules & {"two trees held the session lock at once", "two trees alive at once"}, rules

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class Soak:
     tmp: Path
     seed: int
     sessions: int = 3
+    name: str = "soak"
     skip_gate: bool = False  # test-only broken client: starts CMD without `holdfast run` (no gate)
     rng: random.Random = field(init=False)
     launched: list[Launched] = field(default_factory=list)
@@ -77,7 +79,7 @@ class Soak:
 
     # --- workload ---------------------------------------------------------------------------
     def session_ids(self) -> list[str]:
-        return [f"soak-session-{i}" for i in range(self.sessions)]
+        return [f"{self.name}-session-{i}" for i in range(self.sessions)]
 
     def env(self, host: SimulatedHost) -> dict[str, str]:
         coordinator = self.cluster.coordinator_address(self.rng.randrange(2))
@@ -96,21 +98,30 @@ class Soak:
             return
         host, session = self.rng.choice(hosts), self.rng.choice(self.session_ids())
         kind = self.rng.choice(TAKEOVERS)
-        options = {"plain": [], "takeover": ["--takeover", "--handoff-timeout", "3"],
-                   "force": ["--takeover", "--force", "--handoff-timeout", "2"],
-                   "wait": ["--wait", "4"]}[kind]
         if self.skip_gate and self.rng.random() < 0.5:
-            argv, kind = self.child(session, "--unfenced"), "skip-gate"
+            kind = "skip-gate"
+        self.start_run(host, session, kind)
+
+    def start_run(self, host: SimulatedHost, session: str, kind: str) -> Launched:
+        """`holdfast run` of the writer child on host (kind: plain, takeover, force, wait), or with
+        kind "skip-gate" the harness's broken client: the child started with no run at all."""
+        if kind == "skip-gate":
+            argv = self.child(session, "--unfenced")
             env = {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_SESSION": session}
         else:
+            options = {"plain": [], "takeover": ["--takeover", "--handoff-timeout", "3"],
+                       "force": ["--takeover", "--force", "--handoff-timeout", "2"],
+                       "wait": ["--wait", "4"]}[kind]
             argv = [sys.executable, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
                     "--grace", "1", "--", *self.child(session)]
             env = self.env(host)
         err = open(self.tmp / f"run-{len(self.launched)}.err", "wb")  # noqa: SIM115 - handed to the child
         with err:
             proc = host.spawn(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        self.launched.append(Launched(host, proc, session, kind))
+        run = Launched(host, proc, session, kind)
+        self.launched.append(run)
         self.ops[kind] += 1
+        return run
 
     def reap(self) -> None:
         for run in self.launched:
@@ -157,11 +168,11 @@ class Soak:
             if kind == "pause-child":
                 self._pause_for(pid, pause)
             else:
-                host_pid = _ns_pid(pid)
+                host_pid = self.host_pid_of(pid)
                 host = self._host_of(pid)
                 _kill(pid)
                 if kind == "pid-reuse" and host is not None and host_pid:
-                    self._reuse(host, host_pid)
+                    self.reuse_pid(host, host_pid)
         elif kind in ("kill-run", "pause-run"):
             pids = self.run_pids()
             if not pids:
@@ -223,6 +234,19 @@ class Soak:
                 self.agent_pauses.append((agent_of, start_ms, time.time_ns() // 1_000_000))
         self.cluster.resume(pid)
 
+    def fences_started(self, session: str) -> list[int]:
+        log = self.tmp / f"{session}.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [int(line.split()[2]) for line in lines if line.startswith("start ")]
+
+    @staticmethod
+    def host_pid_of(outer_pid: int) -> int:
+        """The pid inside its simulated host (what its agent reports); 0 once it is gone."""
+        try:
+            return ns_pid(outer_pid)
+        except (OSError, LookupError):
+            return 0
+
     def _host_of(self, outer_pid: int) -> SimulatedHost | None:
         for host in self.live_hosts():
             with contextlib.suppress(OSError):
@@ -230,7 +254,7 @@ class Soak:
                     return host
         return None
 
-    def _reuse(self, host: SimulatedHost, host_pid: int) -> None:
+    def reuse_pid(self, host: SimulatedHost, host_pid: int) -> None:
         """A new process lands on the dead owner's pid inside its host (ns_last_pid)."""
         proc = host.spawn([sys.executable, "-c", REUSE, str(host_pid), "not-a-token"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -276,11 +300,24 @@ class Soak:
             if lease.death_evidence.kind:
                 self.evidence.setdefault((session, lease.fence), lease.death_evidence)
 
-    def run(self, max_ops: int, budget_s: float, fault_rate: float = 0.35) -> None:
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Samples the process table and grant evidence while the body runs; then heals every fault
+        and ends every run, so the history is complete when it returns."""
         sampler = threading.Thread(target=self._sample, daemon=True)
         sampler.start()
-        deadline = time.monotonic() + budget_s
         try:
+            yield
+            self.cluster.heal_all()
+            time.sleep(2.0)
+            self.end_all()
+        finally:
+            self._sampling.set()
+            sampler.join(5)
+
+    def run(self, max_ops: int, budget_s: float, fault_rate: float = 0.35) -> None:
+        deadline = time.monotonic() + budget_s
+        with self.recording():
             for _ in range(max_ops):
                 if time.monotonic() > deadline:
                     break
@@ -290,12 +327,22 @@ class Soak:
                     self.launch_run()
                 self.reap()
                 time.sleep(self.rng.uniform(0.1, 0.8))
-            self.cluster.heal_all()
-            time.sleep(2.0)
-            self.end_all()
-        finally:
-            self._sampling.set()
-            sampler.join(5)
+
+    def owner_child(self, session: str, timeout: float = 20.0) -> tuple[int, int]:
+        """(outer pid, fence) of the session's live writer child, once there is one."""
+        return self.owner_child_above(session, 0, timeout)
+
+    def owner_child_above(self, session: str, fence: int, timeout: float = 20.0) -> tuple[int, int]:
+        """(outer pid, fence) of a live writer child of the session with a fence above `fence`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            started = self.fences_started(session)  # logged `start`: it holds the lock, writes next
+            kids = [(pid, f) for pid, s, f in self.children_alive()
+                    if s == session and f > fence and f in started]
+            if kids:
+                return max(kids, key=lambda k: k[1])
+            time.sleep(0.05)
+        raise TimeoutError(f"no child of {session} within {timeout}s")
 
     def end_all(self) -> None:
         """SIGTERM every run (it ends its tree and releases), then SIGKILL what is left."""
@@ -411,11 +458,6 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _ns_pid(outer_pid: int) -> int:
-    try:
-        return ns_pid(outer_pid)
-    except (OSError, LookupError):
-        return 0  # already gone: nothing to reuse
 
 
 def dump(figures: dict[str, object]) -> str:
