@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from holdfast.coordinator.simhost import SimulatedHost
 from tests.faults.cluster import FaultCluster
 from tests.faults.history import check
 from tests.faults.workload import Launched, Soak, dump
@@ -53,6 +54,16 @@ def _run_pid(run: Launched) -> int:
     return run.host.outer_pid(run.proc)
 
 
+def _owner_dies(soak: Soak, host: SimulatedHost, session: str) -> tuple[int, int]:
+    """An owner on host, then kill -9 of its run and its child: (the child's pid in host, fence)."""
+    run = soak.start_run(host, session, "plain")
+    child, fence = soak.owner_child(session)
+    host_pid = soak.host_pid_of(child)
+    os.kill(_run_pid(run), signal.SIGKILL)
+    os.kill(child, signal.SIGKILL)
+    return host_pid, fence
+
+
 def test_gc_pause_past_a_forced_takeover(soak: Soak, cluster: FaultCluster) -> None:
     session = soak.session_ids()[0]
     with soak.recording():
@@ -73,10 +84,7 @@ def test_gc_pause_past_a_forced_takeover(soak: Soak, cluster: FaultCluster) -> N
 def test_a_stopped_agent_blocks_the_grant_until_it_answers(soak: Soak, cluster: FaultCluster) -> None:
     session = soak.session_ids()[0]
     with soak.recording():
-        first = soak.start_run(cluster.hosts[0], session, "plain")
-        child, fence = soak.owner_child(session)
-        os.kill(_run_pid(first), signal.SIGKILL)
-        os.kill(child, signal.SIGKILL)
+        _, fence = _owner_dies(soak, cluster.hosts[0], session)
         agent = cluster.agent_pid(cluster.hosts[0])
         cluster.pause(agent)  # the dead owner's host cannot answer: its death is indeterminate
         refused = soak.start_run(cluster.hosts[1], session, "plain")
@@ -91,11 +99,7 @@ def test_a_stopped_agent_blocks_the_grant_until_it_answers(soak: Soak, cluster: 
 def test_real_pid_reuse_of_a_dead_owner(soak: Soak, cluster: FaultCluster) -> None:
     session = soak.session_ids()[0]
     with soak.recording():
-        first = soak.start_run(cluster.hosts[2], session, "plain")
-        child, fence = soak.owner_child(session)
-        host_pid = soak.host_pid_of(child)
-        os.kill(_run_pid(first), signal.SIGKILL)
-        os.kill(child, signal.SIGKILL)
+        host_pid, fence = _owner_dies(soak, cluster.hosts[2], session)
         soak.reuse_pid(cluster.hosts[2], host_pid)
         soak.start_run(cluster.hosts[0], session, "wait")
         soak.owner_child_above(session, fence)  # granted on the identity mismatch, not fooled by the pid
