@@ -30,9 +30,10 @@ _TABLE: dict[str, tuple[int, str]] = {
     "STALE_FENCE": (EX_TEMPFAIL, "the session has moved on; `holdfast show {session}` and retry"),
     "TREE_ALIVE": (EX_TEMPFAIL, "processes of the session's tree are still running; end them, then "
                                 "`holdfast probe {session}`"),
-    "ATTESTATION_FAILED": (EX_TEMPFAIL, "this host's agent found no single carrier of the spawn token; check "
-                                        "`holdfast hosts` lists this host under the id `run` uses "
-                                        "(--host-id / HOLDFAST_HOST_ID)"),
+    "ATTESTATION_FAILED": (EX_TEMPFAIL, "this host's agent did not attest the spawn token (the message says "
+                                        "whether it was unreachable or found no single carrier); check "
+                                        "`holdfast hosts` lists this host, with a live agent, under the id "
+                                        "`run` uses (--host-id / HOLDFAST_HOST_ID), then retry"),
     "NOT_LIVE": (EX_TEMPFAIL, "fenced writes need the session's live owner; run them from inside "
                               "`holdfast run`"),
     "HOST_LIVE": (EX_TEMPFAIL, "another agent holds this host id; stop it or wait for its lease to expire"),
