@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from holdfast.agent.logs import session_fields
-from holdfast.coordinator import adjudication, fencing, metrics, records
+from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
@@ -30,6 +30,7 @@ from holdfast.coordinator.store import (
     mod_equals,
     value_equals,
 )
+from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -80,6 +81,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.store = store
         self.registry = Registry(store)
         self.router = Router(self.registry, agent_tls_dir)
+        self.lifecycle = lifecycle.Lifecycle(self)
 
     # --- records -------------------------------------------------------------------------
     def _skey(self, session_id: str) -> str:
@@ -211,8 +213,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise CoordinatorError(
                 "HOST_NOT_REGISTERED", f"host {request.host_id} has no live agent registration"
             )
+        if await self.lifecycle.draining(request.host_id):
+            raise CoordinatorError("HOST_DRAINING", f"host {request.host_id} is draining; no grants there")
         if record is None:
-            record = records.new_record(request.session_id, request.provider, request.location)
+            record = await self.lifecycle.revived(request.session_id, request.provider, request.location)
         old = record.lease
         secret, token, at = fencing.mint_secret(), fencing.mint_spawn_token(), now_ms()
         lease = pb.Lease(
@@ -400,9 +404,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
             if lease.handoff_stage == pb.HANDOFF_REQUESTED:
-                if lease.handoff_operation_hash != handoff_hash:
+                if lease.handoff_operation_hash and lease.handoff_operation_hash != handoff_hash:
                     raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
-                return pb.RequestHandoffResponse(record=record)
+                if lease.handoff_operation_hash:
+                    return pb.RequestHandoffResponse(record=record)
             lease.handoff_stage = pb.HANDOFF_REQUESTED
             lease.handoff_operation_hash = handoff_hash
             lease.handoff_requested_by_host = request.host_id
@@ -415,11 +420,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ProbeSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProbeSessionResponse:
         _, record = await self._require(request.session_id)
-        ask = AcquireAsk(None, record.lease.handoff_operation_hash)  # judge as the requester would be
-        probe = None
-        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
-            probe = await self.router.probe(record.lease.owner, check_tree=True)
-        verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+        verdict, probe = await self._judge_probed(record)
         metrics.INDETERMINATE.verdict(record.session_id, verdict.reason.value)
         return pb.ProbeSessionResponse(
             verdict=VERDICT_NAMES.get(verdict.reason.value, verdict.action.value),
@@ -427,6 +428,19 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             probe=probe,
             record=record,
         )
+
+    async def _judge_probed(
+        self, record: pb.SessionRecord
+    ) -> tuple[adjudication.Verdict, apb.ProbeResult | None]:
+        """Adjudicate as the handoff's requester would be, probing a committed owner's own host."""
+        ask = AcquireAsk(None, record.lease.handoff_operation_hash)
+        probe = None
+        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
+            probe = await self.router.probe(record.lease.owner, check_tree=True)
+        return adjudication.adjudicate(record, ask, probe, now_ms()), probe
+
+    async def _judge(self, record: pb.SessionRecord) -> adjudication.Verdict:
+        return (await self._judge_probed(record))[0]
 
     @_handler
     async def Recover(
@@ -459,6 +473,37 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if not await self._transition(entry, record, "recover", f"{request.operator} from {context.peer()}"):
             raise CoordinatorError("STALE_FENCE", "the record changed during recovery; retry")
         return pb.RecoverResponse(record=record)
+
+    # --- lifecycle (coordinator/lifecycle.py) --------------------------------------------
+    @_handler
+    async def ArchiveSession(
+        self, request: pb.ArchiveSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArchiveSessionResponse:
+        return await self.lifecycle.archive(request)
+
+    @_handler
+    async def GetArchivedSession(
+        self, request: pb.GetArchivedSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetArchivedSessionResponse:
+        return await self.lifecycle.archived(request.session_id)
+
+    @_handler
+    async def DrainHost(
+        self, request: pb.DrainHostRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainHostResponse:
+        return await self.lifecycle.drain(request)
+
+    @_handler
+    async def RecoverHost(
+        self, request: pb.RecoverHostRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecoverHostResponse:
+        return await self.lifecycle.recover_host(request, context.peer())
+
+    @_handler
+    async def RestoreEpoch(
+        self, request: pb.RestoreEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RestoreEpochResponse:
+        return await self.lifecycle.restore_epoch(request)
 
     # --- watch ---------------------------------------------------------------------------
     async def WatchSessions(
