@@ -1,0 +1,72 @@
+"""The pure lifecycle rules: archive only on a granting verdict, who a host holds, the restore floor
+and claims, orphans, and the drain's handoff request (no successor named)."""
+
+from __future__ import annotations
+
+import pytest
+
+from holdfast.coordinator import lifecycle_rules as rules
+from holdfast.coordinator.adjudication import AcquireAsk, Action, Reason, Verdict, adjudicate
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+OWNER = apb.ProcessIdentity(host_id="host-a", pid=42, start_ticks=7, spawn_token="a" * 32)
+
+
+def rec(**lease: object) -> pb.SessionRecord:
+    return pb.SessionRecord(schema_version=1, session_id="session-1",
+                            lease=pb.Lease(fence=3, handoff_stage=pb.NONE, **lease))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("verdict", "allowed"), [
+    (Verdict(Action.GRANT, Reason.FREE), True),
+    (Verdict(Action.GRANT, Reason.OWNER_DEAD), True),
+    (Verdict(Action.REFUSE, Reason.HELD), False),
+    (Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN), False),  # indeterminate never archives
+    (Verdict(Action.REFUSE, Reason.RESERVED), False),
+    (Verdict(Action.PROBE, Reason.OWNERSHIP_UNKNOWN), False),
+    (Verdict(Action.TO_MANUAL, Reason.MANUAL_RECOVERY), False),
+])
+def test_archive_only_on_a_granting_verdict(verdict: Verdict, allowed: bool) -> None:
+    assert rules.archive_allowed(verdict) is allowed
+
+
+def test_claimed_on_names_owner_or_reservation_host_only() -> None:
+    assert rules.claimed_on(rec(claim_status=pb.LIVE, owner=OWNER), "host-a")
+    assert rules.claimed_on(rec(claim_status=pb.CONFLICTED, owner=OWNER), "host-a")
+    assert not rules.claimed_on(rec(claim_status=pb.LIVE, owner=OWNER), "host-b")
+    assert rules.claimed_on(rec(claim_status=pb.RESERVED, reserved_host_id="host-b"), "host-b")
+    assert not rules.claimed_on(rec(claim_status=pb.RELEASED, owner=OWNER), "host-a")
+
+
+def test_restore_floor_is_above_every_known_fence_by_the_epoch() -> None:
+    assert rules.restore_floor(pb.Lease(fence=3), 100) == 104
+    assert rules.restore_floor(pb.Lease(fence=3, minimum_next_fence=50), 100) == 150
+
+
+@pytest.mark.parametrize(("claim", "after"), [
+    (pb.RESERVED, pb.RELEASED), (pb.COMMITTED, pb.CONFLICTED), (pb.LIVE, pb.CONFLICTED),
+    (pb.RELEASED, pb.RELEASED), (pb.CONFLICTED, pb.CONFLICTED),
+    (pb.CLAIM_STATUS_UNSPECIFIED, pb.CLAIM_STATUS_UNSPECIFIED),
+])
+def test_no_claim_survives_a_restore_live(claim: int, after: int) -> None:
+    assert rules.restore_claim(pb.Lease(claim_status=claim)) == after  # type: ignore[arg-type]
+
+
+def test_orphans_are_token_roots_no_record_names() -> None:
+    known = rules.known_tokens([rec(claim_status=pb.LIVE, owner=OWNER),
+                                rec(claim_status=pb.RESERVED, reserved_spawn_token="b" * 32)])
+    roots = [apb.TokenRoot(identity=apb.ProcessIdentity(pid=p, spawn_token=t))
+             for p, t in ((1, "a" * 32), (2, "b" * 32), (3, "c" * 32), (4, ""))]
+    assert [i.pid for i in rules.orphans(roots, known)] == [3]
+
+
+def test_a_drain_request_admits_any_successor_once_the_owner_let_go() -> None:
+    drained = rec(claim_status=pb.RELEASED, handoff_stage=pb.HANDOFF_REQUESTED, handoff_operation_hash="")
+    assert adjudicate(drained, AcquireAsk(None, "op-x"), None, 0).reason is Reason.FREE
+    # While the owner still holds it, the drain grants nobody: the owner is adjudicated as ever.
+    held = rec(claim_status=pb.LIVE, owner=OWNER, handoff_stage=pb.HANDOFF_REQUESTED)
+    assert adjudicate(held, AcquireAsk(None, "op-x"), None, 0).action is Action.PROBE
+    # A takeover's request still excludes everyone else.
+    taken = rec(claim_status=pb.RELEASED, handoff_stage=pb.HANDOFF_REQUESTED, handoff_operation_hash="op-b")
+    assert adjudicate(taken, AcquireAsk(None, "op-x"), None, 0).reason is Reason.OPERATION_CONFLICT
