@@ -14,8 +14,8 @@ OWNER = apb.ProcessIdentity(host_id="host-a", pid=42, start_ticks=7, spawn_token
 
 
 def rec(**lease: object) -> pb.SessionRecord:
-    return pb.SessionRecord(schema_version=1, session_id="session-1",
-                            lease=pb.Lease(fence=3, handoff_stage=pb.NONE, **lease))  # type: ignore[arg-type]
+    fields: dict[str, object] = {"fence": 3, "handoff_stage": pb.NONE, **lease}
+    return pb.SessionRecord(schema_version=1, session_id="session-1", lease=pb.Lease(**fields))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("verdict", "allowed"), [
