@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from holdfast.coordinator.service import CoordinatorService
 
 KILL_WAIT_S = 5.0
+MAX_PURGE = 1000
 
 
 def now_ms() -> int:
@@ -94,6 +95,36 @@ class Lifecycle:
             record.lease.minimum_next_fence = floor
             record.history_seq = old.history_seq
         return record
+
+    async def purge_archives(self, request: pb.PurgeArchivesRequest) -> pb.PurgeArchivesResponse:
+        """Retention of archives: history older than the age is dropped, a bounded number per call.
+        The archived record shrinks to its fence floor, which is kept forever (a few bytes): a revived
+        id must never reuse a fence number."""
+        limit = min(request.limit or 100, MAX_PURGE)
+        cutoff = now_ms() - request.older_than_seconds * 1000
+        response = pb.PurgeArchivesResponse()
+        after = ""
+        while True:
+            page, more = await self.store.list_prefix(self.store.key("archive", ""), after, 500)
+            for entry in page:
+                after = entry.key
+                if not entry.key.endswith("/record"):
+                    continue
+                record = records.decode_record(entry.value)
+                if not lifecycle_rules.purge_due(record, cutoff):
+                    continue
+                if len(response.purged) >= limit:
+                    response.more = True
+                    return response
+                sid = record.session_id
+                ok, _ = await self.store.txn(
+                    [mod_equals(entry.key, entry.mod_revision)],
+                    [Put(entry.key, records.encode(lifecycle_rules.floor_only(record)))], (),
+                    [self.store.key("archive", sid, "history", "")])
+                if ok:
+                    response.purged.append(sid)
+            if not more:
+                return response
 
     # --- drain -----------------------------------------------------------------------------
     def _drain_key(self, host_id: str) -> str:

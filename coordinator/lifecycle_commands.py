@@ -1,5 +1,5 @@
-"""Operator lifecycle commands: `holdfast drain HOST`, `holdfast admin archive|archived|recover-host|
-restore-epoch`.
+"""Operator lifecycle commands: `holdfast drain HOST`, `holdfast admin archive|archived|purge-archives|
+recover-host|restore-epoch`.
 
 Guarantee: every command is one coordinator RPC (drain then watches its progress, reading only);
 `--json` prints one JSON document, errors included; every error names the next step.
@@ -72,6 +72,17 @@ async def _archived(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+async def _purge(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.PurgeArchives, pb.PurgeArchivesRequest(
+        older_than_seconds=int(args.older_than_days * 86400), limit=args.limit), timeout=60.0)
+    if args.json:
+        _print_json({"purged": list(reply.purged), "more": reply.more})
+    else:
+        print(f"dropped the archived history of {len(reply.purged)} sessions (their fence floors stay)"
+              + ("; more remain: run it again" if reply.more else ""))
+    return 0
+
+
 async def _recover_host(args: argparse.Namespace, client: Client) -> int:
     reply = await client._call(client.stub.RecoverHost, pb.RecoverHostRequest(
         host_id=args.host, reason=args.reason, operator=args.operator), retry=False, timeout=60.0)
@@ -104,6 +115,16 @@ async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
     return 1 if open_ends else 0
 
 
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not 0 <= days <= 36500:
+        raise argparse.ArgumentTypeError("days must be in 0..36500")
+    return days
+
+
 def _epoch(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 1 << 40:
         raise argparse.ArgumentTypeError(f"epoch must be an integer in 1..{1 << 40}")
@@ -134,6 +155,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = admin.add_parser("archived", parents=[reader], help="an archived session's record and history")
     p.add_argument("session", type=_session_id)
     p.set_defaults(handler=_command(_archived))
+
+    p = admin.add_parser("purge-archives", parents=[reader],
+                         help="retention: drop archived history older than an age (fence floors stay)")
+    p.add_argument("--older-than-days", type=_days, required=True, metavar="D")
+    p.add_argument("--limit", type=int, default=100, choices=range(1, 1001), metavar="N",
+                   help="at most N sessions per call (1..1000, default 100)")
+    p.set_defaults(handler=_command(_purge))
 
     p = admin.add_parser("recover-host", parents=[reader],
                          help="operator evidence: HOST is gone for good; free every session it held")

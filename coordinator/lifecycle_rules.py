@@ -22,6 +22,23 @@ def archive_allowed(verdict: adjudication.Verdict) -> bool:
     return verdict.action is adjudication.Action.GRANT
 
 
+def purge_due(archived: pb.SessionRecord, cutoff_ms: int) -> bool:
+    """Archived before the cutoff and still carrying more than its fence floor."""
+    evidence = archived.lease.death_evidence
+    return evidence.kind == "archived" and evidence.observed_at_unix_ms < cutoff_ms and (
+        archived != floor_only(archived))
+
+
+def floor_only(archived: pb.SessionRecord) -> pb.SessionRecord:
+    """What an archive keeps forever: enough that a revived id starts above every fence it had."""
+    kept = pb.SessionRecord(schema_version=archived.schema_version, session_id=archived.session_id,
+                            history_seq=archived.history_seq)
+    kept.lease.fence = archived.lease.fence
+    kept.lease.minimum_next_fence = archived.lease.minimum_next_fence
+    kept.lease.death_evidence.CopyFrom(archived.lease.death_evidence)
+    return kept
+
+
 def claimed_on(record: pb.SessionRecord, host_id: str) -> bool:
     """The host holds this session: its committed owner or its reservation."""
     lease = record.lease

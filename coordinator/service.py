@@ -488,6 +488,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return await self.lifecycle.archived(request.session_id)
 
     @_handler
+    async def PurgeArchives(
+        self, request: pb.PurgeArchivesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PurgeArchivesResponse:
+        return await self.lifecycle.purge_archives(request)
+
+    @_handler
     async def DrainHost(
         self, request: pb.DrainHostRequest, context: grpc.aio.ServicerContext
     ) -> pb.DrainHostResponse:

@@ -74,6 +74,15 @@ def test_archive_only_without_a_live_owner_keeps_history_and_floors_the_fence(
     assert [h["transition"] for h in out["history"]] == ["grant", "commit", "release"]
     assert out["record"]["lease"]["death_evidence"]["kind"] == "archived"
 
+    # Retention: a bounded sweep drops archived history older than the age; the fence floor stays.
+    code, out = cli(cluster.coordinator.address, "admin", "purge-archives", "--older-than-days", "1")
+    assert code == 0 and out == {"purged": [], "more": False}  # archived just now: not due
+    code, out = cli(cluster.coordinator.address, "admin", "purge-archives", "--older-than-days", "0")
+    assert code == 0 and out["purged"] == [sid], out
+    code, out = cli(cluster.coordinator.address, "admin", "archived", sid)
+    assert "history" not in out and out["record"]["lease"]["fence"] == "1"
+    code, out = cli(cluster.coordinator.address, "admin", "purge-archives", "--older-than-days", "-1")
+    assert code == 2
     # The same id again starts above the archived fence: no grant number is ever reused.
     run2, grant2 = owned_grant(cluster, host, sid, tmp_path, "g2")
     assert grant2.fence == 2

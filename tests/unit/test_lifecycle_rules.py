@@ -14,7 +14,8 @@ OWNER = apb.ProcessIdentity(host_id="host-a", pid=42, start_ticks=7, spawn_token
 
 
 def rec(**lease: object) -> pb.SessionRecord:
-    fields: dict[str, object] = {"fence": 3, "handoff_stage": pb.NONE, **lease}
+    fields: dict[str, object] = {"fence": 3, "handoff_stage": pb.NONE}
+    fields.update(lease)
     return pb.SessionRecord(schema_version=1, session_id="session-1", lease=pb.Lease(**fields))  # type: ignore[arg-type]
 
 
@@ -70,3 +71,18 @@ def test_a_drain_request_admits_any_successor_once_the_owner_let_go() -> None:
     # A takeover's request still excludes everyone else.
     taken = rec(claim_status=pb.RELEASED, handoff_stage=pb.HANDOFF_REQUESTED, handoff_operation_hash="op-b")
     assert adjudicate(taken, AcquireAsk(None, "op-x"), None, 0).reason is Reason.OPERATION_CONFLICT
+
+
+def test_purge_keeps_the_fence_floor_and_is_due_once() -> None:
+    archived = rec(fence=9, minimum_next_fence=12, claim_status=pb.RELEASED, owner=OWNER,
+                   death_evidence=pb.DeathEvidence(kind="archived", observed_at_unix_ms=1000))
+    archived.history_seq = 40
+    archived.provider_handle_chain.add(handle="thread-1", minted_at_fence=9)
+    assert not rules.purge_due(archived, 1000)  # not older than the cutoff
+    assert rules.purge_due(archived, 1001)
+    kept = rules.floor_only(archived)
+    assert (kept.lease.fence, kept.lease.minimum_next_fence, kept.history_seq) == (9, 12, 40)
+    assert not kept.provider_handle_chain and not kept.lease.owner.host_id
+    assert not rules.purge_due(kept, 10**12)  # already only its floor
+    live = rec(claim_status=pb.LIVE, owner=OWNER)
+    assert not rules.purge_due(live, 10**12)  # only archived records are ever purged

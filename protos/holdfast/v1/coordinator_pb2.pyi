@@ -460,6 +460,22 @@ class GetArchivedSessionResponse(_message.Message):
     history: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
     def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., history: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...
 
+class PurgeArchivesRequest(_message.Message):
+    __slots__ = ("older_than_seconds", "limit")
+    OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    older_than_seconds: int
+    limit: int
+    def __init__(self, older_than_seconds: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class PurgeArchivesResponse(_message.Message):
+    __slots__ = ("purged", "more")
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    purged: _containers.RepeatedScalarFieldContainer[str]
+    more: bool
+    def __init__(self, purged: _Optional[_Iterable[str]] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class DrainHostRequest(_message.Message):
     __slots__ = ("host_id", "draining", "operator")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -119,6 +119,11 @@ class CoordinatorStub:
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionResponse.FromString,
                 _registered_method=True)
+        self.PurgeArchives = channel.unary_unary(
+                '/holdfast.v1.Coordinator/PurgeArchives',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesResponse.FromString,
+                _registered_method=True)
         self.DrainHost = channel.unary_unary(
                 '/holdfast.v1.Coordinator/DrainHost',
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.DrainHostRequest.SerializeToString,
@@ -241,6 +246,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PurgeArchives(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DrainHost(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -346,6 +357,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetArchivedSession,
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionResponse.SerializeToString,
+            ),
+            'PurgeArchives': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeArchives,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesResponse.SerializeToString,
             ),
             'DrainHost': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainHost,
@@ -822,6 +838,33 @@ class Coordinator:
             '/holdfast.v1.Coordinator/GetArchivedSession',
             holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionRequest.SerializeToString,
             holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeArchives(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/PurgeArchives',
+            holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesResponse.FromString,
             options,
             channel_credentials,
             insecure,
