@@ -227,9 +227,15 @@ class Lifecycle:
             else:
                 row.outcome, row.detail = "unchanged", "kept changing; run restore-epoch again"
         # 2. Orphans: token roots on any registered host that no record names.
-        known = lifecycle_rules.known_tokens(record for _, record in await self._sessions())
-        for host in await self.svc.registry.list():
-            response.hosts.append(await self._stop_orphans(host.host_id, known))
+        current = [record for _, record in await self._sessions()]
+        known = lifecycle_rules.known_tokens(current)
+        registered = [host.host_id for host in await self.svc.registry.list()]
+        for host_id in registered:
+            response.hosts.append(await self._stop_orphans(host_id, known))
+        for host_id in sorted(lifecycle_rules.hosts_named(current) - set(registered)):
+            response.hosts.append(pb.RestoreEpochHost(
+                host_id=host_id, error="not registered: its orphans were not searched; run restore-epoch "
+                "again once its agent is back, or make sure the node is off"))
         # 3. Re-adjudicate every owner made conflicted: released only on its own host's proof.
         by_id = {row.session_id: row for row in response.sessions}
         for sid in to_judge:

@@ -70,6 +70,11 @@ def known_tokens(records: Iterable[pb.SessionRecord]) -> set[str]:
     return tokens
 
 
+def hosts_named(records: Iterable[pb.SessionRecord]) -> set[str]:
+    """Every host a record names as owner or reservation: where orphans of a restore may run."""
+    return {h for r in records for h in (r.lease.owner.host_id, r.lease.reserved_host_id) if h}
+
+
 def orphans(roots: Iterable[apb.TokenRoot], known: set[str]) -> list[apb.ProcessIdentity]:
     """Token roots no record names: stopped, never adopted (the seeds' rule)."""
     return [r.identity for r in roots if r.identity.spawn_token and r.identity.spawn_token not in known]

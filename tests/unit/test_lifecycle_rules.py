@@ -54,6 +54,12 @@ def test_no_claim_survives_a_restore_live(claim: int, after: int) -> None:
     assert rules.restore_claim(pb.Lease(claim_status=claim)) == after  # type: ignore[arg-type]
 
 
+def test_hosts_named_are_owner_and_reservation_hosts() -> None:
+    records = [rec(claim_status=pb.LIVE, owner=OWNER),
+               rec(claim_status=pb.RESERVED, reserved_host_id="host-b"), rec(claim_status=pb.RELEASED)]
+    assert rules.hosts_named(records) == {"host-a", "host-b"}
+
+
 def test_orphans_are_token_roots_no_record_names() -> None:
     known = rules.known_tokens([rec(claim_status=pb.LIVE, owner=OWNER),
                                 rec(claim_status=pb.RESERVED, reserved_spawn_token="b" * 32)])
