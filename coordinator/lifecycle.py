@@ -23,6 +23,7 @@ from holdfast.v1 import coordinator_pb2 as pb
 if TYPE_CHECKING:
     from holdfast.coordinator.service import CoordinatorService
 
+Context = grpc.aio.ServicerContext
 KILL_WAIT_S = 5.0
 MAX_PURGE = 1000
 
@@ -45,7 +46,7 @@ class Lifecycle:
         self.store = service.store
 
     # --- archive ---------------------------------------------------------------------------
-    async def archive(self, request: pb.ArchiveSessionRequest) -> pb.ArchiveSessionResponse:
+    async def archive(self, request: pb.ArchiveSessionRequest, context: Context) -> pb.ArchiveSessionResponse:
         who = _operator_text(request.operator, request.reason)
         entry, record = await self.svc._require(request.session_id)
         sid = record.session_id
@@ -75,8 +76,10 @@ class Lifecycle:
         return pb.ArchiveSessionResponse(record=archived, history_archived=len(history),
                                          verdict=verdict.reason.value)
 
-    async def archived(self, session_id: str) -> pb.GetArchivedSessionResponse:
-        sid = records.check_session_id(session_id)
+    async def archived(
+        self, request: pb.GetArchivedSessionRequest, context: Context
+    ) -> pb.GetArchivedSessionResponse:
+        sid = records.check_session_id(request.session_id)
         entry = await self.store.get(self.store.key("archive", sid, "record"))
         if entry is None:
             raise CoordinatorError("NOT_FOUND", f"no archived session {sid}")
@@ -96,7 +99,9 @@ class Lifecycle:
             record.history_seq = old.history_seq
         return record
 
-    async def purge_archives(self, request: pb.PurgeArchivesRequest) -> pb.PurgeArchivesResponse:
+    async def purge_archives(
+        self, request: pb.PurgeArchivesRequest, context: Context
+    ) -> pb.PurgeArchivesResponse:
         """Retention of archives: history older than the age is dropped, a bounded number per call.
         The archived record shrinks to its fence floor, which is kept forever (a few bytes): a revived
         id must never reuse a fence number."""
@@ -137,7 +142,7 @@ class Lifecycle:
         entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
         return [(e, records.decode_record(e.value)) for e in entries]
 
-    async def drain(self, request: pb.DrainHostRequest) -> pb.DrainHostResponse:
+    async def drain(self, request: pb.DrainHostRequest, context: Context) -> pb.DrainHostResponse:
         host_id = records.check_host_id(request.host_id)
         records.check_text("operator", request.operator, 256)
         if not request.draining:
@@ -170,7 +175,7 @@ class Lifecycle:
         return response
 
     # --- bulk recovery ---------------------------------------------------------------------
-    async def recover_host(self, request: pb.RecoverHostRequest, peer: str) -> pb.RecoverHostResponse:
+    async def recover_host(self, request: pb.RecoverHostRequest, context: Context) -> pb.RecoverHostResponse:
         host_id = records.check_host_id(request.host_id)
         who = _operator_text(request.operator, request.reason)
         if await self.svc.registry.get(host_id) is not None:
@@ -190,14 +195,16 @@ class Lifecycle:
                 kind="operator-asserted", detail=f"host {host_id} gone: {who}"[:1024],
                 observed_at_unix_ms=now_ms(), owner_fence=lease.fence))
             # The compare on the mod revision is the expected-fence check: the fence read is the one freed.
-            detail = f"host {host_id} by {peer}"
+            detail = f"host {host_id} by {context.peer()}"
             result.recovered = await self.svc._transition(entry, record, "recover", detail)
             if not result.recovered:
                 result.error = "the record changed meanwhile; `holdfast show` it and recover it alone"
         return response
 
     # --- restore epoch ---------------------------------------------------------------------
-    async def restore_epoch(self, request: pb.RestoreEpochRequest) -> pb.RestoreEpochResponse:
+    async def restore_epoch(
+        self, request: pb.RestoreEpochRequest, context: Context
+    ) -> pb.RestoreEpochResponse:
         who = _operator_text(request.operator, request.reason)
         epoch = request.epoch or lifecycle_rules.DEFAULT_EPOCH
         if not 1 <= epoch <= 1 << 40:

@@ -76,6 +76,16 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
     return wrapped
 
 
+def _lifecycle_rpc(name: str) -> Callable[..., Awaitable[object]]:
+    """An RPC served by `Lifecycle.<name>(request, context)`, with the handler's error mapping."""
+
+    async def rpc(self: CoordinatorService, request: object, context: grpc.aio.ServicerContext) -> object:
+        return await getattr(self.lifecycle, name)(request, context)
+
+    rpc.__name__ = name
+    return _handler(rpc)
+
+
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None) -> None:
         self.store = store
@@ -475,41 +485,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return pb.RecoverResponse(record=record)
 
     # --- lifecycle (coordinator/lifecycle.py) --------------------------------------------
-    @_handler
-    async def ArchiveSession(
-        self, request: pb.ArchiveSessionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ArchiveSessionResponse:
-        return await self.lifecycle.archive(request)
-
-    @_handler
-    async def GetArchivedSession(
-        self, request: pb.GetArchivedSessionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetArchivedSessionResponse:
-        return await self.lifecycle.archived(request.session_id)
-
-    @_handler
-    async def PurgeArchives(
-        self, request: pb.PurgeArchivesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PurgeArchivesResponse:
-        return await self.lifecycle.purge_archives(request)
-
-    @_handler
-    async def DrainHost(
-        self, request: pb.DrainHostRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DrainHostResponse:
-        return await self.lifecycle.drain(request)
-
-    @_handler
-    async def RecoverHost(
-        self, request: pb.RecoverHostRequest, context: grpc.aio.ServicerContext
-    ) -> pb.RecoverHostResponse:
-        return await self.lifecycle.recover_host(request, context.peer())
-
-    @_handler
-    async def RestoreEpoch(
-        self, request: pb.RestoreEpochRequest, context: grpc.aio.ServicerContext
-    ) -> pb.RestoreEpochResponse:
-        return await self.lifecycle.restore_epoch(request)
+    ArchiveSession = _lifecycle_rpc("archive")
+    GetArchivedSession = _lifecycle_rpc("archived")
+    PurgeArchives = _lifecycle_rpc("purge_archives")
+    DrainHost = _lifecycle_rpc("drain")
+    RecoverHost = _lifecycle_rpc("recover_host")
+    RestoreEpoch = _lifecycle_rpc("restore_epoch")
 
     # --- watch ---------------------------------------------------------------------------
     async def WatchSessions(
