@@ -13,6 +13,7 @@ import getpass
 import socket
 import time
 
+from holdfast.agent.commands import add_tls_dir
 from holdfast.coordinator import lifecycle_rules
 from holdfast.coordinator.client import Client
 from holdfast.coordinator.run_commands import _command, _fence, _print_json, _seconds, _session_id, as_dict
@@ -134,6 +135,7 @@ def _epoch(text: str) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     reader = argparse.ArgumentParser(add_help=False)
     reader.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR)")
+    add_tls_dir(reader, "present client.pem (an operator's client certificate)")
     reader.add_argument("--json", action="store_true", help="print one JSON document")
     reader.add_argument("--operator", default=OPERATOR, help="who is asking (recorded)")
 
