@@ -74,7 +74,9 @@ def adjudicate(
                        f"current {lease.fence}")
     if lease.claim_status == pb.CONFLICTED or lease.handoff_stage == pb.MANUAL_RECOVERY:
         return Verdict(Action.REFUSE, Reason.MANUAL_RECOVERY, "session is in manual recovery; use Recover")
-    if lease.handoff_stage == pb.HANDOFF_REQUESTED and lease.handoff_operation_hash != ask.operation_hash:
+    # A drain's request names no operation (empty hash): it asks the owner to let go, reserves nothing.
+    if (lease.handoff_stage == pb.HANDOFF_REQUESTED and lease.handoff_operation_hash
+            and lease.handoff_operation_hash != ask.operation_hash):
         return Verdict(Action.REFUSE, Reason.OPERATION_CONFLICT,
                        f"a handoff was requested by host {lease.handoff_requested_by_host}")
     if not _has_claim(lease):

@@ -13,9 +13,12 @@ from holdfast.agent.authorization import Refusal, no_role, wrong_role
 from holdfast.agent.tls import Role
 from holdfast.v1 import coordinator_pb2 as pb
 
-READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "FencedGet", "ProbeSession"})
+READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "FencedGet", "ProbeSession",
+                   "GetArchivedSession"})
+# Operator lifecycle calls (coordinator/lifecycle.py) change sessions too: the same writers.
 SESSION_WRITES = frozenset({"Acquire", "CommitOwner", "RecordProviderHandle", "Release", "RequestHandoff",
-                            "FencedPut", "Recover"})
+                            "FencedPut", "Recover", "ArchiveSession", "PurgeArchives", "DrainHost",
+                            "RecoverHost", "RestoreEpoch"})
 HOST_CALLS = frozenset({"RegisterHost", "Heartbeat"})
 WRITER_KINDS = ("client", "coordinator")
 

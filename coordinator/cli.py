@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from holdfast.agent import commands as agent_commands
-from holdfast.coordinator import certs, run_commands, serve_commands, up
+from holdfast.coordinator import certs, lifecycle_commands, run_commands, serve_commands, up
 
 EX_USAGE = 2
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs.register(sub)
     serve_commands.register(sub)
     run_commands.register(sub)
+    lifecycle_commands.register(sub)
     up.register(sub)
     return parser
 

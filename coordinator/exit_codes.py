@@ -37,6 +37,8 @@ _TABLE: dict[str, tuple[int, str]] = {
     "NOT_LIVE": (EX_TEMPFAIL, "fenced writes need the session's live owner; run them from inside "
                               "`holdfast run`"),
     "HOST_LIVE": (EX_TEMPFAIL, "another agent holds this host id; stop it or wait for its lease to expire"),
+    "HOST_DRAINING": (EX_TEMPFAIL, "this host is draining for maintenance; run on another host, or lift "
+                                   "it with `holdfast drain HOST --undo`"),
     "CHAIN_FULL": (EX_FAILURE, "the provider handle chain is full; start a new session id"),
     "HOST_NOT_REGISTERED": (EX_UNAVAILABLE, "start this host's agent with `--coordinator ADDR` (or "
                                             "`holdfast up`), or pass the registered id with --host-id"),

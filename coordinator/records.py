@@ -18,6 +18,9 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
 HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 DATA_KEY = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
+# etcd's default request limit (--max-request-bytes) is 1.5 MiB; a fenced value plus its key and the
+# transaction's compare must fit one request, so values stop at 1 MiB.
+ETCD_REQUEST_LIMIT_BYTES = 1536 * 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_HANDLE_CHARS = 4096
 MAX_FENCE = 2**63 - 1
@@ -59,7 +62,8 @@ def check_data_key(key: str) -> str:
 
 def check_value(value: bytes) -> bytes:
     if len(value) > MAX_VALUE_BYTES:
-        raise InvalidInput(f"value is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}")
+        raise InvalidInput(f"value is {len(value)} bytes; the limit is {MAX_VALUE_BYTES} bytes (one etcd "
+                           f"request holds at most {ETCD_REQUEST_LIMIT_BYTES}); split it over several keys")
     return value
 
 

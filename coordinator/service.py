@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from holdfast.agent.logs import session_fields
-from holdfast.coordinator import adjudication, fencing, metrics, records
+from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
@@ -30,6 +30,7 @@ from holdfast.coordinator.store import (
     mod_equals,
     value_equals,
 )
+from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -75,11 +76,22 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
     return wrapped
 
 
+def _lifecycle_rpc(name: str) -> Callable[..., Awaitable[object]]:
+    """An RPC served by `Lifecycle.<name>(request, context)`, with the handler's error mapping."""
+
+    async def rpc(self: CoordinatorService, request: object, context: grpc.aio.ServicerContext) -> object:
+        return await getattr(self.lifecycle, name)(request, context)
+
+    rpc.__name__ = name
+    return _handler(rpc)
+
+
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None) -> None:
         self.store = store
         self.registry = Registry(store)
         self.router = Router(self.registry, agent_tls_dir)
+        self.lifecycle = lifecycle.Lifecycle(self)
 
     # --- records -------------------------------------------------------------------------
     def _skey(self, session_id: str) -> str:
@@ -211,8 +223,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise CoordinatorError(
                 "HOST_NOT_REGISTERED", f"host {request.host_id} has no live agent registration"
             )
+        if await self.lifecycle.draining(request.host_id):
+            raise CoordinatorError("HOST_DRAINING", f"host {request.host_id} is draining; no grants there")
         if record is None:
-            record = records.new_record(request.session_id, request.provider, request.location)
+            record = await self.lifecycle.revived(request.session_id, request.provider, request.location)
         old = record.lease
         secret, token, at = fencing.mint_secret(), fencing.mint_spawn_token(), now_ms()
         lease = pb.Lease(
@@ -400,9 +414,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
             if lease.handoff_stage == pb.HANDOFF_REQUESTED:
-                if lease.handoff_operation_hash != handoff_hash:
+                if lease.handoff_operation_hash and lease.handoff_operation_hash != handoff_hash:
                     raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
-                return pb.RequestHandoffResponse(record=record)
+                if lease.handoff_operation_hash:
+                    return pb.RequestHandoffResponse(record=record)
             lease.handoff_stage = pb.HANDOFF_REQUESTED
             lease.handoff_operation_hash = handoff_hash
             lease.handoff_requested_by_host = request.host_id
@@ -415,11 +430,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ProbeSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProbeSessionResponse:
         _, record = await self._require(request.session_id)
-        ask = AcquireAsk(None, record.lease.handoff_operation_hash)  # judge as the requester would be
-        probe = None
-        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
-            probe = await self.router.probe(record.lease.owner, check_tree=True)
-        verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+        verdict, probe = await self._judge_probed(record)
         metrics.INDETERMINATE.verdict(record.session_id, verdict.reason.value)
         return pb.ProbeSessionResponse(
             verdict=VERDICT_NAMES.get(verdict.reason.value, verdict.action.value),
@@ -427,6 +438,19 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             probe=probe,
             record=record,
         )
+
+    async def _judge_probed(
+        self, record: pb.SessionRecord
+    ) -> tuple[adjudication.Verdict, apb.ProbeResult | None]:
+        """Adjudicate as the handoff's requester would be, probing a committed owner's own host."""
+        ask = AcquireAsk(None, record.lease.handoff_operation_hash)
+        probe = None
+        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
+            probe = await self.router.probe(record.lease.owner, check_tree=True)
+        return adjudication.adjudicate(record, ask, probe, now_ms()), probe
+
+    async def _judge(self, record: pb.SessionRecord) -> adjudication.Verdict:
+        return (await self._judge_probed(record))[0]
 
     @_handler
     async def Recover(
@@ -459,6 +483,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if not await self._transition(entry, record, "recover", f"{request.operator} from {context.peer()}"):
             raise CoordinatorError("STALE_FENCE", "the record changed during recovery; retry")
         return pb.RecoverResponse(record=record)
+
+    # --- lifecycle (coordinator/lifecycle.py) --------------------------------------------
+    ArchiveSession = _lifecycle_rpc("archive")
+    GetArchivedSession = _lifecycle_rpc("archived")
+    PurgeArchives = _lifecycle_rpc("purge_archives")
+    DrainHost = _lifecycle_rpc("drain")
+    RecoverHost = _lifecycle_rpc("recover_host")
+    RestoreEpoch = _lifecycle_rpc("restore_epoch")
 
     # --- watch ---------------------------------------------------------------------------
     async def WatchSessions(

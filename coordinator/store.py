@@ -155,11 +155,14 @@ class Store:
         return [_entry(kv) for kv in resp.kvs], bool(resp.more)
 
     async def txn(self, compares: Sequence[rpc.Compare], puts: Sequence[Put],
-                  deletes: Sequence[str] = ()) -> tuple[bool, int]:
-        """All puts and deletes in one transaction, applied only if every compare holds."""
+                  deletes: Sequence[str] = (), delete_prefixes: Sequence[str] = ()) -> tuple[bool, int]:
+        """All puts and deletes (keys, and whole prefixes) in one transaction, applied only if every
+        compare holds."""
         ops = [rpc.RequestOp(request_put=rpc.PutRequest(key=p.key.encode(), value=p.value, lease=p.lease))
                for p in puts]
         ops += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
+        ops += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+            key=k.encode(), range_end=_range_end(k.encode()))) for k in delete_prefixes]
         resp = await self._call(self._kv.Txn, rpc.TxnRequest(compare=list(compares), success=ops))
         return bool(resp.succeeded), int(resp.header.revision)
 

@@ -365,7 +365,7 @@ class RecoverResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
 
 class HostRegistration(_message.Message):
-    __slots__ = ("host_id", "address", "incarnation", "spawn_token_env", "agent_version", "registered_at_unix_ms", "lease_id")
+    __slots__ = ("host_id", "address", "incarnation", "spawn_token_env", "agent_version", "registered_at_unix_ms", "lease_id", "draining")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +373,7 @@ class HostRegistration(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     address: str
     incarnation: _agent_pb2.HostIncarnation
@@ -380,7 +381,8 @@ class HostRegistration(_message.Message):
     agent_version: str
     registered_at_unix_ms: int
     lease_id: int
-    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[_Union[_agent_pb2.HostIncarnation, _Mapping]] = ..., spawn_token_env: _Optional[str] = ..., agent_version: _Optional[str] = ..., registered_at_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[_Union[_agent_pb2.HostIncarnation, _Mapping]] = ..., spawn_token_env: _Optional[str] = ..., agent_version: _Optional[str] = ..., registered_at_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class RegisterHostRequest(_message.Message):
     __slots__ = ("registration", "ttl_seconds")
@@ -421,3 +423,153 @@ class ListHostsResponse(_message.Message):
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[HostRegistration]
     def __init__(self, hosts: _Optional[_Iterable[_Union[HostRegistration, _Mapping]]] = ...) -> None: ...
+
+class ArchiveSessionRequest(_message.Message):
+    __slots__ = ("session_id", "expected_fence", "operator", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FENCE_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    expected_fence: int
+    operator: str
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., expected_fence: _Optional[int] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ArchiveSessionResponse(_message.Message):
+    __slots__ = ("record", "history_archived", "verdict")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_ARCHIVED_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    history_archived: int
+    verdict: str
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., history_archived: _Optional[int] = ..., verdict: _Optional[str] = ...) -> None: ...
+
+class GetArchivedSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetArchivedSessionResponse(_message.Message):
+    __slots__ = ("record", "history")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    record: SessionRecord
+    history: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., history: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ...) -> None: ...
+
+class PurgeArchivesRequest(_message.Message):
+    __slots__ = ("older_than_seconds", "limit")
+    OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    older_than_seconds: int
+    limit: int
+    def __init__(self, older_than_seconds: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class PurgeArchivesResponse(_message.Message):
+    __slots__ = ("purged", "more")
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    purged: _containers.RepeatedScalarFieldContainer[str]
+    more: bool
+    def __init__(self, purged: _Optional[_Iterable[str]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class DrainHostRequest(_message.Message):
+    __slots__ = ("host_id", "draining", "operator")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    draining: bool
+    operator: str
+    def __init__(self, host_id: _Optional[str] = ..., draining: _Optional[bool] = ..., operator: _Optional[str] = ...) -> None: ...
+
+class DrainHostResponse(_message.Message):
+    __slots__ = ("draining", "handoff_requested", "still_owned", "skipped")
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    STILL_OWNED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    draining: bool
+    handoff_requested: _containers.RepeatedScalarFieldContainer[str]
+    still_owned: _containers.RepeatedScalarFieldContainer[str]
+    skipped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, draining: _Optional[bool] = ..., handoff_requested: _Optional[_Iterable[str]] = ..., still_owned: _Optional[_Iterable[str]] = ..., skipped: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RecoverHostRequest(_message.Message):
+    __slots__ = ("host_id", "reason", "operator")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    reason: str
+    operator: str
+    def __init__(self, host_id: _Optional[str] = ..., reason: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+
+class RecoverHostResult(_message.Message):
+    __slots__ = ("session_id", "fence", "recovered", "error")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    recovered: bool
+    error: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., recovered: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RecoverHostResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RecoverHostResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ...) -> None: ...
+
+class RestoreEpochRequest(_message.Message):
+    __slots__ = ("epoch", "operator", "reason")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    operator: str
+    reason: str
+    def __init__(self, epoch: _Optional[int] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RestoreEpochSession(_message.Message):
+    __slots__ = ("session_id", "old_fence", "minimum_next_fence", "outcome", "detail")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OLD_FENCE_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_NEXT_FENCE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    old_fence: int
+    minimum_next_fence: int
+    outcome: str
+    detail: str
+    def __init__(self, session_id: _Optional[str] = ..., old_fence: _Optional[int] = ..., minimum_next_fence: _Optional[int] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class RestoreEpochHost(_message.Message):
+    __slots__ = ("host_id", "complete", "roots", "orphans_stopped", "orphans_not_stopped", "error")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ROOTS_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_STOPPED_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_NOT_STOPPED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    complete: bool
+    roots: int
+    orphans_stopped: _containers.RepeatedScalarFieldContainer[str]
+    orphans_not_stopped: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    def __init__(self, host_id: _Optional[str] = ..., complete: _Optional[bool] = ..., roots: _Optional[int] = ..., orphans_stopped: _Optional[_Iterable[str]] = ..., orphans_not_stopped: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RestoreEpochResponse(_message.Message):
+    __slots__ = ("sessions", "hosts")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[RestoreEpochSession]
+    hosts: _containers.RepeatedCompositeFieldContainer[RestoreEpochHost]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[RestoreEpochSession, _Mapping]]] = ..., hosts: _Optional[_Iterable[_Union[RestoreEpochHost, _Mapping]]] = ...) -> None: ...

@@ -109,6 +109,36 @@ class CoordinatorStub:
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.ListHostsRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.ListHostsResponse.FromString,
                 _registered_method=True)
+        self.ArchiveSession = channel.unary_unary(
+                '/holdfast.v1.Coordinator/ArchiveSession',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.ArchiveSessionRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.ArchiveSessionResponse.FromString,
+                _registered_method=True)
+        self.GetArchivedSession = channel.unary_unary(
+                '/holdfast.v1.Coordinator/GetArchivedSession',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionResponse.FromString,
+                _registered_method=True)
+        self.PurgeArchives = channel.unary_unary(
+                '/holdfast.v1.Coordinator/PurgeArchives',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesResponse.FromString,
+                _registered_method=True)
+        self.DrainHost = channel.unary_unary(
+                '/holdfast.v1.Coordinator/DrainHost',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.DrainHostRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.DrainHostResponse.FromString,
+                _registered_method=True)
+        self.RecoverHost = channel.unary_unary(
+                '/holdfast.v1.Coordinator/RecoverHost',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostResponse.FromString,
+                _registered_method=True)
+        self.RestoreEpoch = channel.unary_unary(
+                '/holdfast.v1.Coordinator/RestoreEpoch',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -204,6 +234,42 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ArchiveSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetArchivedSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeArchives(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainHost(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecoverHost(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreEpoch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +347,36 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListHosts,
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.ListHostsRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_coordinator__pb2.ListHostsResponse.SerializeToString,
+            ),
+            'ArchiveSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArchiveSession,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.ArchiveSessionRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.ArchiveSessionResponse.SerializeToString,
+            ),
+            'GetArchivedSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetArchivedSession,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionResponse.SerializeToString,
+            ),
+            'PurgeArchives': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeArchives,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesResponse.SerializeToString,
+            ),
+            'DrainHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainHost,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.DrainHostRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.DrainHostResponse.SerializeToString,
+            ),
+            'RecoverHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecoverHost,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostResponse.SerializeToString,
+            ),
+            'RestoreEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreEpoch,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -688,6 +784,168 @@ class Coordinator:
             '/holdfast.v1.Coordinator/ListHosts',
             holdfast_dot_v1_dot_coordinator__pb2.ListHostsRequest.SerializeToString,
             holdfast_dot_v1_dot_coordinator__pb2.ListHostsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArchiveSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/ArchiveSession',
+            holdfast_dot_v1_dot_coordinator__pb2.ArchiveSessionRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.ArchiveSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArchivedSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/GetArchivedSession',
+            holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.GetArchivedSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeArchives(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/PurgeArchives',
+            holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.PurgeArchivesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/DrainHost',
+            holdfast_dot_v1_dot_coordinator__pb2.DrainHostRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.DrainHostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecoverHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/RecoverHost',
+            holdfast_dot_v1_dot_coordinator__pb2.RecoverHostRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.RecoverHostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/RestoreEpoch',
+            holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,282 @@
+"""Lifecycle operations over etcd: archive a session, drain a host, recover a host that is gone for
+good, and the restore epoch after an etcd snapshot restore (DESIGN.md §3).
+
+Guarantee: every session write is one transaction comparing the record's mod revision (a lost race
+changes nothing and is reported); archiving happens only on a verdict that would grant; a refusal
+writes nothing; the restore epoch makes every fence non-live before any agent is asked anything,
+stops only token roots no record names, and releases an owner only on its own host's proof.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+
+from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.store import Entry, Put, mod_equals
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:
+    from holdfast.coordinator.service import CoordinatorService
+
+Context = grpc.aio.ServicerContext
+KILL_WAIT_S = 5.0
+MAX_PURGE = 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _operator_text(operator: str, reason: str) -> str:
+    if not reason.strip() or not operator.strip():
+        raise records.InvalidInput("this operation needs a reason and an operator (both recorded)")
+    records.check_text("reason", reason, 1024)
+    records.check_text("operator", operator, 256)
+    return f"{operator}: {reason}"[:1024]
+
+
+class Lifecycle:
+    def __init__(self, service: CoordinatorService) -> None:
+        self.svc = service
+        self.store = service.store
+
+    # --- archive ---------------------------------------------------------------------------
+    async def archive(self, request: pb.ArchiveSessionRequest, context: Context) -> pb.ArchiveSessionResponse:
+        who = _operator_text(request.operator, request.reason)
+        entry, record = await self.svc._require(request.session_id)
+        sid = record.session_id
+        if request.expected_fence != record.lease.fence:
+            raise CoordinatorError("STALE_FENCE", f"expected fence {request.expected_fence}, "
+                                   f"current {record.lease.fence}")
+        verdict = await self.svc._judge(record)
+        if not lifecycle_rules.archive_allowed(verdict):
+            why = verdict.detail or verdict.reason.value
+            raise CoordinatorError(verdict.reason.value, f"not archived: {why}")
+        history, _ = await self.store.list_prefix(self.store.key("history", sid, ""))
+        archived = pb.SessionRecord()
+        archived.CopyFrom(record)
+        archived.lease.death_evidence.CopyFrom(pb.DeathEvidence(
+            kind="archived", detail=who, observed_at_unix_ms=now_ms(), owner_fence=record.lease.fence))
+        puts = [Put(self.store.key("archive", sid, "record"), records.encode(archived))]
+        puts += [Put(self.store.key("archive", sid, "history", e.key.rsplit("/", 1)[1]), e.value)
+                 for e in history]
+        # Fenced data goes with the session (retention ends with it); history stays readable under
+        # archive/, and the archived fence is the floor of any later session of the same id.
+        ok, _ = await self.store.txn(
+            [mod_equals(self.svc._skey(sid), entry.mod_revision)], puts,
+            [self.svc._skey(sid), self.store.key("fence", sid)],
+            [self.store.key(kind, sid, "") for kind in ("history", "data", "ops")])
+        if not ok:
+            raise CoordinatorError("STALE_FENCE", "the record changed while archiving; nothing was archived")
+        return pb.ArchiveSessionResponse(record=archived, history_archived=len(history),
+                                         verdict=verdict.reason.value)
+
+    async def archived(
+        self, request: pb.GetArchivedSessionRequest, context: Context
+    ) -> pb.GetArchivedSessionResponse:
+        sid = records.check_session_id(request.session_id)
+        entry = await self.store.get(self.store.key("archive", sid, "record"))
+        if entry is None:
+            raise CoordinatorError("NOT_FOUND", f"no archived session {sid}")
+        history, _ = await self.store.list_prefix(self.store.key("archive", sid, "history", ""))
+        return pb.GetArchivedSessionResponse(
+            record=records.decode_record(entry.value),
+            history=[records.json_format.Parse(e.value, pb.HistoryEntry()) for e in history])
+
+    async def revived(self, session_id: str, provider: str, location: str) -> pb.SessionRecord:
+        """A new record; above the archived fence and history when the id was archived before."""
+        record = records.new_record(session_id, provider, location)
+        entry = await self.store.get(self.store.key("archive", session_id, "record"))
+        if entry is not None:
+            old = records.decode_record(entry.value)
+            floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
+            record.lease.minimum_next_fence = floor
+            record.history_seq = old.history_seq
+        return record
+
+    async def purge_archives(
+        self, request: pb.PurgeArchivesRequest, context: Context
+    ) -> pb.PurgeArchivesResponse:
+        """Retention of archives: history older than the age is dropped, a bounded number per call.
+        The archived record shrinks to its fence floor, which is kept forever (a few bytes): a revived
+        id must never reuse a fence number."""
+        limit = min(request.limit or 100, MAX_PURGE)
+        cutoff = now_ms() - request.older_than_seconds * 1000
+        response = pb.PurgeArchivesResponse()
+        after = ""
+        while True:
+            page, more = await self.store.list_prefix(self.store.key("archive", ""), after, 500)
+            for entry in page:
+                after = entry.key
+                if not entry.key.endswith("/record"):
+                    continue
+                record = records.decode_record(entry.value)
+                if not lifecycle_rules.purge_due(record, cutoff):
+                    continue
+                if len(response.purged) >= limit:
+                    response.more = True
+                    return response
+                sid = record.session_id
+                ok, _ = await self.store.txn(
+                    [mod_equals(entry.key, entry.mod_revision)],
+                    [Put(entry.key, records.encode(lifecycle_rules.floor_only(record)))], (),
+                    [self.store.key("archive", sid, "history", "")])
+                if ok:
+                    response.purged.append(sid)
+            if not more:
+                return response
+
+    # --- drain -----------------------------------------------------------------------------
+    def _drain_key(self, host_id: str) -> str:
+        return self.store.key("draining", host_id)
+
+    async def draining(self, host_id: str) -> bool:
+        return await self.store.get(self._drain_key(host_id)) is not None
+
+    async def _sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
+        entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
+        return [(e, records.decode_record(e.value)) for e in entries]
+
+    async def drain(self, request: pb.DrainHostRequest, context: Context) -> pb.DrainHostResponse:
+        host_id = records.check_host_id(request.host_id)
+        records.check_text("operator", request.operator, 256)
+        if not request.draining:
+            await self.store.txn([], [], [self._drain_key(host_id)])
+            return pb.DrainHostResponse(draining=False)
+        await self.store.txn([], [Put(self._drain_key(host_id), records.encode(
+            pb.HistoryEntry(at_unix_ms=now_ms(), transition="draining", detail=request.operator)))])
+        response = pb.DrainHostResponse(draining=True)
+        for entry, record in await self._sessions():
+            if not lifecycle_rules.claimed_on(record, host_id):
+                continue
+            sid, lease = record.session_id, record.lease
+            response.still_owned.append(sid)
+            if lease.claim_status not in lifecycle_rules.OWNED:
+                claim = fencing.CLAIM_NAMES[lease.claim_status]
+                response.skipped.append(f"{sid}: {claim}, nothing to hand off")
+            elif lease.handoff_stage == pb.MANUAL_RECOVERY:
+                response.skipped.append(f"{sid}: manual recovery; use `holdfast recover`")
+            elif lease.handoff_stage == pb.HANDOFF_REQUESTED:
+                response.handoff_requested.append(sid)
+            else:
+                lease.handoff_stage = pb.HANDOFF_REQUESTED
+                lease.handoff_operation_hash = ""  # no successor named: any later Acquire is adjudicated
+                lease.handoff_requested_by_host = f"drain of {host_id}"
+                detail = f"drain {request.operator}"
+                if await self.svc._transition(entry, record, "handoff-requested", detail):
+                    response.handoff_requested.append(sid)
+                else:
+                    response.skipped.append(f"{sid}: changed while draining; run drain again")
+        return response
+
+    # --- bulk recovery ---------------------------------------------------------------------
+    async def recover_host(self, request: pb.RecoverHostRequest, context: Context) -> pb.RecoverHostResponse:
+        host_id = records.check_host_id(request.host_id)
+        who = _operator_text(request.operator, request.reason)
+        if await self.svc.registry.get(host_id) is not None:
+            # Operator evidence is for a node that is gone; a registered agent can answer for itself.
+            raise CoordinatorError("HOST_LIVE", f"host {host_id} has a live agent registration: drain it "
+                                   "(`holdfast drain`), or stop its agent and let its lease expire first")
+        response = pb.RecoverHostResponse()
+        for entry, record in await self._sessions():
+            if not lifecycle_rules.claimed_on(record, host_id):
+                continue
+            lease = record.lease
+            result = response.results.add(session_id=record.session_id, fence=lease.fence)
+            lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
+            lease.claim_status = pb.RELEASED
+            lease.handoff_stage = pb.NONE
+            lease.death_evidence.CopyFrom(pb.DeathEvidence(
+                kind="operator-asserted", detail=f"host {host_id} gone: {who}"[:1024],
+                observed_at_unix_ms=now_ms(), owner_fence=lease.fence))
+            # The compare on the mod revision is the expected-fence check: the fence read is the one freed.
+            detail = f"host {host_id} by {context.peer()}"
+            result.recovered = await self.svc._transition(entry, record, "recover", detail)
+            if not result.recovered:
+                result.error = "the record changed meanwhile; `holdfast show` it and recover it alone"
+        return response
+
+    # --- restore epoch ---------------------------------------------------------------------
+    async def restore_epoch(
+        self, request: pb.RestoreEpochRequest, context: Context
+    ) -> pb.RestoreEpochResponse:
+        who = _operator_text(request.operator, request.reason)
+        epoch = request.epoch or lifecycle_rules.DEFAULT_EPOCH
+        if not 1 <= epoch <= 1 << 40:
+            raise records.InvalidInput(f"epoch must be in 1..{1 << 40}")
+        response = pb.RestoreEpochResponse()
+        to_judge: list[str] = []
+        # 1. Every fence non-live and every floor raised, before any agent is asked anything.
+        for entry, record in await self._sessions():
+            lease = record.lease
+            row = response.sessions.add(session_id=record.session_id, old_fence=lease.fence)
+            for _ in range(3):
+                was = lease.claim_status
+                lease.minimum_next_fence = lifecycle_rules.restore_floor(lease, epoch)
+                lease.claim_status = lifecycle_rules.restore_claim(lease)
+                if lease.claim_status != was:
+                    lease.death_evidence.CopyFrom(pb.DeathEvidence(
+                        kind="restore-epoch", detail=who, observed_at_unix_ms=now_ms(),
+                        owner_fence=lease.fence))
+                if await self.svc._transition(entry, record, "restore-epoch", f"+{epoch} {who}"):
+                    row.minimum_next_fence = lease.minimum_next_fence
+                    row.outcome = "conflicted" if lease.claim_status == pb.CONFLICTED else "released"
+                    if was in lifecycle_rules.OWNED:
+                        to_judge.append(record.session_id)
+                    break
+                entry, record = await self.svc._require(record.session_id)
+                lease = record.lease
+            else:
+                row.outcome, row.detail = "unchanged", "kept changing; run restore-epoch again"
+        # 2. Orphans: token roots on any registered host that no record names.
+        current = [record for _, record in await self._sessions()]
+        known = lifecycle_rules.known_tokens(current)
+        registered = [host.host_id for host in await self.svc.registry.list()]
+        for host_id in registered:
+            response.hosts.append(await self._stop_orphans(host_id, known))
+        for host_id in sorted(lifecycle_rules.hosts_named(current) - set(registered)):
+            response.hosts.append(pb.RestoreEpochHost(
+                host_id=host_id, error="not registered: its orphans were not searched; run restore-epoch "
+                "again once its agent is back, or make sure the node is off"))
+        # 3. Re-adjudicate every owner made conflicted: released only on its own host's proof.
+        by_id = {row.session_id: row for row in response.sessions}
+        for sid in to_judge:
+            entry, record = await self.svc._require(sid)
+            probe = await self.svc.router.probe(record.lease.owner, check_tree=True)
+            row = by_id[sid]
+            if adjudication.release_allowed(record.lease, probe):
+                record.lease.claim_status = pb.RELEASED
+                record.lease.death_evidence.CopyFrom(pb.DeathEvidence(
+                    kind=adjudication.OUTCOME_NAMES[probe.outcome],
+                    detail=f"restore-epoch: {probe.reason}"[:1024],
+                    observed_at_unix_ms=probe.observed_at_unix_ms, owner_fence=record.lease.fence))
+                if await self.svc._transition(entry, record, "restore-released", probe.reason):
+                    row.outcome, row.detail = "released", "owner proven gone by its host's agent"
+                    continue
+            row.detail = (f"owner not proven gone ({probe.tree_reason or probe.reason}); stop it, then "
+                          f"`holdfast recover {sid} --fence {record.lease.fence} --reason TEXT`")
+        return response
+
+    async def _stop_orphans(self, host_id: str, known: set[str]) -> pb.RestoreEpochHost:
+        row = pb.RestoreEpochHost(host_id=host_id)
+        stub = await self.svc.router.agent(host_id)
+        if stub is None:
+            row.error = "registration vanished; run restore-epoch again once it is back"
+            return row
+        try:
+            listing = await stub.ListTokenRoots(apb.ListTokenRootsRequest(), timeout=10)
+        except grpc.aio.AioRpcError as exc:  # reported per host: the others are still handled
+            row.error = f"ListTokenRoots failed: {exc}; run restore-epoch again"
+            return row
+        row.complete, row.roots = listing.complete, len(listing.roots)
+        for identity in lifecycle_rules.orphans(listing.roots, known):
+            result = await self.svc.router.kill(identity, KILL_WAIT_S)
+            stopped = result.outcome in adjudication.PROVEN_DEAD
+            (row.orphans_stopped if stopped else row.orphans_not_stopped).append(
+                f"pid {identity.pid}" + ("" if stopped else f": {result.reason}"))
+        return row

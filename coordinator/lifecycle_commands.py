@@ -1,0 +1,179 @@
+"""Operator lifecycle commands: `holdfast drain HOST`, `holdfast admin archive|archived|purge-archives|
+recover-host|restore-epoch`.
+
+Guarantee: every command is one coordinator RPC (drain then watches its progress, reading only);
+`--json` prints one JSON document, errors included; every error names the next step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import socket
+import time
+
+from holdfast.agent.commands import add_tls_dir
+from holdfast.coordinator import lifecycle_rules
+from holdfast.coordinator.client import Client
+from holdfast.coordinator.run_commands import _command, _fence, _print_json, _seconds, _session_id, as_dict
+from holdfast.v1 import coordinator_pb2 as pb
+
+OPERATOR = f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+async def _drain(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.DrainHost, pb.DrainHostRequest(
+        host_id=args.host, draining=not args.undo, operator=args.operator), retry=True)
+    owned = list(reply.still_owned)
+    deadline = time.monotonic() + args.wait
+    while owned and time.monotonic() < deadline:
+        # Progress: the owners let go by themselves (`holdfast run` watches its record); we only read.
+        await asyncio.sleep(0.2)
+        sessions = await client.list_sessions()
+        owned = [r.session_id for r in sessions if lifecycle_rules.claimed_on(r, args.host)]
+        if not args.json:
+            print(f"drain {args.host}: {len(owned)} sessions still held")
+    if args.json:
+        _print_json({"host": args.host, "draining": reply.draining,
+                     "handoff_requested": list(reply.handoff_requested), "still_owned": owned,
+                     "skipped": list(reply.skipped)})
+    else:
+        state = "draining (no new grants there)" if reply.draining else "no longer draining"
+        print(f"host {args.host}: {state}; handoff requested for {len(reply.handoff_requested)} sessions")
+        for line in reply.skipped:
+            print(f"  skipped {line}")
+        if owned:
+            print(f"  still held: {' '.join(owned)}; run `holdfast drain {args.host} --wait 60` again")
+    return 0 if not owned or args.undo else 75
+
+
+async def _archive(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.ArchiveSession, pb.ArchiveSessionRequest(
+        session_id=args.session, expected_fence=args.fence, operator=args.operator, reason=args.reason),
+        args.session, retry=False)
+    if args.json:
+        _print_json(as_dict(reply))
+    else:
+        print(f"{args.session}: archived at fence {reply.record.lease.fence} ({reply.verdict}), "
+              f"{reply.history_archived} history entries kept; `holdfast admin archived {args.session}`")
+    return 0
+
+
+async def _archived(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.GetArchivedSession,
+                               pb.GetArchivedSessionRequest(session_id=args.session), args.session)
+    if args.json:
+        _print_json(as_dict(reply))
+    else:
+        print(f"{args.session}: archived at fence {reply.record.lease.fence}; "
+              f"{reply.record.lease.death_evidence.detail}")
+        for h in reply.history:
+            print(f"  {h.seq} {h.transition} fence {h.fence} {h.detail}")
+    return 0
+
+
+async def _purge(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.PurgeArchives, pb.PurgeArchivesRequest(
+        older_than_seconds=int(args.older_than_days * 86400), limit=args.limit), timeout=60.0)
+    if args.json:
+        _print_json({"purged": list(reply.purged), "more": reply.more})
+    else:
+        print(f"dropped the archived history of {len(reply.purged)} sessions (their fence floors stay)"
+              + ("; more remain: run it again" if reply.more else ""))
+    return 0
+
+
+async def _recover_host(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.RecoverHost, pb.RecoverHostRequest(
+        host_id=args.host, reason=args.reason, operator=args.operator), retry=False, timeout=60.0)
+    failed = [r for r in reply.results if not r.recovered]
+    if args.json:
+        _print_json(as_dict(reply) | {"recovered": len(reply.results) - len(failed), "failed": len(failed)})
+    else:
+        for r in reply.results:
+            print(f"{r.session_id}: fence {r.fence} " + ("invalidated" if r.recovered else f"NOT: {r.error}"))
+        print(f"host {args.host}: {len(reply.results) - len(failed)} recovered, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
+    reply = await client._call(client.stub.RestoreEpoch, pb.RestoreEpochRequest(
+        epoch=args.epoch, operator=args.operator, reason=args.reason), retry=False, timeout=300.0)
+    open_ends = [s for s in reply.sessions if s.outcome != "released"] + [
+        h for h in reply.hosts if h.error or not h.complete or h.orphans_not_stopped]
+    if args.json:
+        _print_json(as_dict(reply))
+    else:
+        for s in reply.sessions:
+            print(f"{s.session_id}: fence {s.old_fence} → floor {s.minimum_next_fence}, "
+                  f"{s.outcome} {s.detail}")
+        for h in reply.hosts:
+            print(f"host {h.host_id}: {h.roots} token roots, stopped {len(h.orphans_stopped)} orphans"
+                  f"{'' if h.complete else ' (scan incomplete: orphans may remain)'} {h.error}")
+        if open_ends:
+            print("open ends above: resolve each, then run `holdfast admin restore-epoch` again")
+    return 1 if open_ends else 0
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not 0 <= days <= 36500:
+        raise argparse.ArgumentTypeError("days must be in 0..36500")
+    return days
+
+
+def _epoch(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"epoch must be an integer in 1..{1 << 40}")
+    return int(text)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    reader = argparse.ArgumentParser(add_help=False)
+    reader.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR)")
+    add_tls_dir(reader, "present client.pem (an operator's client certificate)")
+    reader.add_argument("--json", action="store_true", help="print one JSON document")
+    reader.add_argument("--operator", default=OPERATOR, help="who is asking (recorded)")
+
+    p = subparsers.add_parser("drain", parents=[reader],
+                              help="hand off every session on HOST and refuse new grants there")
+    p.add_argument("host")
+    p.add_argument("--wait", type=_seconds, default=0.0, metavar="S", help="watch progress up to S seconds")
+    p.add_argument("--undo", action="store_true", help="lift the drain: grants on HOST again")
+    p.set_defaults(handler=_command(_drain))
+
+    admin = subparsers.add_parser("admin", help="operator procedures").add_subparsers(
+        dest="admin_command", required=True)
+    p = admin.add_parser("archive", parents=[reader], help="archive a session with no owner or reservation")
+    p.add_argument("session", type=_session_id)
+    p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (`holdfast show`)")
+    p.add_argument("--reason", required=True)
+    p.set_defaults(handler=_command(_archive))
+
+    p = admin.add_parser("archived", parents=[reader], help="an archived session's record and history")
+    p.add_argument("session", type=_session_id)
+    p.set_defaults(handler=_command(_archived))
+
+    p = admin.add_parser("purge-archives", parents=[reader],
+                         help="retention: drop archived history older than an age (fence floors stay)")
+    p.add_argument("--older-than-days", type=_days, required=True, metavar="D")
+    p.add_argument("--limit", type=int, default=100, choices=range(1, 1001), metavar="N",
+                   help="at most N sessions per call (1..1000, default 100)")
+    p.set_defaults(handler=_command(_purge))
+
+    p = admin.add_parser("recover-host", parents=[reader],
+                         help="operator evidence: HOST is gone for good; free every session it held")
+    p.add_argument("host")
+    p.add_argument("--reason", required=True, help="why you know the host is gone (recorded)")
+    p.set_defaults(handler=_command(_recover_host))
+
+    p = admin.add_parser("restore-epoch", parents=[reader],
+                         help="after an etcd snapshot restore: every fence non-live, orphans stopped")
+    p.add_argument("--epoch", type=_epoch, default=lifecycle_rules.DEFAULT_EPOCH,
+                   help=f"added above every fence (default {lifecycle_rules.DEFAULT_EPOCH})")
+    p.add_argument("--reason", required=True)
+    p.set_defaults(handler=_command(_restore_epoch))

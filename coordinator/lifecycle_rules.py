@@ -1,0 +1,80 @@
+"""Pure rules of a session's lifecycle: archive, drain, bulk recovery and the restore epoch.
+
+Guarantee: no I/O and no clock reads. Archiving is allowed only on a verdict that would grant
+(the session has no live owner or reservation, proven); a restore epoch puts every fence below a
+floor raised by the epoch and leaves no claim live; an orphan is a token root carried by no record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from holdfast.coordinator import adjudication, fencing
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+DEFAULT_EPOCH = 1 << 20
+OWNED = (pb.COMMITTED, pb.LIVE)
+
+
+def archive_allowed(verdict: adjudication.Verdict) -> bool:
+    """Only what Acquire itself would grant: free, a superseded reservation, an owner proven dead."""
+    return verdict.action is adjudication.Action.GRANT
+
+
+def purge_due(archived: pb.SessionRecord, cutoff_ms: int) -> bool:
+    """Archived before the cutoff and still carrying more than its fence floor."""
+    evidence = archived.lease.death_evidence
+    return evidence.kind == "archived" and evidence.observed_at_unix_ms < cutoff_ms and (
+        archived != floor_only(archived))
+
+
+def floor_only(archived: pb.SessionRecord) -> pb.SessionRecord:
+    """What an archive keeps forever: enough that a revived id starts above every fence it had."""
+    kept = pb.SessionRecord(schema_version=archived.schema_version, session_id=archived.session_id,
+                            history_seq=archived.history_seq)
+    kept.lease.fence = archived.lease.fence
+    kept.lease.minimum_next_fence = archived.lease.minimum_next_fence
+    kept.lease.death_evidence.CopyFrom(archived.lease.death_evidence)
+    return kept
+
+
+def claimed_on(record: pb.SessionRecord, host_id: str) -> bool:
+    """The host holds this session: its committed owner or its reservation."""
+    lease = record.lease
+    if lease.claim_status in OWNED or lease.claim_status == pb.CONFLICTED:
+        return lease.owner.host_id == host_id
+    return lease.claim_status == pb.RESERVED and lease.reserved_host_id == host_id
+
+
+def restore_floor(lease: pb.Lease, epoch: int) -> int:
+    """Above every fence this record knows of by the epoch: grants made after the backup are below it."""
+    return fencing.next_fence(lease.fence, lease.minimum_next_fence) + epoch
+
+
+def restore_claim(lease: pb.Lease) -> int:
+    """No claim survives a restore live. A reservation can never have run CMD (the spawn gate), so it
+    is released; a committed owner is conflicted until its own host's agent proves it gone."""
+    if lease.claim_status == pb.RESERVED:
+        return pb.RELEASED
+    if lease.claim_status in OWNED:
+        return pb.CONFLICTED
+    return lease.claim_status
+
+
+def known_tokens(records: Iterable[pb.SessionRecord]) -> set[str]:
+    tokens: set[str] = set()
+    for record in records:
+        lease = record.lease
+        tokens.update(t for t in (lease.owner.spawn_token, lease.reserved_spawn_token) if t)
+    return tokens
+
+
+def hosts_named(records: Iterable[pb.SessionRecord]) -> set[str]:
+    """Every host a record names as owner or reservation: where orphans of a restore may run."""
+    return {h for r in records for h in (r.lease.owner.host_id, r.lease.reserved_host_id) if h}
+
+
+def orphans(roots: Iterable[apb.TokenRoot], known: set[str]) -> list[apb.ProcessIdentity]:
+    """Token roots no record names: stopped, never adopted (the seeds' rule)."""
+    return [r.identity for r in roots if r.identity.spawn_token and r.identity.spawn_token not in known]

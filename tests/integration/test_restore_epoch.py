@@ -1,0 +1,126 @@
+"""`holdfast admin restore-epoch` after a REAL etcd snapshot restore (DESIGN.md §3).
+
+A session is released at fence 1, etcd is snapshotted, the session is granted again at fence 2 on a
+simulated host, and that `run` is killed -9 so its CMD lives on as an orphan only the agent can see.
+etcd is then restored from the snapshot into a new data dir: the record is back at fence 1. After
+restore-epoch the orphan is stopped (judged by the process table), the fence-2 grant cannot write,
+and a new grant lands above every fence issued before. A session live in the snapshot whose owner
+died meanwhile is released only on its host's agent's proof.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from holdfast.coordinator.client import Grant
+from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.conftest import descendants
+from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.lifecycle_helpers import cli, fenced_put_reason, grant_copier
+from tests.integration.run_fixtures import Cluster, until
+from tests.integration.test_run_sessions import gone
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+SID = "sess-restore-01"
+DEAD = "sess-restore-dead"
+EPOCH = 1000
+
+
+def etcdctl(url: str, *argv: str) -> None:
+    subprocess.run(["etcdctl", "--endpoints", url, *argv], check=True, capture_output=True,
+                   env={**os.environ, "ETCDCTL_API": "3"}, timeout=60)
+
+
+def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
+    first = EtcdServer(tmp_path / "etcd-1", fast_election=True).start()
+    restored: EtcdServer | None = None
+    coordinator = Coordinator(first.url, tmp_path, "/holdfast-restore/").start()
+    cluster = Cluster(coordinator, tmp_path)
+    try:
+        host = cluster.host("host-r")
+        assert cluster.run(host, SID, cmd=["true"]).wait(30) == 0
+        assert cluster.record(SID).record.lease.claim_status == pb.RELEASED
+        # Live at the snapshot, dead by the restore: re-adjudicated, released on its host's proof.
+        dead_path = tmp_path / "grant-dead.json"
+        dead = cluster.run(host, DEAD, cmd=grant_copier(dead_path))
+        until("the live session's grant file", dead_path.exists)
+        snapshot = tmp_path / "snap.db"
+        etcdctl(first.url, "snapshot", "save", str(snapshot))
+
+        dead_tree = [dead.run_pid, *descendants(dead.run_pid)]
+        for pid in dead_tree:
+            os.kill(pid, signal.SIGKILL)
+        dead.wait(10)
+        assert all(gone(pid, 5) for pid in dead_tree)
+
+        # Granted after the snapshot: fence 2, its CMD copies the grant and keeps running.
+        grant_path = tmp_path / "grant-2.json"
+        second = cluster.run(host, SID, cmd=grant_copier(grant_path))
+        until("the fence-2 grant file", grant_path.exists)
+        old = Grant.from_file(grant_path)
+        assert old.fence == 2
+        assert fenced_put_reason(cluster.stub, old, "k") == ""  # a real, live grant
+        orphan = [p for p in descendants(second.run_pid)
+                  if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+        assert len(orphan) == 1
+        os.kill(second.run_pid, signal.SIGKILL)  # its `run` is gone: only the agent can stop CMD now
+        second.wait(10)
+        assert not gone(orphan[0])
+
+        # Restore the snapshot into a new data dir and serve it on the same ports.
+        coordinator.stop()
+        first.stop()
+        data = tmp_path / "etcd-2"
+        peer = f"http://127.0.0.1:{first.peer_port}"
+        etcdctl(first.url, "snapshot", "restore", str(snapshot), "--data-dir", str(data),
+                "--name", "holdfast", "--initial-cluster", f"holdfast={peer}",
+                "--initial-advertise-peer-urls", peer)
+        restored = EtcdServer(data, fast_election=True, client_port=first.client_port,
+                              peer_port=first.peer_port).start()
+        coordinator.etcd_url = restored.url
+        coordinator.start()
+        until("host-r registered after the restore", lambda: any(
+            h.host_id == "host-r" for h in cluster.stub.ListHosts(pb.ListHostsRequest(), timeout=5).hosts))
+        assert cluster.record(SID).record.lease.fence == 1  # the restore rolled the fence back
+
+        code, report = cli(coordinator.address, "admin", "restore-epoch", "--epoch", str(EPOCH),
+                           "--reason", "etcd restored from snap.db")
+        assert code == 0, report
+        rows = {r["session_id"]: r for r in report["sessions"]}
+        assert rows[DEAD]["outcome"] == "released", rows[DEAD]
+        assert cluster.record(DEAD).record.lease.death_evidence.kind in ("exit-observed", "pid-absent")
+        row = rows[SID]
+        assert row["session_id"] == SID and row["outcome"] == "released"
+        assert int(row["minimum_next_fence"]) == 2 + EPOCH
+        [host_row] = report["hosts"]
+        assert host_row["complete"] is True and len(host_row["orphans_stopped"]) == 1, host_row
+        assert gone(orphan[0], 10)  # process table: the orphan is stopped
+
+        # The old owner cannot write; a new grant is above every fence issued before the restore.
+        assert fenced_put_reason(cluster.stub, old, "k") == "STALE_FENCE"
+        new_path = tmp_path / "grant-new.json"
+        third = cluster.run(host, SID, cmd=grant_copier(new_path, 1))
+        until("the new grant file", new_path.exists)
+        new = Grant.from_file(new_path)
+        assert new.fence == 2 + EPOCH > old.fence
+        assert fenced_put_reason(cluster.stub, new, "k") == ""
+        assert fenced_put_reason(cluster.stub, old, "k") == "STALE_FENCE"
+        assert third.wait(30) == 0
+        history = [h.transition for h in cluster.record(SID).history]
+        assert "restore-epoch" in history
+    finally:
+        cluster.stop()
+        coordinator.stop()
+        if restored is not None:
+            restored.stop()
+        first.stop()

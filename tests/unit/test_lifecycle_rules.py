@@ -1,0 +1,94 @@
+"""The pure lifecycle rules: archive only on a granting verdict, who a host holds, the restore floor
+and claims, orphans, and the drain's handoff request (no successor named)."""
+
+from __future__ import annotations
+
+import pytest
+
+from holdfast.coordinator import lifecycle_rules as rules
+from holdfast.coordinator.adjudication import AcquireAsk, Action, Reason, Verdict, adjudicate
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+OWNER = apb.ProcessIdentity(host_id="host-a", pid=42, start_ticks=7, spawn_token="a" * 32)
+
+
+def rec(**lease: object) -> pb.SessionRecord:
+    fields: dict[str, object] = {"fence": 3, "handoff_stage": pb.NONE}
+    fields.update(lease)
+    return pb.SessionRecord(schema_version=1, session_id="session-1", lease=pb.Lease(**fields))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("verdict", "allowed"), [
+    (Verdict(Action.GRANT, Reason.FREE), True),
+    (Verdict(Action.GRANT, Reason.OWNER_DEAD), True),
+    (Verdict(Action.REFUSE, Reason.HELD), False),
+    (Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN), False),  # indeterminate never archives
+    (Verdict(Action.REFUSE, Reason.RESERVED), False),
+    (Verdict(Action.PROBE, Reason.OWNERSHIP_UNKNOWN), False),
+    (Verdict(Action.TO_MANUAL, Reason.MANUAL_RECOVERY), False),
+])
+def test_archive_only_on_a_granting_verdict(verdict: Verdict, allowed: bool) -> None:
+    assert rules.archive_allowed(verdict) is allowed
+
+
+def test_claimed_on_names_owner_or_reservation_host_only() -> None:
+    assert rules.claimed_on(rec(claim_status=pb.LIVE, owner=OWNER), "host-a")
+    assert rules.claimed_on(rec(claim_status=pb.CONFLICTED, owner=OWNER), "host-a")
+    assert not rules.claimed_on(rec(claim_status=pb.LIVE, owner=OWNER), "host-b")
+    assert rules.claimed_on(rec(claim_status=pb.RESERVED, reserved_host_id="host-b"), "host-b")
+    assert not rules.claimed_on(rec(claim_status=pb.RELEASED, owner=OWNER), "host-a")
+
+
+def test_restore_floor_is_above_every_known_fence_by_the_epoch() -> None:
+    assert rules.restore_floor(pb.Lease(fence=3), 100) == 104
+    assert rules.restore_floor(pb.Lease(fence=3, minimum_next_fence=50), 100) == 150
+
+
+@pytest.mark.parametrize(("claim", "after"), [
+    (pb.RESERVED, pb.RELEASED), (pb.COMMITTED, pb.CONFLICTED), (pb.LIVE, pb.CONFLICTED),
+    (pb.RELEASED, pb.RELEASED), (pb.CONFLICTED, pb.CONFLICTED),
+    (pb.CLAIM_STATUS_UNSPECIFIED, pb.CLAIM_STATUS_UNSPECIFIED),
+])
+def test_no_claim_survives_a_restore_live(claim: int, after: int) -> None:
+    assert rules.restore_claim(pb.Lease(claim_status=claim)) == after  # type: ignore[arg-type]
+
+
+def test_hosts_named_are_owner_and_reservation_hosts() -> None:
+    records = [rec(claim_status=pb.LIVE, owner=OWNER),
+               rec(claim_status=pb.RESERVED, reserved_host_id="host-b"), rec(claim_status=pb.RELEASED)]
+    assert rules.hosts_named(records) == {"host-a", "host-b"}
+
+
+def test_orphans_are_token_roots_no_record_names() -> None:
+    known = rules.known_tokens([rec(claim_status=pb.LIVE, owner=OWNER),
+                                rec(claim_status=pb.RESERVED, reserved_spawn_token="b" * 32)])
+    roots = [apb.TokenRoot(identity=apb.ProcessIdentity(pid=p, spawn_token=t))
+             for p, t in ((1, "a" * 32), (2, "b" * 32), (3, "c" * 32), (4, ""))]
+    assert [i.pid for i in rules.orphans(roots, known)] == [3]
+
+
+def test_a_drain_request_admits_any_successor_once_the_owner_let_go() -> None:
+    drained = rec(claim_status=pb.RELEASED, handoff_stage=pb.HANDOFF_REQUESTED, handoff_operation_hash="")
+    assert adjudicate(drained, AcquireAsk(None, "op-x"), None, 0).reason is Reason.FREE
+    # While the owner still holds it, the drain grants nobody: the owner is adjudicated as ever.
+    held = rec(claim_status=pb.LIVE, owner=OWNER, handoff_stage=pb.HANDOFF_REQUESTED)
+    assert adjudicate(held, AcquireAsk(None, "op-x"), None, 0).action is Action.PROBE
+    # A takeover's request still excludes everyone else.
+    taken = rec(claim_status=pb.RELEASED, handoff_stage=pb.HANDOFF_REQUESTED, handoff_operation_hash="op-b")
+    assert adjudicate(taken, AcquireAsk(None, "op-x"), None, 0).reason is Reason.OPERATION_CONFLICT
+
+
+def test_purge_keeps_the_fence_floor_and_is_due_once() -> None:
+    archived = rec(fence=9, minimum_next_fence=12, claim_status=pb.RELEASED, owner=OWNER,
+                   death_evidence=pb.DeathEvidence(kind="archived", observed_at_unix_ms=1000))
+    archived.history_seq = 40
+    archived.provider_handle_chain.add(handle="thread-1", minted_at_fence=9)
+    assert not rules.purge_due(archived, 1000)  # not older than the cutoff
+    assert rules.purge_due(archived, 1001)
+    kept = rules.floor_only(archived)
+    assert (kept.lease.fence, kept.lease.minimum_next_fence, kept.history_seq) == (9, 12, 40)
+    assert not kept.provider_handle_chain and not kept.lease.owner.host_id
+    assert not rules.purge_due(kept, 10**12)  # already only its floor
+    live = rec(claim_status=pb.LIVE, owner=OWNER)
+    assert not rules.purge_due(live, 10**12)  # only archived records are ever purged
