@@ -36,6 +36,9 @@ SERVE_SETTINGS = [
     NODE,
     Setting("metrics_listen", "HOLDFAST_AGENT_METRICS_LISTEN", config.optional_address,
             "serve Prometheus /metrics on host:port", default=""),
+    Setting("health_listen", "HOLDFAST_AGENT_HEALTH_LISTEN", config.optional_address,
+            "also answer grpc.health.v1, plaintext and nothing else, on host:port (kubelet probes)",
+            default=""),
     TLS_DIR,
     *config.logging_settings(),
 ]
@@ -68,7 +71,7 @@ def _serve(raw: argparse.Namespace) -> int:
 
     def serve(ready: str | None) -> object:
         return server.serve(args.listen, args.host_id, args.spawn_token_env, ready, tls_dir,
-                            args.metrics_listen)
+                            args.metrics_listen, args.health_listen)
 
     if args.coordinator:
         from holdfast.agent import registration

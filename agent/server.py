@@ -19,7 +19,7 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["HostAgent"].full_name
 
 
 async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None,
-                tls_dir: Path | None = None, metrics_listen: str = "") -> None:
+                tls_dir: Path | None = None, metrics_listen: str = "", health_listen: str = "") -> None:
     log = logging.getLogger("holdfast.agent")
     service = HostAgentService(host_id, hostinfo.gather(), spawn_token_env)
     add_service = functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service)
@@ -27,13 +27,13 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
     if tls_dir is not None:
         credentials = tls.server_credentials(tls_dir, tls.Role("agent", host_id))
         gates = [RoleGate(SERVICE_NAME, agent_rule, "holdfast")]
-    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates)
-    address = serving.address
+    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
     metrics = serving_.start_metrics(metrics_listen)
-    log.info("agent serving", extra={"fields": {"address": address, "host": host_id, "metrics": metrics,
+    log.info("agent serving", extra={"fields": {"address": serving.address, "host": host_id,
+                                                "metrics": metrics, "health": serving.health_address,
                                                 "pid_ns": service.facts.incarnation.pid_ns,
                                                 "tls": tls_dir is not None}})
-    serving_.announce(ready_file, address, metrics)
+    serving_.announce(ready_file, serving, metrics)
     await serving_.until_stop_signal()
     log.info("draining", extra={"fields": {"grace_s": DRAIN_SECONDS}})
     await serving_.drain(serving, DRAIN_SECONDS)

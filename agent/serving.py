@@ -3,7 +3,9 @@
 Guarantee: the ready file names the real bound address (a supervisor asking for port 0 learns the
 port) and appears only after the server accepts calls, written whole by rename; on SIGTERM or
 SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace period. With
-`--metrics-listen` the Prometheus endpoint is bound before the ready file names it.
+`--metrics-listen` the Prometheus endpoint is bound before the ready file names it. With
+`--health-listen` a second, plaintext port answers grpc.health.v1 and nothing else: kubelet gRPC
+probes cannot present a client certificate, and a health status is no secret.
 Lives beside the agent because the agent never imports the coordinator.
 """
 
@@ -27,24 +29,39 @@ class Serving:
     server: grpc.aio.Server
     health: health.aio.HealthServicer
     address: str
+    health_server: grpc.aio.Server | None = None
+    health_address: str = ""
+
+
+def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None,
+          setting: str) -> str:
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen} ({setting}): is the address on this machine and the "
+                         "port free?")
+    return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
 async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.Server], object],
                 credentials: grpc.ServerCredentials | None = None,
-                interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> Serving:
-    """With `credentials` the server has only a TLS port: plaintext is never also accepted."""
+                interceptors: Sequence[grpc.aio.ServerInterceptor] = (), health_listen: str = "") -> Serving:
+    """With `credentials` the main port is TLS only: plaintext is never also accepted there. The
+    health port (when asked for) shares the health status, so a drain turns both NOT_SERVING."""
     server = grpc.aio.server(interceptors=list(interceptors))
     add_service(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([service_name, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    if port == 0:
-        raise SystemExit(f"cannot listen on {listen}: is the address on this machine and the port free?")
+    serving = Serving(server, health_servicer, _bind(server, listen, credentials, "listen"))
+    if health_listen:
+        serving.health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, serving.health_server)
+        serving.health_address = _bind(serving.health_server, health_listen, None, "health_listen")
+        await serving.health_server.start()
     await server.start()
     for name in ("", service_name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Serving(server, health_servicer, f"{listen.rsplit(':', 1)[0]}:{port}")
+    return serving
 
 
 def start_metrics(listen: str) -> str:
@@ -60,10 +77,12 @@ def start_metrics(listen: str) -> str:
     return f"{host}:{httpd.server_port}"
 
 
-def announce(ready_file: str | None, address: str, metrics: str = "") -> None:
+def announce(ready_file: str | None, serving: Serving, metrics: str = "") -> None:
     if ready_file:
         tmp = Path(ready_file + ".tmp")
-        tmp.write_text(json.dumps({"address": address, **({"metrics": metrics} if metrics else {})}))
+        extra = {name: value for name, value in (("metrics", metrics), ("health", serving.health_address))
+                 if value}
+        tmp.write_text(json.dumps({"address": serving.address, **extra}))
         tmp.rename(ready_file)
 
 
@@ -78,3 +97,5 @@ async def until_stop_signal() -> None:
 async def drain(serving: Serving, grace_seconds: float) -> None:
     await serving.health.enter_graceful_shutdown()
     await serving.server.stop(grace_seconds)
+    if serving.health_server is not None:
+        await serving.health_server.stop(0)

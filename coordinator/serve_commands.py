@@ -52,6 +52,9 @@ SETTINGS = [
     Setting("prefix", "HOLDFAST_ETCD_PREFIX", key_prefix, "etcd key prefix", default=DEFAULT_PREFIX),
     Setting("metrics_listen", "HOLDFAST_COORDINATOR_METRICS_LISTEN", config.optional_address,
             "serve Prometheus /metrics on host:port", default=""),
+    Setting("health_listen", "HOLDFAST_COORDINATOR_HEALTH_LISTEN", config.optional_address,
+            "also answer grpc.health.v1, plaintext and nothing else, on host:port (kubelet probes)",
+            default=""),
     Setting("census_seconds", "HOLDFAST_CENSUS_SECONDS", seconds,
             "how often the session and host gauges are recounted from etcd", default=15.0),
     dataclasses.replace(TLS_DIR, help="certificates from `holdfast certs init`: serve mTLS only with "
@@ -76,7 +79,7 @@ def _serve(raw: argparse.Namespace) -> int:
     try:
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls.tls_dir(args.tls_dir), etcd_tls, args.metrics_listen,
-                                 args.census_seconds))
+                                 args.census_seconds, args.health_listen))
     except (ValueError, FileNotFoundError) as exc:
         print(f"holdfast coordinator: {exc}", file=sys.stderr)
         return EX_USAGE

@@ -28,7 +28,7 @@ DRAIN_SECONDS = 2.0
 
 async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX,
                 tls_dir: Path | None = None, etcd_tls_dir: Path | None = None, metrics_listen: str = "",
-                census_seconds: float = 15.0) -> None:
+                census_seconds: float = 15.0, health_listen: str = "") -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
@@ -41,15 +41,15 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     if tls_dir is not None:
         credentials = tls.server_credentials(tls_dir, Role("coordinator"))
         gates = [RoleGate(SERVICE_NAME, coordinator_rule, DOMAIN)]
-    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates)
-    address = serving.address
+    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
     metrics_address = serving_.start_metrics(metrics_listen)
     census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds)) \
         if metrics_address else None
-    log.info("coordinator serving", extra={"fields": {"address": address, "etcd": etcd, "prefix": prefix,
+    log.info("coordinator serving", extra={"fields": {"address": serving.address, "etcd": etcd,
+                                                      "prefix": prefix, "health": serving.health_address,
                                                       "tls": tls_dir is not None,
                                                       "metrics": metrics_address}})
-    serving_.announce(ready_file, address, metrics_address)
+    serving_.announce(ready_file, serving, metrics_address)
     await serving_.until_stop_signal()
     if census is not None:
         census.cancel()

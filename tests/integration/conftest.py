@@ -49,7 +49,8 @@ class AgentProcess:
                 self.stop()
                 raise RuntimeError(f"agent did not start: {self.log_path.read_text()}")
             time.sleep(0.01)
-        self.address = json.loads(ready.read_text())["address"]
+        announced = json.loads(ready.read_text())
+        self.address, self.health = announced["address"], announced.get("health", "")
         self.channel = grpc.insecure_channel(self.address)
         self.stub = agent_pb2_grpc.HostAgentStub(self.channel)
 

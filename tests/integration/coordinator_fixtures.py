@@ -73,6 +73,7 @@ class Coordinator:
     process: subprocess.Popen[bytes] | None = None
     args: tuple[str, ...] = ()  # e.g. ("--tls-dir", DIR) or ("--metrics-listen", ADDR)
     metrics: str = ""  # the /metrics address its ready file names, when started with --metrics-listen
+    health: str = ""  # the plaintext health address, when started with --health-listen
 
     def start(self, timeout: float = 15.0) -> Coordinator:
         ready = self.state_dir / f"coordinator-{uuid.uuid4().hex}.json"
@@ -90,6 +91,7 @@ class Coordinator:
             time.sleep(0.05)
         announced = json.loads(ready.read_text())
         self.address, self.metrics = announced["address"], announced.get("metrics", "")
+        self.health = announced.get("health", "")
         return self
 
     def stop(self) -> None:

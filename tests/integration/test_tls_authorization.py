@@ -168,6 +168,30 @@ def test_an_agent_answers_only_coordinator_certificates(agent_tls: AgentProcess,
         health_pb2.HealthCheckResponse.SERVING
 
 
+def test_the_plaintext_health_port_answers_health_and_nothing_else(
+        tls_etcd: EtcdServer, tmp_path: Path, prefix: str, pki: Path) -> None:
+    """Kubelet gRPC probes cannot present a certificate (deploy/ points them at --health-listen)."""
+    args = ("--tls-dir", str(pki / "ours"), "--health-listen", "127.0.0.1:0")
+    coordinator = Coordinator(tls_etcd.url, tmp_path, prefix, args=args).start()
+    agent = AgentProcess(tmp_path, "host-a", args=list(args))
+    try:
+        before = etcd_state(tls_etcd, prefix, pki)
+        for server, main in ((coordinator.health, coordinator.address), (agent.health, agent.address)):
+            assert server and server != main
+            with grpc.insecure_channel(server) as channel:
+                check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert check.status == health_pb2.HealthCheckResponse.SERVING
+                hosts = coordinator_pb2_grpc.CoordinatorStub(channel).ListHosts
+                listed = refused(hosts, pb.ListHostsRequest())
+                assert listed.code() == grpc.StatusCode.UNIMPLEMENTED  # type: ignore[attr-defined]
+                info = refused(agent_pb2_grpc.HostAgentStub(channel).GetHostInfo, apb.GetHostInfoRequest())
+                assert info.code() == grpc.StatusCode.UNIMPLEMENTED  # type: ignore[attr-defined]
+        assert etcd_state(tls_etcd, prefix, pki) == before
+    finally:
+        agent.stop()
+        coordinator.stop()
+
+
 def test_only_the_agent_certificate_of_host_h_registers_h(
         coordinator_tls: Coordinator, tls_etcd: EtcdServer, prefix: str, pki: Path) -> None:
     before = etcd_state(tls_etcd, prefix, pki)
