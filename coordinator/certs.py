@@ -103,24 +103,27 @@ def issue(directory: Path, role: Role, hosts: list[str]) -> Path:
     return path
 
 
-def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str]) -> list[Path]:
+def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
+               etcd_serve_on: list[str] | None = None) -> list[Path]:
     """A CA plus one certificate per role for a local stack: what `holdfast certs init` writes.
 
     An agent certificate also names its host id (a DNS SAN), the name the coordinator checks when it
     dials that host's agent. `<directory>/etcd/` is a second CA for etcd alone: only the coordinator
     holds a certificate etcd trusts, so a client or agent certificate can never write to etcd.
+    `etcd_serve_on` (default `serve_on`) names the etcd members, e.g. a StatefulSet's pod names.
     """
     init_ca(directory)
     init_ca(directory / ETCD_SUBDIR)
-    return ensure_issued(directory, agent_hosts, serve_on)
+    return ensure_issued(directory, agent_hosts, serve_on, etcd_serve_on)
 
 
-def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str]) -> list[Path]:
+def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
+                  etcd_serve_on: list[str] | None = None) -> list[Path]:
     """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet."""
     wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), [])]
     wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
     etcd = directory / ETCD_SUBDIR
-    wanted += [(etcd, Role("etcd"), serve_on), (etcd, Role("coordinator"), [])]
+    wanted += [(etcd, Role("etcd"), etcd_serve_on or serve_on), (etcd, Role("coordinator"), [])]
     return [issue(where, role, hosts) for where, role, hosts in wanted
             if not (where / f"{role.file_stem}.pem").exists()]
 
@@ -134,13 +137,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="issue an agent certificate for this host id (repeatable)")
     init.add_argument("--serve-on", action="append", default=None, metavar="NAME_OR_IP",
                       help="name or address servers listen on (repeatable; default 127.0.0.1, localhost)")
+    init.add_argument("--etcd-serve-on", action="append", default=None, metavar="NAME_OR_IP",
+                      help="name or address of an etcd member, for etcd's own certificate (repeatable; "
+                           "default: the --serve-on names)")
     init.set_defaults(handler=_init_command)
 
 
 def _init_command(args: argparse.Namespace) -> int:
     serve_on = args.serve_on or ["127.0.0.1", "localhost"]
     try:
-        issued = init_local(args.directory, args.agent_host, serve_on)
+        issued = init_local(args.directory, args.agent_host, serve_on, args.etcd_serve_on)
     except FileExistsError as exists:
         print(f"holdfast certs: {exists}", flush=True)
         return 1

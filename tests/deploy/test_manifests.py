@@ -126,8 +126,8 @@ def test_coordinator_is_replicated_spread_and_non_root() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-def _listen_port(args: list[str]) -> int:
-    (listen,) = [a for a in args if a.startswith("--listen=")]
+def _port_of(args: list[str], flag: str) -> int:
+    (listen,) = [a for a in args if a.startswith(f"{flag}=")]
     return int(listen.rsplit(":", 1)[1])
 
 
@@ -135,15 +135,18 @@ SERVERS = [("DaemonSet", "holdfast-agent"), ("Deployment", "holdfast-coordinator
 
 
 @pytest.mark.parametrize("kind,name", SERVERS)
-def test_probes_are_grpc_health_on_the_port_the_server_listens_on(kind: str, name: str) -> None:
+def test_probes_are_grpc_health_on_the_plaintext_health_port(kind: str, name: str) -> None:
     objs = render("external-etcd")
     (container,) = pod_spec(objs, kind, name)["containers"]
-    port = _listen_port(container["args"])
-    assert port in {p["containerPort"] for p in container["ports"]}
+    port = _port_of(container["args"], "--listen")
+    health = _port_of(container["args"], "--health-listen")
+    # The main port is mTLS only and a kubelet gRPC probe presents no certificate.
+    assert health != port
+    assert {port, health} <= {p["containerPort"] for p in container["ports"]}
     # The agent's readiness is its doctor (test below); liveness is gRPC health for both.
     probes = ("livenessProbe",) if kind == "DaemonSet" else ("readinessProbe", "livenessProbe")
     for probe in probes:
-        assert container[probe]["grpc"]["port"] == port, probe
+        assert container[probe]["grpc"]["port"] == health, probe
     service = one(objs, "Service", name)
     (svc_port,) = service["spec"]["ports"]
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -183,20 +186,30 @@ def test_config_map_holds_only_settings_a_server_reads() -> None:
         assert set(config["data"]) <= read, set(config["data"]) - read
 
 
-def test_network_policy_admits_only_coordinators_to_agents() -> None:
+def test_network_policy_admits_only_coordinators_to_agents_and_scrapers_to_metrics() -> None:
     objs = render("external-etcd")
-    agent_labels = one(objs, "DaemonSet", "holdfast-agent")["spec"]["template"]["metadata"]["labels"]
+    agent = one(objs, "DaemonSet", "holdfast-agent")["spec"]["template"]
+    agent_labels = agent["metadata"]["labels"]
     coord_labels = one(objs, "Deployment", "holdfast-coordinator")["spec"]["template"]["metadata"]["labels"]
+    (container,) = agent["spec"]["containers"]
+    grpc_port = _port_of(container["args"], "--listen")
+    metrics_port = _port_of(container["args"], "--metrics-listen")
     (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"].items() <= agent_labels.items()
     assert not spec["podSelector"]["matchLabels"].items() <= coord_labels.items()
     assert spec["policyTypes"] == ["Ingress"]
-    (rule,) = spec["ingress"]
-    (peer,) = rule["from"]
+    by_port = {}
+    for rule in spec["ingress"]:
+        (port,) = rule["ports"]  # a rule without ports would admit its peers to every port
+        by_port[port["port"]] = rule["from"]
+    assert by_port.keys() == {grpc_port, metrics_port}
+    (peer,) = by_port[grpc_port]
     assert set(peer) == {"podSelector"}, "a namespace or IP peer would admit more than coordinators"
     assert peer["podSelector"]["matchLabels"].items() <= coord_labels.items()
     assert not peer["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    (scraper,) = by_port[metrics_port]
+    assert set(scraper) == {"namespaceSelector"} and scraper["namespaceSelector"]["matchLabels"]
 
 
 def test_service_accounts_mount_no_token_and_rbac_is_minimal() -> None:
@@ -230,6 +243,26 @@ def test_tls_secrets_are_referenced_never_embedded() -> None:
     assert _tls_volume(objs, "DaemonSet", "holdfast-agent")["secretName"] not in issued
 
 
+def _mounts(container: Obj) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_link_is_mtls_from_the_mounted_secrets(overlay: str) -> None:
+    objs = render(overlay)
+    (config,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    data = config["data"]
+    for kind, name in SERVERS:
+        (container,) = pod_spec(objs, kind, name)["containers"]
+        assert data["HOLDFAST_TLS_DIR"] == _mounts(container)["tls"], name
+    (coordinator,) = pod_spec(objs, "Deployment", "holdfast-coordinator")["containers"]
+    assert data["HOLDFAST_ETCD_TLS_DIR"] == _mounts(coordinator)["etcd-tls"]
+    etcd_secret = {v["name"]: v for v in pod_spec(objs, "Deployment", "holdfast-coordinator")["volumes"]}
+    assert etcd_secret["etcd-tls"]["secret"]["secretName"] == "holdfast-etcd-client-tls"
+    # With TLS configured the coordinator refuses http:// etcd endpoints.
+    assert all(u.startswith("https://") for u in data["HOLDFAST_ETCD"].split(","))
+
+
 def test_etcd_url_is_set_per_overlay() -> None:
     for overlay in OVERLAYS:
         (config,) = [o for o in render(overlay) if o["kind"] == "ConfigMap"]
@@ -249,7 +282,34 @@ def test_bundled_etcd_has_three_persistent_members_with_compaction_and_quota() -
     flags = dict(a.split("=", 1) for a in command[1:])
     assert flags["--auto-compaction-mode"] and flags["--auto-compaction-retention"]
     assert int(flags["--quota-backend-bytes"]) > 0
-    assert flags["--initial-cluster"].count("=http") == 3
+    assert flags["--initial-cluster"].count("=https://") == 3
+
+
+def test_bundled_etcd_is_mtls_for_clients_and_peers_and_probed_on_plaintext_metrics() -> None:
+    objs = render("bundled-etcd")
+    spec = one(objs, "StatefulSet", "holdfast-etcd")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    flags = dict(a.split("=", 1) for a in container["command"][1:])
+    tls_dir = _mounts(container)["tls"]
+    for side in ("", "peer-"):
+        assert flags[f"--{side}client-cert-auth"] == "true"
+        assert flags[f"--{side}trusted-ca-file"] == f"{tls_dir}/ca.pem"
+        assert flags[f"--{side}cert-file"] == f"{tls_dir}/etcd.pem"
+        assert flags[f"--{side}key-file"] == f"{tls_dir}/etcd.key"
+    for flag in ("--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls",
+                 "--initial-advertise-peer-urls"):
+        assert flags[flag].startswith("https://"), flag
+    # The client URLs the coordinator dials are the names members advertise (their certificate's).
+    (config,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    advertised = flags["--advertise-client-urls"]
+    assert {advertised.replace("$(POD_NAME)", f"holdfast-etcd-{i}") for i in range(3)} == \
+        set(config["data"]["HOLDFAST_ETCD"].split(","))
+    metrics = int(flags["--listen-metrics-urls"].removeprefix("http://").rsplit(":", 1)[1])
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert named[container[probe]["httpGet"]["port"]] == metrics, probe
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "holdfast-etcd-server-tls"
 
 
 def test_cert_manager_objects_have_the_shape_cert_manager_needs() -> None:

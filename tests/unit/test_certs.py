@@ -51,6 +51,18 @@ def test_an_agent_certificate_names_its_host_for_the_dialling_coordinator(tmp_pa
     assert "node-a" in sans.get_values_for_type(x509.DNSName)
 
 
+def test_etcd_member_names_go_on_the_etcd_certificate_only(tmp_path: Path) -> None:
+    members = ["holdfast-etcd-0.holdfast-etcd", "holdfast-etcd-1.holdfast-etcd"]
+    certs.init_local(tmp_path, [], ["holdfast-coordinator"], members)
+
+    def dns(path: Path) -> list[str]:
+        return _load(path).extensions.get_extension_for_class(x509.SubjectAlternativeName).value \
+            .get_values_for_type(x509.DNSName)
+
+    assert dns(tmp_path / "etcd" / "etcd.pem") == members
+    assert dns(tmp_path / "coordinator.pem") == ["holdfast-coordinator"]
+
+
 def test_ensure_issued_adds_only_what_is_missing(tmp_path: Path) -> None:
     certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
     before = (tmp_path / "client.pem").read_bytes()
