@@ -80,7 +80,12 @@ def session_cgroup_of(pid: int, root: str) -> agent_pb2.CgroupRef | None:
 
 
 def cgroup_populated(ref: agent_pb2.CgroupRef) -> bool | None:
-    """From cgroup.events; None when it cannot be read or the inode names another cgroup."""
+    """From cgroup.events; None when it cannot be read or the inode names another cgroup.
+
+    A session cgroup gone from a visible holdfast/ hierarchy is empty: rmdir of a cgroup succeeds
+    only when it has no processes and no children (a later fence's `run` sweeps empty ones, maybe
+    before this owner's Release). With the hierarchy itself missing here, nothing is known.
+    """
     try:
         if os.stat(ref.path).st_ino != ref.inode:
             return None
@@ -88,6 +93,8 @@ def cgroup_populated(ref: agent_pb2.CgroupRef) -> bool | None:
             key, _, value = line.partition(b" ")
             if key == b"populated":
                 return value.strip() != b"0"
+    except FileNotFoundError:
+        return False if os.path.isdir(os.path.dirname(ref.path)) else None
     except OSError:
         return None
     return None

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from holdfast.agent import observe
 from holdfast.coordinator.gate import Gate
 from holdfast.coordinator.tree import SessionCgroup, Tree, end_tree
+from holdfast.v1 import agent_pb2
 
 pytestmark = [pytest.mark.timeout(60)]
 VAR = "HOLDFAST_SPAWN_TOKEN"
@@ -74,6 +76,7 @@ def test_abort_and_a_stray_line_never_run_cmd(tmp_path: Path) -> None:
 
 PARENT = """
 import json, os, sys, time
+from holdfast.agent import observe
 from holdfast.coordinator.gate import Gate
 gate = Gate(["touch", sys.argv[1]], dict(os.environ))
 print(json.dumps({"gate": gate.pid}), flush=True)
@@ -159,6 +162,7 @@ def test_a_new_cgroup_sweeps_only_empty_cgroups_of_earlier_fences() -> None:
     session = f"sweep-test-{secrets.token_hex(4)}"
     later, crashed, busy = (SessionCgroup.create(session, f) for f in (5, 1, 1))
     assert crashed and busy and later and len({crashed.path, busy.path, later.path}) == 3
+    swept_ref = agent_pb2.CgroupRef(path=crashed.path, inode=crashed.inode)
     sleeper = subprocess.Popen(["sleep", "60"])
     ours = None
     try:
@@ -168,6 +172,12 @@ def test_a_new_cgroup_sweeps_only_empty_cgroups_of_earlier_fences() -> None:
         assert not os.path.exists(crashed.path), "an empty cgroup of an earlier fence is swept"
         assert os.path.exists(busy.path), "a populated one is never touched: its tree is still ending"
         assert os.path.exists(later.path), "a later fence's cgroup is not ours to judge"
+        # The agent's tree proof: a swept cgroup was empty (rmdir proves it), a busy one is not,
+        # and without the holdfast/ hierarchy in view nothing is known.
+        assert observe.cgroup_populated(swept_ref) is False
+        assert observe.cgroup_populated(agent_pb2.CgroupRef(path=busy.path, inode=busy.inode)) is True
+        unmounted = agent_pb2.CgroupRef(path=f"/nonexistent-{session}/holdfast/x", inode=swept_ref.inode)
+        assert observe.cgroup_populated(unmounted) is None
     finally:
         busy.kill()
         sleeper.wait(5)
