@@ -102,6 +102,10 @@ def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
     owner = lease.owner
     if probe is None:
         return Verdict(Action.PROBE, Reason.OWNERSHIP_UNKNOWN, "owner not probed yet")
+    if not probe.answered_by_host_id:
+        # No agent answered (unregistered, unreachable, timed out): the router's reason says which.
+        return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN, f"no answer from host {owner.host_id!r}: "
+                       f"{probe.reason or 'no reason given'}")
     if probe.answered_by_host_id != owner.host_id:
         return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN,
                        f"probe answered by {probe.answered_by_host_id!r}, "

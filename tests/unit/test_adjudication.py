@@ -138,3 +138,13 @@ def test_held_names_the_owner_and_since_when_in_utc() -> None:
     verdict = adjudicate(rec, ASK, probe(apb.IDENTITY_MATCHED, matched_on=["pidfd"]), NOW)
     assert verdict.reason == Reason.HELD
     assert "pid 42 on host host-a since 2026-12-03T07:40:24Z" in verdict.detail
+
+
+def test_no_answer_is_unknown_and_names_the_router_reason() -> None:
+    why = "agent of host-a unreachable: DEADLINE_EXCEEDED"
+    unanswered = apb.ProbeResult(outcome=apb.PID_ABSENT, reason=why, tree_checked=True, tree_gone=True,
+                                 observed_at_unix_ms=NOW)
+    verdict = adjudicate(owned(), ASK, unanswered, NOW)
+    # Even a result that claims death is no evidence when no agent answered for the owner's host.
+    assert (verdict.action, verdict.reason) == (Action.REFUSE, Reason.OWNERSHIP_UNKNOWN)
+    assert verdict.detail == f"no answer from host 'host-a': {why}"
