@@ -83,7 +83,9 @@ class Soak:
 
     def env(self, host: SimulatedHost) -> dict[str, str]:
         coordinator = self.cluster.coordinator_address(self.rng.randrange(2))
-        return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": coordinator}
+        # TMPDIR: a run killed -9 leaves its grant directory behind; it stays in the soak's tmp.
+        return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": coordinator,
+                "TMPDIR": str(self.tmp)}
 
     def child(self, session: str, *extra: str) -> list[str]:
         lock, log = self.tmp / f"{session}.lock", self.tmp / f"{session}.log"

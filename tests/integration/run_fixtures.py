@@ -81,7 +81,8 @@ class Cluster:
         return host
 
     def env(self, host: SimulatedHost) -> dict[str, str]:
-        return {**os.environ, "HOLDFAST_HOST_ID": host.host_id,
+        # TMPDIR: a run killed -9 leaves its grant directory behind; it stays in the test's tmp.
+        return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "TMPDIR": str(self.tmp),
                 "HOLDFAST_COORDINATOR": self.coordinator.address, "HOLDFAST_RUN_CHILD": CHILD}
 
     def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None) -> Run:
