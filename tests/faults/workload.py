@@ -67,6 +67,7 @@ class Soak:
     rng: random.Random = field(init=False)
     launched: list[Launched] = field(default_factory=list)
     ops: Counter[str] = field(default_factory=Counter)
+    exits_1: dict[str, str] = field(default_factory=dict)  # run → its last stderr line
     faults: Counter[str] = field(default_factory=Counter)
     samples: list[tuple[int, frozenset[tuple[str, int, int]]]] = field(default_factory=list)
     agent_pauses: list[tuple[str, int, int]] = field(default_factory=list)  # (host, from ms, to ms)
@@ -126,9 +127,16 @@ class Soak:
         return run
 
     def reap(self) -> None:
-        for run in self.launched:
+        for index, run in enumerate(self.launched):
             if run.proc.returncode is None and run.proc.poll() is not None:
                 self.ops[f"exit-{run.proc.returncode}"] += 1
+                if run.proc.returncode == 1:  # no reason of holdfast's maps to 1 but NOT_FOUND: show why
+                    self.exits_1[f"run-{index}"] = self._last_line(self.tmp / f"run-{index}.err")
+
+    @staticmethod
+    def _last_line(path: Path) -> str:
+        lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+        return lines[-1][:300] if lines else "(no output)"
 
     # --- faults -----------------------------------------------------------------------------
     def children_alive(self) -> list[tuple[int, str, int]]:
@@ -447,7 +455,7 @@ class Soak:
     def figures(self, duration: float, violations: int) -> dict[str, object]:
         return {"seed": self.seed, "duration_s": round(duration, 1), "operations": dict(self.ops),
                 "faults": dict(self.faults), "acknowledged_writes": sum(1 for _ in self._acks()),
-                "grants_with_death_evidence": len(self.evidence),
+                "grants_with_death_evidence": len(self.evidence), "exit_1_runs": self.exits_1,
                 "violations": violations}
 
     def _acks(self) -> list[str]:
@@ -458,8 +466,6 @@ class Soak:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-
-
 
 
 def dump(figures: dict[str, object]) -> str:
