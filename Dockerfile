@@ -18,6 +18,8 @@ COPY --from=build /opt/holdfast /opt/holdfast
 ENV PATH=/opt/holdfast/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Non-root by default (the coordinator); the agent DaemonSet overrides to uid 0 with SYS_PTRACE only.
 USER 65532:65532
+# As that user (it has no passwd entry): the CLI must still build its parsers.
+RUN ["/opt/holdfast/bin/holdfast", "coordinator", "serve", "--help"]
 EXPOSE 7600 7601
 ENTRYPOINT ["/opt/holdfast/bin/holdfast"]
 CMD ["--help"]

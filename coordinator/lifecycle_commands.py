@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
-import socket
 import time
 
 from holdfast.agent.commands import add_tls_dir
 from holdfast.coordinator import lifecycle_rules
 from holdfast.coordinator.client import Client
-from holdfast.coordinator.run_commands import _command, _fence, _print_json, _seconds, _session_id, as_dict
+from holdfast.coordinator.run_commands import (
+    _command,
+    _fence,
+    _print_json,
+    _seconds,
+    _session_id,
+    as_dict,
+    default_operator,
+)
 from holdfast.v1 import coordinator_pb2 as pb
-
-OPERATOR = f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 async def _drain(args: argparse.Namespace, client: Client) -> int:
@@ -137,7 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     reader.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR)")
     add_tls_dir(reader, "present client.pem (an operator's client certificate)")
     reader.add_argument("--json", action="store_true", help="print one JSON document")
-    reader.add_argument("--operator", default=OPERATOR, help="who is asking (recorded)")
+    reader.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
 
     p = subparsers.add_parser("drain", parents=[reader],
                               help="hand off every session on HOST and refuse new grants there")

@@ -36,6 +36,16 @@ STAGE_NAMES = {pb.NONE: "none", pb.HANDOFF_REQUESTED: "handoff-requested",
                pb.MANUAL_RECOVERY: "manual-recovery", pb.HANDOFF_STAGE_UNSPECIFIED: "none"}
 
 
+def default_operator() -> str:
+    """Who is asking, for the record: user@host. A uid with no passwd entry (the image's 65532)
+    makes getpass raise KeyError, which at parser build time would stop every command."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
 def _session_id(text: str) -> str:
     try:
         return records.check_session_id(text)
@@ -326,8 +336,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", type=_session_id)
     p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (see `holdfast show`)")
     p.add_argument("--reason", required=True, help="why you know the owner is gone (recorded)")
-    p.add_argument("--operator", default=f"{getpass.getuser()}@{socket.gethostname()}",
-                   help="who is asking (recorded)")
+    p.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
     p.set_defaults(handler=_command(_recover))
 
     p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")

@@ -65,3 +65,18 @@ def test_gate_program_execs_only_on_the_exact_word() -> None:
     assert argv[:2] == ["/bin/sh", "-c"]
     assert '[ "$go" = committed ] && exec "$@"' in argv[2] and "/dev/fd/12" in argv[2]
     assert argv[4:] == ["codex", "resume", "a b"]  # passed as arguments, never through the shell's parser
+
+
+def test_a_uid_without_a_passwd_entry_still_builds_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The image runs as uid 65532, which has no passwd entry: getpass.getuser() raises KeyError.
+    import getpass
+
+    from holdfast.coordinator import cli, run_commands
+
+    def no_entry() -> str:
+        raise KeyError("getpwuid(): uid not found: 65532")
+
+    monkeypatch.setattr(getpass, "getuser", no_entry)
+    assert run_commands.default_operator().startswith(f"uid-{os.getuid()}@")
+    args = cli.build_parser().parse_args(["drain", "node-a"])
+    assert args.operator.startswith("uid-")
