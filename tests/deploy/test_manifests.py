@@ -4,8 +4,10 @@ Every overlay renders with `kubectl kustomize`; every core object validates agai
 schemas; CRD objects (cert-manager, PrometheusRule) are shape-checked here; yamllint is clean; the
 agent has hostPID and SYS_PTRACE and nothing more; the coordinator is non-root; probes name real
 container ports and the agent's readiness is its doctor; metrics ports are declared; the ConfigMap
-holds only settings a server reads; the NetworkPolicy admits only coordinators to the agents; the Dockerfile's
-entrypoints exist and the pinned lock covers every runtime dependency.
+holds only settings a server reads; the NetworkPolicy admits only coordinators to the agents (and
+scrapers to their metrics); every link is mTLS from mounted secrets, with kubelet probes on the
+plaintext health ports; the retention CronJob's command parses; the Dockerfile's entrypoints exist
+and the pinned lock covers every runtime dependency.
 """
 
 from __future__ import annotations
@@ -261,6 +263,23 @@ def test_every_link_is_mtls_from_the_mounted_secrets(overlay: str) -> None:
     assert etcd_secret["etcd-tls"]["secret"]["secretName"] == "holdfast-etcd-client-tls"
     # With TLS configured the coordinator refuses http:// etcd endpoints.
     assert all(u.startswith("https://") for u in data["HOLDFAST_ETCD"].split(","))
+
+
+def test_archive_retention_runs_daily_as_a_non_root_client_over_mtls() -> None:
+    objs = render("external-etcd")
+    cronjob = one(objs, "CronJob", "holdfast-purge-archives")
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["automountServiceAccountToken"] is False
+    (container,) = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    args = importlib.import_module("holdfast.coordinator.cli").build_parser().parse_args(container["args"])
+    assert args.admin_command == "purge-archives" and args.older_than_days > 0
+    (config,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    assert config["metadata"]["name"] in {r["configMapRef"]["name"] for r in container["envFrom"]}
+    assert config["data"]["HOLDFAST_TLS_DIR"] == _mounts(container)["tls"]
+    (volume,) = spec["volumes"]
+    assert volume["secret"]["secretName"] == "holdfast-client-tls"
 
 
 def test_etcd_url_is_set_per_overlay() -> None:
