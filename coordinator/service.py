@@ -7,6 +7,7 @@ transaction comparing `fence/<id>`; a refusal writes nothing; indeterminate neve
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -218,12 +219,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         verdict: adjudication.Verdict,
         ops_key: str,
     ) -> pb.AcquireResponse | None:
-        host = await self.registry.get(request.host_id)
+        # Two independent reads, one round trip's wait: a grant is on every client's start path.
+        host, draining = await asyncio.gather(self.registry.get(request.host_id),
+                                              self.lifecycle.draining(request.host_id))
         if host is None:
             raise CoordinatorError(
                 "HOST_NOT_REGISTERED", f"host {request.host_id} has no live agent registration"
             )
-        if await self.lifecycle.draining(request.host_id):
+        if draining:
             raise CoordinatorError("HOST_DRAINING", f"host {request.host_id} is draining; no grants there")
         if record is None:
             record = await self.lifecycle.revived(request.session_id, request.provider, request.location)
