@@ -9,6 +9,7 @@ stops only token roots no record names, and releases an owner only on its own ho
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -89,15 +90,25 @@ class Lifecycle:
             history=[records.json_format.Parse(e.value, pb.HistoryEntry()) for e in history])
 
     async def revived(self, session_id: str, provider: str, location: str) -> pb.SessionRecord:
-        """A new record; above the archived fence and history when the id was archived before."""
+        """A new record: above the archived fence and history when the id was archived before, and
+        above the restore epoch's floor for sessions the restored etcd never saw."""
         record = records.new_record(session_id, provider, location)
-        entry = await self.store.get(self.store.key("archive", session_id, "record"))
+        entry, epoch_floor = await asyncio.gather(
+            self.store.get(self.store.key("archive", session_id, "record")), self.new_session_floor())
+        record.lease.minimum_next_fence = epoch_floor
         if entry is not None:
             old = records.decode_record(entry.value)
             floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
-            record.lease.minimum_next_fence = floor
+            record.lease.minimum_next_fence = max(floor, epoch_floor)
             record.history_seq = old.history_seq
         return record
+
+    def _epoch_key(self) -> str:
+        return self.store.key("new-session-floor")
+
+    async def new_session_floor(self) -> int:
+        entry = await self.store.get(self._epoch_key())
+        return int(entry.value) if entry is not None else 0
 
     async def purge_archives(
         self, request: pb.PurgeArchivesRequest, context: Context
@@ -211,6 +222,10 @@ class Lifecycle:
             raise records.InvalidInput(f"epoch must be in 1..{1 << 40}")
         response = pb.RestoreEpochResponse()
         to_judge: list[str] = []
+        # 0. Sessions created after the snapshot have no record here, and their ids would start again
+        # at fence 1: a fence an orphan (or an external store) has already seen. New ids start above.
+        floor = lifecycle_rules.new_session_floor(await self.new_session_floor(), epoch)
+        await self.store.txn([], [Put(self._epoch_key(), str(floor).encode())])
         # 1. Every fence non-live and every floor raised, before any agent is asked anything.
         for entry, record in await self._sessions():
             lease = record.lease

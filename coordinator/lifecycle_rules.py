@@ -52,6 +52,12 @@ def restore_floor(lease: pb.Lease, epoch: int) -> int:
     return fencing.next_fence(lease.fence, lease.minimum_next_fence) + epoch
 
 
+def new_session_floor(previous: int, epoch: int) -> int:
+    """The first fence of an id with no record after a restore: above every fence any session the
+    snapshot lacked could have reached (fewer than `epoch` grants since the snapshot)."""
+    return previous + epoch
+
+
 def restore_claim(lease: pb.Lease) -> int:
     """No claim survives a restore live. A reservation can never have run CMD (the spawn gate), so it
     is released; a committed owner is conflicted until its own host's agent proves it gone."""

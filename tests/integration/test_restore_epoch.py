@@ -5,7 +5,8 @@ simulated host, and that `run` is killed -9 so its CMD lives on as an orphan onl
 etcd is then restored from the snapshot into a new data dir: the record is back at fence 1. After
 restore-epoch the orphan is stopped (judged by the process table), the fence-2 grant cannot write,
 and a new grant lands above every fence issued before. A session live in the snapshot whose owner
-died meanwhile is released only on its host's agent's proof.
+died meanwhile is released only on its host's agent's proof. A session first granted after the
+snapshot starts again above the epoch, not at its already-issued fence 1.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ pytestmark = [
 ]
 SID = "sess-restore-01"
 DEAD = "sess-restore-dead"
+NEW = "sess-restore-new"  # first granted after the snapshot: the restored etcd has no record of it
 EPOCH = 1000
 
 
@@ -76,6 +78,9 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         os.kill(second.run_pid, signal.SIGKILL)  # its `run` is gone: only the agent can stop CMD now
         second.wait(10)
         assert not gone(orphan[0])
+        new_first = tmp_path / "grant-new-session-1.json"
+        assert cluster.run(host, NEW, cmd=grant_copier(new_first, 1)).wait(30) == 0
+        assert Grant.from_file(new_first).fence == 1
 
         # Restore the snapshot into a new data dir and serve it on the same ports.
         coordinator.stop()
@@ -118,6 +123,12 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         assert third.wait(30) == 0
         history = [h.transition for h in cluster.record(SID).history]
         assert "restore-epoch" in history
+
+        # An id the restored etcd never saw does not start again at fence 1, which was issued.
+        assert NEW not in rows
+        new_again = tmp_path / "grant-new-session-2.json"
+        assert cluster.run(host, NEW, cmd=grant_copier(new_again, 1)).wait(30) == 0
+        assert Grant.from_file(new_again).fence == EPOCH
     finally:
         cluster.stop()
         coordinator.stop()

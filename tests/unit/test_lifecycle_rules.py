@@ -40,6 +40,12 @@ def test_claimed_on_names_owner_or_reservation_host_only() -> None:
     assert not rules.claimed_on(rec(claim_status=pb.RELEASED, owner=OWNER), "host-a")
 
 
+def test_new_session_floor_accumulates_epochs() -> None:
+    # A second restore must clear the fences new ids got after the first one (from its floor up).
+    assert rules.new_session_floor(0, 1000) == 1000
+    assert rules.new_session_floor(1000, 1000) == 2000
+
+
 def test_restore_floor_is_above_every_known_fence_by_the_epoch() -> None:
     assert rules.restore_floor(pb.Lease(fence=3), 100) == 104
     assert rules.restore_floor(pb.Lease(fence=3, minimum_next_fence=50), 100) == 150
