@@ -240,7 +240,7 @@ class Lifecycle:
                         owner_fence=lease.fence))
                 if await self.svc._transition(entry, record, "restore-epoch", f"+{epoch} {who}"):
                     row.minimum_next_fence = lease.minimum_next_fence
-                    row.outcome = "conflicted" if lease.claim_status == pb.CONFLICTED else "released"
+                    row.outcome = fencing.CLAIM_NAMES[lease.claim_status]
                     if was in lifecycle_rules.OWNED:
                         to_judge.append(record.session_id)
                     break

@@ -104,7 +104,8 @@ async def _recover_host(args: argparse.Namespace, client: Client) -> int:
 async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
     reply = await client._call(client.stub.RestoreEpoch, pb.RestoreEpochRequest(
         epoch=args.epoch, operator=args.operator, reason=args.reason), retry=False, timeout=300.0)
-    open_ends = [s for s in reply.sessions if s.outcome != "released"] + [
+    # A restored reservation is no open end: Acquire supersedes it on its host's proof of no carrier.
+    open_ends = [s for s in reply.sessions if s.outcome in ("conflicted", "unchanged")] + [
         h for h in reply.hosts if h.error or not h.complete or h.orphans_not_stopped]
     if args.json:
         _print_json(as_dict(reply))

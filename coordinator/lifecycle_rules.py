@@ -59,21 +59,21 @@ def new_session_floor(previous: int, epoch: int) -> int:
 
 
 def restore_claim(lease: pb.Lease) -> int:
-    """No claim survives a restore live. A reservation can never have run CMD (the spawn gate), so it
-    is released; a committed owner is conflicted until its own host's agent proves it gone."""
-    if lease.claim_status == pb.RESERVED:
-        return pb.RELEASED
+    """No claim survives a restore live: a committed owner is conflicted until its own host's agent
+    proves it gone. A reservation stays one, never released here: it may have committed after the
+    snapshot and be running CMD unrecorded, so only adjudication supersedes it, on its host's proof
+    that nothing carries its token."""
     if lease.claim_status in OWNED:
         return pb.CONFLICTED
     return lease.claim_status
 
 
 def known_tokens(records: Iterable[pb.SessionRecord]) -> set[str]:
-    tokens: set[str] = set()
-    for record in records:
-        lease = record.lease
-        tokens.update(t for t in (lease.owner.spawn_token, lease.reserved_spawn_token) if t)
-    return tokens
+    """Tokens of the owners the records still claim. A reservation's token is not among them: a
+    carrier of it started CMD after the snapshot (the gate runs CMD only after a commit the restored
+    etcd lost), an owner no record knows."""
+    return {r.lease.owner.spawn_token for r in records
+            if r.lease.claim_status in (*OWNED, pb.CONFLICTED) and r.lease.owner.spawn_token}
 
 
 def hosts_named(records: Iterable[pb.SessionRecord]) -> set[str]:

@@ -4,7 +4,8 @@ A session is released at fence 1, etcd is snapshotted, the session is granted ag
 simulated host, and that `run` is killed -9 so its CMD lives on as an orphan only the agent can see.
 etcd is then restored from the snapshot into a new data dir: the record is back at fence 1. After
 restore-epoch the orphan is stopped (judged by the process table), the fence-2 grant cannot write,
-and a new grant lands above every fence issued before. A session live in the snapshot whose owner
+and a new grant lands above every fence issued before. A reservation taken before the snapshot and
+committed after it stays reserved and its CMD is stopped. A session live in the snapshot whose owner
 died meanwhile is released only on its host's agent's proof. A session first granted after the
 snapshot starts again above the epoch, not at its already-issued fence 1.
 """
@@ -25,6 +26,7 @@ from tests.integration.conftest import descendants
 from tests.integration.coordinator_fixtures import Coordinator
 from tests.integration.lifecycle_helpers import cli, fenced_put_reason, grant_copier
 from tests.integration.run_fixtures import Cluster, until
+from tests.integration.test_coordinator_service import acquire, spawn_owner
 from tests.integration.test_run_sessions import gone
 
 pytestmark = [
@@ -35,6 +37,7 @@ pytestmark = [
 SID = "sess-restore-01"
 DEAD = "sess-restore-dead"
 NEW = "sess-restore-new"  # first granted after the snapshot: the restored etcd has no record of it
+RES = "sess-restore-res"  # reserved at the snapshot, committed after it: CMD runs, unrecorded
 EPOCH = 1000
 
 
@@ -56,8 +59,14 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         dead_path = tmp_path / "grant-dead.json"
         dead = cluster.run(host, DEAD, cmd=grant_copier(dead_path))
         until("the live session's grant file", dead_path.exists)
+        reserved = acquire(cluster.stub, RES, host.host_id).grant
         snapshot = tmp_path / "snap.db"
         etcdctl(first.url, "snapshot", "save", str(snapshot))
+        carrier = spawn_owner(host, reserved)
+        cluster.stub.CommitOwner(pb.CommitOwnerRequest(session_id=RES, fence=reserved.fence,
+                                                       secret=reserved.secret,
+                                                       pid_hint=host.host_pid(carrier)), timeout=30)
+        carrier_pid = host.outer_pid(carrier)
 
         dead_tree = [dead.run_pid, *descendants(dead.run_pid)]
         for pid in dead_tree:
@@ -108,8 +117,15 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         assert row["session_id"] == SID and row["outcome"] == "released"
         assert int(row["minimum_next_fence"]) == 2 + EPOCH
         [host_row] = report["hosts"]
-        assert host_row["complete"] is True and len(host_row["orphans_stopped"]) == 1, host_row
+        assert host_row["complete"] is True and len(host_row["orphans_stopped"]) == 2, host_row
         assert gone(orphan[0], 10)  # process table: the orphan is stopped
+        # The reservation stays one (never released on a restore): its carrier started CMD on a
+        # commit the restored etcd lost, so it is stopped like any owner no record knows.
+        assert rows[RES]["outcome"] == "reserved"
+        assert cluster.record(RES).record.lease.claim_status == pb.RESERVED
+        assert gone(carrier_pid, 10)
+        assert fenced_put_reason(cluster.stub, Grant(RES, reserved.fence, reserved.secret, "", "", ""),
+                                 "k") != ""
 
         # The old owner cannot write; a new grant is above every fence issued before the restore.
         assert fenced_put_reason(cluster.stub, old, "k") == "STALE_FENCE"

@@ -52,7 +52,7 @@ def test_restore_floor_is_above_every_known_fence_by_the_epoch() -> None:
 
 
 @pytest.mark.parametrize(("claim", "after"), [
-    (pb.RESERVED, pb.RELEASED), (pb.COMMITTED, pb.CONFLICTED), (pb.LIVE, pb.CONFLICTED),
+    (pb.RESERVED, pb.RESERVED), (pb.COMMITTED, pb.CONFLICTED), (pb.LIVE, pb.CONFLICTED),
     (pb.RELEASED, pb.RELEASED), (pb.CONFLICTED, pb.CONFLICTED),
     (pb.CLAIM_STATUS_UNSPECIFIED, pb.CLAIM_STATUS_UNSPECIFIED),
 ])
@@ -66,12 +66,17 @@ def test_hosts_named_are_owner_and_reservation_hosts() -> None:
     assert rules.hosts_named(records) == {"host-a", "host-b"}
 
 
-def test_orphans_are_token_roots_no_record_names() -> None:
-    known = rules.known_tokens([rec(claim_status=pb.LIVE, owner=OWNER),
-                                rec(claim_status=pb.RESERVED, reserved_spawn_token="b" * 32)])
+def test_orphans_are_token_roots_of_no_claimed_owner() -> None:
+    released = apb.ProcessIdentity(host_id="host-a", pid=9, start_ticks=1, spawn_token="d" * 32)
+    known = rules.known_tokens([rec(claim_status=pb.CONFLICTED, owner=OWNER),
+                                rec(claim_status=pb.RESERVED, reserved_spawn_token="b" * 32),
+                                rec(claim_status=pb.RELEASED, owner=released)])
+    assert known == {OWNER.spawn_token}
     roots = [apb.TokenRoot(identity=apb.ProcessIdentity(pid=p, spawn_token=t))
-             for p, t in ((1, "a" * 32), (2, "b" * 32), (3, "c" * 32), (4, ""))]
-    assert [i.pid for i in rules.orphans(roots, known)] == [3]
+             for p, t in ((1, OWNER.spawn_token), (2, "b" * 32), (3, "c" * 32), (4, ""), (5, "d" * 32))]
+    # A restored reservation's carrier ran CMD on a commit etcd lost; a released owner's tree was
+    # proven gone: both are stopped, never adopted.
+    assert [i.pid for i in rules.orphans(roots, known)] == [2, 3, 5]
 
 
 def test_a_drain_request_admits_any_successor_once_the_owner_let_go() -> None:
