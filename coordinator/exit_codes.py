@@ -39,6 +39,9 @@ _TABLE: dict[str, tuple[int, str]] = {
     "HOST_LIVE": (EX_TEMPFAIL, "another agent holds this host id; stop it or wait for its lease to expire"),
     "HOST_DRAINING": (EX_TEMPFAIL, "this host is draining for maintenance; run on another host, or lift "
                                    "it with `holdfast drain HOST --undo`"),
+    "RESTORE_PENDING": (EX_TEMPFAIL, "etcd was restored from a backup: an operator must finish "
+                                     "`holdfast admin restore-epoch` (docs/operations.md, Back up and "
+                                     "restore etcd); retry after it reports grants reopened"),
     "CHAIN_FULL": (EX_FAILURE, "the provider handle chain is full; start a new session id"),
     "HOST_NOT_REGISTERED": (EX_UNAVAILABLE, "start this host's agent with `--coordinator ADDR` (or "
                                             "`holdfast up`), or pass the registered id with --host-id"),

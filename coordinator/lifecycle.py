@@ -103,6 +103,12 @@ class Lifecycle:
             record.history_seq = old.history_seq
         return record
 
+    async def restore_pending(self) -> str | None:
+        """Why grants are closed after an etcd restore (the key an operator puts, or an unfinished
+        restore-epoch leaves); None when they are open."""
+        entry = await self.store.get(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY))
+        return entry.value.decode(errors="replace")[:200] if entry is not None else None
+
     def _epoch_key(self) -> str:
         return self.store.key("new-session-floor")
 
@@ -220,6 +226,7 @@ class Lifecycle:
         epoch = request.epoch or lifecycle_rules.DEFAULT_EPOCH
         if not 1 <= epoch <= 1 << 40:
             raise records.InvalidInput(f"epoch must be in 1..{1 << 40}")
+        expected = [records.check_host_id(h) for h in request.expected_hosts]
         response = pb.RestoreEpochResponse()
         to_judge: list[str] = []
         # 0. Sessions created after the snapshot have no record here, and their ids would start again
@@ -254,7 +261,8 @@ class Lifecycle:
         registered = [host.host_id for host in await self.svc.registry.list()]
         for host_id in registered:
             response.hosts.append(await self._stop_orphans(host_id, known))
-        for host_id in sorted(lifecycle_rules.hosts_named(current) - set(registered)):
+        for host_id in lifecycle_rules.unsearched_hosts(lifecycle_rules.hosts_named(current), expected,
+                                                        registered):
             response.hosts.append(pb.RestoreEpochHost(
                 host_id=host_id, error="not registered: its orphans were not searched; run restore-epoch "
                 "again once its agent is back, or make sure the node is off"))
@@ -275,6 +283,13 @@ class Lifecycle:
                     continue
             row.detail = (f"owner not proven gone ({probe.tree_reason or probe.reason}); stop it, then "
                           f"`holdfast recover {sid} --fence {record.lease.fence} --reason TEXT`")
+        # 4. Grants reopen only when nothing a restore hides can still be running.
+        pending = self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)
+        response.grants_reopened = lifecycle_rules.grants_may_reopen(response)
+        if response.grants_reopened:
+            await self.store.txn([], [], [pending])
+        else:
+            await self.store.txn([], [Put(pending, f"restore-epoch unfinished: {who}".encode())])
         return response
 
     async def _stop_orphans(self, host_id: str, known: set[str]) -> pb.RestoreEpochHost:

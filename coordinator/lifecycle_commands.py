@@ -103,7 +103,8 @@ async def _recover_host(args: argparse.Namespace, client: Client) -> int:
 
 async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
     reply = await client._call(client.stub.RestoreEpoch, pb.RestoreEpochRequest(
-        epoch=args.epoch, operator=args.operator, reason=args.reason), retry=False, timeout=300.0)
+        epoch=args.epoch, operator=args.operator, reason=args.reason, expected_hosts=args.expect_host),
+        retry=False, timeout=300.0)
     # A restored reservation is no open end: Acquire supersedes it on its host's proof of no carrier.
     open_ends = [s for s in reply.sessions if s.outcome in ("conflicted", "unchanged")] + [
         h for h in reply.hosts if h.error or not h.complete or h.orphans_not_stopped]
@@ -118,6 +119,8 @@ async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
                   f"{'' if h.complete else ' (scan incomplete: orphans may remain)'} {h.error}")
         if open_ends:
             print("open ends above: resolve each, then run `holdfast admin restore-epoch` again")
+        print("grants reopened" if reply.grants_reopened else
+              "grants stay closed (RESTORE_PENDING) until every host is searched completely")
     return 1 if open_ends else 0
 
 
@@ -180,5 +183,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="after an etcd snapshot restore: every fence non-live, orphans stopped")
     p.add_argument("--epoch", type=_epoch, default=lifecycle_rules.DEFAULT_EPOCH,
                    help=f"added above every fence (default {lifecycle_rules.DEFAULT_EPOCH})")
+    p.add_argument("--expect-host", action="append", default=[], metavar="NODE",
+                   help="a node that may run owners (repeatable; e.g. every `kubectl get nodes` name): "
+                        "grants stay closed until each was searched")
     p.add_argument("--reason", required=True)
     p.set_defaults(handler=_command(_restore_epoch))

@@ -68,6 +68,23 @@ def restore_claim(lease: pb.Lease) -> int:
     return lease.claim_status
 
 
+RESTORE_PENDING_KEY = "restore-pending"
+
+
+def unsearched_hosts(named: set[str], expected: Iterable[str], registered: Iterable[str]) -> list[str]:
+    """Hosts that may run owners but could not be asked for their token roots."""
+    return sorted((named | set(expected)) - set(registered))
+
+
+def grants_may_reopen(response: pb.RestoreEpochResponse) -> bool:
+    """After a restore, grants wait until every host that may run owners was searched completely
+    with every orphan stopped, and every record's floor was raised: a writer granted after the
+    snapshot on a session the snapshot shows free is found only by that search. A conflicted
+    session does not hold the others back; it stays refused on its own."""
+    hosts_done = all(h.complete and not h.error and not h.orphans_not_stopped for h in response.hosts)
+    return hosts_done and all(s.outcome != "unchanged" for s in response.sessions)
+
+
 def known_tokens(records: Iterable[pb.SessionRecord]) -> set[str]:
     """Tokens of the owners the records still claim. A reservation's token is not among them: a
     carrier of it started CMD after the snapshot (the gate runs CMD only after a commit the restored

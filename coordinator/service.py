@@ -219,9 +219,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         verdict: adjudication.Verdict,
         ops_key: str,
     ) -> pb.AcquireResponse | None:
-        # Two independent reads, one round trip's wait: a grant is on every client's start path.
-        host, draining = await asyncio.gather(self.registry.get(request.host_id),
-                                              self.lifecycle.draining(request.host_id))
+        # Independent reads, one round trip's wait: a grant is on every client's start path.
+        host, draining, restore_pending = await asyncio.gather(
+            self.registry.get(request.host_id), self.lifecycle.draining(request.host_id),
+            self.lifecycle.restore_pending())
+        if restore_pending is not None:
+            raise CoordinatorError("RESTORE_PENDING", f"etcd was restored from a backup and restore-epoch "
+                                   f"has not finished ({restore_pending}); no grants until it has")
         if host is None:
             raise CoordinatorError(
                 "HOST_NOT_REGISTERED", f"host {request.host_id} has no live agent registration"

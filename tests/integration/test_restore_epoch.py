@@ -39,6 +39,7 @@ DEAD = "sess-restore-dead"
 NEW = "sess-restore-new"  # first granted after the snapshot: the restored etcd has no record of it
 RES = "sess-restore-res"  # reserved at the snapshot, committed after it: CMD runs, unrecorded
 EPOCH = 1000
+PREFIX = "/holdfast-restore/"
 
 
 def etcdctl(url: str, *argv: str) -> None:
@@ -49,7 +50,7 @@ def etcdctl(url: str, *argv: str) -> None:
 def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
     first = EtcdServer(tmp_path / "etcd-1", fast_election=True).start()
     restored: EtcdServer | None = None
-    coordinator = Coordinator(first.url, tmp_path, "/holdfast-restore/").start()
+    coordinator = Coordinator(first.url, tmp_path, PREFIX).start()
     cluster = Cluster(coordinator, tmp_path)
     try:
         host = cluster.host("host-r")
@@ -101,15 +102,22 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
                 "--initial-advertise-peer-urls", peer)
         restored = EtcdServer(data, fast_election=True, client_port=first.client_port,
                               peer_port=first.peer_port).start()
+        # The runbook's gate, put before any coordinator serves the restored data.
+        etcdctl(restored.url, "put", f"{PREFIX}restore-pending", "restored from snap.db")
         coordinator.etcd_url = restored.url
         coordinator.start()
         until("host-r registered after the restore", lambda: any(
             h.host_id == "host-r" for h in cluster.stub.ListHosts(pb.ListHostsRequest(), timeout=5).hosts))
         assert cluster.record(SID).record.lease.fence == 1  # the restore rolled the fence back
+        # No grant on rolled-back fences before restore-epoch: the plain run is refused and runs nothing.
+        early = cluster.run(host, SID, cmd=["touch", str(tmp_path / "early-ran")])
+        assert early.wait(30) == 75 and "RESTORE_PENDING" in early.err()
+        assert not (tmp_path / "early-ran").exists()
 
         code, report = cli(coordinator.address, "admin", "restore-epoch", "--epoch", str(EPOCH),
                            "--reason", "etcd restored from snap.db")
         assert code == 0, report
+        assert report["grants_reopened"] is True
         rows = {r["session_id"]: r for r in report["sessions"]}
         assert rows[DEAD]["outcome"] == "released", rows[DEAD]
         assert cluster.record(DEAD).record.lease.death_evidence.kind in ("exit-observed", "pid-absent")
@@ -145,6 +153,15 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         new_again = tmp_path / "grant-new-session-2.json"
         assert cluster.run(host, NEW, cmd=grant_copier(new_again, 1)).wait(30) == 0
         assert Grant.from_file(new_again).fence == EPOCH
+
+        # A node that may run owners but cannot be searched closes grants again, until it is.
+        code, report = cli(coordinator.address, "admin", "restore-epoch", "--epoch", str(EPOCH),
+                           "--expect-host", "host-gone", "--reason", "host-gone was down")
+        assert code == 1 and not report.get("grants_reopened", False)
+        assert [h["error"] for h in report["hosts"] if h["host_id"] == "host-gone"]
+        closed = cluster.run(host, NEW, cmd=["touch", str(tmp_path / "late-ran")])
+        assert closed.wait(30) == 75 and "RESTORE_PENDING" in closed.err()
+        assert not (tmp_path / "late-ran").exists()
     finally:
         cluster.stop()
         coordinator.stop()

@@ -103,3 +103,26 @@ def test_purge_keeps_the_fence_floor_and_is_due_once() -> None:
     assert not rules.purge_due(kept, 10**12)  # already only its floor
     live = rec(claim_status=pb.LIVE, owner=OWNER)
     assert not rules.purge_due(live, 10**12)  # only archived records are ever purged
+
+
+def test_unsearched_hosts_are_named_or_expected_and_not_registered() -> None:
+    unsearched = rules.unsearched_hosts({"host-a", "host-b"}, ["host-c", "host-a"], ["host-a"])
+    assert unsearched == ["host-b", "host-c"]
+
+
+def _report(host: pb.RestoreEpochHost, outcome: str = "released") -> pb.RestoreEpochResponse:
+    return pb.RestoreEpochResponse(sessions=[pb.RestoreEpochSession(session_id="s", outcome=outcome)],
+                                   hosts=[host])
+
+
+@pytest.mark.parametrize(("report", "reopen"), [
+    (_report(pb.RestoreEpochHost(host_id="a", complete=True)), True),
+    (_report(pb.RestoreEpochHost(host_id="a", complete=True), outcome="conflicted"), True),
+    (_report(pb.RestoreEpochHost(host_id="a", complete=True), outcome="unchanged"), False),
+    (_report(pb.RestoreEpochHost(host_id="a", complete=False)), False),
+    (_report(pb.RestoreEpochHost(host_id="a", error="not registered")), False),
+    (_report(pb.RestoreEpochHost(host_id="a", complete=True, orphans_not_stopped=["pid 7"])), False),
+])
+def test_grants_reopen_only_when_every_host_was_searched_and_every_floor_raised(
+        report: pb.RestoreEpochResponse, reopen: bool) -> None:
+    assert rules.grants_may_reopen(report) is reopen

@@ -527,14 +527,16 @@ class RecoverHostResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ...) -> None: ...
 
 class RestoreEpochRequest(_message.Message):
-    __slots__ = ("epoch", "operator", "reason")
+    __slots__ = ("epoch", "operator", "reason", "expected_hosts")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_HOSTS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     operator: str
     reason: str
-    def __init__(self, epoch: _Optional[int] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    expected_hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., operator: _Optional[str] = ..., reason: _Optional[str] = ..., expected_hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestoreEpochSession(_message.Message):
     __slots__ = ("session_id", "old_fence", "minimum_next_fence", "outcome", "detail")
@@ -567,9 +569,11 @@ class RestoreEpochHost(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., complete: _Optional[bool] = ..., roots: _Optional[int] = ..., orphans_stopped: _Optional[_Iterable[str]] = ..., orphans_not_stopped: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RestoreEpochResponse(_message.Message):
-    __slots__ = ("sessions", "hosts")
+    __slots__ = ("sessions", "hosts", "grants_reopened")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_REOPENED_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[RestoreEpochSession]
     hosts: _containers.RepeatedCompositeFieldContainer[RestoreEpochHost]
-    def __init__(self, sessions: _Optional[_Iterable[_Union[RestoreEpochSession, _Mapping]]] = ..., hosts: _Optional[_Iterable[_Union[RestoreEpochHost, _Mapping]]] = ...) -> None: ...
+    grants_reopened: bool
+    def __init__(self, sessions: _Optional[_Iterable[_Union[RestoreEpochSession, _Mapping]]] = ..., hosts: _Optional[_Iterable[_Union[RestoreEpochHost, _Mapping]]] = ..., grants_reopened: _Optional[bool] = ...) -> None: ...
