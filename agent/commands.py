@@ -36,6 +36,9 @@ SERVE_SETTINGS = [
     NODE,
     Setting("metrics_listen", "HOLDFAST_AGENT_METRICS_LISTEN", config.optional_address,
             "serve Prometheus /metrics on host:port", default=""),
+    Setting("advertise", "HOLDFAST_AGENT_ADVERTISE", config.optional_address,
+            "register this host:port instead of the bound address (a proxy or NAT in front, or a "
+            "wildcard listen)", default=""),
     Setting("health_listen", "HOLDFAST_AGENT_HEALTH_LISTEN", config.optional_address,
             "also answer grpc.health.v1, plaintext and nothing else, on host:port (kubelet probes)",
             default=""),
@@ -77,7 +80,8 @@ def _serve(raw: argparse.Namespace) -> int:
         from holdfast.agent import registration
 
         asyncio.run(registration.serve_registered(
-            serve, args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir))
+            serve, args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir,
+            args.advertise))
         return 0
     asyncio.run(serve(args.ready_file))  # type: ignore[arg-type]
     return 0

@@ -96,8 +96,12 @@ async def serve_registered(
     host_id: str,
     spawn_token_env: str,
     tls_dir: Path | None = None,
+    advertise: str = "",
 ) -> None:
-    """Runs the agent server and, once it has bound, keeps it registered until the server stops."""
+    """Runs the agent server and, once it has bound, keeps it registered until the server stops.
+
+    The registered address is `advertise` when set, else the bound one: coordinators dial exactly
+    what is registered. With TLS they still accept only this host's certificate behind it."""
     ready = Path(ready_file) if ready_file else Path(tempfile.mkdtemp()) / "ready.json"
     server = asyncio.create_task(serve(str(ready)))
     while not ready.exists() and not server.done():
@@ -105,7 +109,7 @@ async def serve_registered(
     if server.done():
         await server
         return
-    address = json.loads(ready.read_text())["address"]
+    address = advertise or json.loads(ready.read_text())["address"]
     keeper = asyncio.create_task(
         keep_registered(
             coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION,
