@@ -102,14 +102,15 @@ async def serve_registered(
 
     The registered address is `advertise` when set, else the bound one: coordinators dial exactly
     what is registered. With TLS they still accept only this host's certificate behind it."""
-    ready = Path(ready_file) if ready_file else Path(tempfile.mkdtemp()) / "ready.json"
-    server = asyncio.create_task(serve(str(ready)))
-    while not ready.exists() and not server.done():
-        await asyncio.sleep(0.05)
-    if server.done():
-        await server
-        return
-    address = advertise or json.loads(ready.read_text())["address"]
+    with tempfile.TemporaryDirectory(prefix="holdfast-agent-") as scratch:
+        ready = Path(ready_file) if ready_file else Path(scratch) / "ready.json"
+        server = asyncio.create_task(serve(str(ready)))
+        while not ready.exists() and not server.done():
+            await asyncio.sleep(0.05)
+        if server.done():
+            await server
+            return
+        address = advertise or json.loads(ready.read_text())["address"]
     keeper = asyncio.create_task(
         keep_registered(
             coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION,
