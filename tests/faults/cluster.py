@@ -1,12 +1,12 @@
 """The fault cluster on one machine: 3 etcd members, 2 coordinator replicas, 3 simulated hosts, and
-a fault proxy in front of every etcd member, every coordinator and every agent's coordinator link.
+a fault proxy in front of every etcd member, every coordinator, every agent's link to its
+coordinator and every agent's own listener.
 
 Guarantee: everything listens on 127.0.0.0/8 only; `stop()` ends every process it started, by pid,
-after resuming any it paused (a stopped process cannot be ended by SIGTERM). Clients and agents
-reach etcd and coordinators only through proxies, so a link can be cut without killing anything.
-The agent's own listener is not proxied: the agent registers the address it listens on and has no
-advertise option, so "cutting an agent off" cuts its link to the coordinator (registration and
-heartbeats) and a SIGSTOP makes its probes indeterminate.
+after resuming any it paused (a stopped process cannot be ended by SIGTERM). Clients, agents and
+coordinators reach etcd, coordinators and agents only through proxies, so a link can be cut
+without killing anything. Each agent listens on a fixed port of its host's address (the same after
+a reboot) and registers its proxy's address (`--advertise`), so coordinators probe through it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class FaultCluster:
     coordinator_proxies: list[FaultProxy] = field(default_factory=list)
     hosts: list[SimulatedHost] = field(default_factory=list)
     agent_links: list[FaultProxy] = field(default_factory=list)  # host i → its coordinator
+    probe_links: list[FaultProxy] = field(default_factory=list)  # coordinators → host i's agent
     paused: set[int] = field(default_factory=set)
 
     def start(self) -> FaultCluster:
@@ -66,8 +67,11 @@ class FaultCluster:
             link = self.proxies.add(f"agent-link{i}", self.coordinator_proxies[i % 2].address,
                                     seed=self.seed + 20 + i)
             self.agent_links.append(link)
-            host = SimulatedHost(f"h{i}", index, self.tmp / f"h{i}",
-                                 agent_args=["--coordinator", link.address])
+            listen = f"127.0.0.{index}:{free_port(f'127.0.0.{index}')}"
+            probe = self.proxies.add(f"probe-link{i}", listen, seed=self.seed + 30 + i)
+            self.probe_links.append(probe)
+            host = SimulatedHost(f"h{i}", index, self.tmp / f"h{i}", agent_args=[
+                "--coordinator", link.address, "--listen", listen, "--advertise", probe.address])
             host.start(30)
             self.hosts.append(host)
         return self

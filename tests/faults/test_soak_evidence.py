@@ -19,7 +19,7 @@ def test_a_probe_answer_from_a_stopped_agent_is_an_indeterminate_grant(tmp_path:
     soak = _soak(tmp_path)
     timed = [(1, Event(0, "grant", "soak-session-0", 1, "h0")),
              (5, Event(0, "grant", "soak-session-0", 2, "h1"))]
-    soak.agent_pauses = [("h0", 1000, 3000)]
+    soak.agent_silences = [("h0", 1000, 3000)]
     soak.evidence = {("soak-session-0", 2): pb.DeathEvidence(kind="pid-absent", observed_at_unix_ms=2000,
                                                               owner_fence=1)}
     found = soak._indeterminate_grants(timed)

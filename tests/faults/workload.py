@@ -44,7 +44,7 @@ PAUSE_MARGIN_MS = 50
 CHILD = str(Path(__file__).with_name("writer_child.py"))
 TAKEOVERS = ("plain", "takeover", "force", "wait")
 FAULTS = ("kill-child", "kill-run", "kill-agent", "kill-coordinator", "kill-etcd-member", "kill-etcd-leader",
-          "pause-child", "pause-run", "pause-agent", "pause-coordinator", "cut-agent-link",
+          "pause-child", "pause-run", "pause-agent", "pause-coordinator", "cut-agent-link", "cut-probe-link",
           "cut-coordinator", "degrade-etcd", "reboot-host", "pid-reuse", "kill-before-commit")
 
 
@@ -70,7 +70,8 @@ class Soak:
     exits_1: dict[str, str] = field(default_factory=dict)  # run → its last stderr line
     faults: Counter[str] = field(default_factory=Counter)
     samples: list[tuple[int, frozenset[tuple[str, int, int]]]] = field(default_factory=list)
-    agent_pauses: list[tuple[str, int, int]] = field(default_factory=list)  # (host, from ms, to ms)
+    # (host, from ms, to ms): the agent SIGSTOPped or its probe link cut, so no answer of it can arrive
+    agent_silences: list[tuple[str, int, int]] = field(default_factory=list)
     evidence: dict[tuple[str, int], pb.DeathEvidence] = field(default_factory=dict)  # per grant
     _sampling: threading.Event = field(default_factory=threading.Event)
 
@@ -226,6 +227,15 @@ class Soak:
             c.etcd[i].process.wait(5)
             time.sleep(pause)
             c.restart_etcd(i)
+        elif kind == "cut-probe-link":
+            # No answer of that agent can reach a coordinator in the window: any probe evidence
+            # timed inside it was not that agent's (the same check as a SIGSTOPped agent's).
+            i = rng.randrange(len(c.probe_links))
+            c.proxies.cut(c.probe_links[i])
+            start_ms = time.time_ns() // 1_000_000 + PAUSE_MARGIN_MS
+            time.sleep(pause)
+            self.agent_silences.append((c.hosts[i].host_id, start_ms, time.time_ns() // 1_000_000))
+            c.proxies.heal(c.probe_links[i])
         elif kind in ("cut-agent-link", "cut-coordinator", "degrade-etcd"):
             proxy = rng.choice({"cut-agent-link": c.agent_links, "cut-coordinator": c.coordinator_proxies,
                                 "degrade-etcd": c.etcd_proxies}[kind])
@@ -246,7 +256,7 @@ class Soak:
             start_ms = time.time_ns() // 1_000_000 + PAUSE_MARGIN_MS
             time.sleep(seconds)
             if agent_of:
-                self.agent_pauses.append((agent_of, start_ms, time.time_ns() // 1_000_000))
+                self.agent_silences.append((agent_of, start_ms, time.time_ns() // 1_000_000))
         self.cluster.resume(pid)
 
     def fences_started(self, session: str) -> list[int]:
@@ -429,7 +439,7 @@ class Soak:
         for (session, fence), ev in self.evidence.items():
             host = host_of.get((session, ev.owner_fence))
             if ev.kind in PROBED and any(h == host and lo <= ev.observed_at_unix_ms <= hi
-                                         for h, lo, hi in self.agent_pauses):
+                                         for h, lo, hi in self.agent_silences):
                 out.append((ev.observed_at_unix_ms * 1_000_000,
                             Event(0, "indeterminate-grant", session, fence, host or "", ev.kind)))
         return out
