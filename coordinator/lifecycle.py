@@ -3,8 +3,10 @@ good, and the restore epoch after an etcd snapshot restore (DESIGN.md §3).
 
 Guarantee: every session write is one transaction comparing the record's mod revision (a lost race
 changes nothing and is reported); archiving happens only on a verdict that would grant; a refusal
-writes nothing; the restore epoch makes every fence non-live before any agent is asked anything,
-stops only token roots no record names, and releases an owner only on its own host's proof.
+writes nothing; the restore epoch makes every fence non-live (and floors ids the restored etcd
+never saw) before any agent is asked anything, stops every token root that is not a claimed
+owner's, releases an owner only on its own host's proof, and reopens grants only when every host
+that may run owners was searched completely.
 """
 
 from __future__ import annotations
