@@ -2,7 +2,8 @@
 
 Guarantee: no I/O and no clock reads. Archiving is allowed only on a verdict that would grant
 (the session has no live owner or reservation, proven); a restore epoch puts every fence below a
-floor raised by the epoch and leaves no claim live; an orphan is a token root carried by no record.
+floor raised by the epoch and leaves no owner live; an orphan is a token root of no claimed owner;
+grants reopen after a restore only when every host that may run owners was searched completely.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 DEFAULT_EPOCH = 1 << 20
+RESTORE_PENDING_KEY = "restore-pending"  # while it exists, Acquire refuses RESTORE_PENDING
 OWNED = (pb.COMMITTED, pb.LIVE)
 
 
@@ -68,9 +70,6 @@ def restore_claim(lease: pb.Lease) -> int:
     return lease.claim_status
 
 
-RESTORE_PENDING_KEY = "restore-pending"
-
-
 def unsearched_hosts(named: set[str], expected: Iterable[str], registered: Iterable[str]) -> list[str]:
     """Hosts that may run owners but could not be asked for their token roots."""
     return sorted((named | set(expected)) - set(registered))
@@ -99,5 +98,5 @@ def hosts_named(records: Iterable[pb.SessionRecord]) -> set[str]:
 
 
 def orphans(roots: Iterable[apb.TokenRoot], known: set[str]) -> list[apb.ProcessIdentity]:
-    """Token roots no record names: stopped, never adopted (the seeds' rule)."""
+    """Token roots of no claimed owner: stopped, never adopted (the seeds' rule)."""
     return [r.identity for r in roots if r.identity.spawn_token and r.identity.spawn_token not in known]
