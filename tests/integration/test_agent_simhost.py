@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,8 +151,13 @@ def test_pid_reuse_is_identity_mismatch(simhosts, children) -> None:
     unwatched.CopyFrom(identity)
     unwatched.pidfd_ino = 0  # another identity for the same pid: the exit memory must not cover it
     stream = stub.WatchExits(agent_pb2.WatchExitsRequest(owners=[identity]), timeout=10)
-    subprocess.run(["kill", "-9", str(host.outer_pid(owner))], check=True)
-    assert next(stream).result.outcome == P.EXIT_OBSERVED
+    # Killed only once the agent has surely armed its pidfd watch: killed first, the owner would be
+    # answered pid-absent and no exit remembered (seen once in CI on a loaded machine).
+    killer = threading.Timer(0.5, os.kill, (host.outer_pid(owner), signal.SIGKILL))
+    killer.start()
+    event = next(stream)
+    killer.join()
+    assert event.result.outcome == P.EXIT_OBSERVED
     owner.wait(5)
     new_token = mint_token()
     reuse = host.spawn([sys.executable, "-c", REUSE, str(identity.pid), new_token], stdout=subprocess.PIPE)
