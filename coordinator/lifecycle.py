@@ -111,11 +111,11 @@ class Lifecycle:
         entry = await self.store.get(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY))
         return entry.value.decode(errors="replace")[:200] if entry is not None else None
 
-    def _epoch_key(self) -> str:
+    def _floor_key(self) -> str:
         return self.store.key("new-session-floor")
 
     async def new_session_floor(self) -> int:
-        entry = await self.store.get(self._epoch_key())
+        entry = await self.store.get(self._floor_key())
         return int(entry.value) if entry is not None else 0
 
     async def purge_archives(
@@ -234,7 +234,7 @@ class Lifecycle:
         # 0. Sessions created after the snapshot have no record here, and their ids would start again
         # at fence 1: a fence an orphan (or an external store) has already seen. New ids start above.
         floor = lifecycle_rules.new_session_floor(await self.new_session_floor(), epoch)
-        await self.store.txn([], [Put(self._epoch_key(), str(floor).encode())])
+        await self.store.txn([], [Put(self._floor_key(), str(floor).encode())])
         # 1. Every fence non-live and every floor raised, before any agent is asked anything.
         for entry, record in await self._sessions():
             lease = record.lease

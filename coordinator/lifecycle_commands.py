@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import time
 
-from holdfast.agent.commands import add_tls_dir
 from holdfast.coordinator import lifecycle_rules
 from holdfast.coordinator.client import Client
 from holdfast.coordinator.run_commands import (
@@ -21,6 +20,7 @@ from holdfast.coordinator.run_commands import (
     _seconds,
     _session_id,
     as_dict,
+    client_options,
     default_operator,
 )
 from holdfast.v1 import coordinator_pb2 as pb
@@ -141,10 +141,7 @@ def _epoch(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    reader = argparse.ArgumentParser(add_help=False)
-    reader.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR)")
-    add_tls_dir(reader, "present client.pem (an operator's client certificate)")
-    reader.add_argument("--json", action="store_true", help="print one JSON document")
+    reader = argparse.ArgumentParser(add_help=False, parents=[client_options()])
     reader.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
 
     p = subparsers.add_parser("drain", parents=[reader],

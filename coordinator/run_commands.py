@@ -274,14 +274,22 @@ def _run_handler(args: argparse.Namespace) -> int:
     return _command(_run)(args)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
-                        f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
-    add_tls_dir(common, "present client.pem; without it, and when a `holdfast up --tls` runs the "
+def client_options(*, json: bool = True) -> argparse.ArgumentParser:
+    """The parent parser of every command that calls a coordinator: --coordinator and --tls-dir,
+    and --json unless the command only acts."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
+                         f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
+    add_tls_dir(options, "present client.pem; without it, and when a `holdfast up --tls` runs the "
                 "coordinator, its certificates")
-    reader = argparse.ArgumentParser(add_help=False, parents=[common])
-    reader.add_argument("--json", action="store_true", help="print one JSON document")
+    if json:
+        options.add_argument("--json", action="store_true", help="print one JSON document")
+    return options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    common = client_options(json=False)
+    reader = client_options()
 
     p = subparsers.add_parser("run", parents=[common], help="run CMD as the session's single writer",
                               usage="holdfast run --session ID [options] -- CMD [ARGS...]")
