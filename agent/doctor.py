@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent import hostinfo, tls
+from holdfast.agent import cgroups, hostinfo, tls
 from holdfast.agent.environ import read_environ
 
 INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
@@ -34,7 +34,7 @@ class Facts:
     environ_error: str  # the first failure, e.g. "pid 1: Permission denied"
     pidfs: bool
     cgroup_root: str
-    cgroup_writable: bool
+    cgroup_problem: str  # why session cgroups cannot be made here; "" when they can
     boot_id: str  # "" when unreadable
     machine_id: str  # "" when unreadable
     coordinator: str
@@ -83,10 +83,12 @@ def check_pidfs(f: Facts) -> Check:
 
 
 def check_cgroup(f: Facts) -> Check:
-    ok = bool(f.cgroup_root) and f.cgroup_writable
-    detail = f"cgroup v2 at {f.cgroup_root}, {'writable' if f.cgroup_writable else 'read-only'}" \
-        if f.cgroup_root else "no cgroup v2 hierarchy"
-    return _result("cgroup-v2", ok, detail, "mount the node's /sys/fs/cgroup (cgroup v2, unified) read-write")
+    ok = not f.cgroup_problem
+    detail = f"session cgroups under {f.cgroup_root}, in the node's cgroup namespace" if ok \
+        else f.cgroup_problem
+    return _result("cgroup-v2", ok, detail, "mount the node's /sys/fs/cgroup (cgroup v2, unified) read-write "
+                   "and run the agent in the node's cgroup namespace (/proc/self/cgroup and /proc/1/cgroup "
+                   "must read 0::/...): without a session cgroup a tree's end rests on the scan alone")
 
 
 def check_boot_id(f: Facts) -> Check:
@@ -197,11 +199,11 @@ def in_init_pid_ns() -> bool:
 
 def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "") -> Facts:
     read, denied, others, first = environ_facts()
-    root = hostinfo.cgroup2_root()
+    able = cgroups.capability()
     return Facts(
         node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),
         environ_read=read, environ_denied=denied, environ_other_users=others, environ_error=first,
-        pidfs=hostinfo.has_pidfs(), cgroup_root=root, cgroup_writable=bool(root) and os.access(root, os.W_OK),
+        pidfs=hostinfo.has_pidfs(), cgroup_root=able.root, cgroup_problem=able.reason,
         boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=_read("/etc/machine-id"),
         coordinator=coordinator,
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",

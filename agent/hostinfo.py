@@ -10,11 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from holdfast.agent import cgroups
 from holdfast.agent.environ import read_proc_file
 from holdfast.agent.procstat import parse_stat
 from holdfast.v1 import agent_pb2
-
-CGROUP_MOUNTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -23,8 +22,11 @@ class HostFacts:
     clock_ticks: int
     can_enumerate: bool
     pidfs: bool
-    cgroup_root: str
-    cgroup_writable: bool
+    cgroups: cgroups.Capability
+
+    @property
+    def cgroup_root(self) -> str:
+        return self.cgroups.root
 
 
 def current_incarnation() -> agent_pb2.HostIncarnation:
@@ -50,34 +52,11 @@ def has_pidfs() -> bool:
         os.close(b)
 
 
-# Every session's gate gets its own cgroup directly under <cgroup2 root>/holdfast/. Only such a
-# cgroup is ever recorded in an identity or killed: a shared cgroup (a system slice, the agent's
-# own) in a record would make `cgroup.kill` end strangers and its emptiness prove nothing.
-SESSION_CGROUP_PARENT = "holdfast"
-
-
-def is_session_cgroup(path: str, root: str) -> bool:
-    """Whether path names one session cgroup directly under root's holdfast/ subtree."""
-    if not root or not path:
-        return False
-    parent, name = os.path.split(os.path.normpath(path))
-    return parent == os.path.join(root, SESSION_CGROUP_PARENT) and name not in ("", ".", "..")
-
-
-def cgroup2_root() -> str:
-    for mount in CGROUP_MOUNTS:
-        if os.path.exists(os.path.join(mount, "cgroup.controllers")):
-            return mount
-    return ""
-
-
 def gather() -> HostFacts:
-    root = cgroup2_root()
     return HostFacts(
         incarnation=current_incarnation(),
         clock_ticks=os.sysconf("SC_CLK_TCK"),
         can_enumerate=os.path.isdir("/proc/self"),
         pidfs=has_pidfs(),
-        cgroup_root=root,
-        cgroup_writable=bool(root) and os.access(root, os.W_OK),
+        cgroups=cgroups.capability(),
     )

@@ -1,62 +1,110 @@
-"""Ending an owner tree, only after its identity is proven: SIGKILL through pidfds to the root and
-to every process still carrying its token (each re-checked through its own pidfd), and
-`cgroup.kill` where the identity names a cgroup whose inode still matches.
+"""Ending an owner tree, only after its identity is proven.
+
+Guarantee: every signal goes through a pidfd that was checked, after it was opened, to name the
+process meant — the root by its recorded start ticks (and pidfs inode where there is one), a
+carrier by the token in its environ — and that had not exited when checked, so a reused pid is
+never hit (without pidfs an inode of 0 says nothing: the check is start ticks through the pidfd).
+The session cgroup is ended with `cgroup.kill`, which the kernel applies to forks racing it. A
+token carrier outside the cgroup is first stopped, every carrier until a stable scan finds no new
+one, and only then killed: a tree that keeps forking cannot outrun a kill that stops it first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 
-from holdfast.agent.environ import read_value
+from holdfast.agent import cgroups
+from holdfast.agent.environ import read_proc_file, read_value
+from holdfast.agent.observe import pidfd_exited
+from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import scan
 from holdfast.v1 import agent_pb2
 
+STOP_ROUNDS = 32
+STOP_SECONDS = 3.0
 
-def _signal_carrier(pid: int, variable: bytes, token: bytes) -> bool:
+
+def _open_root(identity: agent_pb2.ProcessIdentity) -> int | None:
+    """A pidfd for the recorded root, or None when the pid now names another process (or none)."""
+    try:
+        fd = os.pidfd_open(identity.pid)
+    except OSError:
+        return None
+    try:
+        if identity.pidfd_ino and os.fstat(fd).st_ino != identity.pidfd_ino:
+            raise LookupError
+        ticks = parse_stat(read_proc_file(f"/proc/{identity.pid}/stat")).start_ticks
+        # Read after the open and before this poll: /proc named the pidfd's process at that time.
+        if ticks != identity.start_ticks or pidfd_exited(fd):
+            raise LookupError
+    except (OSError, StatParseError, LookupError):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_carrier(pid: int, variable: bytes, token: bytes) -> int | None:
     try:
         fd = os.pidfd_open(pid)
     except OSError:
-        return False
+        return None
     try:
-        # Re-read through the opened pidfd's pid: the process must still carry the token now.
-        if read_value(pid, variable) != token:
-            return False
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        if read_value(pid, variable) != token or pidfd_exited(fd):
+            raise LookupError
+    except (OSError, LookupError):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _send(fd: int, sig: int) -> bool:
+    try:
+        signal.pidfd_send_signal(fd, sig)
         return True
     except OSError:
-        return False
-    finally:
-        os.close(fd)
+        return False  # exited since it was checked
 
 
-def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched: bool) -> int:
-    """Signals sent. The root is signalled only when just judged IDENTITY_MATCHED (its pid may
-    belong to a stranger otherwise); carriers and the cgroup whenever the root is matched or
-    proven dead, since descendants outlive their root."""
-    sent = 0
-    if root_matched:
-        try:
-            fd = os.pidfd_open(identity.pid)
-            try:
-                if not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    sent += 1
-            finally:
+def stop_carriers(variable: bytes, token: bytes, skip: int = 0) -> dict[int, int]:
+    """SIGSTOP every carrier of the token until a stable scan shows none that is not stopped;
+    returns the pidfds of the stopped ones (the caller kills and closes them)."""
+    stopped: dict[int, int] = {}
+    deadline = time.monotonic() + STOP_SECONDS
+    for _ in range(STOP_ROUNDS):
+        found = scan(variable, token)
+        new = [c.pid for c in found.carriers if c.pid not in stopped and c.pid != skip]
+        for pid in new:
+            fd = _open_carrier(pid, variable, token)
+            if fd is not None and _send(fd, signal.SIGSTOP):
+                stopped[pid] = fd
+            elif fd is not None:
                 os.close(fd)
-        except OSError:
-            pass  # already gone: the probe after the kill reports it
-    if identity.spawn_token:
-        token = identity.spawn_token.encode()
-        for carrier in scan(variable, token).carriers:
-            if carrier.pid != identity.pid:
-                sent += _signal_carrier(carrier.pid, variable, token)
-    if identity.cgroup.path:
+        if (not new and found.stable) or time.monotonic() > deadline:
+            break
+    return stopped
+
+
+def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched: bool,
+              cap: cgroups.Capability) -> int:
+    """Signals sent. The root is signalled only when just judged IDENTITY_MATCHED and re-checked
+    through its pidfd; the cgroup and the carriers whenever the root is matched or proven dead,
+    since descendants outlive their root."""
+    sent = 0
+    if root_matched and (fd := _open_root(identity)) is not None:
         try:
-            if os.stat(identity.cgroup.path).st_ino == identity.cgroup.inode:
-                with open(os.path.join(identity.cgroup.path, "cgroup.kill"), "w") as f:
-                    f.write("1")
-                sent += 1
-        except OSError:
-            pass  # the tree check after the kill says whether the cgroup emptied
+            sent += _send(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
+    if identity.cgroup.path:
+        sent += cgroups.kill(identity.cgroup, cap)
+    if identity.spawn_token:
+        skip = identity.pid if root_matched else 0
+        stopped = stop_carriers(variable, identity.spawn_token.encode(), skip)
+        for fd in stopped.values():
+            with contextlib.suppress(OSError):
+                sent += _send(fd, signal.SIGKILL)
+                os.close(fd)
     return sent

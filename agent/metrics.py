@@ -17,11 +17,20 @@ SCAN_SECONDS = Histogram("holdfast_agent_scan_seconds", "Duration of one /proc e
 SCANS = Counter("holdfast_agent_scans", "Scans of /proc, by whether every process was readable", ["complete"])
 SCAN_UNREADABLE = Gauge("holdfast_agent_scan_unreadable_processes",
                         "Processes whose environ the last scan could not read (absence claims are off)")
+SCAN_PASSES = Histogram("holdfast_agent_scan_passes", "Passes over /proc one stable scan took",
+                        buckets=(1, 2, 3, 4, 6, 8, 16))
+ATTESTATIONS = Counter("holdfast_agent_attestations", "Trees attested, by the proof their end needs "
+                       "(scan_only: no session cgroup could be made)", ["tree_proof"])
+SESSION_CGROUPS_SWEPT = Counter("holdfast_agent_session_cgroups_swept", "Empty session cgroups removed")
 REGISTERED = Gauge("holdfast_agent_registered", "1 while this agent holds a live registration", ["host"])
 
 
 def outcome_name(outcome: int) -> str:
     return agent_pb2.ProbeOutcome.Name(outcome).lower()
+
+
+def observe_attestation(identity: agent_pb2.ProcessIdentity) -> None:
+    ATTESTATIONS.labels(agent_pb2.TreeProof.Name(identity.tree_proof).lower()).inc()
 
 
 def observe_probes(host: str, results: Iterable[agent_pb2.ProbeResult], seconds: float) -> None:
@@ -32,5 +41,6 @@ def observe_probes(host: str, results: Iterable[agent_pb2.ProbeResult], seconds:
 
 def observe_scan(result: Scan, seconds: float) -> None:
     SCAN_SECONDS.observe(seconds)
+    SCAN_PASSES.observe(result.passes)
     SCANS.labels(str(result.complete).lower()).inc()
     SCAN_UNREADABLE.set(result.unreadable)

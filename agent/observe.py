@@ -10,8 +10,8 @@ import errno
 import os
 import select
 
+from holdfast.agent import cgroups
 from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
-from holdfast.agent.hostinfo import is_session_cgroup
 from holdfast.agent.probe_rules import Observation, TreeObservation
 from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import Scan
@@ -60,53 +60,15 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
         os.close(fd)
 
 
-def session_cgroup_of(pid: int, root: str) -> agent_pb2.CgroupRef | None:
-    """The session cgroup pid runs in, read from /proc/<pid>/cgroup on this host; None outside one.
-
-    This is how a cgroup enters an identity: attested here, never named by a client.
-    """
-    try:
-        lines = read_proc_file(f"/proc/{pid}/cgroup").decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    relative = next((line[3:] for line in lines if line.startswith("0::")), "")
-    path = os.path.normpath(root + relative) if root and relative.startswith("/") else ""
-    if not is_session_cgroup(path, root):
-        return None
-    try:
-        return agent_pb2.CgroupRef(path=path, inode=os.stat(path).st_ino)
-    except OSError:
-        return None
-
-
-def cgroup_populated(ref: agent_pb2.CgroupRef) -> bool | None:
-    """From cgroup.events; None when it cannot be read or the inode names another cgroup.
-
-    A session cgroup gone from a visible holdfast/ hierarchy is empty: rmdir of a cgroup succeeds
-    only when it has no processes and no children (a later fence's `run` sweeps empty ones, maybe
-    before this owner's Release). With the hierarchy itself missing here, nothing is known.
-    """
-    try:
-        if os.stat(ref.path).st_ino != ref.inode:
-            return None
-        for line in read_proc_file(os.path.join(ref.path, "cgroup.events")).splitlines():
-            key, _, value = line.partition(b" ")
-            if key == b"populated":
-                return value.strip() != b"0"
-    except FileNotFoundError:
-        return False if os.path.isdir(os.path.dirname(ref.path)) else None
-    except OSError:
-        return None
-    return None
-
-
-def observe_tree(identity: agent_pb2.ProcessIdentity, scan: Scan) -> TreeObservation:
+def observe_tree(identity: agent_pb2.ProcessIdentity, scan: Scan, cap: cgroups.Capability) -> TreeObservation:
     # Only unreadable processes that could be members of this tree leave its absence unproven.
     unreadable = scan.unreadable_since(identity.start_ticks)
     return TreeObservation(
         enumerable=scan.enumerable,
-        complete=scan.enumerable and unreadable == 0,
+        complete=scan.enumerable and scan.stable and unreadable == 0,
         unreadable=unreadable,
         carriers=len(scan.of_token(identity.spawn_token.encode())),
-        cgroup_populated=cgroup_populated(identity.cgroup) if identity.cgroup.path else None,
+        cgroup_populated=cgroups.populated(identity.cgroup, cap) if identity.cgroup.path else None,
+        stable=scan.stable,
+        passes=scan.passes,
     )

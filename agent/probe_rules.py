@@ -29,10 +29,12 @@ class Observation:
 @dataclass(frozen=True)
 class TreeObservation:
     enumerable: bool
-    complete: bool
+    complete: bool  # stable, and no process that could be a member was unreadable
     unreadable: int
     carriers: int
-    cgroup_populated: bool | None  # None: no cgroup recorded
+    cgroup_populated: bool | None  # None: no cgroup recorded, or nothing known of it
+    stable: bool = True  # the scan settled (every listed pid read) within its bound of passes
+    passes: int = 1
 
 
 def incarnation_verdict(
@@ -61,10 +63,16 @@ def judge(
     host_id: str,
     incarnation: agent_pb2.HostIncarnation,
     seen: Observation,
+    variable: str,
 ) -> agent_pb2.ProbeResult:
     if identity.host_id != host_id:
         return _result(P.INDETERMINATE, reason=f"misrouted: owner is on host {identity.host_id!r}, "
                        f"this agent answers for {host_id!r}")
+    if identity.spawn_token and identity.spawn_token_env != variable:
+        # Scanning for another variable's name would find no carrier of a live tree and call it gone.
+        recorded = identity.spawn_token_env or "an unnamed variable"
+        return _result(P.INDETERMINATE, reason=f"the owner's token was attested in {recorded}, but this "
+                       f"agent reads {variable}: restart it with the --spawn-token-env it had")
     verdict, why = incarnation_verdict(identity.incarnation, incarnation)
     if verdict == "ended":
         return _result(P.IDENTITY_MISMATCH, mismatch_field="incarnation", reason=why)
@@ -109,19 +117,33 @@ def judge(
     return _result(P.IDENTITY_MATCHED, matched_on=matched)
 
 
-def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation) -> tuple[bool, str]:
-    """(gone, why): gone only when a complete scan found no carrier and the cgroup is empty."""
+def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation,
+                 variable: str) -> tuple[bool, str]:
+    """(gone, why), by the proof the agent chose at attestation (DESIGN §2 *Which proof, when*):
+    an empty cgroup alone where the tree could not leave it; otherwise an empty cgroup (where one
+    was made) and a stable, complete scan that found no carrier of the token — read under the
+    variable the token was attested in."""
+    if identity.spawn_token and identity.spawn_token_env != variable:
+        recorded = identity.spawn_token_env or "the unnamed"
+        return False, f"the scan reads {variable}, not {recorded} variable the token was attested in"
+    proof = identity.tree_proof
+    has_cgroup = bool(identity.cgroup.path)
+    if has_cgroup:
+        if tree.cgroup_populated is None:
+            return False, "the session's cgroup could not be read"
+        if tree.cgroup_populated:
+            return False, "the session's cgroup is still populated"
+        if proof == agent_pb2.CGROUP_ONLY:
+            return True, "the session's cgroup is empty, and the tree could not leave it"
     if not identity.spawn_token:
         return False, "identity records no spawn token; the tree cannot be checked"
     if not tree.enumerable:
         return False, "this host cannot enumerate processes"
     if tree.carriers:
         return False, f"{tree.carriers} process(es) still carry the token"
+    if not tree.stable:
+        return False, (f"the scan did not settle in {tree.passes} passes (processes kept exiting before "
+                       "they could be read); absence is unproven")
     if not tree.complete:
         return False, f"{tree.unreadable} process(es) could not be read; absence is unproven"
-    if tree.cgroup_populated:
-        return False, "the session's cgroup is still populated"
-    if tree.cgroup_populated is None and identity.cgroup.path:
-        return False, "the session's cgroup could not be read"
-    return True, "no process carries the token" + ("" if tree.cgroup_populated is None else
-                                                   " and the cgroup is empty")
+    return True, "no process carries the token" + (" and the cgroup is empty" if has_cgroup else "")

@@ -1,17 +1,30 @@
-"""One pass over /proc: every process carrying a variable, which of them are tree roots, and
-whether the pass could read every live process (`complete`).
+"""A stable scan of /proc: every process carrying a variable, which of them are tree roots, and
+whether absence may be claimed from it (`complete`).
 
-A process that vanished mid-scan is simply gone; one whose environ could not be read is counted
-unreadable, so "no carrier" is never claimed over processes the agent could not look at.
+One pass is not enough to claim absence. A process listed by readdir and gone before it is read
+may have forked a child after the listing: that child carries the token and was never listed (a
+fork-hopping tree — parent forks, parent exits, child goes on — was declared gone by one pass in
+198 of 200 tries). So a pass is *settled* only when every pid it listed was read alive, or is
+unchanged since the pass before (same start ticks, and then it carried nothing: a zombie, or a
+process read as a non-carrier). Passes repeat until one is settled, within a bound of passes and
+time; past it the scan is not complete, and a caller may claim nothing from it. A process whose
+environ may not be read (EACCES/EPERM/EIO) is counted unreadable: never "carries nothing".
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
 from holdfast.agent.procstat import StatParseError, parse_stat
+
+MAX_PASSES = 8
+MAX_SECONDS = 1.0
+# Start ticks are whole clock ticks and boot time is read once per pass: allow for rounding.
+_TICK_SLACK = 2
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -25,6 +38,8 @@ class Carrier:
 @dataclass
 class Scan:
     enumerable: bool
+    stable: bool = False  # the last pass was settled: every listed pid accounted for
+    passes: int = 0
     scanned: int = 0
     unreadable: int = 0
     carriers: list[Carrier] = field(default_factory=list)
@@ -33,7 +48,7 @@ class Scan:
 
     @property
     def complete(self) -> bool:
-        return self.enumerable and self.unreadable == 0
+        return self.enumerable and self.stable and self.unreadable == 0
 
     def unreadable_since(self, root_start_ticks: int) -> int:
         """Unreadable processes that could belong to a tree whose root started at these ticks.
@@ -51,44 +66,95 @@ class Scan:
         return [c for c in self.carriers if c.token == token]
 
 
-def _start_ticks(entry: str, proc: str) -> int | None:
-    try:
-        return parse_stat(read_proc_file(f"{proc}/{entry}/stat")).start_ticks
-    except (OSError, StatParseError):
-        return None
+# What a pass read of one pid: its start ticks and the value it carried (None: none, or a zombie).
+_Seen = dict[int, tuple[int, bytes | None]]
 
 
-def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc") -> Scan:
-    """Carriers of `variable` (only those equal to `token` when given), roots marked."""
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return Scan(enumerable=False)
+def _boot_ticks() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK)
+
+
+def _settled(before: _Seen, pid: int, start_ticks: int, token: bytes | None) -> bool:
+    """A pid not read alive in this pass is accounted for only when the pass before read the same
+    process (same start ticks) carrying nothing this scan looks for: then nothing it forked since
+    carries it either (a descendant that rewrites its environ is the cgroup's to find)."""
+    if pid not in before:
+        return False
+    ticks, value = before[pid]
+    return ticks == start_ticks and (value is None or (token is not None and value != token))
+
+
+def _one_pass(variable: bytes, token: bytes | None, proc: str, entries: list[str], listed_at: int,
+              before: _Seen) -> tuple[Scan, _Seen]:
     result = Scan(enumerable=True)
-    found: dict[int, bytes] = {}
+    seen: _Seen = {}
+    unsettled = 0
+    found: dict[int, tuple[int, bytes]] = {}  # pid -> (ppid, value)
     for entry in entries:
         if not entry.isdigit():
             continue
+        pid = int(entry)
+        try:
+            stat = parse_stat(read_proc_file(f"{proc}/{entry}/stat"))
+        except FileNotFoundError:
+            unsettled += 1  # listed, gone before it was read: it may have forked after the listing
+            continue
+        except ProcessLookupError:
+            unsettled += 1
+            continue
+        except (OSError, StatParseError):
+            result.scanned += 1
+            result.unreadable += 1
+            result.unreadable_started.append(None)
+            continue
+        if stat.start_ticks > listed_at + _TICK_SLACK:
+            # Born after the listing: the listed process is gone and its pid taken by another.
+            unsettled += 1
+            continue
         try:
             block = read_environ(entry, proc)
-        except FileNotFoundError:
-            continue  # exited mid-scan
+        except (FileNotFoundError, ProcessLookupError):
+            unsettled += not _settled(before, pid, stat.start_ticks, token)
+            continue
         except OSError:
             # EACCES/EPERM/EIO: alive but unreadable; absence claims are off for this scan.
             result.scanned += 1
             result.unreadable += 1
-            result.unreadable_started.append(_start_ticks(entry, proc))
+            result.unreadable_started.append(stat.start_ticks)
             continue
         if block is None:
-            continue  # kernel thread or zombie: no memory, no environment, nothing runs
+            # A zombie: nothing of it runs now, but if it was alive after the listing it may have
+            # forked a child the listing missed. Settled only once seen unchanged, carrying nothing.
+            seen[pid] = (stat.start_ticks, None)
+            unsettled += not _settled(before, pid, stat.start_ticks, token)
+            continue
         result.scanned += 1
         value = value_in_block(block, variable)
+        seen[pid] = (stat.start_ticks, value)
         if value is not None and (token is None or value == token):
-            found[int(entry)] = value
-    for pid, value in found.items():
+            found[pid] = (stat.ppid, value)
+    values = {pid: value for pid, (_, value) in found.items()}
+    result.carriers = [Carrier(pid, ppid, value, root=values.get(ppid) != value)
+                       for pid, (ppid, value) in found.items()]
+    result.stable = unsettled == 0
+    return result, seen
+
+
+def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc",
+         max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS) -> Scan:
+    """Carriers of `variable` (only those equal to `token` when given), roots marked, from the
+    first settled pass; or the last pass, not stable, when none settled within the bounds."""
+    deadline = time.monotonic() + max_seconds
+    before: _Seen = {}
+    passes = 0
+    while True:
+        listed_at = _boot_ticks()
         try:
-            ppid = parse_stat(read_proc_file(f"{proc}/{pid}/stat")).ppid
-        except (OSError, StatParseError):
-            continue  # gone since its environ was read
-        result.carriers.append(Carrier(pid, ppid, value, root=found.get(ppid) != value))
-    return result
+            entries = os.listdir(proc)
+        except OSError:
+            return Scan(enumerable=False, passes=passes)
+        passes += 1
+        result, before = _one_pass(variable, token, proc, entries, listed_at, before)
+        result.passes = passes
+        if result.stable or passes >= max_passes or time.monotonic() >= deadline:
+            return result

@@ -4,6 +4,7 @@ and on SIGTERM/SIGINT stop taking calls, drain in-flight ones, and exit cleanly.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from pathlib import Path
@@ -32,9 +33,14 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
     log.info("agent serving", extra={"fields": {"address": serving.address, "host": host_id,
                                                 "metrics": metrics, "health": serving.health_address,
                                                 "pid_ns": service.facts.incarnation.pid_ns,
-                                                "tls": tls_dir is not None}})
+                                                "tls": tls_dir is not None,
+                                                "session_cgroups": service.cgroups.reason or "yes"}})
     serving_.announce(ready_file, serving, metrics)
-    await serving_.until_stop_signal()
+    sweeper = asyncio.create_task(service.sweep_cgroups())
+    try:
+        await serving_.until_stop_signal()
+    finally:
+        sweeper.cancel()
     log.info("draining", extra={"fields": {"grace_s": DRAIN_SECONDS}})
     await serving_.drain(serving, DRAIN_SECONDS)
     log.info("stopped")

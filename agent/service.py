@@ -17,13 +17,13 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from holdfast.agent import metrics, probe_rules
+from holdfast.agent import cgroups, metrics, probe_rules
 from holdfast.agent import scan as scan_
 from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.exit_watch import ExitWatcher
-from holdfast.agent.hostinfo import SESSION_CGROUP_PARENT, HostFacts, is_session_cgroup
+from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
-from holdfast.agent.observe import observe, observe_tree, pidfd_exited, session_cgroup_of
+from holdfast.agent.observe import observe, observe_tree, pidfd_exited
 from holdfast.agent.procstat import StatParseError, parse_stat
 from holdfast.agent.scan import Scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
@@ -31,6 +31,8 @@ from holdfast.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger("holdfast.agent")
 P = agent_pb2.ProbeOutcome
 TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
+SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
+SWEEP_EVERY_S = 30.0
 MAX_BATCH = 1024
 MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
 MAX_KILL_WAIT = 60.0
@@ -42,11 +44,17 @@ class InvalidRequest(ValueError):
 
 
 def scan(variable: bytes, token: bytes | None = None) -> Scan:
-    """One /proc pass, timed and counted for the metrics endpoint."""
+    """One stable scan, timed and counted for the metrics endpoint."""
     started = time.monotonic()
     result = scan_.scan(variable, token)
     metrics.observe_scan(result, time.monotonic() - started)
     return result
+
+
+async def scan_off_loop(variable: bytes, token: bytes | None = None) -> Scan:
+    # A scan reads every process, several passes on a busy host: never on the event loop, which
+    # also carries the exit watches and every other call.
+    return await asyncio.to_thread(scan, variable, token)
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
@@ -74,6 +82,8 @@ def check_identity(identity: agent_pb2.ProcessIdentity, what: str) -> None:
     if identity.start_ticks <= 0:
         raise InvalidRequest(f"{what}: start_ticks is missing")
     check_token(identity.spawn_token, what, required=False)
+    if len(identity.spawn_token_env) > 256 or "\0" in identity.spawn_token_env:
+        raise InvalidRequest(f"{what}: spawn_token_env must be a variable name")
     path = identity.cgroup.path
     if path and not path.startswith("/"):
         raise InvalidRequest(f"{what}: cgroup path must be absolute")
@@ -98,6 +108,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         self.facts = facts
         self.spawn_token_env = spawn_token_env
         self.variable = spawn_token_env.encode()
+        self.cgroups = facts.cgroups
         self.watcher = ExitWatcher(self.probe_proc)
 
     # -- judging ---------------------------------------------------------------------------------
@@ -111,16 +122,17 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
     def probe_proc(self, identity: agent_pb2.ProcessIdentity) -> agent_pb2.ProbeResult:
         """/proc evidence only, without the exit memory (used by the watcher's re-check)."""
         seen = observe(identity, self.variable, exit_watched=False)
-        return probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen)
+        return probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
 
     def probe(self, identity: agent_pb2.ProcessIdentity, tree: Scan | None) -> agent_pb2.ProbeResult:
         if identity.host_id == self.host_id and identity.incarnation == self.facts.incarnation:
             seen = observe(identity, self.variable, exit_watched=self.watcher.exited(identity))
         else:
             seen = probe_rules.Observation()  # judged on host id / incarnation alone
-        result = probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen)
+        result = probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
         if tree is not None:
-            gone, why = probe_rules.tree_verdict(identity, observe_tree(identity, tree))
+            observed = observe_tree(identity, tree, self.cgroups)
+            gone, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
             result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
         return self._stamp(result)
 
@@ -135,11 +147,13 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             identity = agent_pb2.ProcessIdentity(
                 host_id=self.host_id, incarnation=self.facts.incarnation, pid=pid,
                 start_ticks=stat.start_ticks, pidfd_ino=os.fstat(fd).st_ino if self.facts.pidfs else 0,
-                spawn_token=token,
+                spawn_token=token, spawn_token_env=self.spawn_token_env,
             )
-            cgroup = session_cgroup_of(pid, self.facts.cgroup_root)
+            cgroup = cgroups.session_cgroup_of(pid, self.cgroups.root, self.cgroups.namespace)
             if cgroup is not None:
                 identity.cgroup.CopyFrom(cgroup)
+            proof, why = cgroups.tree_proof(pid, cgroup, self.cgroups)
+            identity.tree_proof, identity.tree_proof_reason = proof, why
             return None if pidfd_exited(fd) else identity
         except (OSError, StatParseError):
             return None
@@ -152,7 +166,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except OSError:
             return False
 
-    def attest(self, token: str, pid_hint: int) -> tuple[agent_pb2.ProcessIdentity | None, str]:
+    def _root_of(self, token: str, pid_hint: int) -> tuple[int, str]:
+        """The single tree root carrying the token: the hint when it is one, else a full scan."""
         raw = token.encode()
         if pid_hint and self._carries(pid_hint, raw):
             try:
@@ -160,24 +175,49 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             except (OSError, StatParseError):
                 ppid = -1
             if ppid >= 0 and not self._carries(ppid, raw):
-                identity = self.identity_of(pid_hint, token)
-                if identity is not None and self._carries(pid_hint, raw):
-                    return identity, ""
+                return pid_hint, ""
         roots = [c for c in scan(self.variable, raw).carriers if c.root]
         if len(roots) != 1:
-            return None, f"{len(roots)} tree roots carry the token; attestation needs exactly one"
-        identity = self.identity_of(roots[0].pid, token)
-        if identity is None or not self._carries(roots[0].pid, raw):
+            return 0, f"{len(roots)} tree roots carry the token; attestation needs exactly one"
+        return roots[0].pid, ""
+
+    def attest(self, token: str, pid_hint: int, session_id: str,
+               fence: int) -> tuple[agent_pb2.ProcessIdentity | None, str]:
+        """The root's identity, after the root (a gate still blocked on its pipe, so nothing of the
+        tree has forked yet) was moved into a session cgroup made here for it."""
+        pid, why = self._root_of(token, pid_hint)
+        if not pid:
+            return None, why
+        made, why = cgroups.make_session_cgroup(pid, session_id, fence, self.cgroups) if session_id else (
+            None, "the attestation request named no session")
+        identity = self.identity_of(pid, token)
+        if identity is None or not self._carries(pid, token.encode()):
             return None, "the token's root exited during attestation"
+        if made is None:
+            log.warning("attested without a session cgroup: the tree's end rests on the scan",
+                        extra={"fields": {"pid": pid, "reason": why}})
+            identity.tree_proof_reason = why
+        elif identity.cgroup != made:
+            return None, f"pid {pid} left its session cgroup {made.path} during attestation"
+        metrics.observe_attestation(identity)
         return identity, ""
+
+    async def sweep_cgroups(self) -> None:
+        """Removes empty session cgroups now and every SWEEP_EVERY_S (also those made before a
+        restart); runs until cancelled."""
+        while True:
+            removed = await asyncio.to_thread(cgroups.sweep, self.cgroups)
+            metrics.SESSION_CGROUPS_SWEPT.inc(removed)
+            await asyncio.sleep(SWEEP_EVERY_S)
 
     # -- RPCs --------------------------------------------------------------------------------------
     async def GetHostInfo(self, request, context):
         f = self.facts
         return agent_pb2.HostInfo(
             host_id=self.host_id, incarnation=f.incarnation, clock_ticks_per_second=f.clock_ticks,
-            can_enumerate=f.can_enumerate, pidfs=f.pidfs, cgroup_writable=f.cgroup_writable,
+            can_enumerate=f.can_enumerate, pidfs=f.pidfs, cgroup_writable=self.cgroups.able,
             cgroup_root=f.cgroup_root, agent_version=VERSION, spawn_token_env=self.spawn_token_env,
+            session_cgroups=self.cgroups.able, session_cgroups_reason=self.cgroups.reason,
         )
 
     async def ScanSpawnToken(self, request, context):
@@ -185,10 +225,10 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             check_token(request.spawn_token, "spawn_token", required=True)
         except InvalidRequest as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
-        found = scan(self.variable, request.spawn_token.encode())
+        found = await scan_off_loop(self.variable, request.spawn_token.encode())
         return agent_pb2.ScanResult(
             enumerable=found.enumerable, complete=found.complete, scanned=found.scanned,
-            unreadable=found.unreadable,
+            unreadable=found.unreadable, passes=found.passes, stable=found.stable,
             carriers=[agent_pb2.TokenCarrier(pid=c.pid, ppid=c.ppid, root=c.root) for c in found.carriers],
         )
 
@@ -197,25 +237,34 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             check_token(request.spawn_token, "spawn_token", required=True)
             if request.pid_hint >= MAX_PID:
                 raise InvalidRequest(f"pid_hint must be below {MAX_PID}")
+            if request.session_id and not SESSION_RE.match(request.session_id):
+                raise InvalidRequest("session_id must match ^[A-Za-z0-9_-]{8,128}$")
+            if request.session_id and not 0 < request.fence < 1 << 63:
+                raise InvalidRequest("fence must be positive with a session_id")
         except InvalidRequest as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
-        identity, why = self.attest(request.spawn_token, request.pid_hint)
+        identity, why = await asyncio.to_thread(self.attest, request.spawn_token, request.pid_hint,
+                                                request.session_id, request.fence)
         if identity is None:
             log.info("attestation refused", extra={"fields": {"reason": why}})
             return await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "ATTESTATION_FAILED", why)
         return agent_pb2.AttestSpawnResponse(identity=identity)
 
     async def ListTokenRoots(self, request, context):
-        found = scan(self.variable)
+        found = await scan_off_loop(self.variable)
         roots = []
+        complete = found.complete
         for carrier in found.carriers:
             token = carrier.token.decode(errors="replace")
             if carrier.root and TOKEN_RE.match(token):
                 identity = self.identity_of(carrier.pid, token)
-                if identity is not None:
+                if identity is None:
+                    # A root whose identity could not be taken is a root not listed: its tree may
+                    # live on under a new root, so the listing cannot claim to be whole.
+                    complete = False
+                else:
                     roots.append(agent_pb2.TokenRoot(identity=identity))
-        return agent_pb2.ListTokenRootsResponse(complete=found.complete, unreadable=found.unreadable,
-                                                roots=roots)
+        return agent_pb2.ListTokenRootsResponse(complete=complete, unreadable=found.unreadable, roots=roots)
 
     async def ProbeOwners(self, request, context):
         try:
@@ -223,7 +272,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidRequest as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         started = time.monotonic()
-        tree = scan(self.variable) if request.check_tree else None
+        tree = await scan_off_loop(self.variable) if request.check_tree else None
         results = [self.probe(o, tree) for o in request.owners]
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
         return agent_pb2.ProbeOwnersResponse(results=results)
@@ -255,9 +304,10 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                 raise InvalidRequest("owner is missing")
             check_identity(request.owner, "owner")
             cgroup = request.owner.cgroup.path
-            if cgroup and not is_session_cgroup(cgroup, self.facts.cgroup_root):
+            if cgroup and not cgroups.is_session_cgroup(cgroup, self.cgroups.root):
+                where = self.cgroups.root or "its cgroup root"
                 raise InvalidRequest(f"owner: {cgroup} is not a session cgroup of this host "
-                                     f"(<cgroup root>/{SESSION_CGROUP_PARENT}/<name>)")
+                                     f"(holdfast-<session>-<fence>-<random> under {where})")
             if not 0 <= request.wait_seconds <= MAX_KILL_WAIT:
                 raise InvalidRequest(f"wait_seconds must be in 0..{MAX_KILL_WAIT}")
         except InvalidRequest as exc:
@@ -267,9 +317,9 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            return agent_pb2.KillOwnerResponse(result=self.probe(owner, scan(self.variable)))
+            return agent_pb2.KillOwnerResponse(result=self.probe(owner, await scan_off_loop(self.variable)))
         watch = self.watcher.watch(owner)
-        sent = kill_tree(owner, self.variable, root_matched=matched)
+        sent = await asyncio.to_thread(kill_tree, owner, self.variable, matched, self.cgroups)
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
                                                         "signalled": sent}})
         with contextlib.suppress(TimeoutError):
@@ -277,7 +327,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
         deadline = time.monotonic() + (request.wait_seconds or 5.0)
         while True:
-            result = self.probe(owner, scan(self.variable))
+            result = self.probe(owner, await scan_off_loop(self.variable))
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

@@ -32,7 +32,7 @@ from holdfast.agent.tls import Role
 from holdfast.coordinator import exit_codes, records
 from holdfast.coordinator.errors import reason_of
 from holdfast.coordinator.gate import Gate
-from holdfast.coordinator.tree import SessionCgroup, Tree, end_tree
+from holdfast.coordinator.tree import Tree, end_tree
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -439,17 +439,12 @@ class Owner:
         else:
             grant, _ = await obtain(client, spec, secrets.token_hex(16), say)
         workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
-        cgroup = SessionCgroup.create(grant.session_id, grant.fence)
         gate: Gate | None = None
         try:
             env = child_environment(grant, grant.write(workdir), tls_dir=client.tls_dir)
             gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
-            if cgroup is not None:
-                try:
-                    cgroup.add(gate.pid)  # before CMD can fork: the gate is blocked on its pipe
-                except OSError:
-                    cgroup.remove()
-                    cgroup = None
+            # The commit has the host's agent attest the gate and move it, still blocked on its
+            # pipe, into a session cgroup of the agent's making: every descendant is born in it.
             record = await client.commit(grant, gate.pid)
         except BaseException:
             if gate is not None:
@@ -457,17 +452,18 @@ class Owner:
                 await asyncio.to_thread(gate.process.wait)
             with contextlib.suppress(ClientError):
                 await client.release(grant)  # a reservation: lets the next caller in at once
-            if cgroup is not None:
-                cgroup.remove()
             shutil.rmtree(workdir, ignore_errors=True)
             raise
+        tree = Tree.of_gate(grant.spawn_token_env, grant.spawn_token, gate.pid)  # before CMD can move
         terminal = hand_terminal(gate.pid)
         gate.release()
         owner = record.lease.owner
         say(f"session {grant.session_id} fence {grant.fence}: running on host {owner.host_id} "
             f"as pid {owner.pid}")
-        return cls(client, spec, grant, gate, Tree(grant.spawn_token_env, grant.spawn_token, cgroup),
-                   workdir, record, say, terminal)
+        if not owner.cgroup.path:
+            say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
+                "is proven by its spawn token alone, and a process that drops it is not found")
+        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal)
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
@@ -540,8 +536,6 @@ class Owner:
             with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.terminal, os.getpgrp())
             signal.signal(signal.SIGTTOU, previous)
-        if self.tree.cgroup is not None:
-            self.tree.cgroup.remove()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -81,6 +81,11 @@ def decode_record(raw: bytes) -> pb.SessionRecord:
     record = json_format.Parse(raw, pb.SessionRecord())
     if record.schema_version != SCHEMA_VERSION:
         raise ValueError(f"record schema {record.schema_version} is not {SCHEMA_VERSION}")
+    owner = record.lease.owner
+    if owner.spawn_token and not owner.spawn_token_env:
+        # Owners attested before identities named their variable: the lease recorded the one the
+        # reserving host's agent registered with, which is where the token was put and read.
+        owner.spawn_token_env = record.lease.spawn_token_env
     return record
 
 

@@ -118,13 +118,16 @@ class Router:
         finally:
             call.cancel()
 
-    async def attest(self, host_id: str, token: str, pid_hint: int) -> apb.ProcessIdentity | str:
-        """The attested identity, or why there is none."""
+    async def attest(self, host_id: str, token: str, pid_hint: int, session_id: str,
+                     fence: int) -> apb.ProcessIdentity | str:
+        """The attested identity (the agent moved the root into a session cgroup named for this
+        session and fence), or why there is none."""
         stub = await self.agent(host_id)
         if stub is None:
             return f"host {host_id} has no live registration"
         try:
-            request = apb.AttestSpawnRequest(spawn_token=token, pid_hint=pid_hint)
+            request = apb.AttestSpawnRequest(spawn_token=token, pid_hint=pid_hint, session_id=session_id,
+                                             fence=fence)
             resp = await self._call(stub.AttestSpawn, request)
         except grpc.aio.AioRpcError as exc:
             return f"agent of {host_id}: {exc.code().name} {exc.details()}"

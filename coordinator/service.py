@@ -277,11 +277,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if lease.claim_status != pb.RESERVED:
             raise CoordinatorError("STALE_FENCE", "this grant is no longer a reservation")
         identity = await self.router.attest(
-            lease.reserved_host_id, lease.reserved_spawn_token, request.pid_hint
-        )
+            lease.reserved_host_id, lease.reserved_spawn_token, request.pid_hint, record.session_id,
+            lease.fence)
         if isinstance(identity, str):
             raise CoordinatorError("ATTESTATION_FAILED", identity)
-        if identity.spawn_token != lease.reserved_spawn_token or identity.host_id != lease.reserved_host_id:
+        if (identity.spawn_token != lease.reserved_spawn_token or identity.host_id != lease.reserved_host_id
+                or identity.spawn_token_env != lease.spawn_token_env):
             raise CoordinatorError("ATTESTATION_FAILED", "the attested identity is not the reserved token's")
         lease.owner.CopyFrom(identity)
         lease.claim_status = pb.LIVE if lease.live_on_commit else pb.COMMITTED

@@ -1,106 +1,40 @@
-"""A session's child tree on the client's side: its own cgroup v2 where one is writable, and
-ending the tree — SIGTERM, a grace period, then SIGKILL (`cgroup.kill` where there is a cgroup).
+"""A session's child tree on the client's side, and ending it: SIGTERM, a grace period, then stop
+everything and kill it (`cgroup.kill` too where this process may write it).
 
-Guarantee: `end_tree` signals only processes it has just re-checked, through their own pidfd, to
-be members of the session's cgroup or carriers of its spawn token (so a reused pid is never hit),
-and returns True only when neither the cgroup nor a /proc scan shows a member any more. Waiting
-is on pidfds becoming readable, not on a timer. The scan is the agent's (`holdfast.agent.scan`),
-so client and agent agree on what "carries the token" means.
+The session cgroup is the agent's (made at attestation, whatever this process's privileges); the
+client finds it as the gate's own cgroup in its own view of the hierarchy, so it is never named by
+anyone else. Guarantee: `end_tree` signals only processes it has just re-checked, through their
+own pidfd, to be members of that cgroup or carriers of the spawn token (so a reused pid is never
+hit), and returns True only when the cgroup is empty and a stable scan shows no carrier. Before the
+final kill every member is stopped, until a round finds none new: a tree that keeps forking cannot
+outrun it. Waiting is on pidfds becoming readable, not on a timer. The scan is the agent's
+(`holdfast.agent.scan`), so client and agent agree on what "carries the token" means; the agent,
+not this, proves the tree gone before a Release is accepted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import select
 import signal
 import time
 from dataclasses import dataclass
 
-from holdfast.agent.environ import read_value
-from holdfast.agent.hostinfo import SESSION_CGROUP_PARENT, cgroup2_root
+from holdfast.agent.cgroups import cgroup2_root, is_session_cgroup
+from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.scan import scan
 
 KILL_WAIT_S = 5.0
+STOP_ROUNDS = 32
 
 
-@dataclass(frozen=True)
-class SessionCgroup:
-    """`<cgroup2 root>/holdfast/<session>.f<fence>.<random>`: one per gate, created before it runs.
-
-    The random part keeps a name from ever being taken already: a `run` killed with -9 leaves its
-    (then empty) cgroup behind, and with the same pid in a fresh namespace and the same fence the
-    next `run` would otherwise fail mkdir and lose the cgroup half of the tree proof.
-    """
-
-    path: str
-
-    @classmethod
-    def create(cls, session_id: str, fence: int) -> SessionCgroup | None:
-        """None where no cgroup v2 hierarchy is writable (the tree is then found by its token)."""
-        root = cgroup2_root()
-        if not root or not os.access(root, os.W_OK):
-            return None
-        parent = os.path.join(root, SESSION_CGROUP_PARENT)
-        path = os.path.join(parent, f"{session_id}.f{fence}.{secrets.token_hex(4)}")
-        try:
-            os.makedirs(parent, exist_ok=True)
-            os.mkdir(path)
-        except OSError:
-            return None  # read-only or not delegated to us: token carriers remain the tree
-        _remove_empty_earlier(parent, session_id, fence)
-        return cls(path)
-
-    @property
-    def relative(self) -> str:
-        """The path as /proc/<pid>/cgroup names it ("0::<relative>")."""
-        return "/" + os.path.relpath(self.path, cgroup2_root())
-
-    @property
-    def inode(self) -> int:
-        return os.stat(self.path).st_ino
-
-    def add(self, pid: int) -> None:
-        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-
-    def pids(self) -> list[int]:
-        try:
-            with open(os.path.join(self.path, "cgroup.procs")) as f:
-                return [int(line) for line in f.read().split()]
-        except FileNotFoundError:
-            return []
-
-    def populated(self) -> bool:
-        try:
-            with open(os.path.join(self.path, "cgroup.events")) as f:
-                return "populated 1" in f.read()
-        except FileNotFoundError:
-            return False
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError), open(os.path.join(self.path, "cgroup.kill"), "w") as f:
-            f.write("1")
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)
-
-
-def _remove_empty_earlier(parent: str, session_id: str, fence: int) -> None:
-    """Drop this session's cgroups of earlier fences that crashed `run`s left behind.
-
-    rmdir of a populated cgroup fails, so a tree still ending keeps its cgroup; an earlier fence's
-    grant is superseded by ours, so no `run` of it will add a process to an empty one.
-    """
-    prefix = f"{session_id}.f"
-    with contextlib.suppress(OSError):
-        for name in os.listdir(parent):
-            earlier, _, _ = name[len(prefix):].partition(".")
-            if name.startswith(prefix) and earlier.isdigit() and int(earlier) < fence:
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.join(parent, name))
+def _cgroup_line(pid: int) -> str | None:
+    try:
+        text = read_proc_file(f"/proc/{pid}/cgroup").decode(errors="replace")
+    except OSError:
+        return None
+    return next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
 
 
 @dataclass(frozen=True)
@@ -109,30 +43,45 @@ class Tree:
 
     variable: str
     token: str
-    cgroup: SessionCgroup | None = None
+    cgroup: str = ""  # absolute, in this process's view; "" when the agent made none
+    relative: str = ""  # as /proc/<pid>/cgroup names it here ("0::<relative>")
+
+    @classmethod
+    def of_gate(cls, variable: str, token: str, gate_pid: int) -> Tree:
+        """The tree of a gate the agent has attested (and so moved into its session cgroup)."""
+        root, relative = cgroup2_root(), _cgroup_line(gate_pid)
+        if root and relative and relative.startswith("/"):
+            path = os.path.normpath(root + relative)
+            if is_session_cgroup(path, root):
+                return cls(variable, token, path, relative)
+        return cls(variable, token)
 
     def _member(self, pid: int) -> bool:
-        if self.cgroup is not None:
-            try:
-                with open(f"/proc/{pid}/cgroup") as f:
-                    if f"0::{self.cgroup.relative}\n" in f.read():
-                        return True
-            except OSError:
-                pass
+        if self.relative and _cgroup_line(pid) == self.relative:
+            return True
         try:
             return read_value(pid, self.variable.encode()) == self.token.encode()
         except OSError:
             return False
 
+    def _cgroup_pids(self) -> set[int]:
+        if not self.cgroup:
+            return set()
+        try:
+            with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
+                return {int(line) for line in f.read().split()}
+        except OSError:
+            return set()
+
     def members(self) -> set[int]:
-        pids = set(self.cgroup.pids()) if self.cgroup is not None else set()
+        pids = self._cgroup_pids()
         pids.update(c.pid for c in scan(self.variable.encode(), self.token.encode()).carriers)
         return pids
 
-    def signal(self, sig: int) -> int:
-        """Signals sent, each to a process re-checked as a member through its own pidfd."""
-        sent = 0
-        for pid in self.members():
+    def signal(self, sig: int, pids: set[int] | None = None) -> set[int]:
+        """The pids signalled, each re-checked as a member through its own pidfd."""
+        sent = set()
+        for pid in self.members() if pids is None else pids:
             try:
                 fd = os.pidfd_open(pid)
             except OSError:
@@ -140,16 +89,35 @@ class Tree:
             try:
                 if self._member(pid):
                     signal.pidfd_send_signal(fd, sig)
-                    sent += 1
+                    sent.add(pid)
             except OSError:
                 pass  # exited in between
             finally:
                 os.close(fd)
         return sent
 
+    def populated(self) -> bool:
+        if not self.cgroup:
+            return False
+        try:
+            with open(os.path.join(self.cgroup, "cgroup.events")) as f:
+                return "populated 1" in f.read()
+        except FileNotFoundError:
+            return False  # removed: rmdir succeeds only on an empty cgroup
+        except OSError:
+            return True  # cannot tell: not gone
+
+    def kill_cgroup(self) -> None:
+        """cgroup.kill, where this process may write it (the agent made it: usually only root may)."""
+        if self.cgroup:
+            with contextlib.suppress(OSError), open(os.path.join(self.cgroup, "cgroup.kill"), "w") as f:
+                f.write("1")
+
     def gone(self) -> bool:
-        populated = self.cgroup is not None and self.cgroup.populated()
-        return not populated and not self.members()
+        if self.populated():
+            return False
+        found = scan(self.variable.encode(), self.token.encode())
+        return found.stable and not found.carriers
 
 
 def wait_exits(pids: set[int], timeout: float) -> None:
@@ -173,8 +141,20 @@ def wait_exits(pids: set[int], timeout: float) -> None:
             os.close(fd)
 
 
+def stop_all(tree: Tree) -> set[int]:
+    """SIGSTOP every member until a round finds none not yet stopped; a stopped process forks nothing."""
+    stopped: set[int] = set()
+    for _ in range(STOP_ROUNDS):
+        new = tree.members() - stopped
+        if not new:
+            break
+        tree.signal(signal.SIGSTOP, new)
+        stopped |= new  # stopped, or gone, or no member after all: none needs a second look
+    return stopped
+
+
 def end_tree(tree: Tree, grace: float) -> bool:
-    """SIGTERM the whole tree, give it `grace` seconds, then SIGKILL what is left. True if gone."""
+    """SIGTERM the whole tree, give it `grace` seconds, then stop and SIGKILL what is left. True if gone."""
     deadline = time.monotonic() + grace
     tree.signal(signal.SIGTERM)
     while (left := deadline - time.monotonic()) > 0 and not tree.gone():
@@ -182,8 +162,8 @@ def end_tree(tree: Tree, grace: float) -> bool:
         wait_exits(tree.members(), left)
     deadline = time.monotonic() + KILL_WAIT_S
     while not tree.gone() and time.monotonic() < deadline:
-        if tree.cgroup is not None:
-            tree.cgroup.kill()
-        tree.signal(signal.SIGKILL)
+        tree.kill_cgroup()
+        stopped = stop_all(tree)
+        tree.signal(signal.SIGKILL, stopped | tree.members())
         wait_exits(tree.members(), min(0.5, max(deadline - time.monotonic(), 0)))
     return tree.gone()

@@ -36,6 +36,7 @@ class AgentProcess:
     def __init__(self, tmp: Path, host_id: str, prefix: Sequence[str] = (),
                  env_var: str = "HOLDFAST_SPAWN_TOKEN", args: Sequence[str] = ()) -> None:
         ready = tmp / f"ready-{host_id}.json"
+        ready.unlink(missing_ok=True)  # an earlier agent of the same host id left its own behind
         self.log_path = tmp / f"agent-{host_id}.log"
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",

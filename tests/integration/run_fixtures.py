@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from holdfast.coordinator.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
+from tests.integration import unprivileged
 from tests.integration.conftest import descendants
 from tests.integration.coordinator_fixtures import Coordinator
 
@@ -66,6 +68,7 @@ class Cluster:
     tmp: Path
     hosts: dict[str, SimulatedHost] = field(default_factory=dict)
     runs: list[Run] = field(default_factory=list)
+    shared: list[Path] = field(default_factory=list)  # world-writable directories made for runs
 
     @property
     def stub(self) -> coordinator_pb2_grpc.CoordinatorStub:
@@ -85,14 +88,24 @@ class Cluster:
         return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "TMPDIR": str(self.tmp),
                 "HOLDFAST_COORDINATOR": self.coordinator.address, "HOLDFAST_RUN_CHILD": CHILD}
 
-    def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None) -> Run:
-        """`holdfast run --session S OPTIONS -- CMD` on `host` (CMD defaults to the overlap child)."""
+    def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None,
+            as_nobody: bool = False, env: dict[str, str] | None = None) -> Run:
+        """`holdfast run --session S OPTIONS -- CMD` on `host` (CMD defaults to the overlap child),
+        as root or, with `as_nobody`, as an unprivileged user with no capabilities."""
         cmd = cmd or self.child()
         stderr = self.tmp / f"run-{len(self.runs)}.err"
-        argv = [sys.executable, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
+        python, run_env = sys.executable, {**self.env(host), **(env or {})}
+        prefix: list[str] = []
+        if as_nobody:
+            python, extra = unprivileged.interpreter()
+            home = unprivileged.shared_dir("holdfast-nobody-home-")
+            self.shared.append(home)
+            run_env.update(extra, HOME=str(home), TMPDIR=str(home), XDG_STATE_HOME=str(home))
+            prefix = unprivileged.DROP
+        argv = [*prefix, python, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
                 "--", *cmd]
         with open(stderr, "wb") as err:
-            proc = host.spawn(argv, env=self.env(host), stdout=subprocess.DEVNULL, stderr=err)
+            proc = host.spawn(argv, env=run_env, stdout=subprocess.DEVNULL, stderr=err, cwd="/")
         run = Run(host, proc, stderr)
         self.runs.append(run)
         return run
@@ -122,6 +135,8 @@ class Cluster:
                 run.proc.wait(10)
         for host in self.hosts.values():
             host.stop()
+        for path in self.shared:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

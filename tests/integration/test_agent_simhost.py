@@ -191,7 +191,7 @@ def test_pid_reused_in_the_same_tick_is_caught_by_pidfs_or_token(simhosts, child
     assert facts["b_ino"] != facts["pidfd_ino"]
     a = agent_pb2.ProcessIdentity(host_id="sim-tick", incarnation=info.incarnation, pid=facts["pid"],
                                   start_ticks=facts["start_ticks"], pidfd_ino=facts["pidfd_ino"],
-                                  spawn_token=token_a)
+                                  spawn_token=token_a, spawn_token_env=VAR)
     by_pidfs = probe(stub, a)
     assert (by_pidfs.outcome, by_pidfs.mismatch_field) == (P.IDENTITY_MISMATCH, "pidfd")
     # Without pidfs the start ticks coincide; the missing token keeps it from counting as alive.
@@ -214,7 +214,8 @@ def test_kill_owner_ends_the_whole_tree(simhosts, children) -> None:
     assert len(scan.carriers) == 4 and sum(c.root for c in scan.carriers) == 1
     identity = attest(stub, token)
     roots = stub.ListTokenRoots(agent_pb2.ListTokenRootsRequest(), timeout=5)
-    assert roots.complete and [r.identity for r in roots.roots] == [identity]
+    listed = [(r.identity.pid, r.identity.start_ticks, r.identity.spawn_token) for r in roots.roots]
+    assert roots.complete and listed == [(identity.pid, identity.start_ticks, token)]
     before = probe(stub, identity, check_tree=True)
     assert before.outcome == P.IDENTITY_MATCHED and not before.tree_gone
     killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
@@ -247,8 +248,8 @@ def test_kill_owner_uses_cgroup_kill_and_tree_needs_an_empty_cgroup(simhosts, ch
                    if VAR.encode() not in Path(f"/proc/{p}/environ").read_bytes()]
         assert len(escaped) == 1
         identity = attest(stub, token)
-        # The agent itself read the root's cgroup: no caller names it.
-        assert identity.cgroup == agent_pb2.CgroupRef(path=str(cg), inode=cg.stat().st_ino)
+        # The agent itself read the root's cgroup (one an earlier version's `run` made): no caller names it.
+        assert (identity.cgroup.path, identity.cgroup.inode) == (str(cg), cg.stat().st_ino)
         killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
         assert killed.result.tree_gone and "cgroup is empty" in killed.result.tree_reason
         # The escaped process was ended by cgroup.kill (gone, or a zombie awaiting its reaper).

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.agent import observe
+from holdfast.agent import cgroups
 from holdfast.coordinator.gate import Gate
-from holdfast.coordinator.tree import SessionCgroup, Tree, end_tree
+from holdfast.coordinator.tree import Tree, end_tree
 from holdfast.v1 import agent_pb2
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -103,87 +103,97 @@ def test_a_dead_parent_means_cmd_never_runs(tmp_path: Path) -> None:
             parent.wait()
 
 
-# A tree: the root traps SIGTERM (exits 7 on it); a child ignores SIGTERM and keeps the token; a
-# second child drops the token from its environment (only a cgroup can find it).
+# A tree: the root traps SIGTERM (exits 7 on it; `wait` is interrupted by a trapped signal, a
+# foreground `sleep` would hold the trap back); a child ignores SIGTERM and keeps the token; a
+# second child drops the token from its environment (only a cgroup can find it). Both pids are
+# written to a FIFO at once, so the test waits on that write, not on a timer.
 TREE = f"""
 trap 'exit 7' TERM
 sh -c 'trap "" TERM; while :; do sleep 1; done' &
-echo $! > {{pids}}
+a=$!
 env -u {VAR} sh -c 'trap "" TERM; while :; do sleep 1; done' &
-echo $! >> {{pids}}
-while :; do sleep 1; done
+echo "$a $!" > {{fifo}}
+while :; do sleep 1 & wait $!; done
 """
 
 
-def spawn_tree(tmp_path: Path, cgroup: SessionCgroup | None) -> tuple[Gate, Tree, list[int]]:
+def spawn_tree(tmp_path: Path, session: str | None) -> tuple[Gate, Tree, list[int]]:
+    """The tree behind a gate; with `session`, the gate is moved into a session cgroup the agent's
+    own code makes, as AttestSpawn does, before it is released."""
     token = secrets.token_hex(16)
-    pids = tmp_path / "pids"
-    gate = Gate(["sh", "-c", TREE.format(pids=pids)], {**os.environ, VAR: token}, process_group=0)
-    if cgroup is not None:
-        cgroup.add(gate.pid)
+    fifo = tmp_path / "pids"
+    os.mkfifo(fifo)
+    gate = Gate(["sh", "-c", TREE.format(fifo=fifo)], {**os.environ, VAR: token}, process_group=0)
+    if session is not None:
+        made, why = cgroups.make_session_cgroup(gate.pid, session, 1, cgroups.capability())
+        assert made is not None, why
+    tree = Tree.of_gate(VAR, token, gate.pid)
     gate.release()
-    deadline = time.monotonic() + 10
-    while len(pids.read_text().split() if pids.exists() else []) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return gate, Tree(VAR, token, cgroup), [int(p) for p in pids.read_text().split()]
+    with open(fifo) as f:
+        pids = [int(p) for p in f.read().split()]
+    return gate, tree, pids
 
 
-def writable_cgroup() -> bool:
-    probe = SessionCgroup.create("gate-test-probe", 1)
-    if probe is None:
-        return False
-    probe.remove()
-    return True
+def session_cgroups_here() -> bool:
+    return cgroups.capability().able
+
+
+needs_cgroups = pytest.mark.skipif(os.geteuid() != 0 or not session_cgroups_here(),
+                                   reason="needs root and a writable cgroup v2 in this cgroup namespace")
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0 or not writable_cgroup(), reason="needs a writable cgroup v2 (root)")
-def test_end_tree_with_a_cgroup_sigterm_grace_then_cgroup_kill(tmp_path: Path) -> None:
-    cgroup = SessionCgroup.create(f"gate-test-{secrets.token_hex(4)}", 1)
-    assert cgroup is not None
-    gate, tree, (keeps_token, dropped_token) = spawn_tree(tmp_path, cgroup)
+@needs_cgroups
+def test_end_tree_with_a_cgroup_sigterm_grace_then_kill(tmp_path: Path) -> None:
+    gate, tree, (keeps_token, dropped_token) = spawn_tree(tmp_path, f"gate-test-{secrets.token_hex(4)}")
     try:
-        assert {gate.pid, keeps_token, dropped_token} <= tree.members()
+        assert tree.cgroup and {gate.pid, keeps_token, dropped_token} <= tree.members()
         started = time.monotonic()
         assert end_tree(tree, grace=0.5)
         assert time.monotonic() - started >= 0.5  # the survivors were given the grace period
         assert gate.process.wait(5) == 7           # the root took SIGTERM gracefully
         assert exited_within(keeps_token, 0) and exited_within(dropped_token, 0)
-        assert not cgroup.populated() and tree.gone()
+        assert not tree.populated() and tree.gone()
     finally:
-        cgroup.kill()
+        tree.kill_cgroup()
         gate.process.wait(5)
-        cgroup.remove()
+        cgroups.sweep(cgroups.capability())
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0 or not writable_cgroup(), reason="needs a writable cgroup v2 (root)")
-def test_a_new_cgroup_sweeps_only_empty_cgroups_of_earlier_fences() -> None:
+@needs_cgroups
+def test_session_cgroups_are_nested_idempotent_and_swept_only_when_empty() -> None:
+    cap = cgroups.capability()
     session = f"sweep-test-{secrets.token_hex(4)}"
-    later, crashed, busy = (SessionCgroup.create(session, f) for f in (5, 1, 1))
-    assert crashed and busy and later and len({crashed.path, busy.path, later.path}) == 3
-    swept_ref = agent_pb2.CgroupRef(path=crashed.path, inode=crashed.inode)
     sleeper = subprocess.Popen(["sleep", "60"])
-    ours = None
+    idle = subprocess.Popen(["sleep", "60"])
     try:
-        busy.add(sleeper.pid)
-        ours = SessionCgroup.create(session, 2)  # a crashed fence-1 run left `crashed` behind
-        assert ours is not None
-        assert not os.path.exists(crashed.path), "an empty cgroup of an earlier fence is swept"
-        assert os.path.exists(busy.path), "a populated one is never touched: its tree is still ending"
-        assert os.path.exists(later.path), "a later fence's cgroup is not ours to judge"
-        # The agent's tree proof: a swept cgroup was empty (rmdir proves it), a busy one is not,
-        # and without the holdfast/ hierarchy in view nothing is known.
-        assert observe.cgroup_populated(swept_ref) is False
-        assert observe.cgroup_populated(agent_pb2.CgroupRef(path=busy.path, inode=busy.inode)) is True
-        unmounted = agent_pb2.CgroupRef(path=f"/nonexistent-{session}/holdfast/x", inode=swept_ref.inode)
-        assert observe.cgroup_populated(unmounted) is None
+        busy, why = cgroups.make_session_cgroup(sleeper.pid, session, 1, cap)
+        assert busy is not None, why
+        again, _ = cgroups.make_session_cgroup(sleeper.pid, session, 1, cap)
+        assert again == busy, "a second attestation of the same gate keeps its cgroup"
+        parent = Path(f"/proc/{os.getpid()}/cgroup").read_text().split("0::", 1)[1].strip()
+        assert os.path.dirname(busy.path) == os.path.normpath(cap.root + parent), "nested where the gate was"
+        empty, _ = cgroups.make_session_cgroup(idle.pid, session, 2, cap)
+        assert empty is not None
+        idle.kill()
+        idle.wait(5)
+        cgroups.sweep(cap)
+        assert not os.path.exists(empty.path), "an empty session cgroup is swept"
+        assert os.path.exists(busy.path), "a populated one is never removed: its tree is alive"
+        # The tree proof: a removed cgroup was empty (rmdir proves it), a busy one is not; read
+        # from another cgroup namespace, or made under another mount, nothing is known.
+        assert cgroups.populated(empty, cap) is False
+        assert cgroups.populated(busy, cap) is True
+        elsewhere = agent_pb2.CgroupRef(path=busy.path, inode=busy.inode, cgroup_ns=busy.cgroup_ns + 1)
+        assert cgroups.populated(elsewhere, cap) is None
+        unmounted = agent_pb2.CgroupRef(path=f"/nonexistent-{session}/x", inode=busy.inode)
+        assert cgroups.populated(unmounted, cap) is None
     finally:
-        busy.kill()
-        sleeper.wait(5)
-        for cgroup in (busy, later, ours):
-            if cgroup is not None:
-                cgroup.remove()
+        for proc in (sleeper, idle):
+            proc.kill()
+            proc.wait(5)
+        cgroups.sweep(cap)
 
 
 def test_end_tree_without_a_cgroup_finds_the_token_carriers(tmp_path: Path) -> None:
@@ -204,8 +214,8 @@ def test_end_tree_without_a_cgroup_finds_the_token_carriers(tmp_path: Path) -> N
 def test_end_tree_never_signals_a_process_that_is_not_a_member() -> None:
     stranger = subprocess.Popen(["sleep", "30"], env={**os.environ, VAR: secrets.token_hex(16)})
     try:
-        tree = Tree(VAR, secrets.token_hex(16), None)
-        assert tree.signal(signal.SIGKILL) == 0
+        tree = Tree(VAR, secrets.token_hex(16))
+        assert tree.signal(signal.SIGKILL) == set()
         assert end_tree(tree, grace=0.1)
         assert stranger.poll() is None
     finally:

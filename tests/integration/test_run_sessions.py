@@ -59,8 +59,8 @@ def test_second_host_refused_while_first_lives_then_granted_on_the_agents_proof(
     assert all(gone(pid, 5) for pid in tree)  # process table: the first tree is gone
     lease = cluster.record(sid).record.lease
     assert lease.fence == 1 and lease.claim_status == pb.LIVE and lease.owner.host_id == "host-a"
-    # The gate's own cgroup, read by host-a's agent at attestation, is part of the recorded identity.
-    assert f"/holdfast/{sid}.f1." in lease.owner.cgroup.path and lease.owner.cgroup.inode, first.err()
+    # The session cgroup host-a's agent made for the gate at attestation is part of the identity.
+    assert f"/holdfast-{sid}-1-" in lease.owner.cgroup.path and lease.owner.cgroup.inode, first.err()
     second = cluster.run(b, sid, "--wait", "30")
     started(cluster, 2)
     found = cluster.record(sid)

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from holdfast.agent.probe_rules import PROVEN_DEAD, Observation, TreeObservation, judge, tree_verdict
+from holdfast.agent import probe_rules
+from holdfast.agent.probe_rules import PROVEN_DEAD, Observation, TreeObservation, tree_verdict
 from holdfast.v1 import agent_pb2
 
 P = agent_pb2.ProbeOutcome
 INC = agent_pb2.HostIncarnation(machine_id="m", boot_id="b", pid_ns=4026531836, ns_init_start_ticks=10)
 CG = agent_pb2.CgroupRef(path="/sys/fs/cgroup/s", inode=5)
 TOKEN = "0123456789abcdef0123456789abcdef"
+VAR = "HOLDFAST_SPAWN_TOKEN"
+
+
+def judge(identity: agent_pb2.ProcessIdentity, host_id: str, incarnation: agent_pb2.HostIncarnation,
+          seen: Observation) -> agent_pb2.ProbeResult:
+    """The rule as an agent configured with VAR applies it."""
+    return probe_rules.judge(identity, host_id, incarnation, seen, VAR)
 
 
 def ident(**kw: object) -> agent_pb2.ProcessIdentity:
     base = {"host_id": "h", "incarnation": INC, "pid": 42, "start_ticks": 1000, "pidfd_ino": 77,
-            "spawn_token": TOKEN}
+            "spawn_token": TOKEN, "spawn_token_env": VAR}
     return agent_pb2.ProcessIdentity(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -134,8 +142,39 @@ def tree(**kw: object) -> TreeObservation:
         (ident(cgroup=CG), tree(), False, "could not be read"),
         (ident(cgroup=CG), tree(cgroup_populated=False),
          True, "cgroup is empty"),
+        # A scan that never settled (a fork-hopping tree) proves nothing, whatever it counted.
+        (ident(), tree(complete=False, stable=False, passes=8), False, "did not settle in 8 passes"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN), tree(cgroup_populated=False, carriers=1),
+         False, "still carry"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN),
+         tree(cgroup_populated=False, complete=False, stable=False), False, "did not settle"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN), tree(cgroup_populated=True),
+         False, "populated"),
+        # A tree that cannot leave its cgroup: the empty cgroup alone proves it, even unsettled.
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY),
+         tree(cgroup_populated=False, complete=False, stable=False), True, "could not leave"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(cgroup_populated=True), False, "populated"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(), False, "could not be read"),
+        (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(), True, "no process"),
+        (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(complete=False, stable=False), False, "did not settle"),
     ],
 )
 def test_tree_is_gone_only_with_a_complete_scan_and_an_empty_cgroup(identity, seen, gone, why) -> None:
-    verdict, reason = tree_verdict(identity, seen)
+    verdict, reason = tree_verdict(identity, seen, VAR)
     assert verdict is gone and why in reason
+
+
+@pytest.mark.parametrize("recorded", ["ORCA_AGENT_SESSION_SPAWN_TOKEN", ""])
+def test_an_owner_attested_under_another_variable_is_indeterminate_whatever_was_seen(recorded: str) -> None:
+    # An agent restarted with another --spawn-token-env scans for the wrong name: its "no carrier"
+    # and even its pid evidence are about a token it cannot read, so nothing is proven.
+    for seen in (Observation(absent=True), live(), Observation(exit_watched=True)):
+        r = judge(ident(spawn_token_env=recorded), "h", INC, seen)
+        assert r.outcome == P.INDETERMINATE and VAR in r.reason
+    assert tree_verdict(ident(spawn_token_env=recorded), tree(), VAR) == (
+        False, f"the scan reads {VAR}, not {recorded or 'the unnamed'} variable the token was attested in")
+
+
+def test_an_owner_without_a_token_needs_no_variable() -> None:
+    assert judge(ident(spawn_token="", spawn_token_env=""), "h", INC, Observation(absent=True)).outcome == \
+        P.PID_ABSENT

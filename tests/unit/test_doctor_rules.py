@@ -9,7 +9,7 @@ from holdfast.agent import doctor
 GOOD = doctor.Facts(
     node=True, pid_ns=doctor.INIT_PID_NS, cap_eff=1 << doctor.CAP_SYS_PTRACE, environ_read=40,
     environ_denied=0, environ_other_users=12, environ_error="", pidfs=True, cgroup_root="/sys/fs/cgroup",
-    cgroup_writable=True, boot_id="b", machine_id="m", coordinator="c:1", coordinator_error="",
+    cgroup_problem="", boot_id="b", machine_id="m", coordinator="c:1", coordinator_error="",
 )
 
 
@@ -29,7 +29,7 @@ def test_each_broken_fact_fails_exactly_its_check_with_a_fix() -> None:
         "cap-sys-ptrace": {"cap_eff": 0x1fffe7fffff & ~(1 << doctor.CAP_SYS_PTRACE)},
         "environ-readable": {"environ_denied": 3, "environ_error": "pid 1 (uid 0): Permission denied"},
         "pidfs": {"pidfs": False},
-        "cgroup-v2": {"cgroup_writable": False},
+        "cgroup-v2": {"cgroup_problem": "/proc/1/cgroup reads '/../..': private cgroup namespace"},
         "boot-id": {"machine_id": ""},
         "coordinator": {"coordinator_error": "unreachable (UNAVAILABLE)"},
     }

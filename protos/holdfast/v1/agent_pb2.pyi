@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TreeProof(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TREE_PROOF_UNSPECIFIED: _ClassVar[TreeProof]
+    CGROUP_ONLY: _ClassVar[TreeProof]
+    CGROUP_AND_SCAN: _ClassVar[TreeProof]
+    SCAN_ONLY: _ClassVar[TreeProof]
+
 class ProbeOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROBE_OUTCOME_UNSPECIFIED: _ClassVar[ProbeOutcome]
@@ -16,6 +23,10 @@ class ProbeOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IDENTITY_MATCHED: _ClassVar[ProbeOutcome]
     RESERVATION_UNUSED: _ClassVar[ProbeOutcome]
     INDETERMINATE: _ClassVar[ProbeOutcome]
+TREE_PROOF_UNSPECIFIED: TreeProof
+CGROUP_ONLY: TreeProof
+CGROUP_AND_SCAN: TreeProof
+SCAN_ONLY: TreeProof
 PROBE_OUTCOME_UNSPECIFIED: ProbeOutcome
 EXIT_OBSERVED: ProbeOutcome
 PID_ABSENT: ProbeOutcome
@@ -37,15 +48,17 @@ class HostIncarnation(_message.Message):
     def __init__(self, machine_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., pid_ns: _Optional[int] = ..., ns_init_start_ticks: _Optional[int] = ...) -> None: ...
 
 class CgroupRef(_message.Message):
-    __slots__ = ("path", "inode")
+    __slots__ = ("path", "inode", "cgroup_ns")
     PATH_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_NS_FIELD_NUMBER: _ClassVar[int]
     path: str
     inode: int
-    def __init__(self, path: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
+    cgroup_ns: int
+    def __init__(self, path: _Optional[str] = ..., inode: _Optional[int] = ..., cgroup_ns: _Optional[int] = ...) -> None: ...
 
 class ProcessIdentity(_message.Message):
-    __slots__ = ("host_id", "incarnation", "pid", "start_ticks", "pidfd_ino", "spawn_token", "cgroup")
+    __slots__ = ("host_id", "incarnation", "pid", "start_ticks", "pidfd_ino", "spawn_token", "cgroup", "spawn_token_env", "tree_proof", "tree_proof_reason")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +66,9 @@ class ProcessIdentity(_message.Message):
     PIDFD_INO_FIELD_NUMBER: _ClassVar[int]
     SPAWN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
+    TREE_PROOF_FIELD_NUMBER: _ClassVar[int]
+    TREE_PROOF_REASON_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     incarnation: HostIncarnation
     pid: int
@@ -60,14 +76,17 @@ class ProcessIdentity(_message.Message):
     pidfd_ino: int
     spawn_token: str
     cgroup: CgroupRef
-    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[_Union[HostIncarnation, _Mapping]] = ..., pid: _Optional[int] = ..., start_ticks: _Optional[int] = ..., pidfd_ino: _Optional[int] = ..., spawn_token: _Optional[str] = ..., cgroup: _Optional[_Union[CgroupRef, _Mapping]] = ...) -> None: ...
+    spawn_token_env: str
+    tree_proof: TreeProof
+    tree_proof_reason: str
+    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[_Union[HostIncarnation, _Mapping]] = ..., pid: _Optional[int] = ..., start_ticks: _Optional[int] = ..., pidfd_ino: _Optional[int] = ..., spawn_token: _Optional[str] = ..., cgroup: _Optional[_Union[CgroupRef, _Mapping]] = ..., spawn_token_env: _Optional[str] = ..., tree_proof: _Optional[_Union[TreeProof, str]] = ..., tree_proof_reason: _Optional[str] = ...) -> None: ...
 
 class GetHostInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class HostInfo(_message.Message):
-    __slots__ = ("host_id", "incarnation", "clock_ticks_per_second", "can_enumerate", "pidfs", "cgroup_writable", "cgroup_root", "agent_version", "spawn_token_env")
+    __slots__ = ("host_id", "incarnation", "clock_ticks_per_second", "can_enumerate", "pidfs", "cgroup_writable", "cgroup_root", "agent_version", "spawn_token_env", "session_cgroups", "session_cgroups_reason")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     CLOCK_TICKS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +96,8 @@ class HostInfo(_message.Message):
     CGROUP_ROOT_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CGROUPS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CGROUPS_REASON_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     incarnation: HostIncarnation
     clock_ticks_per_second: int
@@ -86,7 +107,9 @@ class HostInfo(_message.Message):
     cgroup_root: str
     agent_version: str
     spawn_token_env: str
-    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[_Union[HostIncarnation, _Mapping]] = ..., clock_ticks_per_second: _Optional[int] = ..., can_enumerate: _Optional[bool] = ..., pidfs: _Optional[bool] = ..., cgroup_writable: _Optional[bool] = ..., cgroup_root: _Optional[str] = ..., agent_version: _Optional[str] = ..., spawn_token_env: _Optional[str] = ...) -> None: ...
+    session_cgroups: bool
+    session_cgroups_reason: str
+    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[_Union[HostIncarnation, _Mapping]] = ..., clock_ticks_per_second: _Optional[int] = ..., can_enumerate: _Optional[bool] = ..., pidfs: _Optional[bool] = ..., cgroup_writable: _Optional[bool] = ..., cgroup_root: _Optional[str] = ..., agent_version: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., session_cgroups: _Optional[bool] = ..., session_cgroups_reason: _Optional[str] = ...) -> None: ...
 
 class ScanSpawnTokenRequest(_message.Message):
     __slots__ = ("spawn_token",)
@@ -105,26 +128,34 @@ class TokenCarrier(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., root: _Optional[bool] = ...) -> None: ...
 
 class ScanResult(_message.Message):
-    __slots__ = ("enumerable", "complete", "scanned", "unreadable", "carriers")
+    __slots__ = ("enumerable", "complete", "scanned", "unreadable", "carriers", "passes", "stable")
     ENUMERABLE_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     SCANNED_FIELD_NUMBER: _ClassVar[int]
     UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     CARRIERS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    STABLE_FIELD_NUMBER: _ClassVar[int]
     enumerable: bool
     complete: bool
     scanned: int
     unreadable: int
     carriers: _containers.RepeatedCompositeFieldContainer[TokenCarrier]
-    def __init__(self, enumerable: _Optional[bool] = ..., complete: _Optional[bool] = ..., scanned: _Optional[int] = ..., unreadable: _Optional[int] = ..., carriers: _Optional[_Iterable[_Union[TokenCarrier, _Mapping]]] = ...) -> None: ...
+    passes: int
+    stable: bool
+    def __init__(self, enumerable: _Optional[bool] = ..., complete: _Optional[bool] = ..., scanned: _Optional[int] = ..., unreadable: _Optional[int] = ..., carriers: _Optional[_Iterable[_Union[TokenCarrier, _Mapping]]] = ..., passes: _Optional[int] = ..., stable: _Optional[bool] = ...) -> None: ...
 
 class AttestSpawnRequest(_message.Message):
-    __slots__ = ("spawn_token", "pid_hint")
+    __slots__ = ("spawn_token", "pid_hint", "session_id", "fence")
     SPAWN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PID_HINT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     spawn_token: str
     pid_hint: int
-    def __init__(self, spawn_token: _Optional[str] = ..., pid_hint: _Optional[int] = ...) -> None: ...
+    session_id: str
+    fence: int
+    def __init__(self, spawn_token: _Optional[str] = ..., pid_hint: _Optional[int] = ..., session_id: _Optional[str] = ..., fence: _Optional[int] = ...) -> None: ...
 
 class AttestSpawnResponse(_message.Message):
     __slots__ = ("identity",)

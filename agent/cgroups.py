@@ -1,0 +1,255 @@
+"""Session cgroups: made by the agent for every tree it attests, read for the tree proof, swept.
+
+Guarantee: at AttestSpawn, while the gate is still blocked on its pipe and before anything of the
+tree can fork, the agent makes `holdfast-<session>-<fence>-<random>` nested under the gate's
+current cgroup (a pod's or a unit's limits still apply; no controller is enabled in it) and moves
+the gate into it, so every descendant is born inside. Whatever the privileges of `holdfast run`
+(an unprivileged run — the common case — could make none of its own). Where the agent cannot make
+one it says why, per attestation, and the tree proof rests on the stable scan alone.
+
+A recorded cgroup that no longer exists is empty: rmdir succeeds only on an empty cgroup, and a
+parent goes only after its children (a deleted pod takes the nested cgroup with it). That holds
+only where the agent sees the same hierarchy the cgroup was made in — the node's cgroup
+namespace, the same namespace recorded — else nothing is known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+
+from holdfast.agent.environ import read_proc_file
+from holdfast.v1 import agent_pb2
+
+CGROUP_MOUNTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+PREFIX = "holdfast-"
+# Session ids are [A-Za-z0-9_-]{8,128}; the fence and the random part are parsed from the right.
+_NAME = re.compile(r"^holdfast-[A-Za-z0-9_-]{8,128}-[0-9]{1,20}-[0-9a-f]{8}$")
+# Records of earlier versions name cgroups that `run` (as root) made at <root>/holdfast/<name>.
+LEGACY_PARENT = "holdfast"
+CAP_SYS_ADMIN = 21
+P = agent_pb2.TreeProof
+
+# mkdir + move must not interleave with a sweep, which would remove the cgroup before the gate is in.
+_lock = threading.Lock()
+
+
+def cgroup2_root() -> str:
+    for mount in CGROUP_MOUNTS:
+        if os.path.exists(os.path.join(mount, "cgroup.controllers")):
+            return mount
+    return ""
+
+
+def cgroup_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/cgroup").st_ino
+    except OSError:
+        return 0
+
+
+def _relative_cgroup(pid: int | str) -> str | None:
+    """The v2 path /proc/<pid>/cgroup names, relative to the reader's cgroup namespace."""
+    try:
+        lines = read_proc_file(f"/proc/{pid}/cgroup").decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line[3:] for line in lines if line.startswith("0::")), None)
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Whether this agent can make session cgroups on this host, and why not."""
+
+    root: str
+    namespace: int
+    able: bool
+    reason: str
+
+
+def capability() -> Capability:
+    root = cgroup2_root()
+    ns = cgroup_namespace()
+    if not root:
+        return Capability("", ns, False, "no cgroup v2 hierarchy is mounted")
+    # A private cgroup namespace shows other processes' cgroups as /../.. paths, and the agent
+    # could neither address nor move them: the node's namespace is needed (hostPID alone is not).
+    for who in ("self", "1"):
+        relative = _relative_cgroup(who)
+        if relative is None or relative.startswith("/.."):
+            return Capability(root, ns, False, f"/proc/{who}/cgroup reads {relative!r}: the agent is in a "
+                              "private cgroup namespace; run it in the node's (cgroupns host)")
+    if not os.access(root, os.W_OK):
+        return Capability(root, ns, False, f"{root} is not writable by the agent")
+    return Capability(root, ns, True, "")
+
+
+def is_session_cgroup(path: str, root: str) -> bool:
+    """Whether path names a cgroup the agent makes for sessions (or an earlier version's)."""
+    if not root or not path:
+        return False
+    path = os.path.normpath(path)
+    if not path.startswith(root.rstrip("/") + "/"):
+        return False
+    parent, name = os.path.split(path)
+    return bool(_NAME.match(name)) or (parent == os.path.join(root, LEGACY_PARENT) and
+                                       name not in ("", ".", ".."))
+
+
+def session_cgroup_of(pid: int, root: str, namespace: int) -> agent_pb2.CgroupRef | None:
+    """The session cgroup pid runs in, read here from /proc/<pid>/cgroup; None outside one."""
+    relative = _relative_cgroup(pid)
+    if not root or relative is None or not relative.startswith("/"):
+        return None
+    path = os.path.normpath(root + relative)
+    if not is_session_cgroup(path, root):
+        return None
+    try:
+        return agent_pb2.CgroupRef(path=path, inode=os.stat(path).st_ino, cgroup_ns=namespace)
+    except OSError:
+        return None
+
+
+def _move(pid: int, path: str) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write(str(pid))
+
+
+def make_session_cgroup(pid: int, session_id: str, fence: int,
+                        cap: Capability) -> tuple[agent_pb2.CgroupRef | None, str]:
+    """(the cgroup pid is now in, "") or (None, why not). Idempotent: a gate already in one of
+    this session's and fence's cgroups keeps it."""
+    if not cap.able:
+        return None, cap.reason
+    current = session_cgroup_of(pid, cap.root, cap.namespace)
+    if current is not None and os.path.basename(current.path).startswith(f"{PREFIX}{session_id}-{fence}-"):
+        return current, ""
+    relative = _relative_cgroup(pid)
+    if relative is None or not relative.startswith("/"):
+        return None, f"/proc/{pid}/cgroup names no cgroup v2 path ({relative!r})"
+    parent = os.path.normpath(cap.root + relative)
+    with contextlib.suppress(OSError), open(os.path.join(parent, "cgroup.type")) as f:
+        kind = f.read().strip()
+        if kind != "domain":
+            return None, f"the gate's cgroup {parent} is {kind}: a session cgroup cannot be nested there"
+    path = os.path.join(parent, f"{PREFIX}{session_id}-{fence}-{secrets.token_hex(4)}")
+    with _lock:
+        try:
+            os.mkdir(path)
+        except OSError as exc:
+            return None, f"mkdir {path}: {exc.strerror} (cgroup.max.descendants or depth reached?)"
+        try:
+            _move(pid, path)
+            ref = agent_pb2.CgroupRef(path=path, inode=os.stat(path).st_ino, cgroup_ns=cap.namespace)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+            return None, f"moving pid {pid} into {path}: {exc.strerror}"
+    return ref, ""
+
+
+def populated(ref: agent_pb2.CgroupRef, cap: Capability) -> bool | None:
+    """From cgroup.events; None when nothing is known. A cgroup removed (absent, or its path now
+    another inode) was empty when it went, and nothing enters a removed cgroup."""
+    if not cap.root or (ref.cgroup_ns and ref.cgroup_ns != cap.namespace):
+        return None
+    try:
+        if os.stat(ref.path).st_ino != ref.inode:
+            return False
+        for line in read_proc_file(os.path.join(ref.path, "cgroup.events")).splitlines():
+            key, _, value = line.partition(b" ")
+            if key == b"populated":
+                return value.strip() != b"0"
+    except FileNotFoundError:
+        # Absent from a hierarchy the agent sees whole: removed, so empty. A legacy record made
+        # under another mount point (root differs) is unknown.
+        return False if ref.path.startswith(cap.root.rstrip("/") + "/") else None
+    except OSError:
+        return None
+    return None
+
+
+def kill(ref: agent_pb2.CgroupRef, cap: Capability) -> bool:
+    """cgroup.kill on the recorded cgroup, only while its inode is the recorded one."""
+    if not is_session_cgroup(ref.path, cap.root) or (ref.cgroup_ns and ref.cgroup_ns != cap.namespace):
+        return False
+    try:
+        if os.stat(ref.path).st_ino != ref.inode:
+            return False
+        with open(os.path.join(ref.path, "cgroup.kill"), "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def sweep(cap: Capability) -> int:
+    """Removes the empty session cgroups this host's agents made (also before a restart); rmdir
+    refuses a populated one, so a live tree keeps its cgroup. Returns how many went."""
+    if not cap.able:
+        return 0
+    removed = 0
+    with _lock:
+        for parent, dirs, _files in os.walk(cap.root, topdown=False):
+            for name in dirs:
+                if _NAME.match(name) or os.path.basename(parent) == LEGACY_PARENT:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(parent, name))
+                        removed += 1
+    return removed
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    text = read_proc_file(f"/proc/{pid}/status").decode(errors="replace")
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def _cgroup_mounts_writable(pid: int) -> bool:
+    """Whether any cgroup2 mount the process sees is read-write."""
+    for line in read_proc_file(f"/proc/{pid}/mountinfo").decode(errors="replace").splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            options = left.split()[5].split(",")
+            if "ro" not in options:
+                return True
+    return False
+
+
+def _writable_by(path: str, uid: int, gids: set[int]) -> bool:
+    st = os.stat(path)
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & 0o200)
+    if st.st_gid in gids:
+        return bool(st.st_mode & 0o020)
+    return bool(st.st_mode & 0o002)
+
+
+def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tuple[int, str]:
+    """How this tree is proven gone, from the gate's own credentials and mounts (DESIGN §2)."""
+    if ref is None:
+        return P.SCAN_ONLY, "no session cgroup"
+    try:
+        status = _status_fields(pid)
+        bounding = int(status.get("CapBnd", "0").strip() or "0", 16)
+        if not bounding >> CAP_SYS_ADMIN & 1 and not _cgroup_mounts_writable(pid):
+            return P.CGROUP_ONLY, "no CAP_SYS_ADMIN in its bounding set and no writable cgroup mount"
+        if status.get("NoNewPrivs", "0").strip() == "1":
+            uid = int(status["Uid"].split()[1])  # effective
+            gids = {int(g) for g in status.get("Groups", "").split()} | {int(status["Gid"].split()[1])}
+            ancestor = os.path.dirname(ref.path)
+            while ancestor.startswith(cap.root):
+                if _writable_by(os.path.join(ancestor, "cgroup.procs"), uid, gids):
+                    return P.CGROUP_AND_SCAN, f"it may write {ancestor}/cgroup.procs and leave its cgroup"
+                if ancestor == cap.root:
+                    break
+                ancestor = os.path.dirname(ancestor)
+            return P.CGROUP_ONLY, "no new privileges, and no cgroup.procs above its cgroup it may write"
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        return P.CGROUP_AND_SCAN, f"its credentials could not be read ({exc}); the scan is needed too"
+    return P.CGROUP_AND_SCAN, "it could leave its cgroup (it may gain privileges)"
