@@ -15,7 +15,6 @@ pytestmark = [pytest.mark.timeout(120)]
 HOST = "host-txn"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 4: the grant compares only 'record absent'")
 @run_async
 async def test_archive_then_two_acquires_on_the_revived_id_never_share_a_fence(
         etcd: EtcdServer, prefix: str) -> None:
