@@ -195,7 +195,7 @@ class Lifecycle:
                 response.skipped.append(f"{sid}: {claim}, nothing to hand off")
             elif lease.handoff_stage == pb.MANUAL_RECOVERY:
                 response.skipped.append(f"{sid}: manual recovery; use `holdfast recover`")
-            elif lease.handoff_stage == pb.HANDOFF_REQUESTED:
+            elif lease.handoff_stage in adjudication.HANDOFF_STAGES:
                 response.handoff_requested.append(sid)
             else:
                 lease.handoff_stage = pb.HANDOFF_REQUESTED

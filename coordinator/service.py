@@ -3,7 +3,8 @@
 Guarantee: only Acquire mints a fence, token and secret; every transition is one etcd transaction
 comparing the record's mod revision and every other key its decision read (docs/transactions.md),
 and rewriting `fence/<id>`; every fenced write is one transaction comparing `fence/<id>`; a refusal
-writes nothing; indeterminate never grants.
+writes nothing and signals nothing (a forced Acquire kills only after a `force-pending` transition
+that compares every precondition of the grant); indeterminate never grants.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from holdfast.agent import tls
 from holdfast.agent.logs import session_fields
 from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
@@ -63,6 +65,11 @@ def handoff_hash(operation_id: str) -> str:
     """What a record keeps of the operation that asked for its handoff (never the id itself)."""
     return hashlib.sha256(f"handoff\0{operation_id}".encode()).hexdigest()
 
+
+def is_operator(context: grpc.aio.ServicerContext) -> bool:
+    """The verified peer certificate says operator (never a claim in the request)."""
+    role = tls.peer_role(context)
+    return role is not None and role.kind == "operator"
 
 
 def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
@@ -217,6 +224,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
             reads: list[Seen] = []
             if verdict.action is Action.PROBE and record is not None:
+                if request.force:
+                    # The kill is authorised only by a force-pending transaction comparing every
+                    # precondition of the grant; until it lands, nothing is signalled.
+                    entry = await self._force_pending(entry, record, request, ask, context)
+                    if entry is None:
+                        continue  # the record or a precondition changed: re-read, re-decide
                 probe, registration = await self._probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
@@ -290,6 +303,29 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if ok:
             metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None
+
+    async def _force_pending(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord,
+        request: pb.AcquireRequest,
+        ask: AcquireAsk,
+        context: grpc.aio.ServicerContext,
+    ) -> Entry | None:
+        """Authorises a forced Acquire's kill: refuses (writing nothing) unless this caller's
+        handoff request is the record's, or the peer is an operator, and unless every gate of the
+        grant is open; then one transaction marks the record force-pending, comparing the record
+        (adjudicated already: stale fence, manual recovery, another operation's request) and every
+        gate it read. Returns the force-pending record's entry, None when that transaction lost."""
+        if not adjudication.force_allowed(record.lease, ask, is_operator(context)):
+            raise CoordinatorError("FORCE_NOT_ALLOWED", "force is honoured only for the caller whose "
+                                   "handoff request the record holds (run --takeover --force) or an operator")
+        _, gates = await self.lifecycle.grant_gates(request.host_id)
+        lease = record.lease
+        lease.handoff_stage = pb.FORCE_PENDING
+        lease.handoff_operation_hash = ask.operation_hash
+        lease.handoff_requested_by_host = request.host_id
+        return await self._transition_at(entry, record, "force-pending", request.host_id, reads=gates)
 
     @_handler
     async def CommitOwner(
@@ -450,7 +486,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             lease = record.lease
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
-            if lease.handoff_stage == pb.HANDOFF_REQUESTED:
+            if lease.handoff_stage in adjudication.HANDOFF_STAGES:
                 if lease.handoff_operation_hash and lease.handoff_operation_hash != requested:
                     raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
                 if lease.handoff_operation_hash:

@@ -33,7 +33,6 @@ def forced(cluster: Cluster, sid: str, host_id: str) -> str:
     return reason_of(err.value)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 3: force kills before any precondition is checked")
 @pytest.mark.parametrize("taker", ["host-nowhere", "host-b"])
 def test_a_refused_force_leaves_the_live_owner_running_and_writes_nothing(
         cluster: Cluster, taker: str) -> None:
