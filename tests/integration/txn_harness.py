@@ -146,3 +146,19 @@ async def archive(svc: CoordinatorService, ctx: Context, sid: str, fence: int) -
 async def record_of(svc: CoordinatorService, sid: str) -> pb.SessionRecord | None:
     entry = await svc.store.get(svc.store.key("sessions", sid))
     return records.decode_record(entry.value) if entry is not None else None
+
+
+async def touch(store: Store, key: str) -> None:
+    """Rewrites a key with its own bytes (and lease): only its mod revision changes."""
+    entry = await store.get(key)
+    assert entry is not None, key
+    await store.txn([], [Put(key, entry.value, entry.lease)])
+
+
+async def create(store: Store, key: str, value: bytes = b"1") -> None:
+    """Puts a key a decision read as absent (b"1" is a valid floor, flag and gate alike)."""
+    await store.txn([], [Put(key, value)])
+
+
+async def delete(store: Store, key: str) -> None:
+    await store.txn([], [], [key])
