@@ -16,6 +16,8 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 PROVEN_DEAD = {apb.EXIT_OBSERVED, apb.PID_ABSENT, apb.IDENTITY_MISMATCH}
+# A handoff in progress: asked of the owner (handoff-requested), or its kill authorised (force-pending).
+HANDOFF_STAGES = (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING)
 OUTCOME_NAMES = {
     apb.EXIT_OBSERVED: "exit-observed",
     apb.PID_ABSENT: "pid-absent",
@@ -75,7 +77,7 @@ def adjudicate(
     if lease.claim_status == pb.CONFLICTED or lease.handoff_stage == pb.MANUAL_RECOVERY:
         return Verdict(Action.REFUSE, Reason.MANUAL_RECOVERY, "session is in manual recovery; use Recover")
     # A drain's request names no operation (empty hash): it asks the owner to let go, reserves nothing.
-    if (lease.handoff_stage == pb.HANDOFF_REQUESTED and lease.handoff_operation_hash
+    if (lease.handoff_stage in HANDOFF_STAGES and lease.handoff_operation_hash
             and lease.handoff_operation_hash != ask.operation_hash):
         return Verdict(Action.REFUSE, Reason.OPERATION_CONFLICT,
                        f"a handoff was requested by host {lease.handoff_requested_by_host}")
@@ -129,6 +131,15 @@ def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
 
 def _utc(unix_ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_ms / 1000))
+
+
+def force_allowed(lease: pb.Lease, ask: AcquireAsk, operator: bool) -> bool:
+    """`force` is honoured only for the caller whose handoff request the record holds (the same
+    operation that asked), or an operator certificate (DESIGN.md §5). A drain's request names no
+    operation, so it lets nobody but an operator force."""
+    requested = (lease.handoff_stage in HANDOFF_STAGES and bool(lease.handoff_operation_hash)
+                 and lease.handoff_operation_hash == ask.operation_hash)
+    return requested or operator
 
 
 def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:

@@ -50,6 +50,9 @@ _TABLE: dict[str, tuple[int, str]] = {
                                   "HOLDFAST_COORDINATOR at a running coordinator"),
     "PERMISSION_DENIED": (EX_NOPERM, "the grant secret does not match; use the grant file of the current "
                                      "owner (HOLDFAST_GRANT_FILE)"),
+    "FORCE_NOT_ALLOWED": (EX_NOPERM, "force ends only an owner whose handoff this caller asked for: "
+                                     "`holdfast run --takeover --force` (the same takeover), or an operator "
+                                     "certificate; nothing was signalled"),
     "UNAUTHENTICATED": (EX_NOPERM, "present a client certificate the coordinator trusts"),
     "WRONG_ROLE": (EX_NOPERM, "use the certificate of your role: client.pem for clients, agent-<host id>.pem "
                               "for that host's agent (`holdfast certs init`)"),

@@ -1,8 +1,9 @@
 """Lifecycle operations over etcd: archive a session, drain a host, recover a host that is gone for
 good, and the restore epoch after an etcd snapshot restore (DESIGN.md §3).
 
-Guarantee: every session write is one transaction comparing the record's mod revision (a lost race
-changes nothing and is reported); archiving happens only on a verdict that would grant; a refusal
+Guarantee: every session write is one transaction comparing the record's mod revision and every
+other key its decision read (docs/transactions.md; a lost race changes nothing and is reported);
+archiving happens only on a verdict that would grant; a refusal
 writes nothing; the restore epoch makes every fence non-live (and floors ids the restored etcd
 never saw) before any agent is asked anything, stops every token root that is not a claimed
 owner's, releases an owner only on its own host's proof, and reopens grants only when every host
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records
+from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records, registry
 from holdfast.coordinator.errors import CoordinatorError
-from holdfast.coordinator.store import Entry, Put, mod_equals
+from holdfast.coordinator.store import Entry, Put, Seen, unchanged
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -56,7 +57,7 @@ class Lifecycle:
         if request.expected_fence != record.lease.fence:
             raise CoordinatorError("STALE_FENCE", f"expected fence {request.expected_fence}, "
                                    f"current {record.lease.fence}")
-        verdict = await self.svc._judge(record)
+        verdict, _, reads = await self.svc._judge_probed(record)
         if not lifecycle_rules.archive_allowed(verdict):
             why = verdict.detail or verdict.reason.value
             raise CoordinatorError(verdict.reason.value, f"not archived: {why}")
@@ -71,7 +72,7 @@ class Lifecycle:
         # Fenced data goes with the session (retention ends with it); history stays readable under
         # archive/, and the archived fence is the floor of any later session of the same id.
         ok, _ = await self.store.txn(
-            [mod_equals(self.svc._skey(sid), entry.mod_revision)], puts,
+            unchanged([Seen(self.svc._skey(sid), entry), *reads]), puts,
             [self.svc._skey(sid), self.store.key("fence", sid)],
             [self.store.key(kind, sid, "") for kind in ("history", "data", "ops")])
         if not ok:
@@ -91,32 +92,46 @@ class Lifecycle:
             record=records.decode_record(entry.value),
             history=[records.json_format.Parse(e.value, pb.HistoryEntry()) for e in history])
 
-    async def revived(self, session_id: str, provider: str, location: str) -> pb.SessionRecord:
+    async def revived(
+        self, session_id: str, provider: str, location: str
+    ) -> tuple[pb.SessionRecord, list[Seen]]:
         """A new record: above the archived fence and history when the id was archived before, and
-        above the restore epoch's floor for sessions the restored etcd never saw."""
+        above the restore epoch's floor for sessions the restored etcd never saw; with both reads,
+        which the grant compares (a re-archive or a new floor meanwhile would reuse a fence)."""
         record = records.new_record(session_id, provider, location)
-        entry, epoch_floor = await asyncio.gather(
-            self.store.get(self.store.key("archive", session_id, "record")), self.new_session_floor())
+        archived, floor_read = await asyncio.gather(
+            self.store.read(self.store.key("archive", session_id, "record")),
+            self.store.read(self._floor_key()))
+        epoch_floor = _floor(floor_read)
         record.lease.minimum_next_fence = epoch_floor
-        if entry is not None:
-            old = records.decode_record(entry.value)
+        if archived.entry is not None:
+            old = records.decode_record(archived.entry.value)
             floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
             record.lease.minimum_next_fence = max(floor, epoch_floor)
             record.history_seq = old.history_seq
-        return record
+        return record, [archived, floor_read]
 
-    async def restore_pending(self) -> str | None:
-        """Why grants are closed after an etcd restore (the key an operator puts, or an unfinished
-        restore-epoch leaves); None when they are open."""
-        entry = await self.store.get(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY))
-        return entry.value.decode(errors="replace")[:200] if entry is not None else None
+    async def grant_gates(self, host_id: str) -> tuple[pb.HostRegistration, list[Seen]]:
+        """The gates of a grant to `host_id`, each refused with its reason (nothing written): no
+        restore pending, the host registered, the host not draining. Returns the registration and
+        the three reads, which the grant's (and a force-pending's) transaction compares."""
+        # Independent reads, one round trip's wait: a grant is on every client's start path.
+        reg_read, drain_read, restore_read = await asyncio.gather(
+            self.svc.registry.seen(host_id), self.store.read(self._drain_key(host_id)),
+            self.store.read(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)))
+        if restore_read.entry is not None:
+            why = restore_read.entry.value.decode(errors="replace")[:200]
+            raise CoordinatorError("RESTORE_PENDING", f"etcd was restored from a backup and restore-epoch "
+                                   f"has not finished ({why}); no grants until it has")
+        host = registry.decode(reg_read)
+        if host is None:
+            raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no live agent registration")
+        if drain_read.entry is not None:
+            raise CoordinatorError("HOST_DRAINING", f"host {host_id} is draining; no grants there")
+        return host, [reg_read, drain_read, restore_read]
 
     def _floor_key(self) -> str:
         return self.store.key("new-session-floor")
-
-    async def new_session_floor(self) -> int:
-        entry = await self.store.get(self._floor_key())
-        return int(entry.value) if entry is not None else 0
 
     async def purge_archives(
         self, request: pb.PurgeArchivesRequest, context: Context
@@ -142,7 +157,7 @@ class Lifecycle:
                     return response
                 sid = record.session_id
                 ok, _ = await self.store.txn(
-                    [mod_equals(entry.key, entry.mod_revision)],
+                    unchanged([Seen(entry.key, entry)]),
                     [Put(entry.key, records.encode(lifecycle_rules.floor_only(record)))], (),
                     [self.store.key("archive", sid, "history", "")])
                 if ok:
@@ -154,9 +169,6 @@ class Lifecycle:
     def _drain_key(self, host_id: str) -> str:
         return self.store.key("draining", host_id)
 
-    async def draining(self, host_id: str) -> bool:
-        return await self.store.get(self._drain_key(host_id)) is not None
-
     async def _sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
         entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
         return [(e, records.decode_record(e.value)) for e in entries]
@@ -167,8 +179,11 @@ class Lifecycle:
         if not request.draining:
             await self.store.txn([], [], [self._drain_key(host_id)])
             return pb.DrainHostResponse(draining=False)
-        await self.store.txn([], [Put(self._drain_key(host_id), records.encode(
-            pb.HistoryEntry(at_unix_ms=now_ms(), transition="draining", detail=request.operator)))])
+        flag = Put(self._drain_key(host_id), records.encode(
+            pb.HistoryEntry(at_unix_ms=now_ms(), transition="draining", detail=request.operator)))
+        _, revision = await self.store.txn([], [flag])
+        # Each handoff request below is this drain's: an undo meanwhile makes the rest lose.
+        drain_read = Seen(flag.key, Entry(flag.key, flag.value, revision, revision, 0))
         response = pb.DrainHostResponse(draining=True)
         for entry, record in await self._sessions():
             if not lifecycle_rules.claimed_on(record, host_id):
@@ -180,14 +195,14 @@ class Lifecycle:
                 response.skipped.append(f"{sid}: {claim}, nothing to hand off")
             elif lease.handoff_stage == pb.MANUAL_RECOVERY:
                 response.skipped.append(f"{sid}: manual recovery; use `holdfast recover`")
-            elif lease.handoff_stage == pb.HANDOFF_REQUESTED:
+            elif lease.handoff_stage in adjudication.HANDOFF_STAGES:
                 response.handoff_requested.append(sid)
             else:
                 lease.handoff_stage = pb.HANDOFF_REQUESTED
                 lease.handoff_operation_hash = ""  # no successor named: any later Acquire is adjudicated
                 lease.handoff_requested_by_host = f"drain of {host_id}"
                 detail = f"drain {request.operator}"
-                if await self.svc._transition(entry, record, "handoff-requested", detail):
+                if await self.svc._transition(entry, record, "handoff-requested", detail, reads=[drain_read]):
                     response.handoff_requested.append(sid)
                 else:
                     response.skipped.append(f"{sid}: changed while draining; run drain again")
@@ -197,8 +212,11 @@ class Lifecycle:
     async def recover_host(self, request: pb.RecoverHostRequest, context: Context) -> pb.RecoverHostResponse:
         host_id = records.check_host_id(request.host_id)
         who = _operator_text(request.operator, request.reason)
-        if await self.svc.registry.get(host_id) is not None:
+        registration = await self.svc.registry.seen(host_id)
+        if registration.entry is not None:
             # Operator evidence is for a node that is gone; a registered agent can answer for itself.
+            # Checked here and compared absent in each session's transaction: an agent that
+            # registers meanwhile stops the rest (issue 11 item 7).
             raise CoordinatorError("HOST_LIVE", f"host {host_id} has a live agent registration: drain it "
                                    "(`holdfast drain`), or stop its agent and let its lease expire first")
         response = pb.RecoverHostResponse()
@@ -215,7 +233,8 @@ class Lifecycle:
                 observed_at_unix_ms=now_ms(), owner_fence=lease.fence))
             # The compare on the mod revision is the expected-fence check: the fence read is the one freed.
             detail = f"host {host_id} by {context.peer()}"
-            result.recovered = await self.svc._transition(entry, record, "recover", detail)
+            result.recovered = await self.svc._transition(entry, record, "recover", detail,
+                                                          reads=[registration])
             if not result.recovered:
                 result.error = "the record changed meanwhile; `holdfast show` it and recover it alone"
         return response
@@ -233,8 +252,7 @@ class Lifecycle:
         to_judge: list[str] = []
         # 0. Sessions created after the snapshot have no record here, and their ids would start again
         # at fence 1: a fence an orphan (or an external store) has already seen. New ids start above.
-        floor = lifecycle_rules.new_session_floor(await self.new_session_floor(), epoch)
-        await self.store.txn([], [Put(self._floor_key(), str(floor).encode())])
+        await self._raise_new_session_floor(epoch)
         # 1. Every fence non-live and every floor raised, before any agent is asked anything.
         for entry, record in await self._sessions():
             lease = record.lease
@@ -272,7 +290,7 @@ class Lifecycle:
         by_id = {row.session_id: row for row in response.sessions}
         for sid in to_judge:
             entry, record = await self.svc._require(sid)
-            probe = await self.svc.router.probe(record.lease.owner, check_tree=True)
+            probe, registration = await self.svc._probe(record.lease.owner)
             row = by_id[sid]
             if adjudication.release_allowed(record.lease, probe):
                 record.lease.claim_status = pb.RELEASED
@@ -280,7 +298,8 @@ class Lifecycle:
                     kind=adjudication.OUTCOME_NAMES[probe.outcome],
                     detail=f"restore-epoch: {probe.reason}"[:1024],
                     observed_at_unix_ms=probe.observed_at_unix_ms, owner_fence=record.lease.fence))
-                if await self.svc._transition(entry, record, "restore-released", probe.reason):
+                if await self.svc._transition(entry, record, "restore-released", probe.reason,
+                                              reads=[registration]):
                     row.outcome, row.detail = "released", "owner proven gone by its host's agent"
                     continue
             row.detail = (f"owner not proven gone ({probe.tree_reason or probe.reason}); stop it, then "
@@ -293,6 +312,16 @@ class Lifecycle:
         else:
             await self.store.txn([], [Put(pending, f"restore-epoch unfinished: {who}".encode())])
         return response
+
+    async def _raise_new_session_floor(self, epoch: int) -> None:
+        """Read-modify-write of the floor, compared: two restore-epochs at once both raise it."""
+        for _ in range(8):
+            read = await self.store.read(self._floor_key())
+            floor = lifecycle_rules.new_session_floor(_floor(read), epoch)
+            ok, _ = await self.store.txn(unchanged([read]), [Put(self._floor_key(), str(floor).encode())])
+            if ok:
+                return
+        raise CoordinatorError("STALE_FENCE", "the new-session floor kept changing; run restore-epoch again")
 
     async def _stop_orphans(self, host_id: str, known: set[str]) -> pb.RestoreEpochHost:
         row = pb.RestoreEpochHost(host_id=host_id)
@@ -312,3 +341,7 @@ class Lifecycle:
             (row.orphans_stopped if stopped else row.orphans_not_stopped).append(
                 f"pid {identity.pid}" + ("" if stopped else f": {result.reason}"))
         return row
+
+
+def _floor(read: Seen) -> int:
+    return int(read.entry.value) if read.entry is not None else 0

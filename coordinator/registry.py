@@ -11,7 +11,7 @@ import time
 
 from holdfast.coordinator import records
 from holdfast.coordinator.errors import CoordinatorError
-from holdfast.coordinator.store import Put, Store, absent
+from holdfast.coordinator.store import Put, Seen, Store, absent
 from holdfast.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,16 @@ class Registry:
         return ttl
 
     async def get(self, host_id: str) -> pb.HostRegistration | None:
-        entry = await self.store.get(self._key(host_id))
-        return records.json_format.Parse(entry.value, pb.HostRegistration()) if entry else None
+        return decode(await self.seen(host_id))
+
+    async def seen(self, host_id: str) -> Seen:
+        """The registration as a decision reads it, to be compared in that decision's transaction."""
+        return await self.store.read(self._key(host_id))
 
     async def list(self) -> list[pb.HostRegistration]:
         entries, _ = await self.store.list_prefix(self.store.key("hosts", ""))
         return [records.json_format.Parse(e.value, pb.HostRegistration()) for e in entries]
+
+
+def decode(seen: Seen) -> pb.HostRegistration | None:
+    return records.json_format.Parse(seen.entry.value, pb.HostRegistration()) if seen.entry else None

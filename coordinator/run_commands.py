@@ -33,7 +33,8 @@ from holdfast.coordinator.fencing import CLAIM_NAMES
 from holdfast.v1 import coordinator_pb2 as pb
 
 STAGE_NAMES = {pb.NONE: "none", pb.HANDOFF_REQUESTED: "handoff-requested",
-               pb.MANUAL_RECOVERY: "manual-recovery", pb.HANDOFF_STAGE_UNSPECIFIED: "none"}
+               pb.MANUAL_RECOVERY: "manual-recovery", pb.FORCE_PENDING: "force-pending",
+               pb.HANDOFF_STAGE_UNSPECIFIED: "none"}
 
 
 def default_operator() -> str:

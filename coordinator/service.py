@@ -1,21 +1,23 @@
 """The Coordinator gRPC servicer: stateless over etcd, so any number of replicas behave as one.
 
 Guarantee: only Acquire mints a fence, token and secret; every transition is one etcd transaction
-comparing the record's mod revision and rewriting `fence/<id>`; every fenced write is one
-transaction comparing `fence/<id>`; a refusal writes nothing; indeterminate never grants.
+comparing the record's mod revision and every other key its decision read (docs/transactions.md),
+and rewriting `fence/<id>`; every fenced write is one transaction comparing `fence/<id>`; a refusal
+writes nothing and signals nothing (a forced Acquire kills only after a `force-pending` transition
+that compares every precondition of the grant); indeterminate never grants.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
 
+from holdfast.agent import tls
 from holdfast.agent.logs import session_fields
 from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
@@ -26,9 +28,10 @@ from holdfast.coordinator.store import (
     Compacted,
     Entry,
     Put,
+    Seen,
     Store,
     StoreUnavailable,
-    mod_equals,
+    unchanged,
     value_equals,
 )
 from holdfast.v1 import agent_pb2 as apb
@@ -40,6 +43,7 @@ HISTORY_KEPT = 64
 MAX_CHAIN = 256
 MAX_PAGE = 500
 RACE_RETRIES = 16
+KILL_WAIT_S = 5.0
 log = logging.getLogger("holdfast.coordinator.sessions")
 
 
@@ -55,6 +59,17 @@ def caller_of(context: grpc.aio.ServicerContext, host_id: str) -> str:
 
 def op_hash(rpc: str, caller: str, operation_id: str) -> str:
     return hashlib.sha256(f"{rpc}\0{caller}\0{operation_id}".encode()).hexdigest()
+
+
+def handoff_hash(operation_id: str) -> str:
+    """What a record keeps of the operation that asked for its handoff (never the id itself)."""
+    return hashlib.sha256(f"handoff\0{operation_id}".encode()).hexdigest()
+
+
+def is_operator(context: grpc.aio.ServicerContext) -> bool:
+    """The verified peer certificate says operator (never a claim in the request)."""
+    role = tls.peer_role(context)
+    return role is not None and role.kind == "operator"
 
 
 def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
@@ -115,8 +130,22 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         transition: str,
         detail: str = "",
         extra: tuple[Put, ...] = (),
+        reads: Sequence[Seen] = (),
     ) -> bool:
-        """One transaction: the record (compared on its mod revision), its fence key and a history entry."""
+        return await self._transition_at(entry, record, transition, detail, extra, reads) is not None
+
+    async def _transition_at(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord,
+        transition: str,
+        detail: str = "",
+        extra: tuple[Put, ...] = (),
+        reads: Sequence[Seen] = (),
+    ) -> Entry | None:
+        """One transaction: the record, its fence key and a history entry, applied only if the record
+        (compared on its mod revision, 0 = absent) and every other key the decision read (`reads`)
+        are as they were read. Returns the record's new entry, None when the transaction lost."""
         sid = record.session_id
         record.history_seq += 1
         seq = record.history_seq
@@ -131,15 +160,26 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         ]
         # The cap: each transition adds one entry and drops the one HISTORY_KEPT transitions older.
         dropped = [self.store.key("history", sid, f"{seq - HISTORY_KEPT:020d}")] if seq > HISTORY_KEPT else []
-        ok, _ = await self.store.txn(
-            [mod_equals(self._skey(sid), entry.mod_revision if entry else 0)], puts, dropped
-        )
+        compares = unchanged([Seen(self._skey(sid), entry), *reads])
+        ok, revision = await self.store.txn(compares, puts, dropped)
         lease = record.lease
         host = lease.owner.host_id or lease.reserved_host_id
         fields = session_fields(sid, lease.fence, host, transition=transition, applied=ok,
                                 detail=detail[:200])
         log.info("session %s%s", transition, "" if ok else " lost a race", extra={"fields": fields})
-        return ok
+        if not ok:
+            return None
+        created = entry.create_revision if entry else revision
+        return Entry(self._skey(sid), puts[0].value, revision, created, 0)
+
+    async def _probe(self, owner: apb.ProcessIdentity, kill: bool = False) -> tuple[apb.ProbeResult, Seen]:
+        """The owner's host's answer (a probe with the tree checked, or a kill), with that host's
+        registration as read first: the proof came from the agent it names, so a decision on the
+        answer compares it (a heartbeat does not change it; a new registration does)."""
+        registration = await self.registry.seen(owner.host_id)
+        if kill:
+            return await self.router.kill(owner, KILL_WAIT_S), registration
+        return await self.router.probe(owner, check_tree=True), registration
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
         """Fence first, then secret (DESIGN.md §3)."""
@@ -173,8 +213,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
             return stored
         ask = AcquireAsk(
-            request.expected_fence if request.has_expected_fence else None,
-            hashlib.sha256(f"handoff\0{request.operation_id}".encode()).hexdigest(),
+            request.expected_fence if request.has_expected_fence else None, handoff_hash(request.operation_id)
         )
         deadline = time.monotonic() + request.wait_seconds
         held: adjudication.Verdict | None = None
@@ -183,18 +222,21 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             attempts += 1
             entry, record = await self._read(sid)
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
+            reads: list[Seen] = []
             if verdict.action is Action.PROBE and record is not None:
-                owner = record.lease.owner
-                probe = (
-                    await self.router.kill(owner, 5.0)
-                    if request.force
-                    else await self.router.probe(owner, check_tree=True)
-                )
+                if request.force:
+                    # The kill is authorised only by a force-pending transaction comparing every
+                    # precondition of the grant; until it lands, nothing is signalled.
+                    entry = await self._force_pending(entry, record, request, ask, context)
+                    if entry is None:
+                        continue  # the record or a precondition changed: re-read, re-decide
+                probe, registration = await self._probe(record.lease.owner, kill=request.force)
+                reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
             metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
             if verdict.action is Action.TO_MANUAL and record is not None:
                 record.lease.handoff_stage = pb.MANUAL_RECOVERY
-                await self._transition(entry, record, "manual-recovery", verdict.detail)
+                await self._transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
                 raise CoordinatorError("MANUAL_RECOVERY", verdict.detail)
             remaining = deadline - time.monotonic()
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
@@ -204,7 +246,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
-            response = await self._grant(entry, record, request, verdict, ops_key)
+            response = await self._grant(entry, record, request, verdict, ops_key, reads)
             if response is not None:
                 return response
         if held is not None:
@@ -218,22 +260,17 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         request: pb.AcquireRequest,
         verdict: adjudication.Verdict,
         ops_key: str,
+        reads: Sequence[Seen] = (),
     ) -> pb.AcquireResponse | None:
-        # Independent reads, one round trip's wait: a grant is on every client's start path.
-        host, draining, restore_pending = await asyncio.gather(
-            self.registry.get(request.host_id), self.lifecycle.draining(request.host_id),
-            self.lifecycle.restore_pending())
-        if restore_pending is not None:
-            raise CoordinatorError("RESTORE_PENDING", f"etcd was restored from a backup and restore-epoch "
-                                   f"has not finished ({restore_pending}); no grants until it has")
-        if host is None:
-            raise CoordinatorError(
-                "HOST_NOT_REGISTERED", f"host {request.host_id} has no live agent registration"
-            )
-        if draining:
-            raise CoordinatorError("HOST_DRAINING", f"host {request.host_id} is draining; no grants there")
+        """The grant transaction, comparing the record, what the verdict read (the owner host's
+        registration when probed), the grant's gates and, for an id with no record, the archive
+        record and floor its first fence came from. None when it lost a race."""
+        host, gates = await self.lifecycle.grant_gates(request.host_id)
+        reads = [*reads, *gates]
         if record is None:
-            record = await self.lifecycle.revived(request.session_id, request.provider, request.location)
+            record, floors = await self.lifecycle.revived(request.session_id, request.provider,
+                                                          request.location)
+            reads += floors
         old = record.lease
         secret, token, at = fencing.mint_secret(), fencing.mint_spawn_token(), now_ms()
         lease = pb.Lease(
@@ -262,10 +299,33 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         response = pb.AcquireResponse(grant=grant, record=record)
         stored = Put(ops_key, records.encode(response))
-        ok = await self._transition(entry, record, "grant", verdict.reason.value, (stored,))
+        ok = await self._transition(entry, record, "grant", verdict.reason.value, (stored,), reads)
         if ok:
             metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None
+
+    async def _force_pending(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord,
+        request: pb.AcquireRequest,
+        ask: AcquireAsk,
+        context: grpc.aio.ServicerContext,
+    ) -> Entry | None:
+        """Authorises a forced Acquire's kill: refuses (writing nothing) unless this caller's
+        handoff request is the record's, or the peer is an operator, and unless every gate of the
+        grant is open; then one transaction marks the record force-pending, comparing the record
+        (adjudicated already: stale fence, manual recovery, another operation's request) and every
+        gate it read. Returns the force-pending record's entry, None when that transaction lost."""
+        if not adjudication.force_allowed(record.lease, ask, is_operator(context)):
+            raise CoordinatorError("FORCE_NOT_ALLOWED", "force is honoured only for the caller whose "
+                                   "handoff request the record holds (run --takeover --force) or an operator")
+        _, gates = await self.lifecycle.grant_gates(request.host_id)
+        lease = record.lease
+        lease.handoff_stage = pb.FORCE_PENDING
+        lease.handoff_operation_hash = ask.operation_hash
+        lease.handoff_requested_by_host = request.host_id
+        return await self._transition_at(entry, record, "force-pending", request.host_id, reads=gates)
 
     @_handler
     async def CommitOwner(
@@ -276,6 +336,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease = record.lease
         if lease.claim_status != pb.RESERVED:
             raise CoordinatorError("STALE_FENCE", "this grant is no longer a reservation")
+        # The attestation is the reserved host's registered agent's: compared, so an agent that
+        # re-registered meanwhile (another incarnation, another token variable) makes it retry.
+        registration = await self.registry.seen(lease.reserved_host_id)
         identity = await self.router.attest(
             lease.reserved_host_id, lease.reserved_spawn_token, request.pid_hint, record.session_id,
             lease.fence)
@@ -287,7 +350,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.owner.CopyFrom(identity)
         lease.claim_status = pb.LIVE if lease.live_on_commit else pb.COMMITTED
         lease.owner_since_unix_ms = lease.last_proven_alive_at_unix_ms = now_ms()
-        if not await self._transition(entry, record, "commit", f"pid {identity.pid} on {identity.host_id}"):
+        if not await self._transition(entry, record, "commit", f"pid {identity.pid} on {identity.host_id}",
+                                      reads=[registration]):
             raise CoordinatorError("STALE_FENCE", "the record changed during commit")
         return pb.CommitOwnerResponse(record=record)
 
@@ -317,8 +381,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
+        reads: list[Seen] = []
         if lease.claim_status in (pb.COMMITTED, pb.LIVE):
-            probe = await self.router.probe(lease.owner, check_tree=True)
+            probe, registration = await self._probe(lease.owner)
+            reads.append(registration)
             if not adjudication.release_allowed(lease, probe):
                 raise CoordinatorError(
                     "TREE_ALIVE", probe.tree_reason or probe.reason or "owner tree not proven gone"
@@ -329,7 +395,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.death_evidence.CopyFrom(
             pb.DeathEvidence(kind="released", observed_at_unix_ms=now_ms(), owner_fence=lease.fence)
         )
-        if not await self._transition(entry, record, "release"):
+        if not await self._transition(entry, record, "release", reads=reads):
             raise CoordinatorError("STALE_FENCE", "the record changed during release")
         return pb.ReleaseResponse(record=record)
 
@@ -415,19 +481,19 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.RequestHandoffResponse:
         records.check_operation_id(request.operation_id)
         records.check_host_id(request.host_id)
-        handoff_hash = hashlib.sha256(f"handoff\0{request.operation_id}".encode()).hexdigest()
+        requested = handoff_hash(request.operation_id)
         for _ in range(RACE_RETRIES):
             entry, record = await self._require(request.session_id)
             lease = record.lease
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
-            if lease.handoff_stage == pb.HANDOFF_REQUESTED:
-                if lease.handoff_operation_hash and lease.handoff_operation_hash != handoff_hash:
+            if lease.handoff_stage in adjudication.HANDOFF_STAGES:
+                if lease.handoff_operation_hash and lease.handoff_operation_hash != requested:
                     raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
                 if lease.handoff_operation_hash:
                     return pb.RequestHandoffResponse(record=record)
             lease.handoff_stage = pb.HANDOFF_REQUESTED
-            lease.handoff_operation_hash = handoff_hash
+            lease.handoff_operation_hash = requested
             lease.handoff_requested_by_host = request.host_id
             if await self._transition(entry, record, "handoff-requested", request.host_id):
                 return pb.RequestHandoffResponse(record=record)
@@ -438,7 +504,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ProbeSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProbeSessionResponse:
         _, record = await self._require(request.session_id)
-        verdict, probe = await self._judge_probed(record)
+        verdict, probe, _ = await self._judge_probed(record)
         metrics.INDETERMINATE.verdict(record.session_id, verdict.reason.value)
         return pb.ProbeSessionResponse(
             verdict=VERDICT_NAMES.get(verdict.reason.value, verdict.action.value),
@@ -449,16 +515,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def _judge_probed(
         self, record: pb.SessionRecord
-    ) -> tuple[adjudication.Verdict, apb.ProbeResult | None]:
-        """Adjudicate as the handoff's requester would be, probing a committed owner's own host."""
+    ) -> tuple[adjudication.Verdict, apb.ProbeResult | None, list[Seen]]:
+        """Adjudicate as the handoff's requester would be, probing a committed owner's own host;
+        with the keys the verdict read besides the record (the owner host's registration)."""
         ask = AcquireAsk(None, record.lease.handoff_operation_hash)
-        probe = None
+        probe, reads = None, []
         if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
-            probe = await self.router.probe(record.lease.owner, check_tree=True)
-        return adjudication.adjudicate(record, ask, probe, now_ms()), probe
-
-    async def _judge(self, record: pb.SessionRecord) -> adjudication.Verdict:
-        return (await self._judge_probed(record))[0]
+            probe, registration = await self._probe(record.lease.owner)
+            reads.append(registration)
+        return adjudication.adjudicate(record, ask, probe, now_ms()), probe, reads
 
     @_handler
     async def Recover(

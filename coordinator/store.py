@@ -8,7 +8,7 @@ a partial write and never a silent success.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -38,6 +38,30 @@ class Entry:
     mod_revision: int
     create_revision: int
     lease: int
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A key as a decision read it: its entry, or None when it was absent. A decision's transaction
+    compares every Seen it depended on, so a change of any of them makes the transaction lose."""
+
+    key: str
+    entry: Entry | None
+
+    def unchanged(self) -> rpc.Compare:
+        # A key read with a value is compared on its mod revision (a rewrite of the same bytes is a
+        # change too); a key read absent must still be absent, not merely "re-created meanwhile".
+        return mod_equals(self.key, self.entry.mod_revision) if self.entry is not None else absent(self.key)
+
+
+def unchanged(seen: Iterable[Seen]) -> list[rpc.Compare]:
+    """The compares that every key is still as it was read; one per key. The first reading is kept:
+    if a decision read one key twice and it changed in between, that compare fails, as it should.
+    """
+    by_key: dict[str, Seen] = {}
+    for s in seen:
+        by_key.setdefault(s.key, s)
+    return [s.unchanged() for s in by_key.values()]
 
 
 @dataclass(frozen=True)
@@ -142,6 +166,10 @@ class Store:
     async def get(self, key: str) -> Entry | None:
         resp = await self._call(self._kv.Range, rpc.RangeRequest(key=key.encode()))
         return _entry(resp.kvs[0]) if resp.kvs else None
+
+    async def read(self, key: str) -> Seen:
+        """A read a decision depends on: compare it with `unchanged` in the decision's transaction."""
+        return Seen(key, await self.get(key))
 
     async def list_prefix(
         self, prefix: str, start_after: str = "", limit: int = 0

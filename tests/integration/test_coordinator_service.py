@@ -54,10 +54,9 @@ def refused(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:  # type: igno
 
 
 def acquire(coord, session: str, host: str, timeout: float = 30, **kw) -> pb.AcquireResponse:  # type: ignore[no-untyped-def]
+    kw.setdefault("operation_id", secrets.token_hex(16))
     return coord.Acquire(
-        pb.AcquireRequest(
-            session_id=session, host_id=host, operation_id=secrets.token_hex(16), live_on_commit=True, **kw
-        ),
+        pb.AcquireRequest(session_id=session, host_id=host, live_on_commit=True, **kw),
         timeout=timeout,
     )
 
@@ -348,5 +347,13 @@ def test_force_kills_the_owner_tree_through_its_agent_then_grants(coordinator: C
     sid = "session-force-1"
     _, owner = _own(coord, a, sid)
     assert refused(acquire, coord, sid, b.host_id)[1] == "HELD"
-    assert acquire(coord, sid, b.host_id, force=True).grant.fence == 2
+    # force is honoured only for the operation whose handoff request the record holds (DESIGN.md §5)
+    assert refused(acquire, coord, sid, b.host_id, force=True)[1] == "FORCE_NOT_ALLOWED"
+    assert owner.poll() is None
+    op = secrets.token_hex(16)
+    coord.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=op, host_id=b.host_id),
+                         timeout=10)
+    assert acquire(coord, sid, b.host_id, force=True, operation_id=op).grant.fence == 2
     owner.wait(10)  # the owner really is gone: its nsenter parent saw it die
+    history = coord.GetSession(pb.GetSessionRequest(session_id=sid), timeout=5).history
+    assert [h.transition for h in history][-3:] == ["handoff-requested", "force-pending", "grant"]

@@ -23,6 +23,7 @@ class HandoffStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NONE: _ClassVar[HandoffStage]
     HANDOFF_REQUESTED: _ClassVar[HandoffStage]
     MANUAL_RECOVERY: _ClassVar[HandoffStage]
+    FORCE_PENDING: _ClassVar[HandoffStage]
 CLAIM_STATUS_UNSPECIFIED: ClaimStatus
 RESERVED: ClaimStatus
 COMMITTED: ClaimStatus
@@ -33,6 +34,7 @@ HANDOFF_STAGE_UNSPECIFIED: HandoffStage
 NONE: HandoffStage
 HANDOFF_REQUESTED: HandoffStage
 MANUAL_RECOVERY: HandoffStage
+FORCE_PENDING: HandoffStage
 
 class DeathEvidence(_message.Message):
     __slots__ = ("kind", "detail", "observed_at_unix_ms", "owner_fence")
