@@ -474,7 +474,7 @@ class Owner:
                 self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
                          f"(now fence {lease.fence}); ending the tree")
                 return
-            if lease.handoff_stage == pb.HANDOFF_REQUESTED:
+            if lease.handoff_stage in (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING):
                 self.ended_by = "handoff"
                 self.say(f"handoff to host {lease.handoff_requested_by_host} requested; ending the tree "
                          f"(grace {self.spec.grace:g}s)")

@@ -337,9 +337,9 @@ class Lifecycle:
         row.complete, row.roots = listing.complete, len(listing.roots)
         for identity in lifecycle_rules.orphans(listing.roots, known):
             result = await self.svc.router.kill(identity, KILL_WAIT_S)
-            stopped = result.outcome in adjudication.PROVEN_DEAD
+            stopped = lifecycle_rules.orphan_stopped(result)
             (row.orphans_stopped if stopped else row.orphans_not_stopped).append(
-                f"pid {identity.pid}" + ("" if stopped else f": {result.reason}"))
+                f"pid {identity.pid}" + ("" if stopped else f": {result.tree_reason or result.reason}"))
         return row
 
 

@@ -100,3 +100,9 @@ def hosts_named(records: Iterable[pb.SessionRecord]) -> set[str]:
 def orphans(roots: Iterable[apb.TokenRoot], known: set[str]) -> list[apb.ProcessIdentity]:
     """Token roots of no claimed owner: stopped, never adopted (the seeds' rule)."""
     return [r.identity for r in roots if r.identity.spawn_token and r.identity.spawn_token not in known]
+
+
+def orphan_stopped(result: apb.ProbeResult) -> bool:
+    """An orphan counts as stopped only when its root is proven dead *and* its tree proven gone: a
+    KillOwner that returned at its deadline with descendants alive stopped nothing for sure."""
+    return result.outcome in adjudication.PROVEN_DEAD and result.tree_checked and result.tree_gone

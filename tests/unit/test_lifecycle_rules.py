@@ -126,3 +126,13 @@ def _report(host: pb.RestoreEpochHost, outcome: str = "released") -> pb.RestoreE
 def test_grants_reopen_only_when_every_host_was_searched_and_every_floor_raised(
         report: pb.RestoreEpochResponse, reopen: bool) -> None:
     assert rules.grants_may_reopen(report) is reopen
+
+
+def test_an_orphan_is_stopped_only_when_its_whole_tree_is_proven_gone() -> None:
+    dead_root = {"outcome": apb.PID_ABSENT, "tree_checked": True}
+    assert rules.orphan_stopped(apb.ProbeResult(**dead_root, tree_gone=True))
+    # KillOwner's deadline passed with descendants alive: the root alone is no proof.
+    assert not rules.orphan_stopped(apb.ProbeResult(**dead_root, tree_gone=False))
+    assert not rules.orphan_stopped(apb.ProbeResult(outcome=apb.PID_ABSENT))
+    matched = apb.ProbeResult(outcome=apb.IDENTITY_MATCHED, tree_checked=True, tree_gone=True)
+    assert not rules.orphan_stopped(matched)
