@@ -16,6 +16,7 @@ namespace, the same namespace recorded — else nothing is known.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import secrets
@@ -32,6 +33,7 @@ _NAME = re.compile(r"^holdfast-[A-Za-z0-9_-]{8,128}-[0-9]{1,20}-[0-9a-f]{8}$")
 # Records of earlier versions name cgroups that `run` (as root) made at <root>/holdfast/<name>.
 LEGACY_PARENT = "holdfast"
 CAP_SYS_ADMIN = 21
+_CLONE_NEWCGROUP = 0x02000000
 P = agent_pb2.TreeProof
 
 # mkdir + move must not interleave with a sweep, which would remove the cgroup before the gate is in.
@@ -50,6 +52,22 @@ def cgroup_namespace() -> int:
         return os.stat("/proc/self/ns/cgroup").st_ino
     except OSError:
         return 0
+
+
+def join_node_namespace() -> str:
+    """Moves this process into PID 1's cgroup namespace (the node's, under hostPID); "" on success,
+    else why not. Called before any thread starts. Python 3.11 has no os.setns."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fd = os.open("/proc/1/ns/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"/proc/1/ns/cgroup: {exc.strerror}"
+    try:
+        if libc.setns(fd, _CLONE_NEWCGROUP) != 0:
+            return f"setns: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(fd)
+    return ""
 
 
 def _relative_cgroup(pid: int | str) -> str | None:

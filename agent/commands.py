@@ -26,6 +26,10 @@ TLS_DIR = Setting("tls_dir", "HOLDFAST_TLS_DIR", config.text, "certificates from
                   "agent-<host id>.pem", default="")
 NODE = Setting("node", "HOLDFAST_NODE", config.boolean, "this agent answers for a node: refuse to serve "
                "unless in the init PID namespace", default=False, boolean=True)
+NODE_CGROUP_NS = Setting(
+    "node_cgroup_namespace", "HOLDFAST_NODE_CGROUP_NAMESPACE", config.boolean, "join the cgroup namespace "
+    "of PID 1 (the node's, with hostPID) before serving: a pod's private one cannot address or move "
+    "other pods' processes (needs CAP_SYS_ADMIN)", default=False, boolean=True)
 SERVE_SETTINGS = [
     Setting("listen", "HOLDFAST_AGENT_LISTEN", config.address,
             "host:port, e.g. 127.0.0.1:7601 (port 0 picks one)", required=True),
@@ -34,6 +38,7 @@ SERVE_SETTINGS = [
             "environment variable that carries spawn tokens", default=DEFAULT_SPAWN_TOKEN_ENV),
     COORDINATOR,
     NODE,
+    NODE_CGROUP_NS,
     Setting("metrics_listen", "HOLDFAST_AGENT_METRICS_LISTEN", config.optional_address,
             "serve Prometheus /metrics on host:port", default=""),
     Setting("advertise", "HOLDFAST_AGENT_ADVERTISE", config.optional_address,
@@ -45,7 +50,7 @@ SERVE_SETTINGS = [
     TLS_DIR,
     *config.logging_settings(),
 ]
-DOCTOR_SETTINGS = [COORDINATOR, NODE, TLS_DIR,
+DOCTOR_SETTINGS = [COORDINATOR, NODE, NODE_CGROUP_NS, TLS_DIR,
                    Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "with --tls-dir: present "
                            "agent-<host id>.pem to the coordinator", default="")]
 
@@ -60,7 +65,7 @@ def load(settings: list[Setting], args: argparse.Namespace) -> argparse.Namespac
 
 
 def _serve(raw: argparse.Namespace) -> int:
-    from holdfast.agent import doctor, logs, server, tls
+    from holdfast.agent import cgroups, doctor, logs, server, tls
 
     args = load(SERVE_SETTINGS, raw)
     tls_dir = tls.tls_dir(args.tls_dir)
@@ -70,6 +75,11 @@ def _serve(raw: argparse.Namespace) -> int:
         print("holdfast agent serve: setting node is on but this process is not in the init PID namespace; "
               "refusing to serve probes. Next: run with hostPID: true, or without --node off a node",
               file=sys.stderr)
+        return EX_USAGE
+    if args.node_cgroup_namespace and (why := cgroups.join_node_namespace()):
+        print(f"holdfast agent serve: cannot join the node's cgroup namespace: {why}. Next: give the agent "
+              "CAP_SYS_ADMIN and hostPID, or run it without --node-cgroup-namespace (then its trees' end "
+              "rests on the token scan alone)", file=sys.stderr)
         return EX_USAGE
 
     def serve(ready: str | None) -> object:
@@ -88,15 +98,18 @@ def _serve(raw: argparse.Namespace) -> int:
 
 
 def _doctor(raw: argparse.Namespace) -> int:
-    from holdfast.agent import doctor, tls
+    from holdfast.agent import cgroups, doctor, tls
 
     args = load(DOCTOR_SETTINGS, raw)
     tls_dir = tls.tls_dir(args.tls_dir)
+    # An exec'd readiness probe starts in the pod's namespaces: it checks the view the agent serves from.
+    cgroup_ns_error = cgroups.join_node_namespace() if args.node_cgroup_namespace else ""
     if tls_dir is not None and not args.host_id:
         print("holdfast agent doctor: setting host_id is required with tls_dir (the certificate is "
               "agent-<host id>.pem). Next: pass --host-id or set HOLDFAST_HOST_ID", file=sys.stderr)
         return EX_USAGE
-    checks = doctor.run_checks(doctor.gather(args.node, args.coordinator, tls_dir, args.host_id))
+    facts = doctor.gather(args.node, args.coordinator, tls_dir, args.host_id, cgroup_ns_error)
+    checks = doctor.run_checks(facts)
     print(json.dumps(doctor.as_json(checks)) if args.json else doctor.render_text(checks))
     return 0 if doctor.healthy(checks) else 1
 

@@ -197,13 +197,16 @@ def in_init_pid_ns() -> bool:
     return os.stat("/proc/self/ns/pid").st_ino == INIT_PID_NS
 
 
-def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "") -> Facts:
+def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "",
+           cgroup_ns_error: str = "") -> Facts:
     read, denied, others, first = environ_facts()
     able = cgroups.capability()
     return Facts(
         node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),
         environ_read=read, environ_denied=denied, environ_other_users=others, environ_error=first,
-        pidfs=hostinfo.has_pidfs(), cgroup_root=able.root, cgroup_problem=able.reason,
+        pidfs=hostinfo.has_pidfs(), cgroup_root=able.root,
+        cgroup_problem=f"cannot join the node's cgroup namespace: {cgroup_ns_error}" if cgroup_ns_error
+        else able.reason,
         boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=_read("/etc/machine-id"),
         coordinator=coordinator,
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",

@@ -87,7 +87,7 @@ def test_yamllint_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_agent_sees_the_node_with_sys_ptrace_and_nothing_more() -> None:
+def test_agent_sees_the_node_with_sys_ptrace_and_its_cgroups_with_sys_admin() -> None:
     spec = pod_spec(render("external-etcd"), "DaemonSet", "holdfast-agent")
     assert spec["hostPID"] is True
     assert not spec.get("hostNetwork") and not spec.get("hostIPC")
@@ -95,7 +95,9 @@ def test_agent_sees_the_node_with_sys_ptrace_and_nothing_more() -> None:
     assert spec["tolerations"] == [{"operator": "Exists"}]
     (container,) = spec["containers"]
     sc = container["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    # SYS_ADMIN is for the setns into the node's cgroup namespace (--node-cgroup-namespace) alone.
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "SYS_ADMIN"]}
+    assert "--node-cgroup-namespace" in container["args"]
     assert sc.get("privileged") is not True
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
