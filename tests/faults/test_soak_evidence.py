@@ -33,7 +33,7 @@ def test_a_probe_answer_from_a_stopped_agent_is_an_indeterminate_grant(tmp_path:
 
 def test_an_ack_of_a_write_sent_after_a_newer_fence_started_is_stale(tmp_path: Path) -> None:
     soak = _soak(tmp_path)
-    (tmp_path / "soak-session-0.log").write_text(
+    soak.session_log("soak-session-0").write_text(
         "start soak-session-0 1 h0 10 0 100\n"
         "start soak-session-0 2 h1 20 0 200\n"
         "send soak-session-0 1 h0 10 7 300\n"

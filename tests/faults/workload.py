@@ -11,12 +11,14 @@ must never run, and FencedGet of every acknowledged key at the end.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import itertools
 import json
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,17 +37,20 @@ from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.faults.cluster import FaultCluster
 from tests.faults.history import Event
+from tests.integration import unprivileged
 from tests.integration.conftest import descendants
 from tests.integration.test_agent_simhost import REUSE
 from tests.integration.test_run_reservation import RESERVER
 
 PROBED = {"exit-observed", "pid-absent", "identity-mismatch"}  # evidence only an agent's probe gives
 PAUSE_MARGIN_MS = 50
-CHILD = str(Path(__file__).with_name("writer_child.py"))
+CHILD = Path(__file__).with_name("writer_child.py")
 TAKEOVERS = ("plain", "takeover", "force", "wait")
+HOSTILE = ("hopper", "dropper", "setsid", "ignore-term")
 FAULTS = ("kill-child", "kill-run", "kill-agent", "kill-coordinator", "kill-etcd-member", "kill-etcd-leader",
           "pause-child", "pause-run", "pause-agent", "pause-coordinator", "cut-agent-link", "cut-probe-link",
-          "cut-coordinator", "degrade-etcd", "reboot-host", "pid-reuse", "kill-before-commit")
+          "cut-coordinator", "degrade-etcd", "reboot-host", "pid-reuse", "kill-before-commit", "rogue-force",
+          "archive")
 
 
 @dataclass
@@ -74,9 +79,21 @@ class Soak:
     agent_silences: list[tuple[str, int, int]] = field(default_factory=list)
     evidence: dict[tuple[str, int], pb.DeathEvidence] = field(default_factory=dict)  # per grant
     _sampling: threading.Event = field(default_factory=threading.Event)
+    archived: list[tuple[str, int]] = field(default_factory=list)  # (session, time_ns) of each archive
+    # Session locks, logs, the writer script and nobody's home: runs by nobody must reach them.
+    shared: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.shared = unprivileged.shared_dir("holdfast-soak-")
+        atexit.register(shutil.rmtree, self.shared, True)  # read until the figures are printed
+        shutil.copy(CHILD, self.shared / CHILD.name)
+        (self.shared / "home").mkdir(mode=0o777)
+        os.chmod(self.shared / "home", 0o777)
+        for session in self.session_ids():
+            for suffix in (".lock", ".log"):
+                (self.shared / f"{session}{suffix}").touch(mode=0o666)
+                os.chmod(self.shared / f"{session}{suffix}", 0o666)
         print(f"fault soak seed={self.seed} (HOLDFAST_SOAK_SEED={self.seed} replays the choices)", flush=True)
 
     # --- workload ---------------------------------------------------------------------------
@@ -89,9 +106,16 @@ class Soak:
         return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": coordinator,
                 "TMPDIR": str(self.tmp)}
 
-    def child(self, session: str, *extra: str) -> list[str]:
-        lock, log = self.tmp / f"{session}.lock", self.tmp / f"{session}.log"
-        return [sys.executable, CHILD, str(lock), str(log), *extra]
+    @property
+    def child_script(self) -> str:
+        return str(self.shared / CHILD.name)
+
+    def session_log(self, session: str) -> Path:
+        return self.shared / f"{session}.log"
+
+    def child(self, session: str, *extra: str, python: str = sys.executable) -> list[str]:
+        lock, log = self.shared / f"{session}.lock", self.session_log(session)
+        return [python, self.child_script, str(lock), str(log), *extra]
 
     def live_hosts(self) -> list[SimulatedHost]:
         return [h for h in self.cluster.hosts if h.running]
@@ -116,9 +140,19 @@ class Soak:
             options = {"plain": [], "takeover": ["--takeover", "--handoff-timeout", "3"],
                        "force": ["--takeover", "--force", "--handoff-timeout", "2"],
                        "wait": ["--wait", "4"]}[kind]
-            argv = [sys.executable, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
-                    "--grace", "1", "--", *self.child(session)]
-            env = self.env(host)
+            # Half the runs are a plain user's (the common case), a third of the trees hostile.
+            as_nobody, hostile = self.rng.random() < 0.5, self.rng.random() < 0.35
+            extra = ["--hostile", self.rng.choice(HOSTILE)] if hostile else []
+            env, python, prefix = self.env(host), sys.executable, []
+            if as_nobody:
+                python, more = unprivileged.interpreter()
+                home = str(self.shared / "home")
+                env.update(more, HOME=home, TMPDIR=home, XDG_STATE_HOME=home)
+                prefix = unprivileged.DROP
+            self.ops["by-nobody" if as_nobody else "by-root"] += 1
+            self.ops[f"hostile-{extra[1]}" if hostile else "well-behaved"] += 1
+            argv = [*prefix, python, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
+                    "--grace", "1", "--", *self.child(session, *extra, python=python)]
         err = open(self.tmp / f"run-{len(self.launched)}.err", "wb")  # noqa: SIM115 - handed to the child
         with err:
             proc = host.spawn(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -153,7 +187,7 @@ class Soak:
                 continue
             try:
                 argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                if argv[1:2] != [CHILD]:
+                if argv[1:2] != [self.child_script]:
                     continue  # a `holdfast run` or nsenter naming the child in its CMD is not the child
                 stat = (entry / "stat").read_text()
                 if stat[stat.rfind(")") + 2] in "ZX":
@@ -247,7 +281,44 @@ class Soak:
             c.proxies.heal(proxy)
         elif kind == "kill-before-commit":
             self._kill_before_commit()
+        elif kind == "rogue-force":
+            self.ops[f"rogue-force-{asyncio.run(self._rogue_force())}"] += 1
+        elif kind == "archive":
+            self.ops[f"archive-{self._archive()}"] += 1
         self.faults[kind] += 1
+
+    async def _rogue_force(self) -> str:
+        """A forced Acquire by a caller that requested no handoff (any client could send one): it
+        must be refused before anything is signalled, unless the session needs no kill at all."""
+        hosts = self.live_hosts()
+        if not hosts:
+            return "no-host"
+        host, session = self.rng.choice(hosts), self.rng.choice(self.session_ids())
+        async with Client(self.cluster.coordinator_address(0), host_id=host.host_id) as client:
+            try:
+                grant, _ = await client.acquire(session, os.urandom(16).hex(), force=True, takeover=True)
+            except ClientError as err:
+                return err.reason
+            with contextlib.suppress(ClientError):
+                await client.release(grant)  # a reservation; nothing was killed for it (free session)
+            return "granted"
+
+    def _archive(self) -> str:
+        """Archive a session at its current fence (refused while owned), so the next run revives it."""
+        session = self.rng.choice(self.session_ids())
+        channel = grpc.insecure_channel(self.cluster.coordinator_address(1))
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        try:
+            record = stub.GetSession(pb.GetSessionRequest(session_id=session), timeout=5).record
+            request = pb.ArchiveSessionRequest(session_id=session, expected_fence=record.lease.fence,
+                                               operator="soak", reason="archive churn")
+            stub.ArchiveSession(request, timeout=10)
+            self.archived.append((session, time.time_ns()))
+        except grpc.RpcError as exc:
+            return exc.code().name.lower()  # type: ignore[attr-defined, no-any-return]
+        finally:
+            channel.close()
+        return "archived"
 
     def _pause_for(self, pid: int, seconds: float, agent_of: str = "") -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -260,7 +331,7 @@ class Soak:
         self.cluster.resume(pid)
 
     def fences_started(self, session: str) -> list[int]:
-        log = self.tmp / f"{session}.log"
+        log = self.session_log(session)
         lines = log.read_text().splitlines() if log.exists() else []
         return [int(line.split()[2]) for line in lines if line.startswith("start ")]
 
@@ -402,6 +473,10 @@ class Soak:
             session = marker.name.split("-", 2)[2]
             ran = Event(0, "uncommitted-cmd-ran", session, key=marker.name)
             timed.append((marker.stat().st_mtime_ns, ran))
+        # Archiving takes a session's fenced data with it (retention ends with the session): a write
+        # acknowledged before an archive of its session is not expected at the end.
+        timed = [(t, e) for t, e in timed
+                 if e.kind != "put-ack" or not any(s == e.session and t < at for s, at in self.archived)]
         acked = [e for _, e in timed if e.kind == "put-ack"]
         present = asyncio.run(self._present(acked))
         timed += [(time.time_ns(), Event(0, "final-key", e.session, key=e.key)) for e in present]
@@ -409,7 +484,7 @@ class Soak:
         return [Event(n, e.kind, e.session, e.fence, e.host, e.key) for n, (_, e) in enumerate(timed, 1)]
 
     def _log_events(self, session: str) -> list[tuple[int, Event]]:
-        path = self.tmp / f"{session}.log"
+        path = self.session_log(session)
         lines = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
         starts: list[tuple[int, int]] = []  # (time, fence) of every child start: the grants it proves
         out: list[tuple[int, Event]] = []
@@ -474,8 +549,8 @@ class Soak:
                 "violations": violations}
 
     def _acks(self) -> list[str]:
-        return [line for s in self.session_ids() if (self.tmp / f"{s}.log").exists()
-                for line in (self.tmp / f"{s}.log").read_text().splitlines() if line.startswith("ack ")]
+        return [line for s in self.session_ids() if self.session_log(s).exists()
+                for line in self.session_log(s).read_text().splitlines() if line.startswith("ack ")]
 
 
 def _kill(pid: int) -> None:

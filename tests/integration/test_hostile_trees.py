@@ -57,26 +57,28 @@ def start_tree(tree: HostileTree, token: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_the_agent_never_reports_a_fork_hopping_tree_absent(shared: Path, crowd: None) -> None:
+def test_the_agent_never_reports_a_fork_hopping_tree_gone(shared: Path, crowd: None) -> None:
     tree = HostileTree(shared, "hopper")
     token = mint_token()
     agent = AgentProcess(shared, "host-hopper")
     root = start_tree(tree, token)
+    # Attested without a session, so no cgroup: the scan alone must prove (or not) the tree gone.
+    identity = attest(agent.stub, token, root.pid)
+    tree.end_root()  # the root is gone; only the hopping branch carries the token, never staying put
+    root.wait(10)
     try:
-        claimed_absent = 0
+        called_gone = 0
         for _ in range(60):
-            found = agent.stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=30)
-            assert found.enumerable
-            claimed_absent += found.complete and not found.carriers
+            result = probe(agent.stub, identity, check_tree=True)
+            assert result.outcome == P.PID_ABSENT
+            called_gone += result.tree_gone
         assert tree.alive()
-        assert claimed_absent == 0, f"{claimed_absent} of 60 scans claimed a live hopping tree absent"
+        assert called_gone == 0, f"{called_gone} of 60 probes called a live hopping tree gone"
         tree.end()
-        gone = agent.stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=30)
-        # (This machine's own PID 1 may be unreadable: `complete` is then false, `stable` is not.)
-        assert gone.stable and not gone.carriers, "once the tree is gone a stable scan says so"
+        gone = probe(agent.stub, identity, check_tree=True)
+        assert gone.tree_gone, "once the tree is gone a stable scan says so: " + gone.tree_reason
     finally:
         tree.end()
-        root.wait(10)
         agent.stop()
 
 
