@@ -74,17 +74,21 @@ def _boot_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK)
 
 
-def _settled(before: _Seen, pid: int, start_ticks: int, token: bytes | None) -> bool:
+# The tokens a scan looks for; None: every value of the variable.
+Wanted = frozenset[bytes] | None
+
+
+def _settled(before: _Seen, pid: int, start_ticks: int, wanted: Wanted) -> bool:
     """A pid not read alive in this pass is accounted for only when the pass before read the same
     process (same start ticks) carrying nothing this scan looks for: then nothing it forked since
     carries it either (a descendant that rewrites its environ is the cgroup's to find)."""
     if pid not in before:
         return False
     ticks, value = before[pid]
-    return ticks == start_ticks and (value is None or (token is not None and value != token))
+    return ticks == start_ticks and (value is None or (wanted is not None and value not in wanted))
 
 
-def _one_pass(variable: bytes, token: bytes | None, proc: str, entries: list[str], listed_at: int,
+def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], listed_at: int,
               before: _Seen) -> tuple[Scan, _Seen]:
     result = Scan(enumerable=True)
     seen: _Seen = {}
@@ -114,7 +118,7 @@ def _one_pass(variable: bytes, token: bytes | None, proc: str, entries: list[str
         try:
             block = read_environ(entry, proc)
         except (FileNotFoundError, ProcessLookupError):
-            unsettled += not _settled(before, pid, stat.start_ticks, token)
+            unsettled += not _settled(before, pid, stat.start_ticks, wanted)
             continue
         except OSError:
             # EACCES/EPERM/EIO: alive but unreadable; absence claims are off for this scan.
@@ -126,12 +130,12 @@ def _one_pass(variable: bytes, token: bytes | None, proc: str, entries: list[str
             # A zombie: nothing of it runs now, but if it was alive after the listing it may have
             # forked a child the listing missed. Settled only once seen unchanged, carrying nothing.
             seen[pid] = (stat.start_ticks, None)
-            unsettled += not _settled(before, pid, stat.start_ticks, token)
+            unsettled += not _settled(before, pid, stat.start_ticks, wanted)
             continue
         result.scanned += 1
         value = value_in_block(block, variable)
         seen[pid] = (stat.start_ticks, value)
-        if value is not None and (token is None or value == token):
+        if value is not None and (wanted is None or value in wanted):
             found[pid] = (stat.ppid, value)
     values = {pid: value for pid, (_, value) in found.items()}
     result.carriers = [Carrier(pid, ppid, value, root=values.get(ppid) != value)
@@ -140,10 +144,12 @@ def _one_pass(variable: bytes, token: bytes | None, proc: str, entries: list[str
     return result, seen
 
 
-def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc",
+def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
          max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS) -> Scan:
-    """Carriers of `variable` (only those equal to `token` when given), roots marked, from the
-    first settled pass; or the last pass, not stable, when none settled within the bounds."""
+    """Carriers of `variable` (only those whose value is `token`, or one of a set, when given),
+    roots marked, from the first settled pass; or the last pass, not stable, when none settled
+    within the bounds. Naming the tokens wanted lets another session's churn settle a pass."""
+    wanted: Wanted = frozenset((token,)) if isinstance(token, bytes) else token
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
     passes = 0
@@ -154,7 +160,7 @@ def scan(variable: bytes, token: bytes | None = None, proc: str = "/proc",
         except OSError:
             return Scan(enumerable=False, passes=passes)
         passes += 1
-        result, before = _one_pass(variable, token, proc, entries, listed_at, before)
+        result, before = _one_pass(variable, wanted, proc, entries, listed_at, before)
         result.passes = passes
         if result.stable or passes >= max_passes or time.monotonic() >= deadline:
             return result

@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 from google.protobuf import any_pb2
@@ -43,7 +43,7 @@ class InvalidRequest(ValueError):
     pass
 
 
-def scan(variable: bytes, token: bytes | None = None) -> Scan:
+def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None) -> Scan:
     """One stable scan, timed and counted for the metrics endpoint."""
     started = time.monotonic()
     result = scan_.scan(variable, token)
@@ -51,10 +51,15 @@ def scan(variable: bytes, token: bytes | None = None) -> Scan:
     return result
 
 
-async def scan_off_loop(variable: bytes, token: bytes | None = None) -> Scan:
+async def scan_off_loop(variable: bytes, token: bytes | frozenset[bytes] | None = None) -> Scan:
     # A scan reads every process, several passes on a busy host: never on the event loop, which
     # also carries the exit watches and every other call.
     return await asyncio.to_thread(scan, variable, token)
+
+
+def tokens_of(owners: Iterable[agent_pb2.ProcessIdentity]) -> frozenset[bytes]:
+    """The tokens a tree check of these owners looks for (others' churn then settles a pass)."""
+    return frozenset(o.spawn_token.encode() for o in owners if o.spawn_token)
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
@@ -272,7 +277,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidRequest as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         started = time.monotonic()
-        tree = await scan_off_loop(self.variable) if request.check_tree else None
+        tree = await scan_off_loop(self.variable, tokens_of(request.owners)) if request.check_tree else None
         results = [self.probe(o, tree) for o in request.owners]
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
         return agent_pb2.ProbeOwnersResponse(results=results)
@@ -317,7 +322,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            return agent_pb2.KillOwnerResponse(result=self.probe(owner, await scan_off_loop(self.variable)))
+            tree = await scan_off_loop(self.variable, tokens_of([owner]))
+            return agent_pb2.KillOwnerResponse(result=self.probe(owner, tree))
         watch = self.watcher.watch(owner)
         sent = await asyncio.to_thread(kill_tree, owner, self.variable, matched, self.cgroups)
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
@@ -327,7 +333,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
         deadline = time.monotonic() + (request.wait_seconds or 5.0)
         while True:
-            result = self.probe(owner, await scan_off_loop(self.variable))
+            result = self.probe(owner, await scan_off_loop(self.variable, tokens_of([owner])))
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

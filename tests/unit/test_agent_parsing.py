@@ -47,10 +47,10 @@ def test_stat_parse_failures_raise(line: bytes) -> None:
         parse_stat(line)
 
 
-def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None) -> None:
+def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None, start_ticks: int | None = None) -> None:
     d = root / str(pid)
     d.mkdir()
-    fields = ["S", str(ppid)] + ["0"] * 17 + [str(pid * 10)]
+    fields = ["S", str(ppid)] + ["0"] * 17 + [str(pid * 10 if start_ticks is None else start_ticks)]
     (d / "stat").write_bytes(f"{pid} (p) {' '.join(fields)}\n".encode())
     if environ is not None:
         (d / "environ").write_bytes(environ)
@@ -114,3 +114,22 @@ def test_only_unreadable_processes_younger_than_the_root_leave_its_tree_unproven
 def test_no_proc_is_not_enumerable_never_an_empty_answer(tmp_path: Path) -> None:
     r = scan(V, proc=str(tmp_path / "missing"))
     assert not r.enumerable and not r.complete and r.carriers == []
+
+
+def test_a_pid_listed_then_gone_leaves_every_pass_unsettled(tmp_path: Path) -> None:
+    # A listed pid whose stat is gone (a hopper's parent that exited after readdir): it may have
+    # forked a child the listing missed, so no pass settles and absence is never claimed.
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    (tmp_path / "77").mkdir()
+    r = scan(V, b"t1", proc=str(tmp_path), max_passes=3)
+    assert not r.stable and not r.complete and r.passes == 3 and r.carriers == []
+
+
+def test_a_process_born_after_the_listing_holds_a_reused_pid(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    fake_proc(tmp_path, 5, 1, b"PATH=/bin\0", start_ticks=1 << 60)  # started after the listing
+    assert not scan(V, proc=str(tmp_path), max_passes=2).stable
+    (tmp_path / "5" / "stat").unlink()
+    shutil.rmtree(tmp_path / "5")
+    settled = scan(V, proc=str(tmp_path))
+    assert settled.stable and settled.passes == 1
