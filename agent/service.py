@@ -289,11 +289,15 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
             return
         pending: dict[asyncio.Future[agent_pb2.ProbeResult], agent_pb2.ProcessIdentity] = {}
+        answered = []
         for owner in request.owners:
             if owner.host_id == self.host_id and owner.incarnation == self.facts.incarnation:
                 pending[self.watcher.watch(owner)] = owner
             else:
-                yield agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None))
+                answered.append(agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None)))
+        yield agent_pb2.ExitEvent(armed=True)
+        for event in answered:
+            yield event
         while pending:
             # shield: a watch is shared by every stream on the same identity; one cancel must not end it.
             await asyncio.wait([asyncio.shield(f) for f in pending], return_when=asyncio.FIRST_COMPLETED)

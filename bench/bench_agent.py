@@ -146,7 +146,7 @@ def bench_agent() -> None:
                 attest = agent_pb2.AttestSpawnRequest(spawn_token=tok, pid_hint=victim.pid)
                 ident = stub.AttestSpawn(attest).identity
                 stream = stub.WatchExits(agent_pb2.WatchExitsRequest(owners=[ident]), timeout=10)
-                time.sleep(0.02)  # let the watch arm
+                assert next(stream).armed  # the watch is in place
                 t = time.perf_counter()
                 os.kill(victim.pid, signal.SIGKILL)
                 event = next(stream)

@@ -111,8 +111,9 @@ class Router:
             return
         call = stub.WatchExits(apb.WatchExitsRequest(owners=[owner]), timeout=seconds)
         try:
-            async for _event in call:
-                return
+            async for event in call:
+                if not event.armed:
+                    return
         except grpc.aio.AioRpcError:
             return  # deadline or agent gone: the re-adjudication decides, never this
         finally:

@@ -82,6 +82,17 @@ def attest(stub: agent_pb2_grpc.HostAgentStub, token: str, pid_hint: int = 0) ->
     return stub.AttestSpawn(req, timeout=10).identity
 
 
+def wait_carrier(stub: agent_pb2_grpc.HostAgentStub, token: str, want: int = 1,
+                 timeout: float = 5.0) -> agent_pb2.ScanResult:
+    """The agent's own scan, until it sees `want` carriers of the token (or the timeout passes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        scan = stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=5)
+        if len(scan.carriers) >= want or time.monotonic() > deadline:
+            return scan
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentProcess]:
     if os.geteuid() != 0:

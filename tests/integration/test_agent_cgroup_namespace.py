@@ -17,8 +17,7 @@ import pytest
 
 from holdfast.agent import cgroups
 from holdfast.v1 import agent_pb2
-from tests.integration.conftest import AgentProcess, descendants, mint_token
-from tests.integration.test_agent_simhost import wait_carrier
+from tests.integration.conftest import AgentProcess, descendants, mint_token, wait_carrier
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0 or not cgroups.capability().able,
                                                    reason="needs root and cgroup v2 in the node's namespace")]

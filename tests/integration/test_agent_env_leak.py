@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
 from pathlib import Path
 
 import grpc
@@ -68,7 +67,7 @@ def test_no_rpc_answer_nor_log_line_carries_environment_content(simhosts, childr
     assert [r.identity.pid for r in roots.roots] == [pid]  # the malformed value is nobody's token
     keep(stub.ProbeOwners(apb.ProbeOwnersRequest(owners=[identity], check_tree=True), timeout=10))
     watch = stub.WatchExits(apb.WatchExitsRequest(owners=[identity]), timeout=30)
-    time.sleep(0.2)  # the watch is open before the kill
+    keep(next(watch))  # armed: the watch is in place before the kill
     killed = stub.KillOwner(apb.KillOwnerRequest(owner=identity, wait_seconds=10), timeout=30)
     keep(killed)
     assert killed.result.tree_gone, killed

@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from grpc_status import rpc_status
 
 from holdfast.v1 import agent_pb2
-from tests.integration.conftest import AgentProcess, attest, mint_token, probe
+from tests.integration.conftest import AgentProcess, attest, mint_token, probe, wait_carrier
 
 P = agent_pb2.ProbeOutcome
 VAR = "HOLDFAST_SPAWN_TOKEN"
@@ -110,7 +109,7 @@ def test_attest_falls_back_to_scan_and_finds_the_root_not_a_descendant(agent: Ag
                                                                        children: list) -> None:
     token = mint_token()
     root = spawn(children, ["sh", "-c", "sleep 300 & wait"], token)
-    time.sleep(0.2)
+    wait_carrier(agent.stub, token, want=2)
     # A wrong hint (a descendant that carries the token) must not be taken as the root.
     kids = [int(p) for p in Path(f"/proc/{root.pid}/task/{root.pid}/children").read_text().split()]
     assert attest(agent.stub, token, pid_hint=kids[0]).pid == root.pid
@@ -206,10 +205,10 @@ def test_watch_exits_delivers_kill_9_and_remembers_it(agent: AgentProcess, child
     child = spawn(children, ["sleep", "300"], token)
     identity = attest(agent.stub, token, child.pid)
     stream = agent.stub.WatchExits(agent_pb2.WatchExitsRequest(owners=[identity]), timeout=10)
-    killer = threading.Timer(0.3, os.kill, (child.pid, signal.SIGKILL))
-    killer.start()
+    armed = next(stream)
+    assert armed.armed and not armed.HasField("identity")  # every watch in place: kill now
+    os.kill(child.pid, signal.SIGKILL)
     event = next(stream)
-    killer.join()
     assert event.identity == identity
     assert event.result.outcome == P.EXIT_OBSERVED
     child.wait()

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import grpc
 import pytest
 
 from holdfast.v1 import agent_pb2
-from tests.integration.conftest import attest, descendants, mint_token, probe, stub_for
+from tests.integration.conftest import attest, descendants, mint_token, probe, stub_for, wait_carrier
 
 P = agent_pb2.ProbeOutcome
 VAR = "HOLDFAST_SPAWN_TOKEN"
@@ -74,17 +73,6 @@ sys.exit("no same-tick reuse in 500 tries")
 
 def host_stub(host):
     return stub_for(host.agent_address)
-
-
-def wait_carrier(stub, token: str, want: int = 1) -> agent_pb2.ScanResult:
-    import time
-
-    deadline = time.monotonic() + 5
-    while True:
-        scan = stub.ScanSpawnToken(agent_pb2.ScanSpawnTokenRequest(spawn_token=token), timeout=5)
-        if len(scan.carriers) >= want or time.monotonic() > deadline:
-            return scan
-        time.sleep(0.01)
 
 
 def test_processes_of_one_host_are_invisible_to_another(simhosts, children) -> None:
@@ -151,12 +139,11 @@ def test_pid_reuse_is_identity_mismatch(simhosts, children) -> None:
     unwatched.CopyFrom(identity)
     unwatched.pidfd_ino = 0  # another identity for the same pid: the exit memory must not cover it
     stream = stub.WatchExits(agent_pb2.WatchExitsRequest(owners=[identity]), timeout=10)
-    # Killed only once the agent has surely armed its pidfd watch: killed first, the owner would be
+    # Killed only once the agent says its pidfd watch is armed: killed first, the owner would be
     # answered pid-absent and no exit remembered (seen once in CI on a loaded machine).
-    killer = threading.Timer(0.5, os.kill, (host.outer_pid(owner), signal.SIGKILL))
-    killer.start()
+    assert next(stream).armed
+    os.kill(host.outer_pid(owner), signal.SIGKILL)
     event = next(stream)
-    killer.join()
     assert event.result.outcome == P.EXIT_OBSERVED
     owner.wait(5)
     new_token = mint_token()

@@ -230,12 +230,14 @@ class WatchExitsRequest(_message.Message):
     def __init__(self, owners: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
 
 class ExitEvent(_message.Message):
-    __slots__ = ("identity", "result")
+    __slots__ = ("identity", "result", "armed")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    ARMED_FIELD_NUMBER: _ClassVar[int]
     identity: ProcessIdentity
     result: ProbeResult
-    def __init__(self, identity: _Optional[_Union[ProcessIdentity, _Mapping]] = ..., result: _Optional[_Union[ProbeResult, _Mapping]] = ...) -> None: ...
+    armed: bool
+    def __init__(self, identity: _Optional[_Union[ProcessIdentity, _Mapping]] = ..., result: _Optional[_Union[ProbeResult, _Mapping]] = ..., armed: _Optional[bool] = ...) -> None: ...
 
 class KillOwnerRequest(_message.Message):
     __slots__ = ("owner", "wait_seconds")
