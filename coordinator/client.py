@@ -310,6 +310,31 @@ class Client:
             await asyncio.wait_for(changed(), max(timeout, 0.0))
 
 
+def resolve_command(argv: list[str], cwd: str | None = None, path: str | None = None) -> str:
+    """Where CMD's program is, as the gate's `exec` will find it (PATH lookup for a bare name,
+    the executable bit for a path), or ClientError CMD_NOT_FOUND / CMD_NOT_EXECUTABLE. Checked
+    before anything is asked of the coordinator: a typo must not cost a live owner its session
+    (issue 17: `run --takeover -- <typo>` ended the owner, then failed to exec)."""
+    name = argv[0] if argv else ""
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    nothing = "nothing was asked of the session's owner and nothing was written"
+    if "/" in name:
+        program = os.path.join(cwd or os.getcwd(), name)
+        if not os.path.exists(program):
+            raise ClientError(exit_codes.CMD_NOT_FOUND, f"{name}: no such file; {nothing}")
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise ClientError(exit_codes.CMD_NOT_EXECUTABLE, f"{name}: not an executable file; {nothing}")
+        return program
+    found = shutil.which(name, path=search) if name else None
+    if found is not None:
+        return found
+    # As the shell: a file by that name on PATH that cannot be executed is 126, none at all is 127.
+    if name and any(os.path.isfile(os.path.join(d or ".", name)) for d in search.split(os.pathsep)):
+        raise ClientError(exit_codes.CMD_NOT_EXECUTABLE,
+                          f"{name}: found on PATH but not executable; {nothing}")
+    raise ClientError(exit_codes.CMD_NOT_FOUND, f"{name or '(empty)'}: command not found on PATH; {nothing}")
+
+
 @dataclass
 class RunSpec:
     """What `holdfast run` asks for; the library's callers fill the same fields."""
@@ -432,6 +457,7 @@ class Owner:
 
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
+        resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
         if spec.takeover:
             operation_id, kept = takeover_operation(spec.session_id, client.host_id)
             grant, _ = await obtain(client, spec, operation_id, say)

@@ -2,8 +2,9 @@
 
 Guarantee: every coordinator reason maps to exactly one exit code — 75 (EX_TEMPFAIL) when the
 session is held or its ownership unknown, 69 (EX_UNAVAILABLE) when the coordinator or this host's
-agent registration is missing, 77 (EX_NOPERM) for authentication, 2 for bad input — and every
-message names what to do next. Pure: no I/O.
+agent registration is missing, 77 (EX_NOPERM) for authentication, 2 for bad input, and the
+shell's 127/126 for a CMD `run` cannot find or execute — and every message names what to do next.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ EX_UNAVAILABLE = 69
 EX_TEMPFAIL = 75
 EX_NOPERM = 77
 EX_FAILURE = 1
+EX_NOEXEC = 126     # the shell's codes for a CMD that cannot be run: `run` never asked for anything
+EX_NOTFOUND = 127
 
 UNREACHABLE = "UNREACHABLE"  # the client's own reason: no answer from the coordinator at all
+# The client's own reasons for a CMD it will not try: checked before any call, so nothing was asked.
+CMD_NOT_FOUND = "CMD_NOT_FOUND"
+CMD_NOT_EXECUTABLE = "CMD_NOT_EXECUTABLE"
 
 _TABLE: dict[str, tuple[int, str]] = {
     "HELD": (EX_TEMPFAIL, "wait for it with `--wait`, or ask for it with `--takeover` "
@@ -53,6 +59,9 @@ _TABLE: dict[str, tuple[int, str]] = {
     "UNAUTHENTICATED": (EX_NOPERM, "present a client certificate the coordinator trusts"),
     "WRONG_ROLE": (EX_NOPERM, "use the certificate of your role: client.pem for clients, agent-<host id>.pem "
                               "for that host's agent (`holdfast certs init`)"),
+    CMD_NOT_FOUND: (EX_NOTFOUND, "check the command's spelling, or give its path; `run` looks it up on "
+                                 "PATH as the shell does"),
+    CMD_NOT_EXECUTABLE: (EX_NOEXEC, "make it executable (`chmod +x`), or run it through its interpreter"),
     "INVALID_ARGUMENT": (EX_USAGE, "fix the argument; see `holdfast --help`"),
     "NOT_FOUND": (EX_FAILURE, "no such session; `holdfast status` lists the sessions"),
 }

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from holdfast.coordinator import exit_codes
-from holdfast.coordinator.client import Grant, child_environment, status_of
+from holdfast.coordinator.client import ClientError, Grant, child_environment, resolve_command, status_of
 from holdfast.coordinator.errors import CODES
 from holdfast.coordinator.gate import gate_argv
 
@@ -80,3 +80,24 @@ def test_a_uid_without_a_passwd_entry_still_builds_the_cli(monkeypatch: pytest.M
     assert run_commands.default_operator().startswith(f"uid-{os.getuid()}@")
     args = cli.build_parser().parse_args(["drain", "node-a"])
     assert args.operator.startswith("uid-")
+
+
+def test_cmd_is_resolved_as_the_shell_would(tmp_path: Path) -> None:
+    """Issue 17: CMD is looked up before anything is asked, with the shell's 127 and 126."""
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    plain = tmp_path / "plain"
+    plain.write_text("data\n")
+    plain.chmod(0o644)
+    assert resolve_command(["tool", "-x"], path=str(tmp_path)) == str(tool)
+    assert resolve_command(["./tool"], cwd=str(tmp_path), path="") == os.path.join(tmp_path, "./tool")
+    cases = [(["nosuchcmd"], exit_codes.CMD_NOT_FOUND, 127), (["./nosuch"], exit_codes.CMD_NOT_FOUND, 127),
+             (["plain"], exit_codes.CMD_NOT_EXECUTABLE, 126),
+             ([str(plain)], exit_codes.CMD_NOT_EXECUTABLE, 126),
+             ([str(tmp_path)], exit_codes.CMD_NOT_EXECUTABLE, 126)]
+    for argv, reason, code in cases:
+        with pytest.raises(ClientError) as refused:
+            resolve_command(argv, cwd=str(tmp_path), path=str(tmp_path))
+        assert (refused.value.reason, refused.value.exit_code) == (reason, code), argv
+        assert "nothing was asked of the session's owner" in str(refused.value)
