@@ -110,6 +110,9 @@ class Grant:
     spawn_token: str = field(repr=False)
     spawn_token_env: str
     coordinator: str
+    # The holdfast cluster that minted it ('' from an older coordinator; grant files written before
+    # the field existed read back as ''): sent with every write, checked in every answer.
+    cluster_id: str = ""
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Grant:
@@ -122,6 +125,15 @@ class Grant:
         with os.fdopen(fd, "w") as f:
             json.dump(asdict(self), f)
         return path
+
+
+def same_cluster(grant: Grant, answered_by: str) -> None:
+    """Every answer of one run must come from the cluster that minted its grant: another one means
+    two holdfast clusters answer one address (issue 17). '' is an older coordinator's answer."""
+    if grant.cluster_id and answered_by and answered_by != grant.cluster_id:
+        raise ClientError("WRONG_CLUSTER", f"the coordinator at {grant.coordinator} answered for holdfast "
+                          f"cluster {answered_by[:64]!r}, but fence {grant.fence} was granted by cluster "
+                          f"{grant.cluster_id!r}", grant.session_id)
 
 
 def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:
@@ -190,7 +202,8 @@ class Client:
         # A replay with the same operation id returns the first grant, so the retry is safe.
         response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
         g = response.grant
-        grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address)
+        grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address,
+                      g.cluster_id)
         return grant, response.record
 
     async def request_handoff(self, session_id: str, operation_id: str) -> pb.SessionRecord | None:
@@ -206,9 +219,11 @@ class Client:
 
     async def commit(self, grant: Grant, pid_hint: int) -> pb.SessionRecord:
         request = pb.CommitOwnerRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
-                                        pid_hint=pid_hint)
+                                        pid_hint=pid_hint, cluster_id=grant.cluster_id)
         try:
-            return (await self._call(self.stub.CommitOwner, request, grant.session_id)).record
+            response = await self._call(self.stub.CommitOwner, request, grant.session_id)
+            same_cluster(grant, response.cluster_id)
+            return response.record
         except ClientError as err:
             # A retried commit whose first try landed finds no reservation: check that it is ours.
             record = await self._own_effect(grant, err, lambda lease: lease.claim_status in OWNED and
@@ -218,9 +233,12 @@ class Client:
             return record
 
     async def release(self, grant: Grant) -> pb.SessionRecord:
-        request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret)
+        request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                    cluster_id=grant.cluster_id)
         try:
-            return (await self._call(self.stub.Release, request, grant.session_id)).record
+            response = await self._call(self.stub.Release, request, grant.session_id)
+            same_cluster(grant, response.cluster_id)
+            return response.record
         except ClientError as err:
             record = await self._own_effect(grant, err, lambda lease: lease.claim_status == pb.RELEASED)
             if record is None:
@@ -237,14 +255,18 @@ class Client:
 
     async def fenced_put(self, grant: Grant, key: str, value: bytes) -> int:
         request = pb.FencedPutRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
-                                      key=key, value=value)
-        return (await self._call(self.stub.FencedPut, request, grant.session_id)).revision
+                                      key=key, value=value, cluster_id=grant.cluster_id)
+        response = await self._call(self.stub.FencedPut, request, grant.session_id)
+        same_cluster(grant, response.cluster_id)
+        return response.revision
 
     async def record_provider_handle(self, grant: Grant, handle: str) -> pb.SessionRecord:
         request = pb.RecordProviderHandleRequest(session_id=grant.session_id, fence=grant.fence,
-                                                 secret=grant.secret, handle=handle)
+                                                 secret=grant.secret, handle=handle,
+                                                 cluster_id=grant.cluster_id)
         # Not retried: a second try whose first landed would append the handle twice.
         response = await self._call(self.stub.RecordProviderHandle, request, grant.session_id, retry=False)
+        same_cluster(grant, response.cluster_id)
         return response.record
 
     # --- reads and operator calls ----------------------------------------------------------
@@ -278,14 +300,17 @@ class Client:
                                     operator=operator)
         return (await self._call(self.stub.Recover, request, session_id)).record
 
-    async def watch(self, session_id: str) -> AsyncIterator[pb.SessionRecord]:
-        """The session's record now and at every change; reconnects while the coordinator is away."""
+    async def watch(self, session_id: str, grant: Grant | None = None) -> AsyncIterator[pb.SessionRecord]:
+        """The session's record now and at every change; reconnects while the coordinator is away.
+        With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER."""
         backoff = 0.05
         while True:
             call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
             try:
                 async for event in call:
                     backoff = 0.05
+                    if grant is not None:
+                        same_cluster(grant, event.cluster_id)
                     if not event.deleted:
                         yield event.record
                 return
@@ -497,18 +522,30 @@ class Owner:
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
-        async for record in self.client.watch(self.grant.session_id):
-            lease = record.lease
-            if lease.fence != self.grant.fence or lease.claim_status not in OWNED:
-                self.ended_by = "lost"
-                self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
-                         f"(now fence {lease.fence}); ending the tree")
-                return
-            if lease.handoff_stage == pb.HANDOFF_REQUESTED:
-                self.ended_by = "handoff"
-                self.say(f"handoff to host {lease.handoff_requested_by_host} requested; ending the tree "
-                         f"(grace {self.spec.grace:g}s)")
-                return
+        try:
+            async for record in self.client.watch(self.grant.session_id, self.grant):
+                if self._ends(record.lease):
+                    return
+        except ClientError as err:
+            if err.reason != "WRONG_CLUSTER":
+                raise
+            # This owner can no longer see its own record, so it cannot hear a handoff request.
+            self.ended_by = "lost"
+            self.say(f"{err.message}; ending the tree")
+
+    def _ends(self, lease: pb.Lease) -> bool:
+        """Whether this lease asks the owner to end its tree (and says why)."""
+        if lease.fence != self.grant.fence or lease.claim_status not in OWNED:
+            self.ended_by = "lost"
+            self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
+                     f"(now fence {lease.fence}); ending the tree")
+            return True
+        if lease.handoff_stage == pb.HANDOFF_REQUESTED:
+            self.ended_by = "handoff"
+            self.say(f"handoff to host {lease.handoff_requested_by_host} requested; ending the tree "
+                     f"(grace {self.spec.grace:g}s)")
+            return True
+        return False
 
     def _forward(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

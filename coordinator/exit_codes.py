@@ -51,6 +51,9 @@ _TABLE: dict[str, tuple[int, str]] = {
     "CHAIN_FULL": (EX_FAILURE, "the provider handle chain is full; start a new session id"),
     "HOST_NOT_REGISTERED": (EX_UNAVAILABLE, "start this host's agent with `--coordinator ADDR` (or "
                                             "`holdfast up`), or pass the registered id with --host-id"),
+    "WRONG_CLUSTER": (EX_UNAVAILABLE, "two holdfast clusters answer this coordinator address (e.g. two "
+                                      "`holdfast up` on one port): stop the one that is not yours, and "
+                                      "point --coordinator / HOLDFAST_COORDINATOR at the one that granted"),
     "UNAVAILABLE": (EX_UNAVAILABLE, "the coordinator cannot reach etcd; check etcd, then retry"),
     UNREACHABLE: (EX_UNAVAILABLE, "start one with `holdfast up`, or point --coordinator / "
                                   "HOLDFAST_COORDINATOR at a running coordinator"),

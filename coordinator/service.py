@@ -19,6 +19,7 @@ import grpc
 from holdfast.agent.logs import session_fields
 from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
+from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.routing import Router
@@ -93,6 +94,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.registry = Registry(store)
         self.router = Router(self.registry, agent_tls_dir)
         self.lifecycle = lifecycle.Lifecycle(self)
+        self.cluster = ClusterIdentity(store)
 
     # --- records -------------------------------------------------------------------------
     def _skey(self, session_id: str) -> str:
@@ -140,6 +142,16 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                 detail=detail[:200])
         log.info("session %s%s", transition, "" if ok else " lost a race", extra={"fields": fields})
         return ok
+
+    async def _check_cluster(self, cluster_id: str) -> str:
+        """A grant minted by another holdfast cluster is refused before anything is read or written;
+        empty is an older client's request, accepted. Returns this cluster's identity."""
+        ours = await self.cluster.get()
+        if cluster_id and cluster_id != ours:
+            raise CoordinatorError("WRONG_CLUSTER", f"this grant was minted by holdfast cluster "
+                                   f"{cluster_id[:64]!r}; this coordinator serves {ours!r}. Nothing was "
+                                   "written")
+        return ours
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
         """Fence first, then secret (DESIGN.md §3)."""
@@ -259,6 +271,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             spawn_token=token,
             spawn_token_env=lease.spawn_token_env,
             commit_deadline_unix_ms=lease.commit_deadline_unix_ms,
+            cluster_id=await self.cluster.get(),
         )
         response = pb.AcquireResponse(grant=grant, record=record)
         stored = Put(ops_key, records.encode(response))
@@ -271,6 +284,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def CommitOwner(
         self, request: pb.CommitOwnerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CommitOwnerResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
@@ -288,12 +302,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.owner_since_unix_ms = lease.last_proven_alive_at_unix_ms = now_ms()
         if not await self._transition(entry, record, "commit", f"pid {identity.pid} on {identity.host_id}"):
             raise CoordinatorError("STALE_FENCE", "the record changed during commit")
-        return pb.CommitOwnerResponse(record=record)
+        return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 
     @_handler
     async def RecordProviderHandle(
         self, request: pb.RecordProviderHandleRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecordProviderHandleResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         records.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
@@ -307,12 +322,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         record.lease.claim_status = pb.LIVE
         if not await self._transition(entry, record, "provider-handle", request.handle[:64]):
             raise CoordinatorError("STALE_FENCE", "the record changed; this grant may be stale")
-        return pb.RecordProviderHandleResponse(record=record)
+        return pb.RecordProviderHandleResponse(record=record, cluster_id=cluster)
 
     @_handler
     async def Release(
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
@@ -330,13 +346,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         if not await self._transition(entry, record, "release"):
             raise CoordinatorError("STALE_FENCE", "the record changed during release")
-        return pb.ReleaseResponse(record=record)
+        return pb.ReleaseResponse(record=record, cluster_id=cluster)
 
     # --- fenced data ---------------------------------------------------------------------
     @_handler
     async def FencedPut(
         self, request: pb.FencedPutRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedPutResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         sid = records.check_session_id(request.session_id)
         key = self.store.key("data", sid, records.check_data_key(request.key))
         records.check_value(request.value)
@@ -346,7 +363,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             [value_equals(self.store.key("fence", sid), expected)], [Put(key, request.value)]
         )
         if ok:
-            return pb.FencedPutResponse(revision=revision)
+            return pb.FencedPutResponse(revision=revision, cluster_id=cluster)
         _, record = await self._require(sid)  # classify the refusal: nothing was written
         self._check_grant(record, request.fence, request.secret)
         raise CoordinatorError("NOT_LIVE", "fenced writes need a live owner")
@@ -506,21 +523,25 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         try:
             key = self._skey(records.check_session_id(request.session_id)) if request.session_id else None
             prefix = key or self.store.key("sessions", "")
+            cluster = await self.cluster.get()  # on every event: an owner checks it is its grant's
             while True:
                 # List first, then watch from the listing's revision: after a compaction, list again.
                 revision = await self.store.current_revision()
                 entries, _ = await self.store.list_prefix(prefix)
                 for e in entries:
                     if key is None or e.key == key:
-                        yield pb.SessionEvent(record=records.decode_record(e.value), resync=True)
+                        yield pb.SessionEvent(record=records.decode_record(e.value), resync=True,
+                                              cluster_id=cluster)
                 try:
                     async for change in self.store.watch_prefix(prefix, revision + 1):
                         if isinstance(change, str):
                             if key is None or change == key:
                                 sid = change.rsplit("/", 1)[1]
-                                yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True)
+                                yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
+                                                      cluster_id=cluster)
                         elif key is None or change.key == key:
-                            yield pb.SessionEvent(record=records.decode_record(change.value))
+                            yield pb.SessionEvent(record=records.decode_record(change.value),
+                                                  cluster_id=cluster)
                 except Compacted:
                     continue
                 return
