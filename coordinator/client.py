@@ -155,11 +155,16 @@ class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
     def __init__(self, address: str | None = None, host_id: str | None = None,
-                 tls_dir: str | os.PathLike[str] | None = None) -> None:
+                 tls_dir: str | os.PathLike[str] | None = None, role: str = "client") -> None:
+        """`role` picks the certificate presented with TLS (`<role>.pem` in the directory): a
+        runtime is `client`; the operator commands present `operator` (DESIGN.md §4)."""
         self.address = coordinator_address(address)
         self.host_id = local_host_id(host_id)
         self.tls_dir = client_tls_dir(tls_dir, self.address)
-        self.channel = tls.open_channel(self.address, self.tls_dir, Role("client"))
+        try:
+            self.channel = tls.open_channel(self.address, self.tls_dir, Role(role))
+        except FileNotFoundError as missing:  # its message names the file and how to make it
+            raise ClientError(exit_codes.TLS_FILE_MISSING, str(missing)) from None
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
 
     async def close(self) -> None:

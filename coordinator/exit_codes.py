@@ -21,6 +21,7 @@ UNREACHABLE = "UNREACHABLE"  # the client's own reason: no answer from the coord
 # The client's own reasons for a CMD it will not try: checked before any call, so nothing was asked.
 CMD_NOT_FOUND = "CMD_NOT_FOUND"
 CMD_NOT_EXECUTABLE = "CMD_NOT_EXECUTABLE"
+TLS_FILE_MISSING = "TLS_FILE_MISSING"  # a certificate or key --tls-dir should hold is not there
 
 _TABLE: dict[str, tuple[int, str]] = {
     "HELD": (EX_TEMPFAIL, "wait for it with `--wait`, or ask for it with `--takeover` "
@@ -59,9 +60,15 @@ _TABLE: dict[str, tuple[int, str]] = {
                                   "HOLDFAST_COORDINATOR at a running coordinator"),
     "PERMISSION_DENIED": (EX_NOPERM, "the grant secret does not match; use the grant file of the current "
                                      "owner (HOLDFAST_GRANT_FILE)"),
+    TLS_FILE_MISSING: (EX_NOPERM, "make it with `holdfast certs init DIR` (`--add-missing` adds what an "
+                                  "existing directory lacks), or point --tls-dir / HOLDFAST_TLS_DIR at the "
+                                  "directory that has it"),
     "UNAUTHENTICATED": (EX_NOPERM, "present a client certificate the coordinator trusts"),
-    "WRONG_ROLE": (EX_NOPERM, "use the certificate of your role: client.pem for clients, agent-<host id>.pem "
-                              "for that host's agent (`holdfast certs init`)"),
+    "WRONG_ROLE": (EX_NOPERM, "use the certificate of your role: client.pem for runtimes (`run`, `put`), "
+                              "operator.pem for `recover`, `drain` and `admin` (the CLI presents it from "
+                              "--tls-dir), maintenance.pem for purge-archives, agent-<host id>.pem for "
+                              "that host's agent (`holdfast certs init`, `--add-missing` for an older "
+                              "directory)"),
     CMD_NOT_FOUND: (EX_NOTFOUND, "check the command's spelling, or give its path; `run` looks it up on "
                                  "PATH as the shell does"),
     CMD_NOT_EXECUTABLE: (EX_NOEXEC, "make it executable (`chmod +x`), or run it through its interpreter"),

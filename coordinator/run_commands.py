@@ -114,7 +114,8 @@ def _command(body: Body) -> Callable[[argparse.Namespace], int]:
 
     def handler(args: argparse.Namespace) -> int:
         async def main() -> int:
-            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir) as client:
+            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir,
+                              getattr(args, "tls_role", "client")) as client:
                 return await body(args, client)
 
         try:
@@ -274,14 +275,16 @@ def _run_handler(args: argparse.Namespace) -> int:
     return _command(_run)(args)
 
 
-def client_options(*, json: bool = True) -> argparse.ArgumentParser:
+def client_options(*, json: bool = True, role: str = "client") -> argparse.ArgumentParser:
     """The parent parser of every command that calls a coordinator: --coordinator and --tls-dir,
-    and --json unless the command only acts."""
+    and --json unless the command only acts. `role` is the certificate it presents: `client` for a
+    runtime's and the read commands, `operator` for the commands that override evidence."""
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
                          f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
-    add_tls_dir(options, "present client.pem; without it, and when a `holdfast up --tls` runs the "
+    add_tls_dir(options, f"present {role}.pem; without it, and when a `holdfast up --tls` runs the "
                 "coordinator, its certificates")
+    options.set_defaults(tls_role=role)
     if json:
         options.add_argument("--json", action="store_true", help="print one JSON document")
     return options
@@ -290,6 +293,7 @@ def client_options(*, json: bool = True) -> argparse.ArgumentParser:
 def register(subparsers: argparse._SubParsersAction) -> None:
     common = client_options(json=False)
     reader = client_options()
+    operator = client_options(role="operator")
 
     p = subparsers.add_parser("run", parents=[common], help="run CMD as the session's single writer",
                               usage="holdfast run --session ID [options] -- CMD [ARGS...]")
@@ -338,7 +342,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", type=_session_id)
     p.set_defaults(handler=_command(_probe))
 
-    p = subparsers.add_parser("recover", parents=[reader],
+    p = subparsers.add_parser("recover", parents=[operator],
                               help="operator: invalidate a fence you know is dead (the only way out "
                               "of unknown)")
     p.add_argument("session", type=_session_id)

@@ -79,3 +79,11 @@ def test_up_tls_status_run_and_plaintext_refused(up_tls, tmp_path: Path) -> None
     got = holdfast("get", "greeting", "--session", sid, "--coordinator", recorded["coordinator"],
                    cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
     assert got.returncode == 0 and got.stdout == "over-mtls", got.stderr
+    # The operator commands present up's operator certificate (issued beside client.pem).
+    assert (Path(recorded["tls_dir"]) / "operator.pem").exists()
+    drained = holdfast("drain", "host-1", "--coordinator", recorded["coordinator"], cwd=tmp_path,
+                       HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert drained.returncode == 0, drained.stderr
+    undone = holdfast("drain", "host-1", "--undo", "--coordinator", recorded["coordinator"], cwd=tmp_path,
+                      HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert undone.returncode == 0, undone.stderr
