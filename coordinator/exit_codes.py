@@ -77,6 +77,19 @@ _TABLE: dict[str, tuple[int, str]] = {
 }
 
 
+# `holdfast probe`'s answer as its exit status, so a script can branch on it (issue 17: it exited 0
+# for all three). 0 means "the next run would be granted"; 3 and 4 stay clear of the codes a
+# refusal or a failure uses (1, 2, 69, 75, 77).
+PROBE_FREE, PROBE_HELD, PROBE_UNKNOWN = 0, 3, 4
+PROBE_EXIT = {"free": PROBE_FREE, "grant": PROBE_FREE, "held": PROBE_HELD, "reserved": PROBE_HELD,
+              "unknown": PROBE_UNKNOWN, "manual-recovery": PROBE_UNKNOWN}
+
+
+def probe_exit(verdict: str) -> int:
+    """A verdict this CLI does not know yet (a newer coordinator's) is unknown, never free."""
+    return PROBE_EXIT.get(verdict, PROBE_UNKNOWN)
+
+
 def exit_code(reason: str) -> int:
     return _TABLE.get(reason, (EX_FAILURE, ""))[0]
 

@@ -235,7 +235,7 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
     found = await client.probe(args.session)
     if args.json:
         _print_json(as_dict(found))
-        return 0
+        return exit_codes.probe_exit(found.verdict)
     print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or 'no reason given'}")
     if found.HasField("probe"):
         p = found.probe
@@ -243,7 +243,7 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
         print(f"probe answered by {p.answered_by_host_id or '-'}: {outcome}"
               f"{' matched on ' + ','.join(p.matched_on) if p.matched_on else ''}"
               f"{'; tree: ' + p.tree_reason if p.tree_checked else ''}")
-    return 0
+    return exit_codes.probe_exit(found.verdict)
 
 
 async def _recover(args: argparse.Namespace, client: Client) -> int:
@@ -338,7 +338,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", type=_session_id)
     p.set_defaults(handler=_command(_show))
 
-    p = subparsers.add_parser("probe", parents=[reader], help="ask the owner's host whether it lives")
+    p = subparsers.add_parser("probe", parents=[reader], help="ask the owner's host whether it lives",
+                              description="Exit status: 0 free (no owner, or the owner is proven dead: "
+                              "the next run is granted), 3 held (the owner is proven alive, or a "
+                              "reservation is starting), 4 unknown (neither could be proven, or manual "
+                              "recovery); 1 no such session, 69 no coordinator, 77 certificates.")
     p.add_argument("session", type=_session_id)
     p.set_defaults(handler=_command(_probe))
 
