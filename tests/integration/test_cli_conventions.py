@@ -1,5 +1,6 @@
 """What a user meets around the commands (issue 17, "Errors and conventions"): a version, a quiet
-exit into a closed pipe. Against a real coordinator and etcd where a command needs one."""
+exit into a closed pipe, a drain of a host nobody knows refused. Against a real coordinator and
+etcd where a command needs one."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import os
 import subprocess
 import sys
 
+import grpc
 import pytest
 
 from holdfast.agent.service import VERSION
-from tests.integration.coordinator_fixtures import Coordinator
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+from tests.integration.coordinator_fixtures import Coordinator, snapshot
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = pytest.mark.timeout(120)
@@ -44,3 +48,23 @@ def test_a_closed_pipe_is_a_quiet_exit(coordinator: Coordinator, json_flag: tupl
     done = into_closed_pipe("status", "--coordinator", coordinator.address, *json_flag)
     assert (done.returncode, done.stderr) == (141, "")
     assert (into_closed_pipe("version").returncode, into_closed_pipe("version").stderr) == (141, "")
+
+
+def test_drain_of_a_host_nobody_knows_is_refused_and_writes_nothing(coordinator: Coordinator,
+                                                                    prefix: str) -> None:
+    etcd_url = coordinator.etcd_url
+    before = snapshot(etcd_url, prefix)
+    typo = subprocess.run([*HOLDFAST, "drain", "nosuchhost", "--coordinator", coordinator.address],
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 69, typo.stderr
+    assert "HOST_NOT_REGISTERED" in typo.stderr and "no session names it" in typo.stderr
+    assert snapshot(etcd_url, prefix) == before
+    # A registered host (its agent need not answer for a drain with nothing on it) is drained.
+    reg = pb.HostRegistration(host_id="host-known", address="127.0.0.1:9",
+                              spawn_token_env="HOLDFAST_SPAWN_TOKEN")
+    with grpc.insecure_channel(coordinator.address) as channel:
+        coordinator_pb2_grpc.CoordinatorStub(channel).RegisterHost(
+            pb.RegisterHostRequest(registration=reg, ttl_seconds=30), timeout=10)
+    known = subprocess.run([*HOLDFAST, "drain", "host-known", "--json", "--coordinator",
+                            coordinator.address], capture_output=True, text=True, timeout=60)
+    assert known.returncode == 0 and json.loads(known.stdout)["draining"] is True, known.stderr
