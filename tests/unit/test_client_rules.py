@@ -101,3 +101,14 @@ def test_cmd_is_resolved_as_the_shell_would(tmp_path: Path) -> None:
             resolve_command(argv, cwd=str(tmp_path), path=str(tmp_path))
         assert (refused.value.reason, refused.value.exit_code) == (reason, code), argv
         assert "nothing was asked of the session's owner" in str(refused.value)
+
+
+def test_the_operations_refusal_table_names_every_reason() -> None:
+    """docs/operations.md's refusal table is where a user looks a reason up (issue 17: it lacked
+    HOST_NOT_REGISTERED); every FAILED_PRECONDITION or ABORTED reason the coordinator sends is in it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = text.split("## Refusal reasons", 1)[1]
+    rows = {line.split("|")[1].strip().strip("`").split("`")[0] for line in table.splitlines()
+            if line.startswith("| `")}
+    wanted = {reason for reason, code in CODES.items() if code.name in ("FAILED_PRECONDITION", "ABORTED")}
+    assert wanted - rows == set()
