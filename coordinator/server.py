@@ -28,9 +28,9 @@ DRAIN_SECONDS = 2.0
 
 async def _learn_cluster(service: CoordinatorService, log: logging.Logger) -> None:
     """Reads (or, first in a new keyspace, creates) the cluster identity at start-up and logs it, so
-    an operator can tell two clusters apart; with etcd away it is learnt on the first call needing it."""
+    an operator can tell two clusters apart; with etcd away, the first grant makes or reads it."""
     try:
-        cluster = await service.cluster.get()
+        cluster = await service.cluster.ensure()
     except StoreUnavailable as exc:
         log.warning("cluster identity not read yet", extra={"fields": {"error": str(exc)}})
         return
@@ -60,10 +60,11 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                                                       "prefix": prefix, "health": serving.health_address,
                                                       "tls": tls_dir is not None,
                                                       "metrics": metrics_address}})
+    # Before the ready file: the identity exists once the coordinator says it serves, so no call's
+    # before-and-after comparison of the keyspace ever sees it appear.
+    await _learn_cluster(service, log)
     serving_.announce(ready_file, serving, metrics_address)
-    identity = asyncio.create_task(_learn_cluster(service, log))
     await serving_.until_stop_signal()
-    identity.cancel()
     if census is not None:
         census.cancel()
     await serving_.drain(serving, DRAIN_SECONDS)

@@ -146,7 +146,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def _check_cluster(self, cluster_id: str) -> str:
         """A grant minted by another holdfast cluster is refused before anything is read or written;
         empty is an older client's request, accepted. Returns this cluster's identity."""
-        ours = await self.cluster.get()
+        ours = await self.cluster.current()
         if cluster_id and cluster_id != ours:
             raise CoordinatorError("WRONG_CLUSTER", f"this grant was minted by holdfast cluster "
                                    f"{cluster_id[:64]!r}; this coordinator serves {ours!r}. Nothing was "
@@ -271,7 +271,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             spawn_token=token,
             spawn_token_env=lease.spawn_token_env,
             commit_deadline_unix_ms=lease.commit_deadline_unix_ms,
-            cluster_id=await self.cluster.get(),
+            cluster_id=await self.cluster.ensure(),
         )
         response = pb.AcquireResponse(grant=grant, record=record)
         stored = Put(ops_key, records.encode(response))
@@ -523,7 +523,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         try:
             key = self._skey(records.check_session_id(request.session_id)) if request.session_id else None
             prefix = key or self.store.key("sessions", "")
-            cluster = await self.cluster.get()  # on every event: an owner checks it is its grant's
+            cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
             while True:
                 # List first, then watch from the listing's revision: after a compaction, list again.
                 revision = await self.store.current_revision()
