@@ -290,14 +290,26 @@ def client_options(*, json: bool = True, role: str = "client") -> argparse.Argum
     return options
 
 
+SESSION_HELP = "the session id: 8 to 128 letters, digits, '_' or '-' (e.g. codex-thread-42)"
+RUN_EPILOG = """examples:
+  holdfast run --session codex-thread-42 -- codex resume
+  holdfast run --session codex-thread-42 --wait 60 -- ./agent.sh      wait up to 60 s for the owner
+  holdfast run --session codex-thread-42 --takeover --force -- ./agent.sh
+
+exit status: CMD's own when it ran; when it did not: 75 held or ownership unknown, 69 no
+coordinator (or this host's agent not registered), 77 certificates, 2 usage, 127 CMD not found,
+126 CMD not executable (checked before anything is asked: the owner is never disturbed)"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     common = client_options(json=False)
     reader = client_options()
     operator = client_options(role="operator")
 
     p = subparsers.add_parser("run", parents=[common], help="run CMD as the session's single writer",
-                              usage="holdfast run --session ID [options] -- CMD [ARGS...]")
-    p.add_argument("--session", required=True, type=_session_id)
+                              usage="holdfast run --session ID [options] -- CMD [ARGS...]",
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EPILOG)
+    p.add_argument("--session", required=True, type=_session_id, metavar="ID", help=SESSION_HELP)
     p.add_argument("--provider", default="", help="provider name recorded with the session")
     p.add_argument("--location", default="", help="where the session's state lives")
     p.add_argument("--takeover", action="store_true", help="ask the current owner to hand the session over")
@@ -328,7 +340,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("get", parents=[reader], help="read a session's fenced data")
     p.add_argument("key")
-    p.add_argument("--session", type=_session_id, help="default: $HOLDFAST_SESSION")
+    p.add_argument("--session", type=_session_id, metavar="ID",
+                   help=f"default: $HOLDFAST_SESSION (inside `holdfast run`); {SESSION_HELP}")
     p.set_defaults(handler=_command(_get))
 
     p = subparsers.add_parser("status", parents=[reader], help="hosts and sessions")

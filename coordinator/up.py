@@ -385,7 +385,11 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("up", help="etcd, a coordinator and agents on this machine")
+    p = subparsers.add_parser("up", help="etcd, a coordinator and agents on this machine",
+                              description="Start etcd, a coordinator and this host's agent (or N "
+                              "simulated hosts) on 127.0.0.0/8, and keep them until Ctrl-C. One `up` "
+                              "per state directory; a second one there refuses, naming the first's pid. "
+                              "Exit 0 after Ctrl-C, 69 when a part cannot start.")
     p.add_argument("--state-dir", default=str(default_state_dir()),
                    help="etcd data and ports (default: $HOLDFAST_STATE_DIR, else ./state)")
     p.add_argument("--listen", default=DEFAULT_COORDINATOR,
@@ -400,7 +404,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("exec", help="run CMD on a simulated host of `holdfast up --hosts N`",
                               usage="holdfast exec --host N -- CMD [ARGS...]")
-    p.add_argument("--host", type=int, required=True, metavar="N")
-    p.add_argument("--state-dir", default=str(default_state_dir()))
+    p.add_argument("--host", type=int, required=True, metavar="N",
+                   help="which simulated host: 1..N of `holdfast up --hosts N`")
+    p.add_argument("--state-dir", default=str(default_state_dir()),
+                   help="the state directory of that `up` (default: $HOLDFAST_STATE_DIR, else ./state)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_exec, parser=p)
