@@ -84,20 +84,49 @@ class ClientError(Exception):
         return f"{self.reason}: {self.message}. Next: {self.next_step}"
 
 
-def _classify(exc: grpc.aio.AioRpcError, session: str, address: str) -> ClientError:
+def _unanswered(exc: BaseException, *marks: str) -> bool:
+    """A call no coordinator answered (no ErrorInfo), whose transport error mentions one of `marks`."""
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if reason_of(exc):
+        return False
+    details = (exc.details() or "").lower()
+    return any(mark in details for mark in marks)
+
+
+def _handshake_failed(exc: BaseException) -> bool:
+    return _unanswered(exc, "handshake failed")
+
+
+def _refused(exc: BaseException) -> bool:
+    return _unanswered(exc, "connection refused")
+
+
+def _classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: bool = False) -> ClientError:
     reason = reason_of(exc)
     if not reason:
         code = exc.code()
+        if _handshake_failed(exc):
+            # Issue 17: a wrong CA (or TLS to a plaintext coordinator) said "no coordinator".
+            # gRPC's text ends with OpenSSL's own words, e.g. "...: certificate signature failure: OK".
+            words = (exc.details() or "").removesuffix(": OK").rsplit(": ", 1)[-1][:200]
+            return ClientError(exit_codes.TLS_HANDSHAKE_FAILED, f"the TLS handshake with {address} failed "
+                               f"({words})", session)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            why = "nothing listens there" if _refused(exc) else code.name
+            if plaintext and _unanswered(exc, "socket closed"):
+                why = "it closed the connection, as a TLS-only coordinator does to plaintext: pass --tls-dir"
             return ClientError(exit_codes.UNREACHABLE, f"no answer from the coordinator at {address} "
-                               f"({code.name})", session)
+                               f"({why})", session)
         reason = code.name
     return ClientError(reason, exc.details() or reason, session)
 
 
 def _transient(exc: BaseException) -> bool:
     # UNAVAILABLE is both "no coordinator" and "the coordinator cannot reach etcd": nothing was written.
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+    # A failed handshake is the certificates', and does not heal by retrying.
+    return (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+            and not _handshake_failed(exc))
 
 
 @dataclass(frozen=True)
@@ -166,6 +195,13 @@ class Client:
         except FileNotFoundError as missing:  # its message names the file and how to make it
             raise ClientError(exit_codes.TLS_FILE_MISSING, str(missing)) from None
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        # Until some call was answered, a refused connection means nothing listens at the address:
+        # say so at once (issue 17: 5.8 s of retries). Once answered, a refusal is a coordinator
+        # restarting under a run, and the retry budget rides over it.
+        self.answered = False
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return _transient(exc) and (self.answered or not _refused(exc))
 
     async def close(self) -> None:
         await self.channel.close()
@@ -183,14 +219,17 @@ class Client:
         tries = 0
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_transient if retry else lambda _exc: False), reraise=True,
+                retry=retry_if_exception(self._retryable if retry else lambda _exc: False), reraise=True,
                 stop=stop_after_delay(RETRY_BUDGET_S), wait=wait_exponential(multiplier=0.05, max=1.0),
             ):
                 with attempt:
                     tries += 1
-                    return await method(request, timeout=timeout)
+                    response = await method(request, timeout=timeout)
+                    self.answered = True
+                    return response
         except grpc.aio.AioRpcError as exc:
-            error = _classify(exc, session, self.address)
+            self.answered = self.answered or bool(reason_of(exc))
+            error = _classify(exc, session, self.address, plaintext=self.tls_dir is None)
             error.retried = tries > 1
             raise error from None
         raise AssertionError("unreachable: tenacity reraises")

@@ -22,6 +22,7 @@ UNREACHABLE = "UNREACHABLE"  # the client's own reason: no answer from the coord
 CMD_NOT_FOUND = "CMD_NOT_FOUND"
 CMD_NOT_EXECUTABLE = "CMD_NOT_EXECUTABLE"
 TLS_FILE_MISSING = "TLS_FILE_MISSING"  # a certificate or key --tls-dir should hold is not there
+TLS_HANDSHAKE_FAILED = "TLS_HANDSHAKE_FAILED"  # the coordinator's certificate and ours do not trust
 
 _TABLE: dict[str, tuple[int, str]] = {
     "HELD": (EX_TEMPFAIL, "wait for it with `--wait`, or ask for it with `--takeover` "
@@ -63,6 +64,9 @@ _TABLE: dict[str, tuple[int, str]] = {
     TLS_FILE_MISSING: (EX_NOPERM, "make it with `holdfast certs init DIR` (`--add-missing` adds what an "
                                   "existing directory lacks), or point --tls-dir / HOLDFAST_TLS_DIR at the "
                                   "directory that has it"),
+    TLS_HANDSHAKE_FAILED: (EX_NOPERM, "a certificate problem, not a missing coordinator: the coordinator's "
+                                      "certificate is not from the CA in --tls-dir / HOLDFAST_TLS_DIR (or "
+                                      "it serves plaintext: drop --tls-dir); check both sides' ca.pem"),
     "UNAUTHENTICATED": (EX_NOPERM, "present a client certificate the coordinator trusts"),
     "WRONG_ROLE": (EX_NOPERM, "use the certificate of your role: client.pem for runtimes (`run`, `put`), "
                               "operator.pem for `recover`, `drain` and `admin` (the CLI presents it from "

@@ -4,15 +4,22 @@ etcd where a command needs one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
 
+from holdfast.agent import serving, tls
 from holdfast.agent.service import VERSION
+from holdfast.agent.tls import Role
+from holdfast.coordinator import certs
+from holdfast.coordinator.client import Client, ClientError
+from holdfast.coordinator.etcd_server import free_port
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration.coordinator_fixtures import Coordinator, snapshot
@@ -68,3 +75,46 @@ def test_drain_of_a_host_nobody_knows_is_refused_and_writes_nothing(coordinator:
     known = subprocess.run([*HOLDFAST, "drain", "host-known", "--json", "--coordinator",
                             coordinator.address], capture_output=True, text=True, timeout=60)
     assert known.returncode == 0 and json.loads(known.stdout)["draining"] is True, known.stderr
+
+
+def test_nothing_listening_is_said_at_once(tmp_path: Path) -> None:
+    """Issue 17: `run` with nothing listening took 5.8 s of retries to say UNREACHABLE."""
+    address = f"127.0.0.1:{free_port()}"
+
+    async def body() -> ClientError:
+        async with Client(address, "host-x") as client:
+            with pytest.raises(ClientError) as refused:
+                await client.list_hosts()
+            return refused.value
+
+    error = asyncio.run(body())
+    assert error.reason == "UNREACHABLE" and "nothing listens there" in error.message
+    assert error.retried is False  # one try: nothing was waited for
+    done = subprocess.run([*HOLDFAST, "run", "--session", "sess-nobody-01", "--coordinator", address,
+                           "--", "true"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 69 and "nothing listens there" in done.stderr
+
+
+def test_a_certificate_problem_says_it_is_one(tmp_path: Path) -> None:
+    """Issue 17: a TLS handshake failure (another CA) was reported as "no coordinator"."""
+    certs.init_local(tmp_path / "ours", [], ["127.0.0.1"])
+    certs.init_local(tmp_path / "theirs", [], ["127.0.0.1"])
+
+    async def body() -> list[ClientError]:
+        server = await serving.start("127.0.0.1:0", "test.Service", lambda _server: None,
+                                     tls.server_credentials(tmp_path / "ours", Role("coordinator")))
+        errors = []
+        try:
+            for tls_dir in (tmp_path / "theirs", None):
+                async with Client(server.address, "host-x", tls_dir) as client:
+                    with pytest.raises(ClientError) as refused:
+                        await client.list_hosts()
+                    errors.append(refused.value)
+        finally:
+            await serving.drain(server, 0)
+        return errors
+
+    wrong_ca, plaintext = asyncio.run(body())
+    assert (wrong_ca.reason, wrong_ca.exit_code, wrong_ca.retried) == ("TLS_HANDSHAKE_FAILED", 77, False)
+    assert "certificate problem" in str(wrong_ca)
+    assert plaintext.reason == "UNREACHABLE" and "pass --tls-dir" in plaintext.message
