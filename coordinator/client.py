@@ -71,6 +71,8 @@ class ClientError(Exception):
         self.message = message
         self.session = session
         self.retried = False  # set when an earlier try of the same call may have landed
+        self.fence = 0  # the session's current fence, when known: the next step names it
+        self.hint = ""  # a next step that fits what the caller already tried, instead of the table's
 
     @property
     def exit_code(self) -> int:
@@ -78,7 +80,7 @@ class ClientError(Exception):
 
     @property
     def next_step(self) -> str:
-        return exit_codes.next_step(self.reason, self.session)
+        return self.hint or exit_codes.next_step(self.reason, self.session, self.fence)
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}. Next: {self.next_step}"
@@ -444,8 +446,34 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path]:
     return operation_id, path
 
 
+def held_hint(spec: RunSpec) -> str:
+    """HELD's next step after what this run already tried (issue 17: after a failed --takeover the
+    hint suggested --takeover, after --wait ran out it suggested --wait)."""
+    if spec.takeover and not spec.force:
+        return (f"the owner did not let go within --handoff-timeout {spec.handoff_timeout:g}s; add `--force` "
+                "to have its host's agent end its tree, or allow longer with --handoff-timeout")
+    if spec.wait and not spec.takeover:
+        return (f"still held after --wait {spec.wait:g}s; wait longer, or ask for it with `--takeover` "
+                "(add `--force` to have its host's agent end the old tree)")
+    return ""
+
+
 async def obtain(client: Client, spec: RunSpec, operation_id: str,
                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+    """`_obtain`, with a refusal's next step fitted to this run: what it tried, the fence it met."""
+    try:
+        return await _obtain(client, spec, operation_id, say)
+    except ClientError as err:
+        if err.reason == "HELD":
+            err.hint = held_hint(spec)
+        elif err.reason in ("OWNERSHIP_UNKNOWN", "MANUAL_RECOVERY"):
+            with contextlib.suppress(ClientError):  # best effort: the hint then says N
+                err.fence = (await client.get_session(spec.session_id)).record.lease.fence
+        raise
+
+
+async def _obtain(client: Client, spec: RunSpec, operation_id: str,
+                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
     """Acquire as the spec says: once; or waiting (`--wait`, the coordinator holds the call on the
     owner's exit); or as a takeover that asks the owner to let go, then — with force — has the
     owner's agent end it. Waiting between calls is on record changes, never on a polling timer."""
@@ -586,8 +614,10 @@ class Owner:
             return True
         if lease.handoff_stage == pb.HANDOFF_REQUESTED:
             self.ended_by = "handoff"
-            self.say(f"handoff to host {lease.handoff_requested_by_host} requested; ending the tree "
-                     f"(grace {self.spec.grace:g}s)")
+            by = lease.handoff_requested_by_host
+            # A drain names itself ("drain of H"); a takeover names the host it came from.
+            self.say(f"handoff requested by {by if by.startswith('drain of ') else 'host ' + by}; ending "
+                     f"the tree (grace {self.spec.grace:g}s)")
             return True
         return False
 

@@ -30,9 +30,9 @@ _TABLE: dict[str, tuple[int, str]] = {
     "RESERVED": (EX_TEMPFAIL, "another client is starting this session; retry after its commit deadline "
                               "or use `--wait`"),
     "OWNERSHIP_UNKNOWN": (EX_TEMPFAIL, "`holdfast probe {session}` shows why; only if you know the owner "
-                                       "is gone: `holdfast recover {session} --fence N --reason TEXT`"),
+                                       "is gone: `holdfast recover {session} --fence {fence} --reason TEXT`"),
     "MANUAL_RECOVERY": (EX_TEMPFAIL, "`holdfast show {session}`, then `holdfast recover {session} "
-                                     "--fence N --reason TEXT`"),
+                                     "--fence {fence} --reason TEXT`"),
     "OPERATION_CONFLICT": (EX_TEMPFAIL, "another takeover is in progress; `holdfast show {session}` and "
                                         "retry once it has finished"),
     "STALE_FENCE": (EX_TEMPFAIL, "the session has moved on; `holdfast show {session}` and retry"),
@@ -98,6 +98,7 @@ def exit_code(reason: str) -> int:
     return _TABLE.get(reason, (EX_FAILURE, ""))[0]
 
 
-def next_step(reason: str, session: str = "SESSION") -> str:
+def next_step(reason: str, session: str = "SESSION", fence: int = 0) -> str:
+    """`fence` is the session's current fence when the caller knows it (0: shown as N)."""
     step = _TABLE.get(reason, (EX_FAILURE, "see the coordinator's log"))[1]
-    return step.format(session=session or "SESSION") or "see the coordinator's log"
+    return step.format(session=session or "SESSION", fence=fence or "N") or "see the coordinator's log"

@@ -90,7 +90,7 @@ def test_cooperative_handoff_waits_for_the_whole_old_tree(cluster: Cluster) -> N
                          cmd=cluster.child("--handle", "thread-b"))
     start2 = started(cluster, 2)
     assert first.wait(30) == 0  # the old child took SIGTERM and exited 0
-    assert "handoff to host host-b requested" in first.err()
+    assert "handoff requested by host host-b" in first.err()
     stops = {e[0]: int(e[4]) for e in cluster.log() if e[0] in ("stop", "grandchild-stop")}
     # B's child started only after every process of A's tree had ended (the grandchild is slow).
     assert stops["stop"] < int(start2[4]) and stops["grandchild-stop"] < int(start2[4])
@@ -117,6 +117,8 @@ def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluste
         refused = cluster.run(b, sid, "--takeover", "--handoff-timeout", "1")
         assert refused.wait(30) == 75
         assert "HELD" in refused.err()
+        # The hint fits what was tried: --takeover did not suffice, so --force, not --takeover again.
+        assert "did not let go within --handoff-timeout 1s; add `--force`" in refused.err()
         assert not gone(child)  # still A's live child, still the only tree
         forced = cluster.run(b, sid, "--takeover", "--force", "--handoff-timeout", "1")
         started(cluster, 2)

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from holdfast.coordinator import exit_codes
-from holdfast.coordinator.client import ClientError, Grant, child_environment, resolve_command, status_of
+from holdfast.coordinator.client import (
+    ClientError,
+    Grant,
+    RunSpec,
+    child_environment,
+    held_hint,
+    resolve_command,
+    status_of,
+)
 from holdfast.coordinator.errors import CODES
 from holdfast.coordinator.gate import gate_argv
 
@@ -112,3 +120,18 @@ def test_the_operations_refusal_table_names_every_reason() -> None:
             if line.startswith("| `")}
     wanted = {reason for reason, code in CODES.items() if code.name in ("FAILED_PRECONDITION", "ABORTED")}
     assert wanted - rows == set()
+
+
+def test_next_steps_fit_what_was_tried_and_what_is_known() -> None:
+    """Issue 17: `--fence N` printed where the fence is known; --takeover suggested after a failed
+    --takeover; --wait suggested after --wait ran out."""
+    assert "--fence 7 --reason" in exit_codes.next_step("OWNERSHIP_UNKNOWN", "s-1", fence=7)
+    assert "--fence N --reason" in exit_codes.next_step("MANUAL_RECOVERY", "s-1")
+    takeover = held_hint(RunSpec("s-1", ["true"], takeover=True, handoff_timeout=5))
+    assert "add `--force`" in takeover and "5s" in takeover
+    waited = held_hint(RunSpec("s-1", ["true"], wait=2))
+    assert "still held after --wait 2s" in waited and "--takeover" in waited
+    assert held_hint(RunSpec("s-1", ["true"])) == ""  # the table's own: --wait, --takeover, --force
+    err = ClientError("HELD", "held by host-a")
+    err.hint = waited
+    assert str(err).endswith(f"Next: {waited}")
