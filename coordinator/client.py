@@ -503,9 +503,20 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str,
                                 location=spec.location, takeover=True, force=True)
 
 
+def cli_on_path(path: str) -> str:
+    """`path` with this installation's `holdfast` reachable (issue 17: README's `holdfast put` failed
+    inside `run` when the CLI was not on PATH, e.g. a venv not activated). Appended, never
+    prepended: the child's own `python` and tools stay the ones it would have found."""
+    here = os.path.dirname(sys.executable)
+    if shutil.which("holdfast", path=path) or not os.access(os.path.join(here, "holdfast"), os.X_OK):
+        return path
+    return f"{path}{os.pathsep}{here}" if path else here
+
+
 def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
                       tls_dir: Path | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
         env[tls.TLS_DIR_ENV] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
     env.update({

@@ -379,7 +379,11 @@ def _exec(args: argparse.Namespace) -> int:
     env = {**os.environ, "HOLDFAST_HOST_ID": host["host_id"], "HOLDFAST_COORDINATOR": state["coordinator"]}
     if state.get("tls_dir"):
         env[tls.TLS_DIR_ENV] = state["tls_dir"]
-    argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", "--", *cmd]
+    # --wdns: the caller's directory, as a local command would have (issue 17: CMD ran in `/`, so
+    # relative paths failed). The host's mount namespace sees the same files. Written with `=`:
+    # util-linux 2.38 takes a separate word after --wdns for the command.
+    argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", f"--wdns={os.getcwd()}",
+            "--", *cmd]
     os.execvpe("nsenter", argv, env)
     return 0  # not reached: exec replaced this process
 

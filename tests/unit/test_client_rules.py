@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from holdfast.coordinator.client import (
     Grant,
     RunSpec,
     child_environment,
+    cli_on_path,
     held_hint,
     resolve_command,
     status_of,
@@ -50,10 +52,16 @@ def grant() -> Grant:
 
 def test_child_environment_of_design_section_5() -> None:
     env = child_environment(grant(), "/tmp/x/grant.json", {"PATH": "/bin", "HOLDFAST_FENCE": "1"})
-    assert env == {"PATH": "/bin", "HOLDFAST_SPAWN_TOKEN": "a" * 32, "HOLDFAST_SESSION": "my-session-01",
-                   "HOLDFAST_FENCE": "7", "HOLDFAST_COORDINATOR": "127.0.0.1:7420",
-                   "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json"}
+    assert env == {"PATH": cli_on_path("/bin"), "HOLDFAST_SPAWN_TOKEN": "a" * 32,
+                   "HOLDFAST_SESSION": "my-session-01", "HOLDFAST_FENCE": "7",
+                   "HOLDFAST_COORDINATOR": "127.0.0.1:7420", "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json"}
     assert "s" * 64 not in env.values()  # the secret travels only in the 0600 file
+
+
+def test_the_cli_is_appended_to_a_path_that_lacks_it(tmp_path: Path) -> None:
+    here = os.path.dirname(sys.executable)  # the test venv's bin, which has `holdfast`
+    assert cli_on_path("/bin") == f"/bin{os.pathsep}{here}"  # after the child's own tools
+    assert cli_on_path(f"/bin{os.pathsep}{here}") == f"/bin{os.pathsep}{here}"  # found: unchanged
 
 
 def test_grant_file_is_0600_round_trips_and_hides_the_secret_in_repr(tmp_path: Path) -> None:
