@@ -323,6 +323,9 @@ def _up(args: argparse.Namespace) -> int:
     assert stack.etcd is not None
     say(f"etcd {stack.etcd.url} (data in {stack.state_dir / 'etcd'})")
     say(f"coordinator {stack.address}")
+    if stack.address != DEFAULT_COORDINATOR:
+        # The CLI's default is DEFAULT_COORDINATOR: anywhere else, say how to point it here.
+        print(f"export HOLDFAST_COORDINATOR={stack.address}", flush=True)
     for n, host in enumerate(stack.simhosts, start=1):
         say(f"{host.host_id} agent {host.agent_address} (PID namespace; `holdfast exec --host {n} -- CMD`)")
     if stack.agent is not None:

@@ -76,6 +76,8 @@ def test_up_twice_on_one_state_dir_keeps_records(tmp_path: Path, ups: list[subpr
     assert lease(coordinator, "kept-session-01")["fence"] == "1"
     out = stop_up(proc)
     assert "stopped" in out
+    # Not the CLI's default address: up says how to point the CLI at it (issue 17).
+    assert f"\nexport HOLDFAST_COORDINATOR={coordinator}\n" in out
     assert not (state / "up.json").exists(), "a stopped up leaves no state that exec would trust"
 
     proc, coordinator = start_up(state, ups)
