@@ -23,6 +23,7 @@ CMD_NOT_FOUND = "CMD_NOT_FOUND"
 CMD_NOT_EXECUTABLE = "CMD_NOT_EXECUTABLE"
 TLS_FILE_MISSING = "TLS_FILE_MISSING"  # a certificate or key --tls-dir should hold is not there
 TLS_HANDSHAKE_FAILED = "TLS_HANDSHAKE_FAILED"  # the coordinator's certificate and ours do not trust
+OWNER_ALIVE = "OWNER_ALIVE"  # `recover` refused by the CLI itself: the owner is proven alive
 
 _TABLE: dict[str, tuple[int, str]] = {
     "HELD": (EX_TEMPFAIL, "wait for it with `--wait`, or ask for it with `--takeover` "
@@ -61,6 +62,9 @@ _TABLE: dict[str, tuple[int, str]] = {
                                   "HOLDFAST_COORDINATOR at a running coordinator"),
     "PERMISSION_DENIED": (EX_NOPERM, "the grant secret does not match; use the grant file of the current "
                                      "owner (HOLDFAST_GRANT_FILE)"),
+    OWNER_ALIVE: (EX_TEMPFAIL, "end the owner first — `holdfast run --session {session} --takeover --force "
+                               "-- CMD` from another host has its agent end the tree — or stop it on its "
+                               "host; only if you mean to leave it running: add --yes"),
     TLS_FILE_MISSING: (EX_NOPERM, "make it with `holdfast certs init DIR` (`--add-missing` adds what an "
                                   "existing directory lacks), or point --tls-dir / HOLDFAST_TLS_DIR at the "
                                   "directory that has it"),

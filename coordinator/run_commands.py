@@ -247,6 +247,15 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _recover(args: argparse.Namespace, client: Client) -> int:
+    if not args.yes:
+        # Recover releases without stopping anything: on an owner its agent proves alive that is a
+        # second writer in waiting (issue 17: it was accepted without a word).
+        found = await client.probe(args.session)
+        owner = found.record.lease.owner
+        if found.verdict == "held" and found.record.lease.claim_status in client_.OWNED:
+            raise ClientError(exit_codes.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
+                              f"host's agent (host {owner.host_id}, pid {owner.pid}): recover would release "
+                              "it without stopping it; nothing was changed", args.session)
     record = await client.recover(args.session, args.fence, args.reason, args.operator)
     if args.json:
         _print_json(as_dict(record))
@@ -366,6 +375,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (see `holdfast show`)")
     p.add_argument("--reason", required=True, help="why you know the owner is gone (recorded)")
     p.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
+    p.add_argument("--yes", action="store_true",
+                   help="recover even when the owner's agent proves it alive (it keeps running)")
     p.set_defaults(handler=_command(_recover))
 
     p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")

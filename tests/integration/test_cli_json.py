@@ -89,3 +89,18 @@ def test_probe_exits_with_its_verdict(cluster: Cluster) -> None:
     code, _ = cli(cluster, "recover", sid, "--fence", str(lease.fence), "--reason", "host stopped", "--json")
     assert code == 0
     assert probe() == (0, 0, "free")
+
+
+def test_recover_of_an_owner_proven_alive_needs_yes(cluster: Cluster) -> None:
+    """Issue 17: recover of an owner its agent proves alive was accepted without a word."""
+    a = cluster.host("host-a")
+    sid = "sess-recover-alive"
+    cluster.run(a, sid)
+    until("the child's start", lambda: cluster.events("start"))
+    before = cluster.record(sid)
+    code, refused = cli(cluster, "recover", sid, "--fence", "1", "--reason", "sure?", "--json")
+    assert code == 75 and refused["error"]["reason"] == "OWNER_ALIVE"
+    assert "proven alive" in refused["error"]["message"] and "--yes" in refused["error"]["next_step"]
+    assert cluster.record(sid) == before
+    code, recovered = cli(cluster, "recover", sid, "--fence", "1", "--reason", "sure", "--yes", "--json")
+    assert code == 0 and recovered["lease"]["claim_status"] == "RELEASED"
