@@ -5,7 +5,8 @@ port) and appears only after the server accepts calls, written whole by rename; 
 SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace period. With
 `--metrics-listen` the Prometheus endpoint is bound before the ready file names it. With
 `--health-listen` a second, plaintext port answers grpc.health.v1 and nothing else: kubelet gRPC
-probes cannot present a client certificate, and a health status is no secret.
+probes cannot present a client certificate, and a health status is no secret. Every port is bound
+exclusively (no SO_REUSEPORT); a taken one stops the server at once, naming the holder where it can.
 Lives beside the agent because the agent never imports the coordinator.
 """
 
@@ -23,6 +24,8 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from holdfast.agent import listeners
+
 
 @dataclass
 class Serving:
@@ -33,12 +36,35 @@ class Serving:
     health_address: str = ""
 
 
+# gRPC turns SO_REUSEPORT on by default: a second server on a taken port then binds beside the
+# first and the kernel spreads connections over both — two coordinators over two etcds answered one
+# address (issue 17). Every holdfast server binds exclusively.
+SERVER_OPTIONS: tuple[tuple[str, object], ...] = (("grpc.so_reuseport", 0),)
+
+
+def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+    return grpc.aio.server(interceptors=list(interceptors), options=SERVER_OPTIONS)
+
+
+def _cannot_listen(listen: str, setting: str, why: str) -> SystemExit:
+    return SystemExit(f"cannot listen on {listen} ({setting}): {why}. Next: stop what holds it, or choose "
+                      f"another --{setting.replace('_', '-')}")
+
+
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None,
           setting: str) -> str:
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
+    # Asked first with a plain socket so the usual case (port taken) is one line naming the holder,
+    # not gRPC's own log lines; gRPC's exclusive bind below still decides, e.g. after a race.
+    if why := listeners.bind_error(listen):
+        raise _cannot_listen(listen, setting, why)
+    try:
+        port = (server.add_secure_port(listen, credentials) if credentials
+                else server.add_insecure_port(listen))
+    except RuntimeError:  # grpcio >= 1.60 raises where older ones returned 0
+        port = 0
     if port == 0:
-        raise SystemExit(f"cannot listen on {listen} ({setting}): is the address on this machine and the "
-                         "port free?")
+        raise _cannot_listen(listen, setting, listeners.bind_error(listen) or
+                             "is the address on this machine and the port free?")
     return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
@@ -47,14 +73,14 @@ async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.
                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (), health_listen: str = "") -> Serving:
     """With `credentials` the main port is TLS only: plaintext is never also accepted there. The
     health port (when asked for) shares the health status, so a drain turns both NOT_SERVING."""
-    server = grpc.aio.server(interceptors=list(interceptors))
+    server = new_server(interceptors)
     add_service(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([service_name, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     serving = Serving(server, health_servicer, _bind(server, listen, credentials, "listen"))
     if health_listen:
-        serving.health_server = grpc.aio.server()
+        serving.health_server = new_server()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, serving.health_server)
         serving.health_address = _bind(serving.health_server, health_listen, None, "health_listen")
         await serving.health_server.start()

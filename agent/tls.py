@@ -1,10 +1,10 @@
 """mTLS for holdfast's gRPC links, and the role a peer's CA-signed certificate gives it.
 
 Each certificate carries exactly one role as a URI SAN, `holdfast://<kind>[/<name>]`
-(`coordinator`, `client`, `agent/<host_id>`). A server reads the role from the verified peer
-certificate in the gRPC auth context, never from a request: without TLS there is no role at all,
-and an ambiguous certificate (two roles) has none either. Lives beside the agent because both
-servers need it and the agent never imports the coordinator.
+(`coordinator`, `client`, `agent/<host_id>`, `operator`, `maintenance`; DESIGN.md §4). A server
+reads the role from the verified peer certificate in the gRPC auth context, never from a request:
+without TLS there is no role at all, and an ambiguous certificate (two roles) has none either.
+Lives beside the agent because both servers need it and the agent never imports the coordinator.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from cryptography import x509
 ROLE_SCHEME = "holdfast"
 # `etcd` is only ever issued by the separate etcd CA (`<tls dir>/etcd/`), which holdfast's servers
 # do not trust: a client or agent certificate must never reach etcd and write around the fences.
-ROLE_KINDS = ("coordinator", "client", "agent", "etcd")
+# `client` is a runtime; `operator` overrides evidence or touches every session; `maintenance` runs
+# retention only (the purge CronJob). A runtime key never carries operator powers.
+ROLE_KINDS = ("coordinator", "client", "agent", "etcd", "operator", "maintenance")
 TLS_DIR_ENV = "HOLDFAST_TLS_DIR"
 ETCD_SUBDIR = "etcd"
 

@@ -1,10 +1,13 @@
 """Who may call which Coordinator RPC, by the role in the caller's verified certificate.
 
 Guarantee (with TLS): only an agent certificate naming host H may RegisterHost or Heartbeat H;
-only a client or coordinator certificate may change a session; any certificate of the CA may read;
-a method not listed here is refused. A pure rule: the gate in holdfast.agent.authorization runs it
-before the handler, so a refusal writes nothing. The grant secret is still checked by the service
-for every owner write: a certificate says who may ask, never which grant is theirs.
+only a client (runtime), coordinator or operator certificate may make the runtime's session calls;
+only an operator certificate may make the calls that override evidence or touch every session
+(DESIGN.md §4: a stolen runtime key must not release a live owner); retention (PurgeArchives) needs
+maintenance or operator; any certificate of the CA may read; a method not listed here is refused.
+A pure rule: the gate in holdfast.agent.authorization runs it before the handler, so a refusal
+writes nothing. The grant secret is still checked by the service for every owner write: a
+certificate says who may ask, never which grant is theirs.
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ from holdfast.v1 import coordinator_pb2 as pb
 
 READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "FencedGet", "ProbeSession",
                    "GetArchivedSession"})
-# Operator lifecycle calls (coordinator/lifecycle.py) change sessions too: the same writers.
+# A runtime's calls. The operator may make them too (e.g. a forced takeover on a runtime's behalf,
+# DESIGN.md §5); whether `force` is honoured is the service's decision, not this gate's.
 SESSION_WRITES = frozenset({"Acquire", "CommitOwner", "RecordProviderHandle", "Release", "RequestHandoff",
-                            "FencedPut", "Recover", "ArchiveSession", "PurgeArchives", "DrainHost",
-                            "RecoverHost", "RestoreEpoch"})
+                            "FencedPut"})
+# Override evidence (Recover, RecoverHost, RestoreEpoch) or act on sessions that are not the
+# caller's (ArchiveSession, DrainHost): operator only.
+OPERATOR_CALLS = frozenset({"Recover", "RecoverHost", "RestoreEpoch", "ArchiveSession", "DrainHost"})
+RETENTION_CALLS = frozenset({"PurgeArchives"})
 HOST_CALLS = frozenset({"RegisterHost", "Heartbeat"})
-WRITER_KINDS = ("client", "coordinator")
+WRITER_KINDS = ("client", "coordinator", "operator")
+RETENTION_KINDS = ("maintenance", "operator")
 
 
 def _host_of(method: str, request: object) -> str:
@@ -38,6 +46,11 @@ def coordinator_rule(method: str, role: Role | None, request: object) -> Refusal
         return None
     if method in SESSION_WRITES:
         return None if role.kind in WRITER_KINDS else wrong_role(method, role, "a client certificate")
+    if method in OPERATOR_CALLS:
+        return None if role.kind == "operator" else wrong_role(method, role, "an operator certificate")
+    if method in RETENTION_CALLS:
+        return None if role.kind in RETENTION_KINDS else wrong_role(
+            method, role, "a maintenance or operator certificate")
     if method in HOST_CALLS:
         host = _host_of(method, request)
         if role.kind == "agent" and role.name == host:

@@ -120,7 +120,8 @@ def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
 def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
                   etcd_serve_on: list[str] | None = None) -> list[Path]:
     """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet."""
-    wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), [])]
+    wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), []),
+              (directory, Role("operator"), []), (directory, Role("maintenance"), [])]
     wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
     etcd = directory / ETCD_SUBDIR
     wanted += [(etcd, Role("etcd"), etcd_serve_on or serve_on), (etcd, Role("coordinator"), [])]
@@ -131,8 +132,12 @@ def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
 def register(subparsers: argparse._SubParsersAction) -> None:
     certs = subparsers.add_parser("certs", help="make a local CA and a certificate per role")
     actions = certs.add_subparsers(dest="certs_command", required=True)
-    init = actions.add_parser("init", help="create DIR with ca.pem and coordinator/client/agent certificates")
+    init = actions.add_parser("init", help="create DIR with ca.pem and coordinator, client (runtime), "
+                              "operator, maintenance and agent certificates")
     init.add_argument("directory", type=Path)
+    init.add_argument("--add-missing", action="store_true",
+                      help="DIR already has a CA: only issue the certificates it lacks (e.g. operator.pem "
+                           "and maintenance.pem in a directory made by an older holdfast)")
     init.add_argument("--agent-host", action="append", default=[], metavar="HOST_ID",
                       help="issue an agent certificate for this host id (repeatable)")
     init.add_argument("--serve-on", action="append", default=None, metavar="NAME_OR_IP",
@@ -146,9 +151,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _init_command(args: argparse.Namespace) -> int:
     serve_on = args.serve_on or ["127.0.0.1", "localhost"]
     try:
-        issued = init_local(args.directory, args.agent_host, serve_on, args.etcd_serve_on)
+        if args.add_missing and (args.directory / "ca.key").exists():
+            issued = ensure_issued(args.directory, args.agent_host, serve_on, args.etcd_serve_on)
+        else:
+            issued = init_local(args.directory, args.agent_host, serve_on, args.etcd_serve_on)
     except FileExistsError as exists:
-        print(f"holdfast certs: {exists}", flush=True)
+        print(f"holdfast certs: {exists} (or pass --add-missing to issue only what it lacks)", flush=True)
         return 1
     for path in issued:
         print(path)

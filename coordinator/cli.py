@@ -1,23 +1,49 @@
 """The `holdfast` command line: one parser, each command group contributed by the module that owns it.
 
 Exit codes (DESIGN.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
-unreachable; 77 authentication failure; 2 usage errors.
+unreachable; 77 authentication failure; 2 usage errors; 141 (128 + SIGPIPE, as a shell reports a
+command ended by a closed pipe) when the reader of stdout went away, e.g. `holdfast status | head -1`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import sys
 
+import grpc
+
 from holdfast.agent import commands as agent_commands
+from holdfast.agent.service import VERSION
 from holdfast.coordinator import certs, lifecycle_commands, run_commands, serve_commands, up
 
 EX_USAGE = 2
+EX_PIPE = 128 + 13  # SIGPIPE
+
+
+def version_text() -> str:
+    return f"holdfast {VERSION} (Python {platform.python_version()}, grpcio {grpc.__version__})"
+
+
+def _version(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps({"version": VERSION, "python": platform.python_version(),
+                          "grpcio": grpc.__version__}))
+    else:
+        print(version_text())
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="holdfast", description="At most one live writer per session.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
+    version = sub.add_parser("version", help="this holdfast's version (the agent reports the same in "
+                             "`holdfast hosts`)")
+    version.add_argument("--json", action="store_true", help="print one JSON document")
+    version.set_defaults(handler=_version)
     agent_commands.register(sub)
     certs.register(sub)
     serve_commands.register(sub)
@@ -30,7 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.handler(args) or 0)
+    try:
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+    except BrokenPipeError:
+        # The reader is gone (`| head -1`): nothing more to say to it, and no traceback. Point
+        # stdout at /dev/null so the interpreter's own flush at exit cannot fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EX_PIPE
+    return code
 
 
 if __name__ == "__main__":

@@ -71,6 +71,8 @@ class ClientError(Exception):
         self.message = message
         self.session = session
         self.retried = False  # set when an earlier try of the same call may have landed
+        self.fence = 0  # the session's current fence, when known: the next step names it
+        self.hint = ""  # a next step that fits what the caller already tried, instead of the table's
 
     @property
     def exit_code(self) -> int:
@@ -78,26 +80,55 @@ class ClientError(Exception):
 
     @property
     def next_step(self) -> str:
-        return exit_codes.next_step(self.reason, self.session)
+        return self.hint or exit_codes.next_step(self.reason, self.session, self.fence)
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}. Next: {self.next_step}"
 
 
-def _classify(exc: grpc.aio.AioRpcError, session: str, address: str) -> ClientError:
+def _unanswered(exc: BaseException, *marks: str) -> bool:
+    """A call no coordinator answered (no ErrorInfo), whose transport error mentions one of `marks`."""
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if reason_of(exc):
+        return False
+    details = (exc.details() or "").lower()
+    return any(mark in details for mark in marks)
+
+
+def _handshake_failed(exc: BaseException) -> bool:
+    return _unanswered(exc, "handshake failed")
+
+
+def _refused(exc: BaseException) -> bool:
+    return _unanswered(exc, "connection refused")
+
+
+def _classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: bool = False) -> ClientError:
     reason = reason_of(exc)
     if not reason:
         code = exc.code()
+        if _handshake_failed(exc):
+            # Issue 17: a wrong CA (or TLS to a plaintext coordinator) said "no coordinator".
+            # gRPC's text ends with OpenSSL's own words, e.g. "...: certificate signature failure: OK".
+            words = (exc.details() or "").removesuffix(": OK").rsplit(": ", 1)[-1][:200]
+            return ClientError(exit_codes.TLS_HANDSHAKE_FAILED, f"the TLS handshake with {address} failed "
+                               f"({words})", session)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            why = "nothing listens there" if _refused(exc) else code.name
+            if plaintext and _unanswered(exc, "socket closed"):
+                why = "it closed the connection, as a TLS-only coordinator does to plaintext: pass --tls-dir"
             return ClientError(exit_codes.UNREACHABLE, f"no answer from the coordinator at {address} "
-                               f"({code.name})", session)
+                               f"({why})", session)
         reason = code.name
     return ClientError(reason, exc.details() or reason, session)
 
 
 def _transient(exc: BaseException) -> bool:
     # UNAVAILABLE is both "no coordinator" and "the coordinator cannot reach etcd": nothing was written.
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+    # A failed handshake is the certificates', and does not heal by retrying.
+    return (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+            and not _handshake_failed(exc))
 
 
 @dataclass(frozen=True)
@@ -110,6 +141,9 @@ class Grant:
     spawn_token: str = field(repr=False)
     spawn_token_env: str
     coordinator: str
+    # The holdfast cluster that minted it ('' from an older coordinator; grant files written before
+    # the field existed read back as ''): sent with every write, checked in every answer.
+    cluster_id: str = ""
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Grant:
@@ -122,6 +156,15 @@ class Grant:
         with os.fdopen(fd, "w") as f:
             json.dump(asdict(self), f)
         return path
+
+
+def same_cluster(grant: Grant, answered_by: str) -> None:
+    """Every answer of one run must come from the cluster that minted its grant: another one means
+    two holdfast clusters answer one address (issue 17). '' is an older coordinator's answer."""
+    if grant.cluster_id and answered_by and answered_by != grant.cluster_id:
+        raise ClientError("WRONG_CLUSTER", f"the coordinator at {grant.coordinator} answered for holdfast "
+                          f"cluster {answered_by[:64]!r}, but fence {grant.fence} was granted by cluster "
+                          f"{grant.cluster_id!r}", grant.session_id)
 
 
 def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:
@@ -143,12 +186,24 @@ class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
     def __init__(self, address: str | None = None, host_id: str | None = None,
-                 tls_dir: str | os.PathLike[str] | None = None) -> None:
+                 tls_dir: str | os.PathLike[str] | None = None, role: str = "client") -> None:
+        """`role` picks the certificate presented with TLS (`<role>.pem` in the directory): a
+        runtime is `client`; the operator commands present `operator` (DESIGN.md §4)."""
         self.address = coordinator_address(address)
         self.host_id = local_host_id(host_id)
         self.tls_dir = client_tls_dir(tls_dir, self.address)
-        self.channel = tls.open_channel(self.address, self.tls_dir, Role("client"))
+        try:
+            self.channel = tls.open_channel(self.address, self.tls_dir, Role(role))
+        except FileNotFoundError as missing:  # its message names the file and how to make it
+            raise ClientError(exit_codes.TLS_FILE_MISSING, str(missing)) from None
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        # Until some call was answered, a refused connection means nothing listens at the address:
+        # say so at once (issue 17: 5.8 s of retries). Once answered, a refusal is a coordinator
+        # restarting under a run, and the retry budget rides over it.
+        self.answered = False
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return _transient(exc) and (self.answered or not _refused(exc))
 
     async def close(self) -> None:
         await self.channel.close()
@@ -166,14 +221,17 @@ class Client:
         tries = 0
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_transient if retry else lambda _exc: False), reraise=True,
+                retry=retry_if_exception(self._retryable if retry else lambda _exc: False), reraise=True,
                 stop=stop_after_delay(RETRY_BUDGET_S), wait=wait_exponential(multiplier=0.05, max=1.0),
             ):
                 with attempt:
                     tries += 1
-                    return await method(request, timeout=timeout)
+                    response = await method(request, timeout=timeout)
+                    self.answered = True
+                    return response
         except grpc.aio.AioRpcError as exc:
-            error = _classify(exc, session, self.address)
+            self.answered = self.answered or bool(reason_of(exc))
+            error = _classify(exc, session, self.address, plaintext=self.tls_dir is None)
             error.retried = tries > 1
             raise error from None
         raise AssertionError("unreachable: tenacity reraises")
@@ -190,7 +248,8 @@ class Client:
         # A replay with the same operation id returns the first grant, so the retry is safe.
         response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
         g = response.grant
-        grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address)
+        grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address,
+                      g.cluster_id)
         return grant, response.record
 
     async def request_handoff(self, session_id: str, operation_id: str) -> pb.SessionRecord | None:
@@ -206,9 +265,11 @@ class Client:
 
     async def commit(self, grant: Grant, pid_hint: int) -> pb.SessionRecord:
         request = pb.CommitOwnerRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
-                                        pid_hint=pid_hint)
+                                        pid_hint=pid_hint, cluster_id=grant.cluster_id)
         try:
-            return (await self._call(self.stub.CommitOwner, request, grant.session_id)).record
+            response = await self._call(self.stub.CommitOwner, request, grant.session_id)
+            same_cluster(grant, response.cluster_id)
+            return response.record
         except ClientError as err:
             # A retried commit whose first try landed finds no reservation: check that it is ours.
             record = await self._own_effect(grant, err, lambda lease: lease.claim_status in OWNED and
@@ -218,9 +279,12 @@ class Client:
             return record
 
     async def release(self, grant: Grant) -> pb.SessionRecord:
-        request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret)
+        request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                    cluster_id=grant.cluster_id)
         try:
-            return (await self._call(self.stub.Release, request, grant.session_id)).record
+            response = await self._call(self.stub.Release, request, grant.session_id)
+            same_cluster(grant, response.cluster_id)
+            return response.record
         except ClientError as err:
             record = await self._own_effect(grant, err, lambda lease: lease.claim_status == pb.RELEASED)
             if record is None:
@@ -237,14 +301,18 @@ class Client:
 
     async def fenced_put(self, grant: Grant, key: str, value: bytes) -> int:
         request = pb.FencedPutRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
-                                      key=key, value=value)
-        return (await self._call(self.stub.FencedPut, request, grant.session_id)).revision
+                                      key=key, value=value, cluster_id=grant.cluster_id)
+        response = await self._call(self.stub.FencedPut, request, grant.session_id)
+        same_cluster(grant, response.cluster_id)
+        return response.revision
 
     async def record_provider_handle(self, grant: Grant, handle: str) -> pb.SessionRecord:
         request = pb.RecordProviderHandleRequest(session_id=grant.session_id, fence=grant.fence,
-                                                 secret=grant.secret, handle=handle)
+                                                 secret=grant.secret, handle=handle,
+                                                 cluster_id=grant.cluster_id)
         # Not retried: a second try whose first landed would append the handle twice.
         response = await self._call(self.stub.RecordProviderHandle, request, grant.session_id, retry=False)
+        same_cluster(grant, response.cluster_id)
         return response.record
 
     # --- reads and operator calls ----------------------------------------------------------
@@ -278,14 +346,17 @@ class Client:
                                     operator=operator)
         return (await self._call(self.stub.Recover, request, session_id)).record
 
-    async def watch(self, session_id: str) -> AsyncIterator[pb.SessionRecord]:
-        """The session's record now and at every change; reconnects while the coordinator is away."""
+    async def watch(self, session_id: str, grant: Grant | None = None) -> AsyncIterator[pb.SessionRecord]:
+        """The session's record now and at every change; reconnects while the coordinator is away.
+        With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER."""
         backoff = 0.05
         while True:
             call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
             try:
                 async for event in call:
                     backoff = 0.05
+                    if grant is not None:
+                        same_cluster(grant, event.cluster_id)
                     if not event.deleted:
                         yield event.record
                 return
@@ -308,6 +379,31 @@ class Client:
 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed(), max(timeout, 0.0))
+
+
+def resolve_command(argv: list[str], cwd: str | None = None, path: str | None = None) -> str:
+    """Where CMD's program is, as the gate's `exec` will find it (PATH lookup for a bare name,
+    the executable bit for a path), or ClientError CMD_NOT_FOUND / CMD_NOT_EXECUTABLE. Checked
+    before anything is asked of the coordinator: a typo must not cost a live owner its session
+    (issue 17: `run --takeover -- <typo>` ended the owner, then failed to exec)."""
+    name = argv[0] if argv else ""
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    nothing = "nothing was asked of the session's owner and nothing was written"
+    if "/" in name:
+        program = os.path.join(cwd or os.getcwd(), name)
+        if not os.path.exists(program):
+            raise ClientError(exit_codes.CMD_NOT_FOUND, f"{name}: no such file; {nothing}")
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise ClientError(exit_codes.CMD_NOT_EXECUTABLE, f"{name}: not an executable file; {nothing}")
+        return program
+    found = shutil.which(name, path=search) if name else None
+    if found is not None:
+        return found
+    # As the shell: a file by that name on PATH that cannot be executed is 126, none at all is 127.
+    if name and any(os.path.isfile(os.path.join(d or ".", name)) for d in search.split(os.pathsep)):
+        raise ClientError(exit_codes.CMD_NOT_EXECUTABLE,
+                          f"{name}: found on PATH but not executable; {nothing}")
+    raise ClientError(exit_codes.CMD_NOT_FOUND, f"{name or '(empty)'}: command not found on PATH; {nothing}")
 
 
 @dataclass
@@ -350,8 +446,34 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path]:
     return operation_id, path
 
 
+def held_hint(spec: RunSpec) -> str:
+    """HELD's next step after what this run already tried (issue 17: after a failed --takeover the
+    hint suggested --takeover, after --wait ran out it suggested --wait)."""
+    if spec.takeover and not spec.force:
+        return (f"the owner did not let go within --handoff-timeout {spec.handoff_timeout:g}s; add `--force` "
+                "to have its host's agent end its tree, or allow longer with --handoff-timeout")
+    if spec.wait and not spec.takeover:
+        return (f"still held after --wait {spec.wait:g}s; wait longer, or ask for it with `--takeover` "
+                "(add `--force` to have its host's agent end the old tree)")
+    return ""
+
+
 async def obtain(client: Client, spec: RunSpec, operation_id: str,
                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+    """`_obtain`, with a refusal's next step fitted to this run: what it tried, the fence it met."""
+    try:
+        return await _obtain(client, spec, operation_id, say)
+    except ClientError as err:
+        if err.reason == "HELD":
+            err.hint = held_hint(spec)
+        elif err.reason in ("OWNERSHIP_UNKNOWN", "MANUAL_RECOVERY"):
+            with contextlib.suppress(ClientError):  # best effort: the hint then says N
+                err.fence = (await client.get_session(spec.session_id)).record.lease.fence
+        raise
+
+
+async def _obtain(client: Client, spec: RunSpec, operation_id: str,
+                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
     """Acquire as the spec says: once; or waiting (`--wait`, the coordinator holds the call on the
     owner's exit); or as a takeover that asks the owner to let go, then — with force — has the
     owner's agent end it. Waiting between calls is on record changes, never on a polling timer."""
@@ -381,9 +503,20 @@ async def obtain(client: Client, spec: RunSpec, operation_id: str,
                                 location=spec.location, takeover=True, force=True)
 
 
+def cli_on_path(path: str) -> str:
+    """`path` with this installation's `holdfast` reachable (issue 17: README's `holdfast put` failed
+    inside `run` when the CLI was not on PATH, e.g. a venv not activated). Appended, never
+    prepended: the child's own `python` and tools stay the ones it would have found."""
+    here = os.path.dirname(sys.executable)
+    if shutil.which("holdfast", path=path) or not os.access(os.path.join(here, "holdfast"), os.X_OK):
+        return path
+    return f"{path}{os.pathsep}{here}" if path else here
+
+
 def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
                       tls_dir: Path | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
         env[tls.TLS_DIR_ENV] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
     env.update({
@@ -432,6 +565,7 @@ class Owner:
 
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
+        resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
         if spec.takeover:
             operation_id, kept = takeover_operation(spec.session_id, client.host_id)
             grant, _ = await obtain(client, spec, operation_id, say)
@@ -467,18 +601,32 @@ class Owner:
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
-        async for record in self.client.watch(self.grant.session_id):
-            lease = record.lease
-            if lease.fence != self.grant.fence or lease.claim_status not in OWNED:
-                self.ended_by = "lost"
-                self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
-                         f"(now fence {lease.fence}); ending the tree")
-                return
-            if lease.handoff_stage in (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING):
-                self.ended_by = "handoff"
-                self.say(f"handoff to host {lease.handoff_requested_by_host} requested; ending the tree "
-                         f"(grace {self.spec.grace:g}s)")
-                return
+        try:
+            async for record in self.client.watch(self.grant.session_id, self.grant):
+                if self._ends(record.lease):
+                    return
+        except ClientError as err:
+            if err.reason != "WRONG_CLUSTER":
+                raise
+            # This owner can no longer see its own record, so it cannot hear a handoff request.
+            self.ended_by = "lost"
+            self.say(f"{err.message}; ending the tree")
+
+    def _ends(self, lease: pb.Lease) -> bool:
+        """Whether this lease asks the owner to end its tree (and says why)."""
+        if lease.fence != self.grant.fence or lease.claim_status not in OWNED:
+            self.ended_by = "lost"
+            self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
+                     f"(now fence {lease.fence}); ending the tree")
+            return True
+        if lease.handoff_stage in (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING):
+            self.ended_by = "handoff"
+            by = lease.handoff_requested_by_host
+            # A drain names itself ("drain of H"); a takeover names the host it came from.
+            self.say(f"handoff requested by {by if by.startswith('drain of ') else 'host ' + by}; ending "
+                     f"the tree (grace {self.spec.grace:g}s)")
+            return True
+        return False
 
     def _forward(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

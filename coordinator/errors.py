@@ -29,6 +29,7 @@ CODES = {
     "HOST_DRAINING": grpc.StatusCode.FAILED_PRECONDITION,
     "RESTORE_PENDING": grpc.StatusCode.FAILED_PRECONDITION,
     "CHAIN_FULL": grpc.StatusCode.FAILED_PRECONDITION,
+    "WRONG_CLUSTER": grpc.StatusCode.FAILED_PRECONDITION,  # a grant of another holdfast cluster
     "OPERATION_CONFLICT": grpc.StatusCode.ABORTED,
     "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
     "FORCE_NOT_ALLOWED": grpc.StatusCode.PERMISSION_DENIED,

@@ -173,9 +173,20 @@ class Lifecycle:
         entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
         return [(e, records.decode_record(e.value)) for e in entries]
 
+    async def _host_known(self, host_id: str) -> bool:
+        """Registered now, or named by a session (its agent may be down for the very maintenance the
+        drain is for): `drain nosuchhost` used to set a flag for a host that never existed, exit 0."""
+        if await self.svc.registry.get(host_id) is not None or await self.draining(host_id):
+            return True
+        return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self._sessions())
+
     async def drain(self, request: pb.DrainHostRequest, context: Context) -> pb.DrainHostResponse:
         host_id = records.check_host_id(request.host_id)
         records.check_text("operator", request.operator, 256)
+        if request.draining and not await self._host_known(host_id):
+            raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no agent registration and no "
+                                   "session names it: nothing to drain (a typo? `holdfast hosts` lists the "
+                                   "hosts); nothing was written")
         if not request.draining:
             await self.store.txn([], [], [self._drain_key(host_id)])
             return pb.DrainHostResponse(draining=False)

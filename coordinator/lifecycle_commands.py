@@ -141,7 +141,9 @@ def _epoch(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    reader = argparse.ArgumentParser(add_help=False, parents=[client_options()])
+    # Every command here presents the operator certificate (DESIGN.md §4); purge-archives may
+    # present the maintenance one instead (the CronJob's).
+    reader = argparse.ArgumentParser(add_help=False, parents=[client_options(role="operator")])
     reader.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
 
     p = subparsers.add_parser("drain", parents=[reader],
@@ -168,6 +170,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--older-than-days", type=_days, required=True, metavar="D")
     p.add_argument("--limit", type=int, default=100, choices=range(1, 1001), metavar="N",
                    help="at most N sessions per call (1..1000, default 100)")
+    p.add_argument("--role", dest="tls_role", choices=("operator", "maintenance"), default="operator",
+                   help="the certificate to present from --tls-dir: operator.pem (default) or "
+                        "maintenance.pem (retention only: the CronJob's)")
     p.set_defaults(handler=_command(_purge))
 
     p = admin.add_parser("recover-host", parents=[reader],

@@ -115,7 +115,8 @@ def _command(body: Body) -> Callable[[argparse.Namespace], int]:
 
     def handler(args: argparse.Namespace) -> int:
         async def main() -> int:
-            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir) as client:
+            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir,
+                              getattr(args, "tls_role", "client")) as client:
                 return await body(args, client)
 
         try:
@@ -235,7 +236,7 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
     found = await client.probe(args.session)
     if args.json:
         _print_json(as_dict(found))
-        return 0
+        return exit_codes.probe_exit(found.verdict)
     print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or 'no reason given'}")
     if found.HasField("probe"):
         p = found.probe
@@ -243,10 +244,19 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
         print(f"probe answered by {p.answered_by_host_id or '-'}: {outcome}"
               f"{' matched on ' + ','.join(p.matched_on) if p.matched_on else ''}"
               f"{'; tree: ' + p.tree_reason if p.tree_checked else ''}")
-    return 0
+    return exit_codes.probe_exit(found.verdict)
 
 
 async def _recover(args: argparse.Namespace, client: Client) -> int:
+    if not args.yes:
+        # Recover releases without stopping anything: on an owner its agent proves alive that is a
+        # second writer in waiting (issue 17: it was accepted without a word).
+        found = await client.probe(args.session)
+        owner = found.record.lease.owner
+        if found.verdict == "held" and found.record.lease.claim_status in client_.OWNED:
+            raise ClientError(exit_codes.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
+                              f"host's agent (host {owner.host_id}, pid {owner.pid}): recover would release "
+                              "it without stopping it; nothing was changed", args.session)
     record = await client.recover(args.session, args.fence, args.reason, args.operator)
     if args.json:
         _print_json(as_dict(record))
@@ -275,26 +285,41 @@ def _run_handler(args: argparse.Namespace) -> int:
     return _command(_run)(args)
 
 
-def client_options(*, json: bool = True) -> argparse.ArgumentParser:
+def client_options(*, json: bool = True, role: str = "client") -> argparse.ArgumentParser:
     """The parent parser of every command that calls a coordinator: --coordinator and --tls-dir,
-    and --json unless the command only acts."""
+    and --json unless the command only acts. `role` is the certificate it presents: `client` for a
+    runtime's and the read commands, `operator` for the commands that override evidence."""
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
                          f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
-    add_tls_dir(options, "present client.pem; without it, and when a `holdfast up --tls` runs the "
+    add_tls_dir(options, f"present {role}.pem; without it, and when a `holdfast up --tls` runs the "
                 "coordinator, its certificates")
+    options.set_defaults(tls_role=role)
     if json:
         options.add_argument("--json", action="store_true", help="print one JSON document")
     return options
 
 
+SESSION_HELP = "the session id: 8 to 128 letters, digits, '_' or '-' (e.g. codex-thread-42)"
+RUN_EPILOG = """examples:
+  holdfast run --session codex-thread-42 -- codex resume
+  holdfast run --session codex-thread-42 --wait 60 -- ./agent.sh      wait up to 60 s for the owner
+  holdfast run --session codex-thread-42 --takeover --force -- ./agent.sh
+
+exit status: CMD's own when it ran; when it did not: 75 held or ownership unknown, 69 no
+coordinator (or this host's agent not registered), 77 certificates, 2 usage, 127 CMD not found,
+126 CMD not executable (checked before anything is asked: the owner is never disturbed)"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     common = client_options(json=False)
     reader = client_options()
+    operator = client_options(role="operator")
 
     p = subparsers.add_parser("run", parents=[common], help="run CMD as the session's single writer",
-                              usage="holdfast run --session ID [options] -- CMD [ARGS...]")
-    p.add_argument("--session", required=True, type=_session_id)
+                              usage="holdfast run --session ID [options] -- CMD [ARGS...]",
+                              formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EPILOG)
+    p.add_argument("--session", required=True, type=_session_id, metavar="ID", help=SESSION_HELP)
     p.add_argument("--provider", default="", help="provider name recorded with the session")
     p.add_argument("--location", default="", help="where the session's state lives")
     p.add_argument("--takeover", action="store_true", help="ask the current owner to hand the session over")
@@ -325,7 +350,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("get", parents=[reader], help="read a session's fenced data")
     p.add_argument("key")
-    p.add_argument("--session", type=_session_id, help="default: $HOLDFAST_SESSION")
+    p.add_argument("--session", type=_session_id, metavar="ID",
+                   help=f"default: $HOLDFAST_SESSION (inside `holdfast run`); {SESSION_HELP}")
     p.set_defaults(handler=_command(_get))
 
     p = subparsers.add_parser("status", parents=[reader], help="hosts and sessions")
@@ -335,17 +361,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", type=_session_id)
     p.set_defaults(handler=_command(_show))
 
-    p = subparsers.add_parser("probe", parents=[reader], help="ask the owner's host whether it lives")
+    p = subparsers.add_parser("probe", parents=[reader], help="ask the owner's host whether it lives",
+                              description="Exit status: 0 free (no owner, or the owner is proven dead: "
+                              "the next run is granted), 3 held (the owner is proven alive, or a "
+                              "reservation is starting), 4 unknown (neither could be proven, or manual "
+                              "recovery); 1 no such session, 69 no coordinator, 77 certificates.")
     p.add_argument("session", type=_session_id)
     p.set_defaults(handler=_command(_probe))
 
-    p = subparsers.add_parser("recover", parents=[reader],
+    p = subparsers.add_parser("recover", parents=[operator],
                               help="operator: invalidate a fence you know is dead (the only way out "
                               "of unknown)")
     p.add_argument("session", type=_session_id)
     p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (see `holdfast show`)")
     p.add_argument("--reason", required=True, help="why you know the owner is gone (recorded)")
     p.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
+    p.add_argument("--yes", action="store_true",
+                   help="recover even when the owner's agent proves it alive (it keeps running)")
     p.set_defaults(handler=_command(_recover))
 
     p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")

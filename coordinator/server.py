@@ -19,11 +19,22 @@ from holdfast.coordinator import metrics
 from holdfast.coordinator.authorization import coordinator_rule
 from holdfast.coordinator.errors import DOMAIN
 from holdfast.coordinator.service import CoordinatorService
-from holdfast.coordinator.store import DEFAULT_PREFIX, Store, etcd_credentials
+from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 DRAIN_SECONDS = 2.0
+
+
+async def _learn_cluster(service: CoordinatorService, log: logging.Logger) -> None:
+    """Reads (or, first in a new keyspace, creates) the cluster identity at start-up and logs it, so
+    an operator can tell two clusters apart; with etcd away, the first grant makes or reads it."""
+    try:
+        cluster = await service.cluster.ensure()
+    except StoreUnavailable as exc:
+        log.warning("cluster identity not read yet", extra={"fields": {"error": str(exc)}})
+        return
+    log.info("cluster identity", extra={"fields": {"cluster_id": cluster}})
 
 
 async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX,
@@ -49,6 +60,9 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                                                       "prefix": prefix, "health": serving.health_address,
                                                       "tls": tls_dir is not None,
                                                       "metrics": metrics_address}})
+    # Before the ready file: the identity exists once the coordinator says it serves, so no call's
+    # before-and-after comparison of the keyspace ever sees it appear.
+    await _learn_cluster(service, log)
     serving_.announce(ready_file, serving, metrics_address)
     await serving_.until_stop_signal()
     if census is not None:

@@ -21,6 +21,7 @@ from holdfast.agent import tls
 from holdfast.agent.logs import session_fields
 from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
+from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.routing import Router
@@ -108,6 +109,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.registry = Registry(store)
         self.router = Router(self.registry, agent_tls_dir)
         self.lifecycle = lifecycle.Lifecycle(self)
+        self.cluster = ClusterIdentity(store)
 
     # --- records -------------------------------------------------------------------------
     def _skey(self, session_id: str) -> str:
@@ -180,6 +182,16 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if kill:
             return await self.router.kill(owner, KILL_WAIT_S), registration
         return await self.router.probe(owner, check_tree=True), registration
+
+    async def _check_cluster(self, cluster_id: str) -> str:
+        """A grant minted by another holdfast cluster is refused before anything is read or written;
+        empty is an older client's request, accepted. Returns this cluster's identity."""
+        ours = await self.cluster.current()
+        if cluster_id and cluster_id != ours:
+            raise CoordinatorError("WRONG_CLUSTER", f"this grant was minted by holdfast cluster "
+                                   f"{cluster_id[:64]!r}; this coordinator serves {ours!r}. Nothing was "
+                                   "written")
+        return ours
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
         """Fence first, then secret (DESIGN.md §3)."""
@@ -296,6 +308,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             spawn_token=token,
             spawn_token_env=lease.spawn_token_env,
             commit_deadline_unix_ms=lease.commit_deadline_unix_ms,
+            cluster_id=await self.cluster.ensure(),
         )
         response = pb.AcquireResponse(grant=grant, record=record)
         stored = Put(ops_key, records.encode(response))
@@ -331,6 +344,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def CommitOwner(
         self, request: pb.CommitOwnerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CommitOwnerResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
@@ -353,12 +367,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if not await self._transition(entry, record, "commit", f"pid {identity.pid} on {identity.host_id}",
                                       reads=[registration]):
             raise CoordinatorError("STALE_FENCE", "the record changed during commit")
-        return pb.CommitOwnerResponse(record=record)
+        return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 
     @_handler
     async def RecordProviderHandle(
         self, request: pb.RecordProviderHandleRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecordProviderHandleResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         records.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
@@ -372,12 +387,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         record.lease.claim_status = pb.LIVE
         if not await self._transition(entry, record, "provider-handle", request.handle[:64]):
             raise CoordinatorError("STALE_FENCE", "the record changed; this grant may be stale")
-        return pb.RecordProviderHandleResponse(record=record)
+        return pb.RecordProviderHandleResponse(record=record, cluster_id=cluster)
 
     @_handler
     async def Release(
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         entry, record = await self._require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
@@ -397,13 +413,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         if not await self._transition(entry, record, "release", reads=reads):
             raise CoordinatorError("STALE_FENCE", "the record changed during release")
-        return pb.ReleaseResponse(record=record)
+        return pb.ReleaseResponse(record=record, cluster_id=cluster)
 
     # --- fenced data ---------------------------------------------------------------------
     @_handler
     async def FencedPut(
         self, request: pb.FencedPutRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedPutResponse:
+        cluster = await self._check_cluster(request.cluster_id)
         sid = records.check_session_id(request.session_id)
         key = self.store.key("data", sid, records.check_data_key(request.key))
         records.check_value(request.value)
@@ -413,7 +430,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             [value_equals(self.store.key("fence", sid), expected)], [Put(key, request.value)]
         )
         if ok:
-            return pb.FencedPutResponse(revision=revision)
+            return pb.FencedPutResponse(revision=revision, cluster_id=cluster)
         _, record = await self._require(sid)  # classify the refusal: nothing was written
         self._check_grant(record, request.fence, request.secret)
         raise CoordinatorError("NOT_LIVE", "fenced writes need a live owner")
@@ -572,21 +589,25 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         try:
             key = self._skey(records.check_session_id(request.session_id)) if request.session_id else None
             prefix = key or self.store.key("sessions", "")
+            cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
             while True:
                 # List first, then watch from the listing's revision: after a compaction, list again.
                 revision = await self.store.current_revision()
                 entries, _ = await self.store.list_prefix(prefix)
                 for e in entries:
                     if key is None or e.key == key:
-                        yield pb.SessionEvent(record=records.decode_record(e.value), resync=True)
+                        yield pb.SessionEvent(record=records.decode_record(e.value), resync=True,
+                                              cluster_id=cluster)
                 try:
                     async for change in self.store.watch_prefix(prefix, revision + 1):
                         if isinstance(change, str):
                             if key is None or change == key:
                                 sid = change.rsplit("/", 1)[1]
-                                yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True)
+                                yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
+                                                      cluster_id=cluster)
                         elif key is None or change.key == key:
-                            yield pb.SessionEvent(record=records.decode_record(change.value))
+                            yield pb.SessionEvent(record=records.decode_record(change.value),
+                                                  cluster_id=cluster)
                 except Compacted:
                     continue
                 return

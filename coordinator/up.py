@@ -4,7 +4,9 @@ agent (or, with `--hosts N`, N simulated hosts) — and `holdfast exec --host N 
 Guarantee: `up` reports ready only once etcd answers, the coordinator listens and every agent is
 registered; Ctrl-C or SIGTERM stops agents, then the coordinator, then etcd, each by the pid it
 started, so no record is lost; the state directory (etcd's data and its ports) makes a second `up`
-on it find every record again. Everything listens on 127.0.0.0/8 only.
+on it find every record again. One `up` at a time per state directory: it holds an flock on
+`STATE_DIR/up.lock` for its whole life, and a second `up` there refuses at once, naming the first's
+pid, before it touches anything (the first's `up.json` stays). Everything listens on 127.0.0.0/8 only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -32,6 +35,7 @@ from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 STATE_FILE = "up.json"
+LOCK_FILE = "up.lock"
 DEFAULT_IP_BASE = 10          # simulated host N listens on 127.0.0.<base + N>
 START_TIMEOUT_S = 20.0
 # After a restart the previous agents' registrations stay live until their etcd leases expire
@@ -41,6 +45,25 @@ REGISTER_TIMEOUT_S = 40.0
 
 class UpError(Exception):
     """A reason `up` cannot start, with what to do about it."""
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Takes `STATE_DIR/up.lock` for the life of this process and returns its fd (kept open; the
+    kernel drops the lock when this process ends, however it ends, so a crash leaves no stale lock).
+    The fd is close-on-exec: a child outliving `up` must not keep the directory locked."""
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        who = f"pid {holder}" if holder.isdigit() else "another process"
+        raise UpError(f"another `holdfast up` ({who}) is running with state in {state_dir}; nothing was "
+                      f"changed. Next: use that one (`holdfast status`), stop it, or pass another "
+                      f"--state-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def find_etcd() -> str:
@@ -76,10 +99,14 @@ class Stack:
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_address = ""
         self.simhosts: list[SimulatedHost] = []
+        self.lock_fd: int | None = None
 
     # --- start -------------------------------------------------------------------------------
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # First, and outside the clean-up below: a refused second `up` must leave the running
+        # one's up.json, etcd data and ports alone.
+        self.lock_fd = lock_state_dir(self.state_dir)
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
         if self.hosts_wanted and os.geteuid() != 0:
             raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
@@ -140,7 +167,9 @@ class Stack:
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 _stop_process(proc)
-                raise UpError(f"{name} did not start. Next: see {self.state_dir}/{name}.log")
+                why = _last_line(self.state_dir / f"{name}.log")
+                raise UpError(f"{name} did not start{': ' + why if why else ''}. Next: see "
+                              f"{self.state_dir}/{name}.log")
             time.sleep(0.02)
         return proc, json.loads(ready.read_text())["address"]
 
@@ -229,6 +258,9 @@ class Stack:
         if self.etcd is not None:
             self.etcd.stop()
             self.etcd = None
+        if self.lock_fd is not None:  # last: everything this `up` ran has stopped
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     def failed(self) -> str:
         """The name of a part that died on its own, '' while all run."""
@@ -248,6 +280,15 @@ async def _revoke(etcd_url: str, leases: list[int], etcd_tls_dir: Path | None) -
                 await store.revoke_lease(lease)
     finally:
         await store.close()
+
+
+def _last_line(log: Path) -> str:
+    """The last line a child logged (its reason for stopping, e.g. a taken port), '' if none."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
 
 
 def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -282,6 +323,9 @@ def _up(args: argparse.Namespace) -> int:
     assert stack.etcd is not None
     say(f"etcd {stack.etcd.url} (data in {stack.state_dir / 'etcd'})")
     say(f"coordinator {stack.address}")
+    if stack.address != DEFAULT_COORDINATOR:
+        # The CLI's default is DEFAULT_COORDINATOR: anywhere else, say how to point it here.
+        print(f"export HOLDFAST_COORDINATOR={stack.address}", flush=True)
     for n, host in enumerate(stack.simhosts, start=1):
         say(f"{host.host_id} agent {host.agent_address} (PID namespace; `holdfast exec --host {n} -- CMD`)")
     if stack.agent is not None:
@@ -338,13 +382,21 @@ def _exec(args: argparse.Namespace) -> int:
     env = {**os.environ, "HOLDFAST_HOST_ID": host["host_id"], "HOLDFAST_COORDINATOR": state["coordinator"]}
     if state.get("tls_dir"):
         env[tls.TLS_DIR_ENV] = state["tls_dir"]
-    argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", "--", *cmd]
+    # --wdns: the caller's directory, as a local command would have (issue 17: CMD ran in `/`, so
+    # relative paths failed). The host's mount namespace sees the same files. Written with `=`:
+    # util-linux 2.38 takes a separate word after --wdns for the command.
+    argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", f"--wdns={os.getcwd()}",
+            "--", *cmd]
     os.execvpe("nsenter", argv, env)
     return 0  # not reached: exec replaced this process
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("up", help="etcd, a coordinator and agents on this machine")
+    p = subparsers.add_parser("up", help="etcd, a coordinator and agents on this machine",
+                              description="Start etcd, a coordinator and this host's agent (or N "
+                              "simulated hosts) on 127.0.0.0/8, and keep them until Ctrl-C. One `up` "
+                              "per state directory; a second one there refuses, naming the first's pid. "
+                              "Exit 0 after Ctrl-C, 69 when a part cannot start.")
     p.add_argument("--state-dir", default=str(default_state_dir()),
                    help="etcd data and ports (default: $HOLDFAST_STATE_DIR, else ./state)")
     p.add_argument("--listen", default=DEFAULT_COORDINATOR,
@@ -359,7 +411,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("exec", help="run CMD on a simulated host of `holdfast up --hosts N`",
                               usage="holdfast exec --host N -- CMD [ARGS...]")
-    p.add_argument("--host", type=int, required=True, metavar="N")
-    p.add_argument("--state-dir", default=str(default_state_dir()))
+    p.add_argument("--host", type=int, required=True, metavar="N",
+                   help="which simulated host: 1..N of `holdfast up --hosts N`")
+    p.add_argument("--state-dir", default=str(default_state_dir()),
+                   help="the state directory of that `up` (default: $HOLDFAST_STATE_DIR, else ./state)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_exec, parser=p)

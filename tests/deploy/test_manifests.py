@@ -267,7 +267,7 @@ def test_every_link_is_mtls_from_the_mounted_secrets(overlay: str) -> None:
     assert all(u.startswith("https://") for u in data["HOLDFAST_ETCD"].split(","))
 
 
-def test_archive_retention_runs_daily_as_a_non_root_client_over_mtls() -> None:
+def test_archive_retention_runs_daily_as_a_non_root_maintenance_role_over_mtls() -> None:
     objs = render("external-etcd")
     cronjob = one(objs, "CronJob", "holdfast-purge-archives")
     assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
@@ -277,11 +277,13 @@ def test_archive_retention_runs_daily_as_a_non_root_client_over_mtls() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     args = importlib.import_module("holdfast.coordinator.cli").build_parser().parse_args(container["args"])
     assert args.admin_command == "purge-archives" and args.older_than_days > 0
+    # Retention only: the CronJob presents the maintenance certificate, never a runtime's or operator's.
+    assert args.tls_role == "maintenance"
     (config,) = [o for o in objs if o["kind"] == "ConfigMap"]
     assert config["metadata"]["name"] in {r["configMapRef"]["name"] for r in container["envFrom"]}
     assert config["data"]["HOLDFAST_TLS_DIR"] == _mounts(container)["tls"]
     (volume,) = spec["volumes"]
-    assert volume["secret"]["secretName"] == "holdfast-client-tls"
+    assert volume["secret"]["secretName"] == "holdfast-maintenance-tls"
 
 
 def test_etcd_url_is_set_per_overlay() -> None:

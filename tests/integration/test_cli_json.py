@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.run_fixtures import Cluster
+from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -65,3 +65,42 @@ def test_every_read_command_json_parses(cluster: Cluster) -> None:
     assert code == 75 and stale["error"]["reason"] == "STALE_FENCE"
     code, absent = cli(cluster, "get", "nothing", "--session", sid, "--json")
     assert code == 1 and absent["found"] is False
+
+
+def test_probe_exits_with_its_verdict(cluster: Cluster) -> None:
+    """Issue 17: probe exited 0 for held, free and unknown alike. 0 free, 3 held, 4 unknown, with
+    and without --json (docs/operations.md)."""
+    a = cluster.host("host-a")
+    sid = "sess-probe-0001"
+    cluster.run(a, sid)
+    until("the child's start", lambda: cluster.events("start"))
+
+    def probe() -> tuple[int, int, str]:
+        text = subprocess.run([*HOLDFAST, "probe", sid, "--coordinator", cluster.coordinator.address],
+                              capture_output=True, text=True, timeout=60)
+        code, found = cli(cluster, "probe", sid, "--json")
+        return text.returncode, code, found["verdict"]
+
+    assert probe() == (3, 3, "held")
+    # Its host gone with its agent: the registration is still live, nothing answers — unknown.
+    a.stop()
+    assert probe() == (4, 4, "unknown")
+    lease = cluster.record(sid).record.lease
+    code, _ = cli(cluster, "recover", sid, "--fence", str(lease.fence), "--reason", "host stopped", "--json")
+    assert code == 0
+    assert probe() == (0, 0, "free")
+
+
+def test_recover_of_an_owner_proven_alive_needs_yes(cluster: Cluster) -> None:
+    """Issue 17: recover of an owner its agent proves alive was accepted without a word."""
+    a = cluster.host("host-a")
+    sid = "sess-recover-alive"
+    cluster.run(a, sid)
+    until("the child's start", lambda: cluster.events("start"))
+    before = cluster.record(sid)
+    code, refused = cli(cluster, "recover", sid, "--fence", "1", "--reason", "sure?", "--json")
+    assert code == 75 and refused["error"]["reason"] == "OWNER_ALIVE"
+    assert "proven alive" in refused["error"]["message"] and "--yes" in refused["error"]["next_step"]
+    assert cluster.record(sid) == before
+    code, recovered = cli(cluster, "recover", sid, "--fence", "1", "--reason", "sure", "--yes", "--json")
+    assert code == 0 and recovered["lease"]["claim_status"] == "RELEASED"

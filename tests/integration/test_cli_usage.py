@@ -60,3 +60,21 @@ def test_no_coordinator_is_exit_69_with_the_next_step() -> None:
     assert done.returncode == 69
     error = json.loads(done.stdout)["error"]
     assert error["reason"] == "UNREACHABLE" and "holdfast up" in error["next_step"]
+
+
+@pytest.mark.parametrize("argv,wanted", [
+    (["run", "--help"], ["8 to 128 letters", "examples:", "exit status:", "127 CMD not found"]),
+    (["get", "--help"], ["8 to 128 letters"]),
+    (["exec", "--help"], ["1..N of `holdfast up --hosts N`", "--state-dir STATE_DIR"]),
+    (["up", "--help"], ["One `up` per state directory"]),
+    (["probe", "--help"], ["0 free", "3 held", "4 unknown"]),
+])
+def test_help_says_what_a_user_needs(argv: list[str], wanted: list[str],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 17: --session, exec --host and up had no help text; no command showed its exit codes."""
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
+    for phrase in wanted:
+        assert " ".join(phrase.split()) in text, (argv, phrase)

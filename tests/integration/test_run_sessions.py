@@ -90,7 +90,7 @@ def test_cooperative_handoff_waits_for_the_whole_old_tree(cluster: Cluster) -> N
                          cmd=cluster.child("--handle", "thread-b"))
     start2 = started(cluster, 2)
     assert first.wait(30) == 0  # the old child took SIGTERM and exited 0
-    assert "handoff to host host-b requested" in first.err()
+    assert "handoff requested by host host-b" in first.err()
     stops = {e[0]: int(e[4]) for e in cluster.log() if e[0] in ("stop", "grandchild-stop")}
     # B's child started only after every process of A's tree had ended (the grandchild is slow).
     assert stops["stop"] < int(start2[4]) and stops["grandchild-stop"] < int(start2[4])
@@ -117,6 +117,8 @@ def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluste
         refused = cluster.run(b, sid, "--takeover", "--handoff-timeout", "1")
         assert refused.wait(30) == 75
         assert "HELD" in refused.err()
+        # The hint fits what was tried: --takeover did not suffice, so --force, not --takeover again.
+        assert "did not let go within --handoff-timeout 1s; add `--force`" in refused.err()
         assert not gone(child)  # still A's live child, still the only tree
         forced = cluster.run(b, sid, "--takeover", "--force", "--handoff-timeout", "1")
         started(cluster, 2)
@@ -133,3 +135,25 @@ def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluste
     assert not cluster.events("overlap")
     os.kill(forced.run_pid, signal.SIGTERM)
     assert forced.wait(30) == 0
+
+
+def test_takeover_of_a_command_that_cannot_run_leaves_the_owner_untouched(cluster: Cluster) -> None:
+    """Issue 17, safety 2: `run --takeover --force -- <typo>` used to end the live owner and then fail
+    to exec. CMD is resolved first: 127 / 126, no handoff requested, nothing written."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-typo-0001"
+    first = cluster.run(a, sid)
+    started(cluster, 1)
+    before = cluster.record(sid)
+    not_executable = cluster.tmp / "not-executable"
+    not_executable.write_text("#!/bin/sh\n")
+    not_executable.chmod(0o644)
+    for cmd, code in ((["nosuchcmd-holdfast-typo"], 127), ([str(not_executable)], 126)):
+        typo = cluster.run(b, sid, "--takeover", "--force", "--handoff-timeout", "1", cmd=cmd)
+        assert typo.wait(30) == code, typo.err()
+        assert "nothing was asked of the session's owner and nothing was written" in typo.err()
+    after = cluster.record(sid)
+    assert after.record == before.record and list(after.history) == list(before.history)
+    assert after.record.lease.handoff_stage == pb.NONE and after.record.lease.fence == 1
+    assert first.proc.poll() is None and child_pids(first), "the owner and its child still run"
+    assert not cluster.events("stop") and not cluster.events("overlap")

@@ -9,6 +9,7 @@ owner write, and a registration cannot point the coordinator at another host's a
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -293,3 +294,94 @@ def test_a_coordinator_with_tls_refuses_a_plaintext_etcd(tls_etcd: EtcdServer, p
                            "--etcd", plain, "--listen", "127.0.0.1:0", "--tls-dir", str(pki / "ours")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "https://" in done.stderr
+
+
+def operator_calls(sid: str, fence: int) -> dict[str, object]:
+    """One request per operator-only call (DESIGN.md §4), each one that would change something."""
+    return {
+        "Recover": pb.RecoverRequest(session_id=sid, expected_fence=fence, reason="gone", operator="op"),
+        "RecoverHost": pb.RecoverHostRequest(host_id="host-a", reason="gone", operator="op"),
+        "RestoreEpoch": pb.RestoreEpochRequest(epoch=1000, operator="op", reason="restored"),
+        "ArchiveSession": pb.ArchiveSessionRequest(session_id=sid, expected_fence=fence, operator="op",
+                                                   reason="done"),
+        "DrainHost": pb.DrainHostRequest(host_id="host-a", draining=True, operator="op"),
+        "PurgeArchives": pb.PurgeArchivesRequest(older_than_seconds=0, limit=10),
+    }
+
+
+def test_a_runtime_certificate_cannot_make_operator_calls(
+        coordinator_tls: Coordinator, tls_etcd: EtcdServer, prefix: str, pki: Path) -> None:
+    """Issue 11 item 5: one runtime key must not be able to Recover (release a live owner without
+    stopping it), drain, archive, purge or restore. Refused WRONG_ROLE, nothing written."""
+    coordinator_as(coordinator_tls, pki, Role("agent", "host-a")).RegisterHost(registration("host-a"),
+                                                                               timeout=10)
+    client = coordinator_as(coordinator_tls, pki, Role("client"))
+    sid = "session-roles-01"
+    grant = client.Acquire(pb.AcquireRequest(session_id=sid, host_id="host-a",
+                                             operation_id=secrets.token_hex(16)), timeout=10).grant
+    before = etcd_state(tls_etcd, prefix, pki)
+    calls = operator_calls(sid, grant.fence)
+    assert set(calls) == {"Recover", "RecoverHost", "RestoreEpoch", "ArchiveSession", "DrainHost",
+                          "PurgeArchives"}
+    for role in (Role("client"), Role("coordinator"), Role("agent", "host-a"), Role("maintenance")):
+        stub = coordinator_as(coordinator_tls, pki, role)
+        for method, request in calls.items():
+            if role.kind == "maintenance" and method == "PurgeArchives":
+                continue  # retention is the maintenance role's one call
+            err = refused(getattr(stub, method), request)
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED, (role, method)  # type: ignore[attr-defined]
+            assert reason_of(err) == "WRONG_ROLE", (role, method)  # type: ignore[arg-type]
+    assert etcd_state(tls_etcd, prefix, pki) == before
+    # The maintenance certificate may purge, and nothing else.
+    maintenance = coordinator_as(coordinator_tls, pki, Role("maintenance"))
+    assert list(maintenance.PurgeArchives(calls["PurgeArchives"], timeout=10).purged) == []
+    # The operator certificate is admitted: Recover invalidates the reservation's fence.
+    operator = coordinator_as(coordinator_tls, pki, Role("operator"))
+    recovered = operator.Recover(calls["Recover"], timeout=10).record
+    assert recovered.lease.claim_status == pb.RELEASED and recovered.lease.minimum_next_fence == 2
+    assert operator.DrainHost(pb.DrainHostRequest(host_id="host-a", draining=False, operator="op"),
+                              timeout=10).draining is False
+
+
+def test_the_operator_commands_present_the_operator_certificate(
+        coordinator_tls: Coordinator, prefix: str, pki: Path) -> None:
+    coordinator_as(coordinator_tls, pki, Role("agent", "host-a")).RegisterHost(registration("host-a"),
+                                                                               timeout=10)
+    client = coordinator_as(coordinator_tls, pki, Role("client"))
+    sid = "session-roles-02"
+    grant = client.Acquire(pb.AcquireRequest(session_id=sid, host_id="host-a",
+                                             operation_id=secrets.token_hex(16)), timeout=10).grant
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", *argv, "--coordinator",
+                               coordinator_tls.address, "--tls-dir", str(pki / "ours")],
+                              capture_output=True, text=True, timeout=60)
+
+    as_client = cli("admin", "purge-archives", "--older-than-days", "1", "--role", "maintenance")
+    assert as_client.returncode == 0, as_client.stderr
+    done = cli("recover", sid, "--fence", str(grant.fence), "--reason", "lost the node")
+    assert done.returncode == 0, done.stderr
+    assert "invalidated" in done.stdout
+    drained = cli("drain", "host-a", "--json")
+    assert drained.returncode == 0, drained.stderr
+    undone = cli("drain", "host-a", "--undo")
+    assert undone.returncode == 0, undone.stderr
+
+
+def test_a_missing_certificate_file_is_one_line_and_json_stays_json(
+        coordinator_tls: Coordinator, pki: Path, tmp_path: Path) -> None:
+    """A directory without operator.pem (made before the role existed): the operator commands say
+    which file is missing and how to make it, exit 77, and --json still prints one JSON document."""
+    older = tmp_path / "older-tls"
+    older.mkdir()
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (older / name).write_bytes((pki / "ours" / name).read_bytes())
+    argv = [sys.executable, "-m", "holdfast.coordinator.cli", "recover", "session-roles-03", "--fence", "1",
+            "--reason", "r", "--coordinator", coordinator_tls.address, "--tls-dir", str(older)]
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 77, plain.stderr
+    assert plain.stderr.count("\n") == 1 and f"{older / 'operator.key'} is missing" in plain.stderr
+    assert "--add-missing" in plain.stderr and "Traceback" not in plain.stderr
+    as_json = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 77
+    assert json.loads(as_json.stdout)["error"]["reason"] == "TLS_FILE_MISSING"

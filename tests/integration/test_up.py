@@ -1,6 +1,8 @@
 """`holdfast up` twice in a row on one state directory: each start becomes ready, each Ctrl-C
 stops every process it started (etcd, coordinator, agent) and exits 0, and the second start finds
-the first one's record again — a new run of the same session is granted at the next fence."""
+the first one's record again — a new run of the same session is granted at the next fence.
+Two at once (issue 17): a second `up` on the same state directory refuses at once and leaves the
+first's up.json; a second `up` on the same address cannot serve beside the first."""
 
 from __future__ import annotations
 
@@ -35,8 +37,9 @@ def ups() -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait(10)
 
 
-def start_up(state: Path, ups: list[subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen([*CLI, "up", "--state-dir", str(state), "--listen", "127.0.0.1:0"],
+def start_up(state: Path, ups: list[subprocess.Popen[bytes]],
+             listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([*CLI, "up", "--state-dir", str(state), "--listen", listen],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     ups.append(proc)
     until("up.json", lambda: (state / "up.json").exists() or proc.poll() is not None, timeout=60)
@@ -73,6 +76,8 @@ def test_up_twice_on_one_state_dir_keeps_records(tmp_path: Path, ups: list[subpr
     assert lease(coordinator, "kept-session-01")["fence"] == "1"
     out = stop_up(proc)
     assert "stopped" in out
+    # Not the CLI's default address: up says how to point the CLI at it (issue 17).
+    assert f"\nexport HOLDFAST_COORDINATOR={coordinator}\n" in out
     assert not (state / "up.json").exists(), "a stopped up leaves no state that exec would trust"
 
     proc, coordinator = start_up(state, ups)
@@ -81,4 +86,35 @@ def test_up_twice_on_one_state_dir_keeps_records(tmp_path: Path, ups: list[subpr
     second = cli(coordinator, "run", "--session", "kept-session-01", "--", "true")
     assert second.returncode == 0, second.stderr
     assert lease(coordinator, "kept-session-01")["fence"] == "2"
+    stop_up(proc)
+
+
+def test_second_up_on_a_running_state_dir_refuses_and_changes_nothing(
+        tmp_path: Path, ups: list[subprocess.Popen[bytes]]) -> None:
+    state = tmp_path / "state"
+    proc, coordinator = start_up(state, ups)
+    before = (state / "up.json").read_text()
+    second = subprocess.run([*CLI, "up", "--state-dir", str(state), "--listen", "127.0.0.1:0"],
+                            capture_output=True, text=True, timeout=30)
+    assert second.returncode == 69, second.stderr
+    assert f"another `holdfast up` (pid {proc.pid}) is running with state in {state}" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert (state / "up.json").read_text() == before
+    status = cli(coordinator, "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["hosts"], status.stderr
+    stop_up(proc)
+
+
+def test_two_ups_cannot_serve_one_address(tmp_path: Path, ups: list[subprocess.Popen[bytes]]) -> None:
+    proc, coordinator = start_up(tmp_path / "first", ups)
+    second = subprocess.run([*CLI, "up", "--state-dir", str(tmp_path / "second"), "--listen", coordinator],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 69, second.stdout + second.stderr
+    assert f"cannot listen on {coordinator} (listen): address in use, held by pid" in second.stderr
+    holder = int(second.stderr.split("held by pid ", 1)[1].split()[0])
+    assert holder in descendants(proc.pid), "the first up's coordinator is named as the holder"
+    assert not (tmp_path / "second" / "up.json").exists()
+    # The second up stopped the etcd it had started; the first still answers alone.
+    status = cli(coordinator, "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["hosts"], status.stderr
     stop_up(proc)

@@ -79,3 +79,31 @@ def test_up_tls_status_run_and_plaintext_refused(up_tls, tmp_path: Path) -> None
     got = holdfast("get", "greeting", "--session", sid, "--coordinator", recorded["coordinator"],
                    cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
     assert got.returncode == 0 and got.stdout == "over-mtls", got.stderr
+    # The operator commands present up's operator certificate (issued beside client.pem).
+    assert (Path(recorded["tls_dir"]) / "operator.pem").exists()
+    drained = holdfast("drain", "host-1", "--coordinator", recorded["coordinator"], cwd=tmp_path,
+                       HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert drained.returncode == 0, drained.stderr
+    undone = holdfast("drain", "host-1", "--undo", "--coordinator", recorded["coordinator"], cwd=tmp_path,
+                      HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert undone.returncode == 0, undone.stderr
+
+
+def test_exec_keeps_the_callers_directory_and_run_puts_the_cli_on_path(  # type: ignore[no-untyped-def]
+        up_tls, tmp_path: Path) -> None:
+    """Issue 17: `exec --host` ran CMD in `/` (relative paths failed), and inside `run` a bare
+    `holdfast` was not on PATH unless the venv was activated."""
+    state, recorded = up_tls
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "note.txt").write_text("here\n")
+    shown = holdfast("exec", "--host", "1", "--state-dir", str(state), "--", "cat", "note.txt", cwd=work)
+    assert shown.returncode == 0 and shown.stdout == "here\n", shown.stderr
+    bare_path = "/usr/sbin:/usr/bin:/sbin:/bin"  # no venv: `holdfast` itself is not on it
+    sid = "session-up-tls-path"
+    ran = holdfast("exec", "--host", "1", "--state-dir", str(state), "--", *CLI, "run", "--session", sid,
+                   "--", "sh", "-c", "holdfast put where \"$PWD\"", cwd=work, PATH=bare_path)
+    assert ran.returncode == 0, ran.stderr
+    got = holdfast("get", "where", "--session", sid, "--coordinator", recorded["coordinator"],
+                   cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert got.returncode == 0 and got.stdout == str(work), got.stderr

@@ -7,18 +7,37 @@ import pytest
 
 from holdfast.agent.authorization import agent_rule
 from holdfast.agent.tls import Role
-from holdfast.coordinator.authorization import HOST_CALLS, READS, SESSION_WRITES, coordinator_rule
+from holdfast.coordinator.authorization import (
+    HOST_CALLS,
+    OPERATOR_CALLS,
+    READS,
+    RETENTION_CALLS,
+    SESSION_WRITES,
+    coordinator_rule,
+)
 from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
 
 COORDINATOR_METHODS = set(pb.DESCRIPTOR.services_by_name["Coordinator"].methods_by_name)
-ROLES = [Role("client"), Role("coordinator"), Role("agent", "h1"), Role("agent", "h2"), Role("etcd")]
+ROLES = [Role("client"), Role("coordinator"), Role("agent", "h1"), Role("agent", "h2"), Role("etcd"),
+         Role("operator"), Role("maintenance")]
+CLASSES = (READS, SESSION_WRITES, OPERATOR_CALLS, RETENTION_CALLS, HOST_CALLS)
 
 
 def test_every_coordinator_rpc_is_classified_exactly_once() -> None:
     # A new RPC must be decided here; until then the rule refuses it (see the next test).
-    assert READS | SESSION_WRITES | HOST_CALLS == COORDINATOR_METHODS
-    assert not (READS & SESSION_WRITES) and not (READS & HOST_CALLS) and not (SESSION_WRITES & HOST_CALLS)
+    assert frozenset().union(*CLASSES) == COORDINATOR_METHODS
+    assert sum(len(c) for c in CLASSES) == len(COORDINATOR_METHODS), "a method in two classes"
+
+
+def test_the_operator_calls_are_those_of_design_section_4() -> None:
+    # Recover releases a live owner without stopping it: one runtime key must not be able to.
+    assert {"Recover", "RecoverHost", "RestoreEpoch", "ArchiveSession", "DrainHost"} == OPERATOR_CALLS
+    assert {"PurgeArchives"} == RETENTION_CALLS
+    for method in OPERATOR_CALLS | RETENTION_CALLS:
+        refusal = coordinator_rule(method, Role("client"), None)
+        assert refusal is not None and refusal.code == grpc.StatusCode.PERMISSION_DENIED
+        assert refusal.reason == "WRONG_ROLE" and "operator certificate" in refusal.message
 
 
 def test_an_unlisted_method_is_refused_to_every_role() -> None:
@@ -39,7 +58,12 @@ def test_who_may_do_what(role: Role) -> None:
     for method in READS:
         assert coordinator_rule(method, role, None) is None
     for method in SESSION_WRITES:
-        assert (coordinator_rule(method, role, None) is None) == (role.kind in ("client", "coordinator"))
+        assert (coordinator_rule(method, role, None) is None) == (role.kind in ("client", "coordinator",
+                                                                                "operator"))
+    for method in OPERATOR_CALLS:
+        assert (coordinator_rule(method, role, None) is None) == (role.kind == "operator")
+    for method in RETENTION_CALLS:
+        assert (coordinator_rule(method, role, None) is None) == (role.kind in ("operator", "maintenance"))
     register = pb.RegisterHostRequest(registration=pb.HostRegistration(host_id="h1"))
     heartbeat = pb.HeartbeatRequest(host_id="h1")
     for method, request in (("RegisterHost", register), ("Heartbeat", heartbeat)):

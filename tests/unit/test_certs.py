@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import stat
 from pathlib import Path
 
@@ -30,9 +31,30 @@ def test_init_issues_one_certificate_per_role_signed_by_the_ca(tmp_path: Path) -
         roles.append((path.parent.name, tls.role_of_certificate(cert)))
         assert stat.S_IMODE(path.with_suffix(".key").stat().st_mode) == 0o600
     top = tmp_path.name
-    assert roles == [(top, Role("coordinator")), (top, Role("client")), (top, Role("agent", "node-a")),
+    assert roles == [(top, Role("coordinator")), (top, Role("client")), (top, Role("operator")),
+                     (top, Role("maintenance")), (top, Role("agent", "node-a")),
                      ("etcd", Role("etcd")), ("etcd", Role("coordinator"))]
     assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
+    uris = {name: _load(tmp_path / f"{name}.pem").extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.UniformResourceIdentifier)
+        for name in ("operator", "maintenance")}
+    assert uris == {"operator": ["holdfast://operator"], "maintenance": ["holdfast://maintenance"]}
+
+
+def test_an_older_directory_gets_only_what_it_lacks(tmp_path: Path) -> None:
+    """`certs init --add-missing`: a CA made before the operator and maintenance roles existed
+    keeps its CA and every certificate it has, and gains the new ones."""
+    certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
+    for name in ("operator", "maintenance"):
+        (tmp_path / f"{name}.pem").unlink()
+        (tmp_path / f"{name}.key").unlink()
+    kept = {p.name: p.read_bytes() for p in tmp_path.glob("*.pem")}
+    cli = importlib.import_module("holdfast.coordinator.cli")
+    assert cli.main(["certs", "init", str(tmp_path)]) == 1  # refuses to overwrite a CA
+    assert cli.main(["certs", "init", str(tmp_path), "--add-missing", "--agent-host", "node-a",
+                     "--serve-on", "127.0.0.1"]) == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.pem") if p.name in kept} == kept
+    assert (tmp_path / "operator.pem").exists() and (tmp_path / "maintenance.key").exists()
 
 
 def test_etcd_trusts_a_ca_of_its_own(tmp_path: Path) -> None:

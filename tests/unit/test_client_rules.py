@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
 from holdfast.coordinator import exit_codes
-from holdfast.coordinator.client import Grant, child_environment, status_of
+from holdfast.coordinator.client import (
+    ClientError,
+    Grant,
+    RunSpec,
+    child_environment,
+    cli_on_path,
+    held_hint,
+    resolve_command,
+    status_of,
+)
 from holdfast.coordinator.errors import CODES
 from holdfast.coordinator.gate import gate_argv
 
@@ -42,10 +52,16 @@ def grant() -> Grant:
 
 def test_child_environment_of_design_section_5() -> None:
     env = child_environment(grant(), "/tmp/x/grant.json", {"PATH": "/bin", "HOLDFAST_FENCE": "1"})
-    assert env == {"PATH": "/bin", "HOLDFAST_SPAWN_TOKEN": "a" * 32, "HOLDFAST_SESSION": "my-session-01",
-                   "HOLDFAST_FENCE": "7", "HOLDFAST_COORDINATOR": "127.0.0.1:7420",
-                   "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json"}
+    assert env == {"PATH": cli_on_path("/bin"), "HOLDFAST_SPAWN_TOKEN": "a" * 32,
+                   "HOLDFAST_SESSION": "my-session-01", "HOLDFAST_FENCE": "7",
+                   "HOLDFAST_COORDINATOR": "127.0.0.1:7420", "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json"}
     assert "s" * 64 not in env.values()  # the secret travels only in the 0600 file
+
+
+def test_the_cli_is_appended_to_a_path_that_lacks_it(tmp_path: Path) -> None:
+    here = os.path.dirname(sys.executable)  # the test venv's bin, which has `holdfast`
+    assert cli_on_path("/bin") == f"/bin{os.pathsep}{here}"  # after the child's own tools
+    assert cli_on_path(f"/bin{os.pathsep}{here}") == f"/bin{os.pathsep}{here}"  # found: unchanged
 
 
 def test_grant_file_is_0600_round_trips_and_hides_the_secret_in_repr(tmp_path: Path) -> None:
@@ -80,3 +96,50 @@ def test_a_uid_without_a_passwd_entry_still_builds_the_cli(monkeypatch: pytest.M
     assert run_commands.default_operator().startswith(f"uid-{os.getuid()}@")
     args = cli.build_parser().parse_args(["drain", "node-a"])
     assert args.operator.startswith("uid-")
+
+
+def test_cmd_is_resolved_as_the_shell_would(tmp_path: Path) -> None:
+    """Issue 17: CMD is looked up before anything is asked, with the shell's 127 and 126."""
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    plain = tmp_path / "plain"
+    plain.write_text("data\n")
+    plain.chmod(0o644)
+    assert resolve_command(["tool", "-x"], path=str(tmp_path)) == str(tool)
+    assert resolve_command(["./tool"], cwd=str(tmp_path), path="") == os.path.join(tmp_path, "./tool")
+    cases = [(["nosuchcmd"], exit_codes.CMD_NOT_FOUND, 127), (["./nosuch"], exit_codes.CMD_NOT_FOUND, 127),
+             (["plain"], exit_codes.CMD_NOT_EXECUTABLE, 126),
+             ([str(plain)], exit_codes.CMD_NOT_EXECUTABLE, 126),
+             ([str(tmp_path)], exit_codes.CMD_NOT_EXECUTABLE, 126)]
+    for argv, reason, code in cases:
+        with pytest.raises(ClientError) as refused:
+            resolve_command(argv, cwd=str(tmp_path), path=str(tmp_path))
+        assert (refused.value.reason, refused.value.exit_code) == (reason, code), argv
+        assert "nothing was asked of the session's owner" in str(refused.value)
+
+
+def test_the_operations_refusal_table_names_every_reason() -> None:
+    """docs/operations.md's refusal table is where a user looks a reason up (issue 17: it lacked
+    HOST_NOT_REGISTERED); every FAILED_PRECONDITION or ABORTED reason the coordinator sends is in it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = text.split("## Refusal reasons", 1)[1]
+    rows = {line.split("|")[1].strip().strip("`").split("`")[0] for line in table.splitlines()
+            if line.startswith("| `")}
+    wanted = {reason for reason, code in CODES.items() if code.name in ("FAILED_PRECONDITION", "ABORTED")}
+    assert wanted - rows == set()
+
+
+def test_next_steps_fit_what_was_tried_and_what_is_known() -> None:
+    """Issue 17: `--fence N` printed where the fence is known; --takeover suggested after a failed
+    --takeover; --wait suggested after --wait ran out."""
+    assert "--fence 7 --reason" in exit_codes.next_step("OWNERSHIP_UNKNOWN", "s-1", fence=7)
+    assert "--fence N --reason" in exit_codes.next_step("MANUAL_RECOVERY", "s-1")
+    takeover = held_hint(RunSpec("s-1", ["true"], takeover=True, handoff_timeout=5))
+    assert "add `--force`" in takeover and "5s" in takeover
+    waited = held_hint(RunSpec("s-1", ["true"], wait=2))
+    assert "still held after --wait 2s" in waited and "--takeover" in waited
+    assert held_hint(RunSpec("s-1", ["true"])) == ""  # the table's own: --wait, --takeover, --force
+    err = ClientError("HELD", "held by host-a")
+    err.hint = waited
+    assert str(err).endswith(f"Next: {waited}")

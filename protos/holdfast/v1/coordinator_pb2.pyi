@@ -129,20 +129,22 @@ class HistoryEntry(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., at_unix_ms: _Optional[int] = ..., transition: _Optional[str] = ..., fence: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("session_id", "fence", "secret", "spawn_token", "spawn_token_env", "commit_deadline_unix_ms")
+    __slots__ = ("session_id", "fence", "secret", "spawn_token", "spawn_token_env", "commit_deadline_unix_ms", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
     SPAWN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
     COMMIT_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     fence: int
     secret: str
     spawn_token: str
     spawn_token_env: str
     commit_deadline_unix_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., commit_deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., commit_deadline_unix_ms: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("session_id", "provider", "location", "expected_fence", "has_expected_fence", "operation_id", "host_id", "live_on_commit", "wait_seconds", "force", "takeover")
@@ -179,56 +181,68 @@ class AcquireResponse(_message.Message):
     def __init__(self, grant: _Optional[_Union[Grant, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
 
 class CommitOwnerRequest(_message.Message):
-    __slots__ = ("session_id", "fence", "secret", "pid_hint")
+    __slots__ = ("session_id", "fence", "secret", "pid_hint", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
     PID_HINT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     fence: int
     secret: str
     pid_hint: int
-    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., pid_hint: _Optional[int] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., pid_hint: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class CommitOwnerResponse(_message.Message):
-    __slots__ = ("record",)
+    __slots__ = ("record", "cluster_id")
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     record: SessionRecord
-    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class RecordProviderHandleRequest(_message.Message):
-    __slots__ = ("session_id", "fence", "secret", "handle")
+    __slots__ = ("session_id", "fence", "secret", "handle", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     fence: int
     secret: str
     handle: str
-    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., handle: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class RecordProviderHandleResponse(_message.Message):
-    __slots__ = ("record",)
+    __slots__ = ("record", "cluster_id")
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     record: SessionRecord
-    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session_id", "fence", "secret")
+    __slots__ = ("session_id", "fence", "secret", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     fence: int
     secret: str
-    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
-    __slots__ = ("record",)
+    __slots__ = ("record", "cluster_id")
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     record: SessionRecord
-    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class RequestHandoffRequest(_message.Message):
     __slots__ = ("session_id", "operation_id", "host_id")
@@ -247,24 +261,28 @@ class RequestHandoffResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
 
 class FencedPutRequest(_message.Message):
-    __slots__ = ("session_id", "fence", "secret", "key", "value")
+    __slots__ = ("session_id", "fence", "secret", "key", "value", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     fence: int
     secret: str
     key: str
     value: bytes
-    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class FencedPutResponse(_message.Message):
-    __slots__ = ("revision",)
+    __slots__ = ("revision", "cluster_id")
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     revision: int
-    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, revision: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class FencedGetRequest(_message.Message):
     __slots__ = ("session_id", "key")
@@ -321,14 +339,16 @@ class WatchSessionsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("record", "deleted", "resync")
+    __slots__ = ("record", "deleted", "resync", "cluster_id")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     record: SessionRecord
     deleted: bool
     resync: bool
-    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., deleted: _Optional[bool] = ..., resync: _Optional[bool] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ..., deleted: _Optional[bool] = ..., resync: _Optional[bool] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class ProbeSessionRequest(_message.Message):
     __slots__ = ("session_id",)
