@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from holdfast.agent import cgroups
-from holdfast.agent.environ import read_proc_file
-from holdfast.agent.procstat import parse_stat
+from holdfast.proc import cgroups
+from holdfast.proc.environ import read_proc_file
+from holdfast.proc.procstat import parse_stat
 from holdfast.v1 import agent_pb2
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.agent import hostinfo, metrics, tls
+from holdfast.agent import hostinfo, metrics
 from holdfast.agent.service import VERSION
+from holdfast.common import tls
 from holdfast.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("holdfast.agent.registration")

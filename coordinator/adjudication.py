@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
+from holdfast.common.reasons import Reason
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -34,18 +35,6 @@ class Action(StrEnum):
     REFUSE = "refuse"
     PROBE = "probe"            # the rules need the owner host's answer before deciding
     TO_MANUAL = "to-manual"    # contradictory evidence: the one refusal that writes (manual-recovery)
-
-
-class Reason(StrEnum):
-    FREE = "FREE"
-    STALE_FENCE = "STALE_FENCE"
-    MANUAL_RECOVERY = "MANUAL_RECOVERY"
-    OPERATION_CONFLICT = "OPERATION_CONFLICT"
-    RESERVED = "RESERVED"
-    HELD = "HELD"
-    OWNERSHIP_UNKNOWN = "OWNERSHIP_UNKNOWN"
-    OWNER_DEAD = "OWNER_DEAD"
-    RESERVATION_SUPERSEDED = "RESERVATION_SUPERSEDED"
 
 
 @dataclass(frozen=True)

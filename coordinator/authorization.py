@@ -5,15 +5,15 @@ only a client (runtime), coordinator or operator certificate may make the runtim
 only an operator certificate may make the calls that override evidence or touch every session
 (DESIGN.md §4: a stolen runtime key must not release a live owner); retention (PurgeArchives) needs
 maintenance or operator; any certificate of the CA may read; a method not listed here is refused.
-A pure rule: the gate in holdfast.agent.authorization runs it before the handler, so a refusal
+A pure rule: the gate in holdfast.common.authorization runs it before the handler, so a refusal
 writes nothing. The grant secret is still checked by the service for every owner write: a
 certificate says who may ask, never which grant is theirs.
 """
 
 from __future__ import annotations
 
-from holdfast.agent.authorization import Refusal, no_role, wrong_role
-from holdfast.agent.tls import Role
+from holdfast.common.authorization import Refusal, no_role, wrong_role
+from holdfast.common.tls import Role
 from holdfast.v1 import coordinator_pb2 as pb
 
 READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "FencedGet", "ProbeSession",

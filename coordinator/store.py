@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import grpc
 from aetcd import rpc
 
-from holdfast.agent import tls
+from holdfast.common import tls
 
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 DEFAULT_PREFIX = "/holdfast/v1/"

@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from holdfast.coordinator.etcd_server import EtcdServer, free_port
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.etcd_server import EtcdServer, free_port
+from holdfast.localstack.simhost import SimulatedHost
 from tests.faults.proxy import FaultProxy, ProxyLoop
 from tests.integration.coordinator_fixtures import Coordinator
 

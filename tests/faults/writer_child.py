@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from holdfast.coordinator.client import Client, ClientError, Grant
+from holdfast.client.connection import Client, ClientError, Grant
 
 WRITE_EVERY_S = 0.15
 HOSTILE = ("hopper", "dropper", "setsid", "ignore-term")

@@ -44,7 +44,7 @@ def main() -> int:
     log(log_path, "start")
     if "--handle" in rest:
         handle = rest[rest.index("--handle") + 1]
-        subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", "handle", handle], check=True,
+        subprocess.run([sys.executable, "-m", "holdfast.cli", "handle", handle], check=True,
                        stdout=subprocess.DEVNULL)
     while True:
         signal.pause()

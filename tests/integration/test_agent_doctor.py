@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.simhost import SimulatedHost
 from tests.integration.coordinator_fixtures import Coordinator
 
 # The mTLS fixtures (a PKI, an etcd and a coordinator serving mTLS only), reused from their module.
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
 ]
-HOLDFAST = [sys.executable, "-m", "holdfast.coordinator.cli"]
+HOLDFAST = [sys.executable, "-m", "holdfast.cli"]
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 

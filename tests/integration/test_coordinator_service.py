@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.coordinator.errors import reason_of
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.common.reasons import reason_of
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb

@@ -11,7 +11,7 @@ import secrets
 import grpc
 import pytest
 
-from holdfast.coordinator.errors import reason_of
+from holdfast.common.reasons import reason_of
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.run_fixtures import Cluster
 from tests.integration.test_run_sessions import child_pids, gone, started

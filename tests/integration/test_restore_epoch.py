@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator.client import Grant
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.client.connection import Grant
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
 from tests.integration.coordinator_fixtures import Coordinator

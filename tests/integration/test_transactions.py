@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import AgentProcess

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.agent.environ import value_in_block
-from holdfast.agent.procstat import StatParseError, parse_stat
-from holdfast.agent.scan import scan
+from holdfast.proc.environ import value_in_block
+from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import scan
 
 V = b"HOLDFAST_SPAWN_TOKEN"
 

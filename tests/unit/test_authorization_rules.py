@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from holdfast.agent.authorization import agent_rule
-from holdfast.agent.tls import Role
+from holdfast.common.authorization import agent_rule
+from holdfast.common.tls import Role
 from holdfast.coordinator.authorization import (
     HOST_CALLS,
     OPERATOR_CALLS,

@@ -24,11 +24,13 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from holdfast.agent.commands import add_tls_dir
-from holdfast.coordinator import client as client_
-from holdfast.coordinator import exit_codes, records
+from holdfast.cli.agent_commands import add_tls_dir
+from holdfast.client import connection as client_
+from holdfast.client.connection import Client, ClientError, Grant, RunSpec
+from holdfast.common import reasons, upstate
+from holdfast.common.reasons import Reason
+from holdfast.coordinator import records
 from holdfast.coordinator.adjudication import OUTCOME_NAMES
-from holdfast.coordinator.client import Client, ClientError, Grant, RunSpec
 from holdfast.coordinator.fencing import CLAIM_NAMES
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -192,11 +194,11 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
             with contextlib.suppress(UnicodeDecodeError):  # binary: value_base64 only
                 out["value"] = found.value.decode()
         _print_json(out)
-        return 0 if found.found else exit_codes.EX_FAILURE
+        return 0 if found.found else reasons.EX_FAILURE
     if not found.found:
         print(f"holdfast: {args.key} is not set in session {session}. Next: `holdfast put` it from inside "
               "`holdfast run`", file=sys.stderr)
-        return exit_codes.EX_FAILURE
+        return reasons.EX_FAILURE
     sys.stdout.buffer.write(found.value)
     return 0
 
@@ -236,7 +238,7 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
     found = await client.probe(args.session)
     if args.json:
         _print_json(as_dict(found))
-        return exit_codes.probe_exit(found.verdict)
+        return reasons.probe_exit(found.verdict)
     print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or 'no reason given'}")
     if found.HasField("probe"):
         p = found.probe
@@ -244,7 +246,7 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
         print(f"probe answered by {p.answered_by_host_id or '-'}: {outcome}"
               f"{' matched on ' + ','.join(p.matched_on) if p.matched_on else ''}"
               f"{'; tree: ' + p.tree_reason if p.tree_checked else ''}")
-    return exit_codes.probe_exit(found.verdict)
+    return reasons.probe_exit(found.verdict)
 
 
 async def _recover(args: argparse.Namespace, client: Client) -> int:
@@ -254,7 +256,7 @@ async def _recover(args: argparse.Namespace, client: Client) -> int:
         found = await client.probe(args.session)
         owner = found.record.lease.owner
         if found.verdict == "held" and found.record.lease.claim_status in client_.OWNED:
-            raise ClientError(exit_codes.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
+            raise ClientError(Reason.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
                               f"host's agent (host {owner.host_id}, pid {owner.pid}): recover would release "
                               "it without stopping it; nothing was changed", args.session)
     record = await client.recover(args.session, args.fence, args.reason, args.operator)
@@ -291,7 +293,7 @@ def client_options(*, json: bool = True, role: str = "client") -> argparse.Argum
     runtime's and the read commands, `operator` for the commands that override evidence."""
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
-                         f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
+                         f"{upstate.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
     add_tls_dir(options, f"present {role}.pem; without it, and when a `holdfast up --tls` runs the "
                 "coordinator, its certificates")
     options.set_defaults(tls_role=role)

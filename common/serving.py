@@ -24,7 +24,7 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from holdfast.agent import listeners
+from holdfast.common import listeners
 
 
 @dataclass

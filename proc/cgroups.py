@@ -23,7 +23,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from holdfast.agent.environ import read_proc_file
+from holdfast.proc.environ import read_proc_file
 from holdfast.v1 import agent_pb2
 
 CGROUP_MOUNTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")

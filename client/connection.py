@@ -1,4 +1,4 @@
-"""The client library (`holdfast.coordinator.client`): be a session's single writer from Python.
+"""The client library (`holdfast.client.connection`): be a session's single writer from Python.
 
 Guarantee: CMD runs only after its CommitOwner succeeded — `Owner.start` acquires, spawns the
 gate with the spawn token in its environment, has the coordinator's agent attest it, and only then
@@ -27,30 +27,27 @@ from pathlib import Path
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from holdfast.agent import tls
-from holdfast.agent.tls import Role
-from holdfast.coordinator import exit_codes, records
-from holdfast.coordinator.errors import reason_of
-from holdfast.coordinator.gate import Gate
-from holdfast.coordinator.tree import Tree, end_tree
+from holdfast.client.gate import Gate
+from holdfast.client.tree import Tree, end_tree
+from holdfast.common import reasons, tls, upstate
+from holdfast.common.reasons import Reason, reason_of
+from holdfast.common.tls import Role
+from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
-DEFAULT_COORDINATOR = "127.0.0.1:7420"  # where `holdfast up` listens
 CALL_TIMEOUT_S = 10.0
 RETRY_BUDGET_S = 5.0
 MAX_WAIT_S = 3600.0
 OWNED = (pb.COMMITTED, pb.LIVE)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2, signal.SIGWINCH)
-# The coordinator answered before the caller's wait ran out, and the answer can change by itself.
-WAITABLE = {"HELD", "RESERVED", "OWNERSHIP_UNKNOWN"}
 
 Say = Callable[[str], None]
 
 
 def coordinator_address(explicit: str | None = None) -> str:
-    return explicit or os.environ.get("HOLDFAST_COORDINATOR") or DEFAULT_COORDINATOR
+    return explicit or os.environ.get("HOLDFAST_COORDINATOR") or upstate.DEFAULT_COORDINATOR
 
 
 def local_host_id(explicit: str | None = None) -> str:
@@ -76,11 +73,11 @@ class ClientError(Exception):
 
     @property
     def exit_code(self) -> int:
-        return exit_codes.exit_code(self.reason)
+        return reasons.exit_code(self.reason)
 
     @property
     def next_step(self) -> str:
-        return self.hint or exit_codes.next_step(self.reason, self.session, self.fence)
+        return self.hint or reasons.next_step(self.reason, self.session, self.fence)
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}. Next: {self.next_step}"
@@ -112,13 +109,13 @@ def _classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: 
             # Issue 17: a wrong CA (or TLS to a plaintext coordinator) said "no coordinator".
             # gRPC's text ends with OpenSSL's own words, e.g. "...: certificate signature failure: OK".
             words = (exc.details() or "").removesuffix(": OK").rsplit(": ", 1)[-1][:200]
-            return ClientError(exit_codes.TLS_HANDSHAKE_FAILED, f"the TLS handshake with {address} failed "
+            return ClientError(Reason.TLS_HANDSHAKE_FAILED, f"the TLS handshake with {address} failed "
                                f"({words})", session)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             why = "nothing listens there" if _refused(exc) else code.name
             if plaintext and _unanswered(exc, "socket closed"):
                 why = "it closed the connection, as a TLS-only coordinator does to plaintext: pass --tls-dir"
-            return ClientError(exit_codes.UNREACHABLE, f"no answer from the coordinator at {address} "
+            return ClientError(Reason.UNREACHABLE, f"no answer from the coordinator at {address} "
                                f"({why})", session)
         reason = code.name
     return ClientError(reason, exc.details() or reason, session)
@@ -169,17 +166,9 @@ def same_cluster(grant: Grant, answered_by: str) -> None:
 
 def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:
     """--tls-dir, else $HOLDFAST_TLS_DIR, else the certificates of the `holdfast up --tls` whose
-    coordinator is `address` (its state file in $HOLDFAST_STATE_DIR or ./state); None = plaintext."""
+    coordinator is `address` (holdfast.common.upstate); None = plaintext."""
     chosen = tls.tls_dir(explicit)
-    if chosen is not None:
-        return chosen
-    from holdfast.coordinator import up  # late: `up` imports this module
-
-    with contextlib.suppress(up.UpError, KeyError, TypeError):
-        state = up.load_state(up.default_state_dir())
-        if state["coordinator"] == address and state.get("tls_dir"):
-            return Path(state["tls_dir"])
-    return None
+    return chosen if chosen is not None else upstate.tls_dir_for(address)
 
 
 class Client:
@@ -195,7 +184,7 @@ class Client:
         try:
             self.channel = tls.open_channel(self.address, self.tls_dir, Role(role))
         except FileNotFoundError as missing:  # its message names the file and how to make it
-            raise ClientError(exit_codes.TLS_FILE_MISSING, str(missing)) from None
+            raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         # Until some call was answered, a refused connection means nothing listens at the address:
         # say so at once (issue 17: 5.8 s of retries). Once answered, a refusal is a coordinator
@@ -392,18 +381,18 @@ def resolve_command(argv: list[str], cwd: str | None = None, path: str | None = 
     if "/" in name:
         program = os.path.join(cwd or os.getcwd(), name)
         if not os.path.exists(program):
-            raise ClientError(exit_codes.CMD_NOT_FOUND, f"{name}: no such file; {nothing}")
+            raise ClientError(Reason.CMD_NOT_FOUND, f"{name}: no such file; {nothing}")
         if os.path.isdir(program) or not os.access(program, os.X_OK):
-            raise ClientError(exit_codes.CMD_NOT_EXECUTABLE, f"{name}: not an executable file; {nothing}")
+            raise ClientError(Reason.CMD_NOT_EXECUTABLE, f"{name}: not an executable file; {nothing}")
         return program
     found = shutil.which(name, path=search) if name else None
     if found is not None:
         return found
     # As the shell: a file by that name on PATH that cannot be executed is 126, none at all is 127.
     if name and any(os.path.isfile(os.path.join(d or ".", name)) for d in search.split(os.pathsep)):
-        raise ClientError(exit_codes.CMD_NOT_EXECUTABLE,
+        raise ClientError(Reason.CMD_NOT_EXECUTABLE,
                           f"{name}: found on PATH but not executable; {nothing}")
-    raise ClientError(exit_codes.CMD_NOT_FOUND, f"{name or '(empty)'}: command not found on PATH; {nothing}")
+    raise ClientError(Reason.CMD_NOT_FOUND, f"{name or '(empty)'}: command not found on PATH; {nothing}")
 
 
 @dataclass
@@ -489,7 +478,7 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str,
                                         location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
                                         takeover=spec.takeover)
         except ClientError as err:
-            if err.reason not in WAITABLE:
+            if not reasons.waitable(err.reason):
                 raise
             left = deadline - loop.time()
             if left <= 0:

@@ -18,7 +18,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from holdfast.agent.tls import Role, peer_role
+from holdfast.common.tls import Role, peer_role
 
 
 @dataclass(frozen=True)

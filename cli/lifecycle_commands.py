@@ -11,9 +11,7 @@ import argparse
 import asyncio
 import time
 
-from holdfast.coordinator import lifecycle_rules
-from holdfast.coordinator.client import Client
-from holdfast.coordinator.run_commands import (
+from holdfast.cli.run_commands import (
     _command,
     _fence,
     _print_json,
@@ -23,6 +21,8 @@ from holdfast.coordinator.run_commands import (
     client_options,
     default_operator,
 )
+from holdfast.client.connection import Client
+from holdfast.coordinator import lifecycle_rules
 from holdfast.v1 import coordinator_pb2 as pb
 
 

@@ -17,8 +17,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
-from holdfast.agent.procstat import StatParseError, parse_stat
+from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
+from holdfast.proc.procstat import StatParseError, parse_stat
 
 MAX_PASSES = 8
 MAX_SECONDS = 1.0

@@ -15,9 +15,11 @@ import sys
 
 import grpc
 
-from holdfast.agent import commands as agent_commands
 from holdfast.agent.service import VERSION
-from holdfast.coordinator import certs, lifecycle_commands, run_commands, serve_commands, up
+from holdfast.cli import agent_commands as agent_commands
+from holdfast.cli import lifecycle_commands, run_commands, serve_commands
+from holdfast.common import certs
+from holdfast.localstack import up
 
 EX_USAGE = 2
 EX_PIPE = 128 + 13  # SIGPIPE
@@ -66,7 +68,3 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EX_PIPE
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
