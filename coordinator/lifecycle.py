@@ -166,7 +166,8 @@ class Lifecycle:
     async def _host_known(self, host_id: str) -> bool:
         """Registered now, or named by a session (its agent may be down for the very maintenance the
         drain is for): `drain nosuchhost` used to set a flag for a host that never existed, exit 0."""
-        if await self.sessions.registry.get(host_id) is not None or await self.draining(host_id):
+        drain_flag = await self.store.get(self._drain_key(host_id))
+        if await self.sessions.registry.get(host_id) is not None or drain_flag is not None:
             return True
         return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self._sessions())
 
