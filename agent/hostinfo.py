@@ -1,6 +1,6 @@
 """This host's identity as the agent sees it: machine, boot, PID namespace and its PID 1.
 
-A host incarnation (DESIGN.md §2) is what "the same host, still up" means; every field comes from
+A host incarnation (docs/design.md §2) is what "the same host, still up" means; every field comes from
 the kernel, never from configuration, except the host id the operator names.
 """
 

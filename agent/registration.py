@@ -1,4 +1,4 @@
-"""The agent side of registration (DESIGN.md §4): RegisterHost, then unary Heartbeats.
+"""The agent side of registration (docs/design.md §4): RegisterHost, then unary Heartbeats.
 
 Guarantee: the agent keeps serving probes whatever happens here — a coordinator that is away only
 delays renewal; a lapsed registration is registered again; a refusal because the host id is held

@@ -131,12 +131,6 @@ def add_serve(agent_sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_serve)
 
 
-def add_tls_dir(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--tls-dir` for the client commands that open a holdfast gRPC link (servers take TLS_DIR)."""
-    parser.add_argument("--tls-dir", metavar="DIR",
-                        help=f"certificates from `holdfast certs init` (default: $HOLDFAST_TLS_DIR): {what}")
-
-
 def add_doctor(agent_sub: argparse._SubParsersAction) -> None:
     p = agent_sub.add_parser("doctor", help="check that this host lets the agent prove life and death "
                              "(exit 0 only when every check passes)")

@@ -1,6 +1,6 @@
 """The `holdfast` command line: one parser, each command group contributed by the module that owns it.
 
-Exit codes (DESIGN.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
+Exit codes (docs/design.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
 unreachable; 77 authentication failure; 2 usage errors; 141 (128 + SIGPIPE, as a shell reports a
 command ended by a closed pipe) when the reader of stdout went away, e.g. `holdfast status | head -1`.
 """

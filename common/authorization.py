@@ -1,11 +1,10 @@
-"""Authorization by certificate role at a server's edge, and the agent's own rule.
+"""Authorization by certificate role at a server's edge: the gate both servers put their rule in.
 
 Guarantee: with TLS configured, no handler of the guarded service runs before its rule admitted
 the caller's verified role (from the CA-signed certificate, never from a request field); a refusal
 is UNAUTHENTICATED (no single holdfast role) or PERMISSION_DENIED (the wrong role) with an ErrorInfo
 reason, a message naming only the roles involved, and nothing done. A method the rule does not
-know is refused: a new RPC stays closed until someone decides who may call it. Lives beside the
-agent because both servers need it and the agent never imports the coordinator.
+know is refused: a new RPC stays closed until someone decides who may call it.
 """
 
 from __future__ import annotations
@@ -41,13 +40,6 @@ def no_role(method: str) -> Refusal:
 def wrong_role(method: str, role: Role, wanted: str) -> Refusal:
     return Refusal(grpc.StatusCode.PERMISSION_DENIED, "WRONG_ROLE",
                    f"{method}: a {role.uri()} certificate may not call this; it needs {wanted}")
-
-
-def agent_rule(method: str, role: Role | None, request: object) -> Refusal | None:
-    """An agent answers only coordinators (DESIGN.md §4: only coordinators call agents)."""
-    if role is None:
-        return no_role(method)
-    return None if role.kind == "coordinator" else wrong_role(method, role, "a coordinator certificate")
 
 
 def status_of(refusal: Refusal, domain: str) -> grpc.Status:

@@ -1,5 +1,5 @@
 """Lifecycle operations over etcd: archive a session, drain a host, recover a host that is gone for
-good, and the restore epoch after an etcd snapshot restore (DESIGN.md §3).
+good, and the restore epoch after an etcd snapshot restore (docs/design.md §3).
 
 Guarantee: every session write is one transaction comparing the record's mod revision and every
 other key its decision read (docs/transactions.md; a lost race changes nothing and is reported);
@@ -16,6 +16,7 @@ import asyncio
 
 import grpc
 
+from holdfast.common.names import claim_name, outcome_name
 from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records, registry
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import KILL_WAIT_S, Sessions, now_ms
@@ -193,7 +194,7 @@ class Lifecycle:
             sid, lease = record.session_id, record.lease
             response.still_owned.append(sid)
             if lease.claim_status not in lifecycle_rules.OWNED:
-                claim = fencing.CLAIM_NAMES[lease.claim_status]
+                claim = claim_name(lease.claim_status)
                 response.skipped.append(f"{sid}: {claim}, nothing to hand off")
             elif lease.handoff_stage == pb.MANUAL_RECOVERY:
                 response.skipped.append(f"{sid}: manual recovery; use `holdfast recover`")
@@ -270,7 +271,7 @@ class Lifecycle:
                         owner_fence=lease.fence))
                 if await self.sessions.transition(entry, record, "restore-epoch", f"+{epoch} {who}"):
                     row.minimum_next_fence = lease.minimum_next_fence
-                    row.outcome = fencing.CLAIM_NAMES[lease.claim_status]
+                    row.outcome = claim_name(lease.claim_status)
                     if was in lifecycle_rules.OWNED:
                         to_judge.append(record.session_id)
                     break
@@ -298,7 +299,7 @@ class Lifecycle:
             if adjudication.release_allowed(record.lease, probe):
                 record.lease.claim_status = pb.RELEASED
                 record.lease.death_evidence.CopyFrom(pb.DeathEvidence(
-                    kind=adjudication.OUTCOME_NAMES[probe.outcome],
+                    kind=outcome_name(probe.outcome),
                     detail=f"restore-epoch: {probe.reason}"[:1024],
                     observed_at_unix_ms=probe.observed_at_unix_ms, owner_fence=record.lease.fence))
                 if await self.sessions.transition(entry, record, "restore-released", probe.reason,

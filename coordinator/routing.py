@@ -1,4 +1,4 @@
-"""Calls to the owner host's agent (DESIGN.md §4): only coordinators call agents.
+"""Calls to the owner host's agent (docs/design.md §4): only coordinators call agents.
 
 Guarantee: a host without registration, an unreachable agent or a timeout yields an INDETERMINATE
 probe result naming that reason — after bounded tenacity retries — never a proof of death.

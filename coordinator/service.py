@@ -103,7 +103,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return ours
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
-        """Fence first, then secret (DESIGN.md §3)."""
+        """Fence first, then secret (docs/design.md §3)."""
         records.check_fence(fence)
         if fence != record.lease.fence:
             raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")

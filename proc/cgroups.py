@@ -249,7 +249,7 @@ def _writable_by(path: str, uid: int, gids: set[int]) -> bool:
 
 
 def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tuple[int, str]:
-    """How this tree is proven gone, from the gate's own credentials and mounts (DESIGN §2)."""
+    """How this tree is proven gone, from the gate's own credentials and mounts (docs/design.md §2)."""
     if ref is None:
         return P.SCAN_ONLY, "no session cgroup"
     try:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.client.connection import Client, ClientError
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
 from holdfast.localstack.simhost import SimulatedHost, ns_pid
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc

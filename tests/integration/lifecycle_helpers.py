@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.client.connection import Grant
+from holdfast.client.grant import Grant
 from holdfast.common.reasons import reason_of
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc

@@ -1,4 +1,4 @@
-"""The child that `holdfast run` runs in the session tests: the overlap detector of DESIGN.md §8.
+"""The child that `holdfast run` runs in the session tests: the overlap detector of docs/design.md §8.
 
 It takes an exclusive, non-blocking flock on the session's lock file (descendants inherit it) and
 logs `overlap` if it cannot — two trees at once; then logs `start`, optionally records a provider

@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from holdfast.agent.service import VERSION
-from holdfast.client.connection import Client, ClientError
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
 from holdfast.common import certs, serving, tls
 from holdfast.common.tls import Role
 from holdfast.localstack.etcd_server import free_port

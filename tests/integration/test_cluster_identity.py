@@ -15,7 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.client.connection import Client, ClientError, Grant
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
 from holdfast.common.reasons import reason_of
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb

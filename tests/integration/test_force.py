@@ -1,4 +1,4 @@
-"""`force` per DESIGN.md §5, with real agents in simulated hosts: a forced Acquire that would be
+"""`force` per docs/design.md §5, with real agents in simulated hosts: a forced Acquire that would be
 refused kills nothing and writes nothing; only the caller whose handoff request the record holds
 has the owner's agent end the owner (the legitimate `run --takeover --force` flow is
 test_run_sessions.py::test_frozen_owner_is_refused_then_force_has_its_agent_end_it)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.client.connection import Grant
+from holdfast.client.grant import Grant
 from holdfast.common.reasons import reason_of
 from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb

@@ -296,7 +296,7 @@ def test_a_coordinator_with_tls_refuses_a_plaintext_etcd(tls_etcd: EtcdServer, p
 
 
 def operator_calls(sid: str, fence: int) -> dict[str, object]:
-    """One request per operator-only call (DESIGN.md §4), each one that would change something."""
+    """One request per operator-only call (docs/design.md §4), each one that would change something."""
     return {
         "Recover": pb.RecoverRequest(session_id=sid, expected_fence=fence, reason="gone", operator="op"),
         "RecoverHost": pb.RecoverHostRequest(host_id="host-a", reason="gone", operator="op"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from holdfast.common.authorization import agent_rule
+from holdfast.agent.authorization import agent_rule
 from holdfast.common.tls import Role
 from holdfast.coordinator.authorization import (
     HOST_CALLS,

@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.client.connection import (
-    ClientError,
-    Grant,
-    RunSpec,
-    child_environment,
-    cli_on_path,
-    held_hint,
-    resolve_command,
-    status_of,
-)
+from holdfast.client.acquire import RunSpec, held_hint, resolve_command
+from holdfast.client.errors import ClientError
 from holdfast.client.gate import gate_argv
+from holdfast.client.grant import Grant
+from holdfast.client.owner import child_environment, cli_on_path, status_of
 from holdfast.common import reasons
 
 
