@@ -7,11 +7,16 @@ COPY deploy/requirements.lock /src/deploy/requirements.lock
 RUN python -m venv /opt/holdfast \
  && /opt/holdfast/bin/pip install --no-cache-dir --no-deps -r /src/deploy/requirements.lock
 COPY pyproject.toml README.md /src/
+COPY common /src/common
+COPY proc /src/proc
 COPY agent /src/agent
 COPY coordinator /src/coordinator
+COPY client /src/client
+COPY cli /src/cli
+COPY localstack /src/localstack
 COPY protos /src/protos
 RUN /opt/holdfast/bin/pip install --no-cache-dir --no-deps /src \
- && /opt/holdfast/bin/python -m holdfast.coordinator.cli --help >/dev/null
+ && /opt/holdfast/bin/python -m holdfast.cli --help >/dev/null
 
 FROM python:3.11-slim-bookworm AS runtime
 COPY --from=build /opt/holdfast /opt/holdfast

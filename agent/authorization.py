@@ -1,110 +1,16 @@
-"""Authorization by certificate role at a server's edge, and the agent's own rule.
+"""Who may call the HostAgent: coordinators only (docs/design.md §4: only coordinators call agents,
+so a runtime's or another node's certificate can neither probe nor kill through this agent).
 
-Guarantee: with TLS configured, no handler of the guarded service runs before its rule admitted
-the caller's verified role (from the CA-signed certificate, never from a request field); a refusal
-is UNAUTHENTICATED (no single holdfast role) or PERMISSION_DENIED (the wrong role) with an ErrorInfo
-reason, a message naming only the roles involved, and nothing done. A method the rule does not
-know is refused: a new RPC stays closed until someone decides who may call it. Lives beside the
-agent because both servers need it and the agent never imports the coordinator.
+A pure rule, run by holdfast.common.authorization's gate before any handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-
-import grpc
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
-
-from holdfast.agent.tls import Role, peer_role
-
-
-@dataclass(frozen=True)
-class Refusal:
-    code: grpc.StatusCode
-    reason: str
-    message: str
-
-
-# (method name, the caller's role or None, the request) -> a refusal, or None to admit.
-Rule = Callable[[str, Role | None, object], Refusal | None]
-
-
-def no_role(method: str) -> Refusal:
-    return Refusal(grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED",
-                   f"{method}: the client certificate carries no single holdfast role; present one "
-                   "issued by `holdfast certs init`")
-
-
-def wrong_role(method: str, role: Role, wanted: str) -> Refusal:
-    return Refusal(grpc.StatusCode.PERMISSION_DENIED, "WRONG_ROLE",
-                   f"{method}: a {role.uri()} certificate may not call this; it needs {wanted}")
+from holdfast.common.authorization import Refusal, no_role, wrong_role
+from holdfast.common.tls import Role
 
 
 def agent_rule(method: str, role: Role | None, request: object) -> Refusal | None:
-    """An agent answers only coordinators (DESIGN.md §4: only coordinators call agents)."""
     if role is None:
         return no_role(method)
     return None if role.kind == "coordinator" else wrong_role(method, role, "a coordinator certificate")
-
-
-def status_of(refusal: Refusal, domain: str) -> grpc.Status:
-    info = any_pb2.Any()
-    info.Pack(error_details_pb2.ErrorInfo(reason=refusal.reason, domain=domain))
-    return rpc_status.to_status(status_pb2.Status(code=refusal.code.value[0], message=refusal.message,
-                                                  details=[info]))
-
-
-class RoleGate(grpc.aio.ServerInterceptor):
-    """Wraps every method of `service` so its rule runs on the verified peer role first."""
-
-    def __init__(self, service: str, rule: Rule, domain: str) -> None:
-        self.service = service
-        self.rule = rule
-        self.domain = domain
-
-    async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        service, _, method = handler_call_details.method.lstrip("/").partition("/")
-        # Health and reflection say nothing about sessions or processes: any certificate of the CA.
-        if handler is None or service != self.service:
-            return handler
-        return self._guard(handler, method)
-
-    def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        async def check(request: object, context: grpc.aio.ServicerContext) -> None:
-            refusal = self.rule(method, peer_role(context), request)
-            if refusal is not None:
-                await context.abort_with_status(status_of(refusal, self.domain))
-
-        codecs = {"request_deserializer": handler.request_deserializer,
-                  "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            unary = handler.unary_unary
-
-            async def guarded_unary(request: object, context: grpc.aio.ServicerContext) -> object:
-                await check(request, context)
-                return await unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(guarded_unary, **codecs)
-        if handler.unary_stream is not None:
-            stream = handler.unary_stream
-
-            async def guarded_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
-                await check(request, context)
-                async for item in stream(request, context):
-                    yield item
-
-            return grpc.unary_stream_rpc_method_handler(guarded_stream, **codecs)
-        # No holdfast RPC streams requests; should one appear, it is refused rather than unguarded.
-        refusal = Refusal(grpc.StatusCode.PERMISSION_DENIED, "WRONG_ROLE", f"{method}: not authorized")
-
-        async def refuse(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
-            await context.abort_with_status(status_of(refusal, self.domain))
-
-        return grpc.stream_unary_rpc_method_handler(refuse, **codecs)

@@ -29,7 +29,7 @@ def run(spawn_token_env: str) -> int:
     with tempfile.TemporaryDirectory(prefix="holdfast-demo-") as tmp:
         ready = Path(tmp) / "ready.json"
         agent = subprocess.Popen(
-            [sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
+            [sys.executable, "-m", "holdfast.cli", "agent", "serve",
              "--listen", "127.0.0.1:0", "--host-id", os.uname().nodename,
              "--spawn-token-env", spawn_token_env, "--ready-file", str(ready)],
             stderr=subprocess.DEVNULL,

@@ -15,8 +15,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent import cgroups, hostinfo, tls
-from holdfast.agent.environ import read_environ
+from holdfast.agent import hostinfo
+from holdfast.common import tls
+from holdfast.proc import cgroups
+from holdfast.proc.environ import read_environ
 
 INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
 CAP_SYS_PTRACE = 19

@@ -1,6 +1,6 @@
 """This host's identity as the agent sees it: machine, boot, PID namespace and its PID 1.
 
-A host incarnation (DESIGN.md §2) is what "the same host, still up" means; every field comes from
+A host incarnation (docs/design.md §2) is what "the same host, still up" means; every field comes from
 the kernel, never from configuration, except the host id the operator names.
 """
 
@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from holdfast.agent import cgroups
-from holdfast.agent.environ import read_proc_file
-from holdfast.agent.procstat import parse_stat
+from holdfast.proc import cgroups
+from holdfast.proc.environ import read_proc_file
+from holdfast.proc.procstat import parse_stat
 from holdfast.v1 import agent_pb2
 
 

@@ -16,11 +16,11 @@ import os
 import signal
 import time
 
-from holdfast.agent import cgroups
-from holdfast.agent.environ import read_proc_file, read_value
 from holdfast.agent.observe import pidfd_exited
-from holdfast.agent.procstat import StatParseError, parse_stat
-from holdfast.agent.scan import scan
+from holdfast.proc import cgroups
+from holdfast.proc.environ import read_proc_file, read_value
+from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import scan
 from holdfast.v1 import agent_pb2
 
 STOP_ROUNDS = 32

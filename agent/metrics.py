@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from holdfast.agent.scan import Scan
+from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2
 
 PROBES = Counter("holdfast_agent_probes", "Owner probes answered, by outcome", ["host", "outcome"])

@@ -10,11 +10,11 @@ import errno
 import os
 import select
 
-from holdfast.agent import cgroups
-from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
 from holdfast.agent.probe_rules import Observation, TreeObservation
-from holdfast.agent.procstat import StatParseError, parse_stat
-from holdfast.agent.scan import Scan
+from holdfast.proc import cgroups
+from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
+from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2
 
 _GONE = (errno.ENOENT, errno.ESRCH)

@@ -1,5 +1,5 @@
 """The probe verdict as a pure function: what was observed about a pid → one outcome, in exactly
-the order of DESIGN.md §2. Indeterminate is never death; the token is only positive evidence.
+the order of docs/design.md §2. Indeterminate is never death; the token is only positive evidence.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def judge(
 
 def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation,
                  variable: str) -> tuple[bool, str]:
-    """(gone, why), by the proof the agent chose at attestation (DESIGN §2 *Which proof, when*):
+    """(gone, why), by the proof the agent chose at attestation (docs/design.md §2 *Which proof, when*):
     an empty cgroup alone where the tree could not leave it; otherwise an empty cgroup (where one
     was made) and a stable, complete scan that found no carrier of the token — read under the
     variable the token was attested in."""

@@ -1,4 +1,4 @@
-"""The agent side of registration (DESIGN.md §4): RegisterHost, then unary Heartbeats.
+"""The agent side of registration (docs/design.md §4): RegisterHost, then unary Heartbeats.
 
 Guarantee: the agent keeps serving probes whatever happens here — a coordinator that is away only
 delays renewal; a lapsed registration is registered again; a refusal because the host id is held
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.agent import hostinfo, metrics, tls
+from holdfast.agent import hostinfo, metrics
 from holdfast.agent.service import VERSION
+from holdfast.common import tls
 from holdfast.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("holdfast.agent.registration")

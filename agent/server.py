@@ -9,10 +9,12 @@ import functools
 import logging
 from pathlib import Path
 
-from holdfast.agent import hostinfo, tls
-from holdfast.agent import serving as serving_
-from holdfast.agent.authorization import RoleGate, agent_rule
+from holdfast.agent import hostinfo
+from holdfast.agent.authorization import agent_rule
 from holdfast.agent.service import HostAgentService
+from holdfast.common import serving as serving_
+from holdfast.common import tls
+from holdfast.common.authorization import RoleGate
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 DRAIN_SECONDS = 5.0

@@ -17,15 +17,16 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from holdfast.agent import cgroups, metrics, probe_rules
-from holdfast.agent import scan as scan_
-from holdfast.agent.environ import read_proc_file, read_value
+from holdfast.agent import metrics, probe_rules
 from holdfast.agent.exit_watch import ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
-from holdfast.agent.procstat import StatParseError, parse_stat
-from holdfast.agent.scan import Scan
+from holdfast.proc import cgroups
+from holdfast.proc import scan as scan_
+from holdfast.proc.environ import read_proc_file, read_value
+from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("holdfast.agent")

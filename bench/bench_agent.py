@@ -1,6 +1,6 @@
 """Agent benchmarks (goals, never test assertions). Prints figures and ratios from one run:
 
-- scan of 1,000 live processes: holdfast.agent.scan vs the seeds' approach (read every environ as
+- scan of 1,000 live processes: holdfast.proc.scan vs the seeds' approach (read every environ as
   text, split on NUL) vs psutil, side by side;
 - ProbeOwners round trip p50/p99 vs a bare unary health check on the same channel;
 - WatchExits latency from kill -9 to the event, p50/p99;
@@ -26,7 +26,7 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent.scan import scan
+from holdfast.proc.scan import scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 VAR = "HOLDFAST_SPAWN_TOKEN"
@@ -106,7 +106,7 @@ def rss_kb(pid: int) -> int:
 def bench_agent() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ready = Path(tmp) / "ready.json"
-        argv = [sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
+        argv = [sys.executable, "-m", "holdfast.cli", "agent", "serve",
                 "--listen", "127.0.0.50:0", "--host-id", "bench", "--ready-file", str(ready)]
         agent = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
         child = None

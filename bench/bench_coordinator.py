@@ -20,9 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.coordinator.etcd_server import EtcdServer
-from holdfast.coordinator.simhost import SimulatedHost
 from holdfast.coordinator.store import Put, Store, absent, mod_equals
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb
@@ -33,7 +33,7 @@ CYCLES_PER_CLIENT = 20
 
 def start(argv: list[str], ready: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "holdfast.coordinator.cli", *argv, "--ready-file", str(ready)],
+        [sys.executable, "-m", "holdfast.cli", *argv, "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

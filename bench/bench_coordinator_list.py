@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 
 from holdfast.coordinator import fencing, records
-from holdfast.coordinator.etcd_server import EtcdServer
 from holdfast.coordinator.store import DEFAULT_PREFIX, Put, Store
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -54,7 +54,7 @@ def main() -> None:
         [
             sys.executable,
             "-m",
-            "holdfast.coordinator.cli",
+            "holdfast.cli",
             "coordinator",
             "serve",
             "--etcd",

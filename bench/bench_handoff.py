@@ -24,12 +24,12 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.coordinator.simhost import SimulatedHost
-from holdfast.coordinator.up import Stack
+from holdfast.localstack.simhost import SimulatedHost
+from holdfast.localstack.up import Stack
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
-CLI = [sys.executable, "-m", "holdfast.coordinator.cli"]
+CLI = [sys.executable, "-m", "holdfast.cli"]
 WAITING_SETTLE_S = 1.5  # for host 2's `run --wait` to start and sit in Acquire: no event says so
 
 

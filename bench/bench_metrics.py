@@ -14,10 +14,10 @@ import statistics
 import time
 from collections.abc import Callable
 
-from holdfast.agent import logs
 from holdfast.agent import metrics as agent_metrics
-from holdfast.agent.scan import scan
+from holdfast.common import logs
 from holdfast.coordinator import metrics, records
+from holdfast.proc.scan import scan
 from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
 

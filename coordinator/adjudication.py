@@ -1,4 +1,4 @@
-"""The adjudication rules of DESIGN.md §3 as pure functions: no I/O, no clock reads.
+"""The adjudication rules of docs/design.md §3 as pure functions: no I/O, no clock reads.
 
 Guarantee: a grant is returned only for a free session, a reservation that is past its commit
 deadline or proven unused, or an owner whose root is proven dead *and* whose tree is proven gone
@@ -12,21 +12,14 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
+from holdfast.common.names import outcome_name
+from holdfast.common.reasons import Reason
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 PROVEN_DEAD = {apb.EXIT_OBSERVED, apb.PID_ABSENT, apb.IDENTITY_MISMATCH}
 # A handoff in progress: asked of the owner (handoff-requested), or its kill authorised (force-pending).
 HANDOFF_STAGES = (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING)
-OUTCOME_NAMES = {
-    apb.EXIT_OBSERVED: "exit-observed",
-    apb.PID_ABSENT: "pid-absent",
-    apb.IDENTITY_MISMATCH: "identity-mismatch",
-    apb.IDENTITY_MATCHED: "identity-matched",
-    apb.RESERVATION_UNUSED: "reservation-unused",
-    apb.INDETERMINATE: "indeterminate",
-    apb.PROBE_OUTCOME_UNSPECIFIED: "indeterminate",
-}
 
 
 class Action(StrEnum):
@@ -34,18 +27,6 @@ class Action(StrEnum):
     REFUSE = "refuse"
     PROBE = "probe"            # the rules need the owner host's answer before deciding
     TO_MANUAL = "to-manual"    # contradictory evidence: the one refusal that writes (manual-recovery)
-
-
-class Reason(StrEnum):
-    FREE = "FREE"
-    STALE_FENCE = "STALE_FENCE"
-    MANUAL_RECOVERY = "MANUAL_RECOVERY"
-    OPERATION_CONFLICT = "OPERATION_CONFLICT"
-    RESERVED = "RESERVED"
-    HELD = "HELD"
-    OWNERSHIP_UNKNOWN = "OWNERSHIP_UNKNOWN"
-    OWNER_DEAD = "OWNER_DEAD"
-    RESERVATION_SUPERSEDED = "RESERVATION_SUPERSEDED"
 
 
 @dataclass(frozen=True)
@@ -69,7 +50,7 @@ def _has_claim(lease: pb.Lease) -> bool:
 def adjudicate(
     record: pb.SessionRecord | None, ask: AcquireAsk, probe: apb.ProbeResult | None, now_ms: int
 ) -> Verdict:
-    """Decide an Acquire in the order of DESIGN.md §3."""
+    """Decide an Acquire in the order of docs/design.md §3."""
     lease = record.lease if record is not None else pb.Lease()
     if ask.expected_fence is not None and ask.expected_fence != lease.fence:
         return Verdict(Action.REFUSE, Reason.STALE_FENCE, f"expected fence {ask.expected_fence}, "
@@ -114,7 +95,7 @@ def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
                        f"not the owner host {owner.host_id!r}")
     if probe.contradiction:
         return Verdict(Action.TO_MANUAL, Reason.MANUAL_RECOVERY, f"contradictory evidence: {probe.reason}")
-    name = OUTCOME_NAMES[probe.outcome]
+    name = outcome_name(probe.outcome)
     if probe.outcome in PROVEN_DEAD:
         if not probe.tree_checked or not probe.tree_gone:
             why = probe.tree_reason or "tree not proven gone"
@@ -135,7 +116,7 @@ def _utc(unix_ms: int) -> str:
 
 def force_allowed(lease: pb.Lease, ask: AcquireAsk, operator: bool) -> bool:
     """`force` is honoured only for the caller whose handoff request the record holds (the same
-    operation that asked), or an operator certificate (DESIGN.md §5). A drain's request names no
+    operation that asked), or an operator certificate (docs/design.md §5). A drain's request names no
     operation, so it lets nobody but an operator force."""
     requested = (lease.handoff_stage in HANDOFF_STAGES and bool(lease.handoff_operation_hash)
                  and lease.handoff_operation_hash == ask.operation_hash)
@@ -143,7 +124,7 @@ def force_allowed(lease: pb.Lease, ask: AcquireAsk, operator: bool) -> bool:
 
 
 def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:
-    """Release needs the whole tree proven gone by the owner's own host (DESIGN.md §2)."""
+    """Release needs the whole tree proven gone by the owner's own host (docs/design.md §2)."""
     return (probe.answered_by_host_id == lease.owner.host_id and probe.tree_checked and probe.tree_gone
             and probe.outcome in PROVEN_DEAD | {apb.RESERVATION_UNUSED})
 

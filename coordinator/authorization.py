@@ -3,23 +3,23 @@
 Guarantee (with TLS): only an agent certificate naming host H may RegisterHost or Heartbeat H;
 only a client (runtime), coordinator or operator certificate may make the runtime's session calls;
 only an operator certificate may make the calls that override evidence or touch every session
-(DESIGN.md §4: a stolen runtime key must not release a live owner); retention (PurgeArchives) needs
+(docs/design.md §4: a stolen runtime key must not release a live owner); retention (PurgeArchives) needs
 maintenance or operator; any certificate of the CA may read; a method not listed here is refused.
-A pure rule: the gate in holdfast.agent.authorization runs it before the handler, so a refusal
+A pure rule: the gate in holdfast.common.authorization runs it before the handler, so a refusal
 writes nothing. The grant secret is still checked by the service for every owner write: a
 certificate says who may ask, never which grant is theirs.
 """
 
 from __future__ import annotations
 
-from holdfast.agent.authorization import Refusal, no_role, wrong_role
-from holdfast.agent.tls import Role
+from holdfast.common.authorization import Refusal, no_role, wrong_role
+from holdfast.common.tls import Role
 from holdfast.v1 import coordinator_pb2 as pb
 
 READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "FencedGet", "ProbeSession",
                    "GetArchivedSession"})
 # A runtime's calls. The operator may make them too (e.g. a forced takeover on a runtime's behalf,
-# DESIGN.md §5); whether `force` is honoured is the service's decision, not this gate's.
+# docs/design.md §5); whether `force` is honoured is the service's decision, not this gate's.
 SESSION_WRITES = frozenset({"Acquire", "CommitOwner", "RecordProviderHandle", "Release", "RequestHandoff",
                             "FencedPut"})
 # Override evidence (Recover, RecoverHost, RestoreEpoch) or act on sessions that are not the

@@ -1,4 +1,4 @@
-"""Fences and grant secrets (DESIGN.md §3).
+"""Fences and grant secrets (docs/design.md §3).
 
 Guarantee: the fence moves only through `next_fence`; the record keeps only a secret's hash; the
 `fence/<id>` value `<fence>:<claim>:<hash>` is the single thing a fenced write compares against,
@@ -11,16 +11,8 @@ import hashlib
 import hmac
 import secrets
 
+from holdfast.common.names import claim_name
 from holdfast.v1 import coordinator_pb2 as pb
-
-CLAIM_NAMES = {
-    pb.RESERVED: "reserved",
-    pb.COMMITTED: "committed",
-    pb.LIVE: "live",
-    pb.CONFLICTED: "conflicted",
-    pb.RELEASED: "released",
-    pb.CLAIM_STATUS_UNSPECIFIED: "none",
-}
 
 
 def next_fence(fence: int, minimum_next_fence: int) -> int:
@@ -46,7 +38,7 @@ def secret_matches(secret: str, expected_hash: str) -> bool:
 
 
 def fence_value(fence: int, claim_status: int, secret_hash: str) -> str:
-    return f"{fence}:{CLAIM_NAMES[claim_status]}:{secret_hash}"
+    return f"{fence}:{claim_name(claim_status)}:{secret_hash}"
 
 
 def fence_value_of(record: pb.SessionRecord) -> str:

@@ -1,5 +1,5 @@
 """Lifecycle operations over etcd: archive a session, drain a host, recover a host that is gone for
-good, and the restore epoch after an etcd snapshot restore (DESIGN.md §3).
+good, and the restore epoch after an etcd snapshot restore (docs/design.md §3).
 
 Guarantee: every session write is one transaction comparing the record's mod revision and every
 other key its decision read (docs/transactions.md; a lost race changes nothing and is reported);
@@ -13,27 +13,18 @@ that may run owners was searched completely.
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import TYPE_CHECKING
 
 import grpc
 
+from holdfast.common.names import claim_name, outcome_name
 from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records, registry
 from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.sessions import KILL_WAIT_S, Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, unchanged
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
-if TYPE_CHECKING:
-    from holdfast.coordinator.service import CoordinatorService
-
-Context = grpc.aio.ServicerContext
-KILL_WAIT_S = 5.0
 MAX_PURGE = 1000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _operator_text(operator: str, reason: str) -> str:
@@ -45,19 +36,19 @@ def _operator_text(operator: str, reason: str) -> str:
 
 
 class Lifecycle:
-    def __init__(self, service: CoordinatorService) -> None:
-        self.svc = service
-        self.store = service.store
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self.store = sessions.store
 
     # --- archive ---------------------------------------------------------------------------
-    async def archive(self, request: pb.ArchiveSessionRequest, context: Context) -> pb.ArchiveSessionResponse:
+    async def archive(self, request: pb.ArchiveSessionRequest) -> pb.ArchiveSessionResponse:
         who = _operator_text(request.operator, request.reason)
-        entry, record = await self.svc._require(request.session_id)
+        entry, record = await self.sessions.require(request.session_id)
         sid = record.session_id
         if request.expected_fence != record.lease.fence:
             raise CoordinatorError("STALE_FENCE", f"expected fence {request.expected_fence}, "
                                    f"current {record.lease.fence}")
-        verdict, _, reads = await self.svc._judge_probed(record)
+        verdict, _, reads = await self.sessions.judge_probed(record)
         if not lifecycle_rules.archive_allowed(verdict):
             why = verdict.detail or verdict.reason.value
             raise CoordinatorError(verdict.reason.value, f"not archived: {why}")
@@ -72,8 +63,8 @@ class Lifecycle:
         # Fenced data goes with the session (retention ends with it); history stays readable under
         # archive/, and the archived fence is the floor of any later session of the same id.
         ok, _ = await self.store.txn(
-            unchanged([Seen(self.svc._skey(sid), entry), *reads]), puts,
-            [self.svc._skey(sid), self.store.key("fence", sid)],
+            unchanged([Seen(self.sessions.key(sid), entry), *reads]), puts,
+            [self.sessions.key(sid), self.store.key("fence", sid)],
             [self.store.key(kind, sid, "") for kind in ("history", "data", "ops")])
         if not ok:
             raise CoordinatorError("STALE_FENCE", "the record changed while archiving; nothing was archived")
@@ -81,7 +72,7 @@ class Lifecycle:
                                          verdict=verdict.reason.value)
 
     async def archived(
-        self, request: pb.GetArchivedSessionRequest, context: Context
+        self, request: pb.GetArchivedSessionRequest
     ) -> pb.GetArchivedSessionResponse:
         sid = records.check_session_id(request.session_id)
         entry = await self.store.get(self.store.key("archive", sid, "record"))
@@ -117,7 +108,7 @@ class Lifecycle:
         the three reads, which the grant's (and a force-pending's) transaction compares."""
         # Independent reads, one round trip's wait: a grant is on every client's start path.
         reg_read, drain_read, restore_read = await asyncio.gather(
-            self.svc.registry.seen(host_id), self.store.read(self._drain_key(host_id)),
+            self.sessions.registry.seen(host_id), self.store.read(self._drain_key(host_id)),
             self.store.read(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)))
         if restore_read.entry is not None:
             why = restore_read.entry.value.decode(errors="replace")[:200]
@@ -134,7 +125,7 @@ class Lifecycle:
         return self.store.key("new-session-floor")
 
     async def purge_archives(
-        self, request: pb.PurgeArchivesRequest, context: Context
+        self, request: pb.PurgeArchivesRequest
     ) -> pb.PurgeArchivesResponse:
         """Retention of archives: history older than the age is dropped, a bounded number per call.
         The archived record shrinks to its fence floor, which is kept forever (a few bytes): a revived
@@ -176,11 +167,12 @@ class Lifecycle:
     async def _host_known(self, host_id: str) -> bool:
         """Registered now, or named by a session (its agent may be down for the very maintenance the
         drain is for): `drain nosuchhost` used to set a flag for a host that never existed, exit 0."""
-        if await self.svc.registry.get(host_id) is not None or await self.draining(host_id):
+        drain_flag = await self.store.get(self._drain_key(host_id))
+        if await self.sessions.registry.get(host_id) is not None or drain_flag is not None:
             return True
         return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self._sessions())
 
-    async def drain(self, request: pb.DrainHostRequest, context: Context) -> pb.DrainHostResponse:
+    async def drain(self, request: pb.DrainHostRequest) -> pb.DrainHostResponse:
         host_id = records.check_host_id(request.host_id)
         records.check_text("operator", request.operator, 256)
         if request.draining and not await self._host_known(host_id):
@@ -202,7 +194,7 @@ class Lifecycle:
             sid, lease = record.session_id, record.lease
             response.still_owned.append(sid)
             if lease.claim_status not in lifecycle_rules.OWNED:
-                claim = fencing.CLAIM_NAMES[lease.claim_status]
+                claim = claim_name(lease.claim_status)
                 response.skipped.append(f"{sid}: {claim}, nothing to hand off")
             elif lease.handoff_stage == pb.MANUAL_RECOVERY:
                 response.skipped.append(f"{sid}: manual recovery; use `holdfast recover`")
@@ -213,17 +205,18 @@ class Lifecycle:
                 lease.handoff_operation_hash = ""  # no successor named: any later Acquire is adjudicated
                 lease.handoff_requested_by_host = f"drain of {host_id}"
                 detail = f"drain {request.operator}"
-                if await self.svc._transition(entry, record, "handoff-requested", detail, reads=[drain_read]):
+                if await self.sessions.transition(entry, record, "handoff-requested", detail,
+                                                  reads=[drain_read]):
                     response.handoff_requested.append(sid)
                 else:
                     response.skipped.append(f"{sid}: changed while draining; run drain again")
         return response
 
     # --- bulk recovery ---------------------------------------------------------------------
-    async def recover_host(self, request: pb.RecoverHostRequest, context: Context) -> pb.RecoverHostResponse:
+    async def recover_host(self, request: pb.RecoverHostRequest, peer: str) -> pb.RecoverHostResponse:
         host_id = records.check_host_id(request.host_id)
         who = _operator_text(request.operator, request.reason)
-        registration = await self.svc.registry.seen(host_id)
+        registration = await self.sessions.registry.seen(host_id)
         if registration.entry is not None:
             # Operator evidence is for a node that is gone; a registered agent can answer for itself.
             # Checked here and compared absent in each session's transaction: an agent that
@@ -243,8 +236,8 @@ class Lifecycle:
                 kind="operator-asserted", detail=f"host {host_id} gone: {who}"[:1024],
                 observed_at_unix_ms=now_ms(), owner_fence=lease.fence))
             # The compare on the mod revision is the expected-fence check: the fence read is the one freed.
-            detail = f"host {host_id} by {context.peer()}"
-            result.recovered = await self.svc._transition(entry, record, "recover", detail,
+            detail = f"host {host_id} by {peer}"
+            result.recovered = await self.sessions.transition(entry, record, "recover", detail,
                                                           reads=[registration])
             if not result.recovered:
                 result.error = "the record changed meanwhile; `holdfast show` it and recover it alone"
@@ -252,7 +245,7 @@ class Lifecycle:
 
     # --- restore epoch ---------------------------------------------------------------------
     async def restore_epoch(
-        self, request: pb.RestoreEpochRequest, context: Context
+        self, request: pb.RestoreEpochRequest
     ) -> pb.RestoreEpochResponse:
         who = _operator_text(request.operator, request.reason)
         epoch = request.epoch or lifecycle_rules.DEFAULT_EPOCH
@@ -276,20 +269,20 @@ class Lifecycle:
                     lease.death_evidence.CopyFrom(pb.DeathEvidence(
                         kind="restore-epoch", detail=who, observed_at_unix_ms=now_ms(),
                         owner_fence=lease.fence))
-                if await self.svc._transition(entry, record, "restore-epoch", f"+{epoch} {who}"):
+                if await self.sessions.transition(entry, record, "restore-epoch", f"+{epoch} {who}"):
                     row.minimum_next_fence = lease.minimum_next_fence
-                    row.outcome = fencing.CLAIM_NAMES[lease.claim_status]
+                    row.outcome = claim_name(lease.claim_status)
                     if was in lifecycle_rules.OWNED:
                         to_judge.append(record.session_id)
                     break
-                entry, record = await self.svc._require(record.session_id)
+                entry, record = await self.sessions.require(record.session_id)
                 lease = record.lease
             else:
                 row.outcome, row.detail = "unchanged", "kept changing; run restore-epoch again"
         # 2. Orphans: token roots on any registered host that no record names.
         current = [record for _, record in await self._sessions()]
         known = lifecycle_rules.known_tokens(current)
-        registered = [host.host_id for host in await self.svc.registry.list()]
+        registered = [host.host_id for host in await self.sessions.registry.list()]
         for host_id in registered:
             response.hosts.append(await self._stop_orphans(host_id, known))
         for host_id in lifecycle_rules.unsearched_hosts(lifecycle_rules.hosts_named(current), expected,
@@ -300,16 +293,16 @@ class Lifecycle:
         # 3. Re-adjudicate every owner made conflicted: released only on its own host's proof.
         by_id = {row.session_id: row for row in response.sessions}
         for sid in to_judge:
-            entry, record = await self.svc._require(sid)
-            probe, registration = await self.svc._probe(record.lease.owner)
+            entry, record = await self.sessions.require(sid)
+            probe, registration = await self.sessions.probe(record.lease.owner)
             row = by_id[sid]
             if adjudication.release_allowed(record.lease, probe):
                 record.lease.claim_status = pb.RELEASED
                 record.lease.death_evidence.CopyFrom(pb.DeathEvidence(
-                    kind=adjudication.OUTCOME_NAMES[probe.outcome],
+                    kind=outcome_name(probe.outcome),
                     detail=f"restore-epoch: {probe.reason}"[:1024],
                     observed_at_unix_ms=probe.observed_at_unix_ms, owner_fence=record.lease.fence))
-                if await self.svc._transition(entry, record, "restore-released", probe.reason,
+                if await self.sessions.transition(entry, record, "restore-released", probe.reason,
                                               reads=[registration]):
                     row.outcome, row.detail = "released", "owner proven gone by its host's agent"
                     continue
@@ -336,7 +329,7 @@ class Lifecycle:
 
     async def _stop_orphans(self, host_id: str, known: set[str]) -> pb.RestoreEpochHost:
         row = pb.RestoreEpochHost(host_id=host_id)
-        stub = await self.svc.router.agent(host_id)
+        stub = await self.sessions.router.agent(host_id)
         if stub is None:
             row.error = "registration vanished; run restore-epoch again once it is back"
             return row
@@ -347,7 +340,7 @@ class Lifecycle:
             return row
         row.complete, row.roots = listing.complete, len(listing.roots)
         for identity in lifecycle_rules.orphans(listing.roots, known):
-            result = await self.svc.router.kill(identity, KILL_WAIT_S)
+            result = await self.sessions.router.kill(identity, KILL_WAIT_S)
             stopped = lifecycle_rules.orphan_stopped(result)
             (row.orphans_stopped if stopped else row.orphans_not_stopped).append(
                 f"pid {identity.pid}" + ("" if stopped else f": {result.tree_reason or result.reason}"))

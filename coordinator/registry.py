@@ -1,4 +1,4 @@
-"""Host registrations: `hosts/<host_id>` under an etcd lease (DESIGN.md §4).
+"""Host registrations: `hosts/<host_id>` under an etcd lease (docs/design.md §4).
 
 Guarantee: registration is create-only while the previous registration's lease lives, so a second
 agent claiming a live host id is refused; a heartbeat renews only the lease that registration holds.

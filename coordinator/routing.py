@@ -1,4 +1,4 @@
-"""Calls to the owner host's agent (DESIGN.md §4): only coordinators call agents.
+"""Calls to the owner host's agent (docs/design.md §4): only coordinators call agents.
 
 Guarantee: a host without registration, an unreachable agent or a timeout yields an INDETERMINATE
 probe result naming that reason — after bounded tenacity retries — never a proof of death.
@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from holdfast.agent import tls
-from holdfast.agent.tls import Role
+from holdfast.common import tls
+from holdfast.common.tls import Role
 from holdfast.coordinator import metrics
 from holdfast.coordinator.registry import Registry
 from holdfast.v1 import agent_pb2 as apb

@@ -11,13 +11,13 @@ import functools
 import logging
 from pathlib import Path
 
-from holdfast.agent import serving as serving_
-from holdfast.agent import tls
-from holdfast.agent.authorization import RoleGate
-from holdfast.agent.tls import ETCD_SUBDIR, Role
+from holdfast.common import serving as serving_
+from holdfast.common import tls
+from holdfast.common.authorization import RoleGate
+from holdfast.common.reasons import DOMAIN
+from holdfast.common.tls import ETCD_SUBDIR, Role
 from holdfast.coordinator import metrics
 from holdfast.coordinator.authorization import coordinator_rule
-from holdfast.coordinator.errors import DOMAIN
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc

@@ -10,21 +10,20 @@ that compares every precondition of the grant); indeterminate never grants.
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
 
-from holdfast.agent import tls
-from holdfast.agent.logs import session_fields
+from holdfast.common import reasons, tls
 from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.routing import Router
+from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import (
     Compacted,
     Entry,
@@ -32,24 +31,15 @@ from holdfast.coordinator.store import (
     Seen,
     Store,
     StoreUnavailable,
-    unchanged,
     value_equals,
 )
-from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
 COMMIT_WINDOW_MS = 30_000
-HISTORY_KEPT = 64
 MAX_CHAIN = 256
 MAX_PAGE = 500
 RACE_RETRIES = 16
-KILL_WAIT_S = 5.0
-log = logging.getLogger("holdfast.coordinator.sessions")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def caller_of(context: grpc.aio.ServicerContext, host_id: str) -> str:
@@ -93,95 +83,14 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
     return wrapped
 
 
-def _lifecycle_rpc(name: str) -> Callable[..., Awaitable[object]]:
-    """An RPC served by `Lifecycle.<name>(request, context)`, with the handler's error mapping."""
-
-    async def rpc(self: CoordinatorService, request: object, context: grpc.aio.ServicerContext) -> object:
-        return await getattr(self.lifecycle, name)(request, context)
-
-    rpc.__name__ = name
-    return _handler(rpc)
-
-
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None) -> None:
         self.store = store
         self.registry = Registry(store)
         self.router = Router(self.registry, agent_tls_dir)
-        self.lifecycle = lifecycle.Lifecycle(self)
+        self.sessions = Sessions(store, self.registry, self.router)
+        self.lifecycle = lifecycle.Lifecycle(self.sessions)
         self.cluster = ClusterIdentity(store)
-
-    # --- records -------------------------------------------------------------------------
-    def _skey(self, session_id: str) -> str:
-        return self.store.key("sessions", session_id)
-
-    async def _read(self, session_id: str) -> tuple[Entry | None, pb.SessionRecord | None]:
-        entry = await self.store.get(self._skey(session_id))
-        return entry, records.decode_record(entry.value) if entry else None
-
-    async def _require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
-        entry, record = await self._read(records.check_session_id(session_id))
-        if entry is None or record is None:
-            raise CoordinatorError("NOT_FOUND", f"unknown session {session_id}")
-        return entry, record
-
-    async def _transition(
-        self,
-        entry: Entry | None,
-        record: pb.SessionRecord,
-        transition: str,
-        detail: str = "",
-        extra: tuple[Put, ...] = (),
-        reads: Sequence[Seen] = (),
-    ) -> bool:
-        return await self._transition_at(entry, record, transition, detail, extra, reads) is not None
-
-    async def _transition_at(
-        self,
-        entry: Entry | None,
-        record: pb.SessionRecord,
-        transition: str,
-        detail: str = "",
-        extra: tuple[Put, ...] = (),
-        reads: Sequence[Seen] = (),
-    ) -> Entry | None:
-        """One transaction: the record, its fence key and a history entry, applied only if the record
-        (compared on its mod revision, 0 = absent) and every other key the decision read (`reads`)
-        are as they were read. Returns the record's new entry, None when the transaction lost."""
-        sid = record.session_id
-        record.history_seq += 1
-        seq = record.history_seq
-        history = pb.HistoryEntry(
-            seq=seq, at_unix_ms=now_ms(), transition=transition, fence=record.lease.fence, detail=detail[:512]
-        )
-        puts = [
-            Put(self._skey(sid), records.encode(record)),
-            Put(self.store.key("fence", sid), fencing.fence_value_of(record).encode()),
-            Put(self.store.key("history", sid, f"{seq:020d}"), records.encode(history)),
-            *extra,
-        ]
-        # The cap: each transition adds one entry and drops the one HISTORY_KEPT transitions older.
-        dropped = [self.store.key("history", sid, f"{seq - HISTORY_KEPT:020d}")] if seq > HISTORY_KEPT else []
-        compares = unchanged([Seen(self._skey(sid), entry), *reads])
-        ok, revision = await self.store.txn(compares, puts, dropped)
-        lease = record.lease
-        host = lease.owner.host_id or lease.reserved_host_id
-        fields = session_fields(sid, lease.fence, host, transition=transition, applied=ok,
-                                detail=detail[:200])
-        log.info("session %s%s", transition, "" if ok else " lost a race", extra={"fields": fields})
-        if not ok:
-            return None
-        created = entry.create_revision if entry else revision
-        return Entry(self._skey(sid), puts[0].value, revision, created, 0)
-
-    async def _probe(self, owner: apb.ProcessIdentity, kill: bool = False) -> tuple[apb.ProbeResult, Seen]:
-        """The owner's host's answer (a probe with the tree checked, or a kill), with that host's
-        registration as read first: the proof came from the agent it names, so a decision on the
-        answer compares it (a heartbeat does not change it; a new registration does)."""
-        registration = await self.registry.seen(owner.host_id)
-        if kill:
-            return await self.router.kill(owner, KILL_WAIT_S), registration
-        return await self.router.probe(owner, check_tree=True), registration
 
     async def _check_cluster(self, cluster_id: str) -> str:
         """A grant minted by another holdfast cluster is refused before anything is read or written;
@@ -194,7 +103,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return ours
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
-        """Fence first, then secret (DESIGN.md §3)."""
+        """Fence first, then secret (docs/design.md §3)."""
         records.check_fence(fence)
         if fence != record.lease.fence:
             raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")
@@ -220,7 +129,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         replay = await self.store.get(ops_key)
         if replay is not None:
             stored = records.json_format.Parse(replay.value, pb.AcquireResponse())
-            _, current = await self._read(sid)
+            _, current = await self.sessions.read(sid)
             if not adjudication.replay_still_valid(stored.grant.fence, current):
                 raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
             return stored
@@ -232,7 +141,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            entry, record = await self._read(sid)
+            entry, record = await self.sessions.read(sid)
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
             reads: list[Seen] = []
             if verdict.action is Action.PROBE and record is not None:
@@ -242,13 +151,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     entry = await self._force_pending(entry, record, request, ask, context)
                     if entry is None:
                         continue  # the record or a precondition changed: re-read, re-decide
-                probe, registration = await self._probe(record.lease.owner, kill=request.force)
+                probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
             metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
             if verdict.action is Action.TO_MANUAL and record is not None:
                 record.lease.handoff_stage = pb.MANUAL_RECOVERY
-                await self._transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
+                await self.sessions.transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
                 raise CoordinatorError("MANUAL_RECOVERY", verdict.detail)
             remaining = deadline - time.monotonic()
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
@@ -312,7 +221,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         response = pb.AcquireResponse(grant=grant, record=record)
         stored = Put(ops_key, records.encode(response))
-        ok = await self._transition(entry, record, "grant", verdict.reason.value, (stored,), reads)
+        ok = await self.sessions.transition(entry, record, "grant", verdict.reason.value, (stored,), reads)
         if ok:
             metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None
@@ -338,14 +247,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.handoff_stage = pb.FORCE_PENDING
         lease.handoff_operation_hash = ask.operation_hash
         lease.handoff_requested_by_host = request.host_id
-        return await self._transition_at(entry, record, "force-pending", request.host_id, reads=gates)
+        return await self.sessions.transition_at(entry, record, "force-pending", request.host_id, reads=gates)
 
     @_handler
     async def CommitOwner(
         self, request: pb.CommitOwnerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CommitOwnerResponse:
         cluster = await self._check_cluster(request.cluster_id)
-        entry, record = await self._require(request.session_id)
+        entry, record = await self.sessions.require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
         if lease.claim_status != pb.RESERVED:
@@ -364,8 +273,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.owner.CopyFrom(identity)
         lease.claim_status = pb.LIVE if lease.live_on_commit else pb.COMMITTED
         lease.owner_since_unix_ms = lease.last_proven_alive_at_unix_ms = now_ms()
-        if not await self._transition(entry, record, "commit", f"pid {identity.pid} on {identity.host_id}",
-                                      reads=[registration]):
+        committed = f"pid {identity.pid} on {identity.host_id}"
+        if not await self.sessions.transition(entry, record, "commit", committed, reads=[registration]):
             raise CoordinatorError("STALE_FENCE", "the record changed during commit")
         return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 
@@ -375,7 +284,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.RecordProviderHandleResponse:
         cluster = await self._check_cluster(request.cluster_id)
         records.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
-        entry, record = await self._require(request.session_id)
+        entry, record = await self.sessions.require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         if record.lease.claim_status not in (pb.COMMITTED, pb.LIVE):
             raise CoordinatorError("NOT_LIVE", "a provider handle needs a committed owner")
@@ -385,7 +294,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             handle=request.handle, minted_at_fence=request.fence, observed_at_unix_ms=now_ms()
         )
         record.lease.claim_status = pb.LIVE
-        if not await self._transition(entry, record, "provider-handle", request.handle[:64]):
+        if not await self.sessions.transition(entry, record, "provider-handle", request.handle[:64]):
             raise CoordinatorError("STALE_FENCE", "the record changed; this grant may be stale")
         return pb.RecordProviderHandleResponse(record=record, cluster_id=cluster)
 
@@ -394,12 +303,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
         cluster = await self._check_cluster(request.cluster_id)
-        entry, record = await self._require(request.session_id)
+        entry, record = await self.sessions.require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         lease = record.lease
         reads: list[Seen] = []
         if lease.claim_status in (pb.COMMITTED, pb.LIVE):
-            probe, registration = await self._probe(lease.owner)
+            probe, registration = await self.sessions.probe(lease.owner)
             reads.append(registration)
             if not adjudication.release_allowed(lease, probe):
                 raise CoordinatorError(
@@ -411,7 +320,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.death_evidence.CopyFrom(
             pb.DeathEvidence(kind="released", observed_at_unix_ms=now_ms(), owner_fence=lease.fence)
         )
-        if not await self._transition(entry, record, "release", reads=reads):
+        if not await self.sessions.transition(entry, record, "release", reads=reads):
             raise CoordinatorError("STALE_FENCE", "the record changed during release")
         return pb.ReleaseResponse(record=record, cluster_id=cluster)
 
@@ -431,7 +340,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         if ok:
             return pb.FencedPutResponse(revision=revision, cluster_id=cluster)
-        _, record = await self._require(sid)  # classify the refusal: nothing was written
+        _, record = await self.sessions.require(sid)  # classify the refusal: nothing was written
         self._check_grant(record, request.fence, request.secret)
         raise CoordinatorError("NOT_LIVE", "fenced writes need a live owner")
 
@@ -450,7 +359,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def GetSession(
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
-        _, record = await self._require(request.session_id)
+        _, record = await self.sessions.require(request.session_id)
         entries, _ = await self.store.list_prefix(self.store.key("history", record.session_id, ""))
         history = [records.json_format.Parse(e.value, pb.HistoryEntry()) for e in entries]
         return pb.GetSessionResponse(record=record, history=history)
@@ -462,7 +371,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         size = min(request.page_size or 100, MAX_PAGE)
         after = ""
         if request.page_token:
-            after = self._skey(records.check_session_id(request.page_token))
+            after = self.sessions.key(records.check_session_id(request.page_token))
         entries, more = await self.store.list_prefix(self.store.key("sessions", ""), after, size)
         page = [records.decode_record(e.value) for e in entries]
         return pb.ListSessionsResponse(
@@ -500,7 +409,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         records.check_host_id(request.host_id)
         requested = handoff_hash(request.operation_id)
         for _ in range(RACE_RETRIES):
-            entry, record = await self._require(request.session_id)
+            entry, record = await self.sessions.require(request.session_id)
             lease = record.lease
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
@@ -512,7 +421,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             lease.handoff_stage = pb.HANDOFF_REQUESTED
             lease.handoff_operation_hash = requested
             lease.handoff_requested_by_host = request.host_id
-            if await self._transition(entry, record, "handoff-requested", request.host_id):
+            if await self.sessions.transition(entry, record, "handoff-requested", request.host_id):
                 return pb.RequestHandoffResponse(record=record)
         raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
 
@@ -520,27 +429,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def ProbeSession(
         self, request: pb.ProbeSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProbeSessionResponse:
-        _, record = await self._require(request.session_id)
-        verdict, probe, _ = await self._judge_probed(record)
+        _, record = await self.sessions.require(request.session_id)
+        verdict, probe, _ = await self.sessions.judge_probed(record)
         metrics.INDETERMINATE.verdict(record.session_id, verdict.reason.value)
         return pb.ProbeSessionResponse(
-            verdict=VERDICT_NAMES.get(verdict.reason.value, verdict.action.value),
+            verdict=reasons.verdict(verdict.reason) or verdict.action.value,
             reason=verdict.detail,
             probe=probe,
             record=record,
         )
-
-    async def _judge_probed(
-        self, record: pb.SessionRecord
-    ) -> tuple[adjudication.Verdict, apb.ProbeResult | None, list[Seen]]:
-        """Adjudicate as the handoff's requester would be, probing a committed owner's own host;
-        with the keys the verdict read besides the record (the owner host's registration)."""
-        ask = AcquireAsk(None, record.lease.handoff_operation_hash)
-        probe, reads = None, []
-        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
-            probe, registration = await self._probe(record.lease.owner)
-            reads.append(registration)
-        return adjudication.adjudicate(record, ask, probe, now_ms()), probe, reads
 
     @_handler
     async def Recover(
@@ -551,7 +448,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise records.InvalidInput("Recover needs a reason and an operator")
         records.check_text("reason", request.reason, 1024)
         records.check_text("operator", request.operator, 256)
-        entry, record = await self._require(request.session_id)
+        entry, record = await self.sessions.require(request.session_id)
         lease = record.lease
         if lease.fence != request.expected_fence:
             raise CoordinatorError(
@@ -570,24 +467,49 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 owner_fence=lease.fence,
             )
         )
-        if not await self._transition(entry, record, "recover", f"{request.operator} from {context.peer()}"):
+        who = f"{request.operator} from {context.peer()}"
+        if not await self.sessions.transition(entry, record, "recover", who):
             raise CoordinatorError("STALE_FENCE", "the record changed during recovery; retry")
         return pb.RecoverResponse(record=record)
 
     # --- lifecycle (coordinator/lifecycle.py) --------------------------------------------
-    ArchiveSession = _lifecycle_rpc("archive")
-    GetArchivedSession = _lifecycle_rpc("archived")
-    PurgeArchives = _lifecycle_rpc("purge_archives")
-    DrainHost = _lifecycle_rpc("drain")
-    RecoverHost = _lifecycle_rpc("recover_host")
-    RestoreEpoch = _lifecycle_rpc("restore_epoch")
+    @_handler
+    async def ArchiveSession(self, request: pb.ArchiveSessionRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ArchiveSessionResponse:
+        return await self.lifecycle.archive(request)
+
+    @_handler
+    async def GetArchivedSession(self, request: pb.GetArchivedSessionRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.GetArchivedSessionResponse:
+        return await self.lifecycle.archived(request)
+
+    @_handler
+    async def PurgeArchives(self, request: pb.PurgeArchivesRequest,
+                            context: grpc.aio.ServicerContext) -> pb.PurgeArchivesResponse:
+        return await self.lifecycle.purge_archives(request)
+
+    @_handler
+    async def DrainHost(self, request: pb.DrainHostRequest,
+                        context: grpc.aio.ServicerContext) -> pb.DrainHostResponse:
+        return await self.lifecycle.drain(request)
+
+    @_handler
+    async def RecoverHost(self, request: pb.RecoverHostRequest,
+                          context: grpc.aio.ServicerContext) -> pb.RecoverHostResponse:
+        return await self.lifecycle.recover_host(request, context.peer())
+
+    @_handler
+    async def RestoreEpoch(self, request: pb.RestoreEpochRequest,
+                           context: grpc.aio.ServicerContext) -> pb.RestoreEpochResponse:
+        return await self.lifecycle.restore_epoch(request)
 
     # --- watch ---------------------------------------------------------------------------
     async def WatchSessions(
         self, request: pb.WatchSessionsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SessionEvent]:
         try:
-            key = self._skey(records.check_session_id(request.session_id)) if request.session_id else None
+            sid = request.session_id
+            key = self.sessions.key(records.check_session_id(sid)) if sid else None
             prefix = key or self.store.key("sessions", "")
             cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
             while True:
@@ -615,16 +537,3 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             await context.abort_with_status(CoordinatorError("INVALID_ARGUMENT", str(exc)).to_status())
         except StoreUnavailable as exc:
             await context.abort_with_status(CoordinatorError("UNAVAILABLE", str(exc)).to_status())
-
-
-VERDICT_NAMES = {
-    "FREE": "free",
-    "OWNER_DEAD": "grant",
-    "RESERVATION_SUPERSEDED": "grant",
-    "HELD": "held",
-    "RESERVED": "reserved",
-    "OWNERSHIP_UNKNOWN": "unknown",
-    "MANUAL_RECOVERY": "manual-recovery",
-    "OPERATION_CONFLICT": "held",
-    "STALE_FENCE": "unknown",
-}

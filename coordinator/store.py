@@ -1,7 +1,7 @@
 """The one module over aetcd: every etcd read, transaction, lease and watch goes through here.
 
 Guarantee: the gRPC channel is opened here (several endpoints with round_robin, TLS optional —
-aetcd's own `connect()` does neither, DESIGN.md §7) and handed to aetcd's stubs; a write is one
+aetcd's own `connect()` does neither, docs/design.md §7) and handed to aetcd's stubs; a write is one
 etcd transaction, so it lands whole or not at all; an unreachable etcd is `StoreUnavailable`, never
 a partial write and never a silent success.
 """
@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import grpc
 from aetcd import rpc
 
-from holdfast.agent import tls
+from holdfast.common import tls
 
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 DEFAULT_PREFIX = "/holdfast/v1/"

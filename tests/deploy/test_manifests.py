@@ -161,7 +161,7 @@ def test_agent_readiness_is_the_doctor_for_a_node_and_serve_refuses_off_one() ->
     (container,) = pod_spec(render("external-etcd"), "DaemonSet", "holdfast-agent")["containers"]
     command = container["readinessProbe"]["exec"]["command"]
     assert command[0] == "/opt/holdfast/bin/holdfast"  # the venv the Dockerfile installs
-    args = importlib.import_module("holdfast.coordinator.cli").build_parser().parse_args(command[1:])
+    args = importlib.import_module("holdfast.cli.main").build_parser().parse_args(command[1:])
     assert args.agent_command == "doctor" and args.node is True
     assert "--node" in container["args"]
     machine_id = {v["name"]: v for v in pod_spec(render("external-etcd"), "DaemonSet",
@@ -181,8 +181,8 @@ def test_metrics_port_is_declared_and_annotated(kind: str, name: str) -> None:
 
 
 def test_config_map_holds_only_settings_a_server_reads() -> None:
-    from holdfast.agent import commands
-    from holdfast.coordinator import serve_commands
+    from holdfast.cli import agent_commands as commands
+    from holdfast.cli import serve_commands
 
     read = {s.env for s in [*commands.SERVE_SETTINGS, *commands.DOCTOR_SETTINGS, *serve_commands.SETTINGS]}
     for overlay in OVERLAYS:
@@ -275,7 +275,7 @@ def test_archive_retention_runs_daily_as_a_non_root_maintenance_role_over_mtls()
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["automountServiceAccountToken"] is False
     (container,) = spec["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    args = importlib.import_module("holdfast.coordinator.cli").build_parser().parse_args(container["args"])
+    args = importlib.import_module("holdfast.cli.main").build_parser().parse_args(container["args"])
     assert args.admin_command == "purge-archives" and args.older_than_days > 0
     # Retention only: the CronJob presents the maintenance certificate, never a runtime's or operator's.
     assert args.tls_role == "maintenance"
@@ -404,7 +404,7 @@ def test_dockerfile_is_multistage_and_names_entrypoints_that_exist() -> None:
     assert entrypoint.endswith('bin/holdfast"]')
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts["holdfast"].split(":")
-    assert module == "holdfast.coordinator.cli"
+    assert module == "holdfast.cli.main"
     assert callable(getattr(importlib.import_module(module), func))
     parser = importlib.import_module(module).build_parser()
     for argv in (["agent", "serve", "--listen", "x:1", "--host-id", "n"],

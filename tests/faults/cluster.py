@@ -19,12 +19,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from holdfast.coordinator.etcd_server import EtcdServer, free_port
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.etcd_server import EtcdServer, free_port
+from holdfast.localstack.simhost import SimulatedHost
 from tests.faults.proxy import FaultProxy, ProxyLoop
 from tests.integration.coordinator_fixtures import Coordinator
 
-# 3 members on 2 loaded cores: below 50/500 the leader churns (DESIGN.md §8); 100/1000 leaves room
+# 3 members on 2 loaded cores: below 50/500 the leader churns (docs/design.md §8); 100/1000 leaves room
 # for the coordinators, agents and runs that share those cores.
 CLUSTER_ELECTION_MS = (100, 1000)
 HOST_INDEXES = (150, 151, 152)  # 127.0.0.150..152: disjoint from the integration fixtures' ranges

@@ -1,7 +1,7 @@
 """A small asyncio TCP fault proxy on loopback: cut, delay or drop a link, both ways.
 
 Guarantee: it listens and dials only 127.0.0.0/8 (a request to any other address would leave the
-machine, DESIGN.md §8); `cut()` closes every open connection and refuses new ones until `heal()`;
+machine, docs/design.md §8); `cut()` closes every open connection and refuses new ones until `heal()`;
 `delay` holds every chunk that long in each direction; `drop` silently discards each chunk with that
 probability (the peer sees a stalled, then broken, stream — never altered bytes). The proxies run on
 one event loop in a background thread, so the harness can drive them from plain synchronous code.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.simhost import SimulatedHost
 from tests.faults.cluster import FaultCluster
 from tests.faults.history import check
 from tests.faults.workload import Launched, Soak, dump

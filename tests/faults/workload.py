@@ -31,8 +31,9 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.coordinator.client import Client, ClientError
-from holdfast.coordinator.simhost import SimulatedHost, ns_pid
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.localstack.simhost import SimulatedHost, ns_pid
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.faults.cluster import FaultCluster
@@ -151,7 +152,7 @@ class Soak:
                 prefix = unprivileged.DROP
             self.ops["by-nobody" if as_nobody else "by-root"] += 1
             self.ops[f"hostile-{extra[1]}" if hostile else "well-behaved"] += 1
-            argv = [*prefix, python, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
+            argv = [*prefix, python, "-m", "holdfast.cli", "run", "--session", session, *options,
                     "--grace", "1", "--", *self.child(session, *extra, python=python)]
         err = open(self.tmp / f"run-{len(self.launched)}.err", "wb")  # noqa: SIM115 - handed to the child
         with err:

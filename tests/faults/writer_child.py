@@ -1,4 +1,4 @@
-"""The workload's CMD: the flock overlap detector of DESIGN.md §8 plus an append-only fenced writer.
+"""The workload's CMD: the flock overlap detector of docs/design.md §8 plus an append-only fenced writer.
 
 It takes an exclusive, non-blocking flock on its session's lock file (descendants inherit it) and
 logs `overlap` if it cannot — two trees of one session at once. Then, until it is ended, it appends
@@ -28,7 +28,9 @@ import subprocess
 import sys
 import time
 
-from holdfast.coordinator.client import Client, ClientError, Grant
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
 
 WRITE_EVERY_S = 0.15
 HOSTILE = ("hopper", "dropper", "setsid", "ignore-term")

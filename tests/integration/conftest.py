@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 _indexes = itertools.cycle(range(10, 50))
@@ -39,7 +39,7 @@ class AgentProcess:
         ready.unlink(missing_ok=True)  # an earlier agent of the same host id left its own behind
         self.log_path = tmp / f"agent-{host_id}.log"
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
+            [*prefix, sys.executable, "-m", "holdfast.cli", "agent", "serve",
              "--listen", f"127.0.0.{next(_indexes)}:0", "--host-id", host_id,
              "--spawn-token-env", env_var, "--ready-file", str(ready), *args],
             stderr=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it

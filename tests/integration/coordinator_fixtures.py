@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.coordinator.etcd_server import EtcdServer
 from holdfast.coordinator.store import Store
+from holdfast.localstack.etcd_server import EtcdServer
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ class Coordinator:
         log = open(self.state_dir / "coordinator.log", "ab")  # noqa: SIM115 - handed to the child
         with log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "holdfast.coordinator.cli", "coordinator", "serve", "--etcd",
+                [sys.executable, "-m", "holdfast.cli", "coordinator", "serve", "--etcd",
                  self.etcd_url, "--listen", self.address or self.listen, "--ready-file", str(ready),
                  "--prefix", self.prefix, *self.args], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.coordinator.client import Grant
-from holdfast.coordinator.errors import reason_of
+from holdfast.client.grant import Grant
+from holdfast.common.reasons import reason_of
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
 
 def cli(address: str, *argv: str, timeout: float = 120) -> tuple[int, dict]:  # type: ignore[type-arg]
     """`holdfast ARGV --json --coordinator ADDRESS`: (exit code, the one JSON document)."""
-    done = subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", *argv, "--json",
+    done = subprocess.run([sys.executable, "-m", "holdfast.cli", *argv, "--json",
                            "--coordinator", address], capture_output=True, timeout=timeout, check=False)
     return done.returncode, json.loads(done.stdout or b"{}")
 

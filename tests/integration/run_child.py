@@ -1,4 +1,4 @@
-"""The child that `holdfast run` runs in the session tests: the overlap detector of DESIGN.md §8.
+"""The child that `holdfast run` runs in the session tests: the overlap detector of docs/design.md §8.
 
 It takes an exclusive, non-blocking flock on the session's lock file (descendants inherit it) and
 logs `overlap` if it cannot — two trees at once; then logs `start`, optionally records a provider
@@ -44,7 +44,7 @@ def main() -> int:
     log(log_path, "start")
     if "--handle" in rest:
         handle = rest[rest.index("--handle") + 1]
-        subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", "handle", handle], check=True,
+        subprocess.run([sys.executable, "-m", "holdfast.cli", "handle", handle], check=True,
                        stdout=subprocess.DEVNULL)
     while True:
         signal.pause()

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration import unprivileged
@@ -102,7 +102,7 @@ class Cluster:
             self.shared.append(home)
             run_env.update(extra, HOME=str(home), TMPDIR=str(home), XDG_STATE_HOME=str(home))
             prefix = unprivileged.DROP
-        argv = [*prefix, python, "-m", "holdfast.coordinator.cli", "run", "--session", session, *options,
+        argv = [*prefix, python, "-m", "holdfast.cli", "run", "--session", session, *options,
                 "--", *cmd]
         with open(stderr, "wb") as err:
             proc = host.spawn(argv, env=run_env, stdout=subprocess.DEVNULL, stderr=err, cwd="/")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.agent import cgroups
+from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
 from tests.integration.conftest import AgentProcess, descendants, mint_token, wait_carrier
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.localstack.simhost import SimulatedHost
 from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.run_fixtures import until
 
 # The mTLS fixtures (a PKI, an etcd and a coordinator serving mTLS only), reused from their module.
 from tests.integration.test_tls_authorization import coordinator_tls, pki, tls_etcd  # noqa: F401
@@ -27,7 +28,7 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
 ]
-HOLDFAST = [sys.executable, "-m", "holdfast.coordinator.cli"]
+HOLDFAST = [sys.executable, "-m", "holdfast.cli"]
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
@@ -40,12 +41,18 @@ def doctor(host, *args: str, prefix: tuple[str, ...] = ()) -> tuple[int, dict[st
     return proc.returncode, {c["name"]: c for c in report["checks"]}
 
 
+def runs_as_nobody(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+    return uid == "65534" and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")
+
+
 def test_inside_a_pod_namespace_node_checks_fail_with_their_fix(  # type: ignore[no-untyped-def]
         simhosts, children, coordinator: Coordinator) -> None:
     host = simhosts("doc-h1")
     other = host.spawn([*NOBODY, "sleep", "60"])
     children.append(other)
-    time.sleep(0.3)  # setpriv has exec'd sleep as uid 65534
+    until("setpriv to exec sleep as uid 65534", lambda: runs_as_nobody(host.outer_pid(other)))
 
     rc, checks = doctor(host, "--node", "--coordinator", "127.0.0.1:1")
     assert rc == 1

@@ -1,4 +1,4 @@
-"""The agent leaks no environment content (DESIGN.md §2): secrets planted in other processes'
+"""The agent leaks no environment content (docs/design.md §2): secrets planted in other processes'
 environments — beside a spawn token, in a malformed value of the token variable itself, in a
 look-alike variable — appear in no byte of any RPC answer or refusal, nor in any line of its log,
 while every HostAgent RPC is driven against those very processes (real children in a simulated host).

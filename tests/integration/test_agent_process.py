@@ -137,6 +137,7 @@ def test_token_after_hundreds_of_kb_of_environment(agent: AgentProcess, children
     big = {f"FILLER_{i}": "x" * 1000 for i in range(400)}
     big[VAR + "_EXTRA"] = mint_token()  # prefix collision must not match
     child = spawn(children, ["sleep", "300"], token, extra=big)
+    wait_carrier(agent.stub, token)  # Popen returns before the execve has laid out the environ
     assert len(Path(f"/proc/{child.pid}/environ").read_bytes()) > 400_000
     assert attest(agent.stub, token).pid == child.pid
     other = spawn(children, ["sleep", "300"], None, extra={VAR + "_EXTRA": token})

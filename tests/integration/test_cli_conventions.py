@@ -14,12 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.agent import serving, tls
 from holdfast.agent.service import VERSION
-from holdfast.agent.tls import Role
-from holdfast.coordinator import certs
-from holdfast.coordinator.client import Client, ClientError
-from holdfast.coordinator.etcd_server import free_port
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.common import certs, serving, tls
+from holdfast.common.tls import Role
+from holdfast.localstack.etcd_server import free_port
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration.coordinator_fixtures import Coordinator, snapshot
@@ -27,7 +27,7 @@ from tests.integration.coordinator_fixtures import Coordinator, snapshot
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = pytest.mark.timeout(120)
 
-HOLDFAST = [sys.executable, "-m", "holdfast.coordinator.cli"]
+HOLDFAST = [sys.executable, "-m", "holdfast.cli"]
 
 
 def test_version_as_flag_and_as_command() -> None:

@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
 ]
 
-HOLDFAST = [sys.executable, "-m", "holdfast.coordinator.cli"]
+HOLDFAST = [sys.executable, "-m", "holdfast.cli"]
 
 
 def cli(cluster: Cluster, *argv: str) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -34,8 +34,8 @@ def test_every_read_command_json_parses(cluster: Cluster) -> None:
     sid = "sess-json-0001"
     out = cluster.tmp / "child.json"
     # Inside the run: a fenced put and a provider handle, both with --json.
-    child = f"{sys.executable} -m holdfast.coordinator.cli put greeting hello --json > {out}.put && " \
-            f"{sys.executable} -m holdfast.coordinator.cli handle thread-1 --json > {out}.handle"
+    child = f"{sys.executable} -m holdfast.cli put greeting hello --json > {out}.put && " \
+            f"{sys.executable} -m holdfast.cli handle thread-1 --json > {out}.handle"
     run = cluster.run(a, sid, cmd=["sh", "-c", child])
     assert run.wait(30) == 0, run.err()
     put = json.loads(Path(f"{out}.put").read_text())

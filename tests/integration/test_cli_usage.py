@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from holdfast.coordinator.cli import main
-from holdfast.coordinator.etcd_server import free_port
+from holdfast.cli.main import main
+from holdfast.localstack.etcd_server import free_port
 
 
 @pytest.mark.parametrize("argv", [
@@ -55,7 +55,7 @@ def test_put_outside_a_run_is_a_usage_error_naming_the_way(monkeypatch: pytest.M
 
 def test_no_coordinator_is_exit_69_with_the_next_step() -> None:
     address = f"127.0.0.1:{free_port()}"
-    done = subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", "status", "--json",
+    done = subprocess.run([sys.executable, "-m", "holdfast.cli", "status", "--json",
                            "--coordinator", address], capture_output=True, text=True, timeout=60)
     assert done.returncode == 69
     error = json.loads(done.stdout)["error"]

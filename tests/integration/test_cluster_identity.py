@@ -15,9 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.coordinator.client import Client, ClientError, Grant
-from holdfast.coordinator.errors import reason_of
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
+from holdfast.common.reasons import reason_of
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration.coordinator_fixtures import Coordinator, snapshot

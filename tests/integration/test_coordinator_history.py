@@ -7,7 +7,7 @@ import secrets
 
 import grpc
 
-from holdfast.coordinator.service import HISTORY_KEPT
+from holdfast.coordinator.sessions import HISTORY_KEPT
 from holdfast.coordinator.store import Store
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc

@@ -7,8 +7,8 @@ import secrets
 import grpc
 import pytest
 
-from holdfast.coordinator.errors import reason_of
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.common.reasons import reason_of
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration.coordinator_fixtures import Coordinator

@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from holdfast.coordinator.simhost import SimulatedHost
 from holdfast.coordinator.store import Store
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb

@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.coordinator.errors import reason_of
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.common.reasons import reason_of
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb
@@ -347,7 +347,7 @@ def test_force_kills_the_owner_tree_through_its_agent_then_grants(coordinator: C
     sid = "session-force-1"
     _, owner = _own(coord, a, sid)
     assert refused(acquire, coord, sid, b.host_id)[1] == "HELD"
-    # force is honoured only for the operation whose handoff request the record holds (DESIGN.md §5)
+    # force is honoured only for the operation whose handoff request the record holds (docs/design.md §5)
     assert refused(acquire, coord, sid, b.host_id, force=True)[1] == "FORCE_NOT_ALLOWED"
     assert owner.poll() is None
     op = secrets.token_hex(16)

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from holdfast.coordinator import fencing
-from holdfast.coordinator.etcd_server import EtcdServer, free_port
 from holdfast.coordinator.store import (
     Put,
     Store,
@@ -17,6 +16,7 @@ from holdfast.coordinator.store import (
     mod_equals,
     value_equals,
 )
+from holdfast.localstack.etcd_server import EtcdServer, free_port
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.agent import listeners, serving
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.common import listeners, serving
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 from .coordinator_fixtures import Coordinator, coordinator, etcd, prefix  # noqa: F401

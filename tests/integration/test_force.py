@@ -1,4 +1,4 @@
-"""`force` per DESIGN.md §5, with real agents in simulated hosts: a forced Acquire that would be
+"""`force` per docs/design.md §5, with real agents in simulated hosts: a forced Acquire that would be
 refused kills nothing and writes nothing; only the caller whose handoff request the record holds
 has the owner's agent end the owner (the legitimate `run --takeover --force` flow is
 test_run_sessions.py::test_frozen_owner_is_refused_then_force_has_its_agent_end_it)."""
@@ -11,7 +11,7 @@ import secrets
 import grpc
 import pytest
 
-from holdfast.coordinator.errors import reason_of
+from holdfast.common.reasons import reason_of
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.run_fixtures import Cluster
 from tests.integration.test_run_sessions import child_pids, gone, started

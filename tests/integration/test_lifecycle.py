@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from holdfast.client.grant import Grant
+from holdfast.common.reasons import reason_of
 from holdfast.coordinator import records
-from holdfast.coordinator.client import Grant
-from holdfast.coordinator.errors import reason_of
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
 from tests.integration.lifecycle_helpers import cli, fenced_put_reason, grant_copier

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import Coordinator
 from tests.integration.run_fixtures import Cluster, until

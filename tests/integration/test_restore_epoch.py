@@ -1,4 +1,4 @@
-"""`holdfast admin restore-epoch` after a REAL etcd snapshot restore (DESIGN.md §3).
+"""`holdfast admin restore-epoch` after a REAL etcd snapshot restore (docs/design.md §3).
 
 A session is released at fence 1, etcd is snapshotted, the session is granted again at fence 2 on a
 simulated host, and that `run` is killed -9 so its CMD lives on as an orphan only the agent can see.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator.client import Grant
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.client.grant import Grant
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
 from tests.integration.coordinator_fixtures import Coordinator

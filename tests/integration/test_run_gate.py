@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.agent import cgroups
-from holdfast.coordinator.gate import Gate
-from holdfast.coordinator.tree import Tree, end_tree
+from holdfast.client.gate import Gate
+from holdfast.client.tree import Tree, end_tree
+from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -77,7 +77,7 @@ def test_abort_and_a_stray_line_never_run_cmd(tmp_path: Path) -> None:
 PARENT = """
 import json, os, sys, time
 from holdfast.agent import observe
-from holdfast.coordinator.gate import Gate
+from holdfast.client.gate import Gate
 gate = Gate(["touch", sys.argv[1]], dict(os.environ))
 print(json.dumps({"gate": gate.pid}), flush=True)
 time.sleep(300)

@@ -29,8 +29,10 @@ pytestmark = [
 # Uses the library step by step: Acquire, spawn the gate, then wait for the test's word to commit.
 RESERVER = """
 import asyncio, json, os, sys
-from holdfast.coordinator.client import Client, ClientError, child_environment
-from holdfast.coordinator.gate import Gate
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.owner import child_environment
+from holdfast.client.gate import Gate
 
 async def main():
     session, marker = sys.argv[1:3]

@@ -21,12 +21,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent import tls
-from holdfast.agent.tls import Role
-from holdfast.coordinator import certs
-from holdfast.coordinator.errors import reason_of
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.common import certs, tls
+from holdfast.common.reasons import reason_of
+from holdfast.common.tls import Role
 from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb
@@ -290,14 +289,14 @@ async def test_etcd_takes_only_the_coordinators_certificate(tls_etcd: EtcdServer
 
 def test_a_coordinator_with_tls_refuses_a_plaintext_etcd(tls_etcd: EtcdServer, pki: Path) -> None:
     plain = tls_etcd.url.replace("https", "http")
-    done = subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", "coordinator", "serve",
+    done = subprocess.run([sys.executable, "-m", "holdfast.cli", "coordinator", "serve",
                            "--etcd", plain, "--listen", "127.0.0.1:0", "--tls-dir", str(pki / "ours")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "https://" in done.stderr
 
 
 def operator_calls(sid: str, fence: int) -> dict[str, object]:
-    """One request per operator-only call (DESIGN.md §4), each one that would change something."""
+    """One request per operator-only call (docs/design.md §4), each one that would change something."""
     return {
         "Recover": pb.RecoverRequest(session_id=sid, expected_fence=fence, reason="gone", operator="op"),
         "RecoverHost": pb.RecoverHostRequest(host_id="host-a", reason="gone", operator="op"),
@@ -353,7 +352,7 @@ def test_the_operator_commands_present_the_operator_certificate(
                                              operation_id=secrets.token_hex(16)), timeout=10).grant
 
     def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "holdfast.coordinator.cli", *argv, "--coordinator",
+        return subprocess.run([sys.executable, "-m", "holdfast.cli", *argv, "--coordinator",
                                coordinator_tls.address, "--tls-dir", str(pki / "ours")],
                               capture_output=True, text=True, timeout=60)
 
@@ -376,7 +375,7 @@ def test_a_missing_certificate_file_is_one_line_and_json_stays_json(
     older.mkdir()
     for name in ("ca.pem", "client.pem", "client.key"):
         (older / name).write_bytes((pki / "ours" / name).read_bytes())
-    argv = [sys.executable, "-m", "holdfast.coordinator.cli", "recover", "session-roles-03", "--fence", "1",
+    argv = [sys.executable, "-m", "holdfast.cli", "recover", "session-roles-03", "--fence", "1",
             "--reason", "r", "--coordinator", coordinator_tls.address, "--tls-dir", str(older)]
     plain = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert plain.returncode == 77, plain.stderr

@@ -1,4 +1,4 @@
-"""Every transaction compares every key its decision read (DESIGN.md §3; docs/transactions.md):
+"""Every transaction compares every key its decision read (docs/design.md §3; docs/transactions.md):
 against a real etcd, another replica changes one read key between the decision's reads and its
 transaction, and the transaction must lose — the caller re-reads and re-decides, or refuses."""
 
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from holdfast.coordinator.etcd_server import EtcdServer
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import AgentProcess
@@ -288,7 +288,7 @@ FORCE_CHANGES: dict[str, tuple[Callable[[Pair], str], str]] = {
 @run_async
 async def test_force_pending_loses_to_a_changed_precondition_and_then_kills_nothing(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str) -> None:
-    """The demonstrated window of DESIGN.md §5: a drain (or a restore gate, or the taker's
+    """The demonstrated window of docs/design.md §5: a drain (or a restore gate, or the taker's
     registration gone) between the check and the kill must not get the owner killed."""
     p = pair(etcd, prefix)
     try:

@@ -22,7 +22,7 @@ from tests.integration.run_fixtures import until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent reads other processes' environ as root")
 
-CLI = [sys.executable, "-m", "holdfast.coordinator.cli"]
+CLI = [sys.executable, "-m", "holdfast.cli"]
 
 
 @pytest.fixture

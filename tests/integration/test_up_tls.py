@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")]
-CLI = [sys.executable, "-m", "holdfast.coordinator.cli"]
+CLI = [sys.executable, "-m", "holdfast.cli"]
 IP_BASE = 160  # host 1 on 127.0.0.161, clear of the other fixtures' addresses
 
 

@@ -16,9 +16,9 @@ from aetcd import rpc
 from google.rpc import error_details_pb2, status_pb2
 
 from holdfast.coordinator import records
-from holdfast.coordinator.etcd_server import EtcdServer
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import Put, Store, open_channel
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 
 Hook = Callable[[], Awaitable[None]]

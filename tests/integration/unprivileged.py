@@ -27,13 +27,13 @@ _HOLDFAST = {"agent": "agent", "coordinator": "coordinator", "v1": "protos/holdf
 
 
 def _imports_as_nobody(python: str, env: dict[str, str]) -> bool:
-    probe = [*DROP, python, "-c", "import holdfast.coordinator.cli"]
+    probe = [*DROP, python, "-c", "import holdfast.cli.main"]
     return subprocess.run(probe, env=env, capture_output=True, cwd="/").returncode == 0
 
 
 @functools.cache
 def interpreter() -> tuple[str, dict[str, str]]:
-    """(python, extra environment) with which nobody can run `python -m holdfast.coordinator.cli`."""
+    """(python, extra environment) with which nobody can run `python -m holdfast.cli`."""
     if _imports_as_nobody(sys.executable, dict(os.environ)):
         return sys.executable, {}
     copy = Path(tempfile.mkdtemp(prefix="holdfast-nobody-python-"))

@@ -1,4 +1,4 @@
-"""Table-driven tests of the pure adjudication rules (DESIGN.md §3 order) and of next_fence."""
+"""Table-driven tests of the pure adjudication rules (docs/design.md §3 order) and of next_fence."""
 
 from __future__ import annotations
 

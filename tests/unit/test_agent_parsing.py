@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.agent.environ import value_in_block
-from holdfast.agent.procstat import StatParseError, parse_stat
-from holdfast.agent.scan import scan
+from holdfast.proc.environ import value_in_block
+from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import scan
 
 V = b"HOLDFAST_SPAWN_TOKEN"
 
@@ -47,10 +47,12 @@ def test_stat_parse_failures_raise(line: bytes) -> None:
         parse_stat(line)
 
 
-def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None, start_ticks: int | None = None) -> None:
+def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None, start_ticks: int | None = None,
+              flags: int = 0) -> None:
     d = root / str(pid)
     d.mkdir()
-    fields = ["S", str(ppid)] + ["0"] * 17 + [str(pid * 10 if start_ticks is None else start_ticks)]
+    fields = ["S", str(ppid), "0", "0", "0", "0", str(flags)] + ["0"] * 12
+    fields.append(str(pid * 10 if start_ticks is None else start_ticks))
     (d / "stat").write_bytes(f"{pid} (p) {' '.join(fields)}\n".encode())
     if environ is not None:
         (d / "environ").write_bytes(environ)
@@ -133,3 +135,13 @@ def test_a_process_born_after_the_listing_holds_a_reused_pid(tmp_path: Path) -> 
     shutil.rmtree(tmp_path / "5")
     settled = scan(V, proc=str(tmp_path))
     assert settled.stable and settled.passes == 1
+
+
+def test_an_empty_environ_settles_only_when_seen_twice_but_a_kernel_threads_at_once(tmp_path: Path) -> None:
+    # A process in the middle of an execve shows an empty environ: a token carrier reads as none.
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    fake_proc(tmp_path, 2, 0, b"", flags=0x00200000)  # a kernel thread: never a carrier
+    assert scan(V, proc=str(tmp_path)).passes == 1
+    fake_proc(tmp_path, 30, 1, b"")  # a user process with (for now) no environ
+    r = scan(V, b"t1", proc=str(tmp_path))
+    assert r.stable and r.passes == 2, "settled only once the second pass saw it unchanged"

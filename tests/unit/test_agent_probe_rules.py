@@ -1,4 +1,4 @@
-"""The probe verdict, exhaustively, as a pure function (DESIGN.md §2 order and the seeds' rules)."""
+"""The probe verdict, exhaustively, as a pure function (docs/design.md §2 order and the seeds' rules)."""
 
 from __future__ import annotations
 

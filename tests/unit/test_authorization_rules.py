@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from holdfast.agent.authorization import agent_rule
-from holdfast.agent.tls import Role
+from holdfast.common.tls import Role
 from holdfast.coordinator.authorization import (
     HOST_CALLS,
     OPERATOR_CALLS,

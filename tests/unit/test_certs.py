@@ -13,9 +13,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from holdfast.agent import tls
-from holdfast.agent.tls import Role
-from holdfast.coordinator import certs
+from holdfast.common import certs, tls
+from holdfast.common.tls import Role
 
 
 def _load(path: Path) -> x509.Certificate:
@@ -49,7 +48,7 @@ def test_an_older_directory_gets_only_what_it_lacks(tmp_path: Path) -> None:
         (tmp_path / f"{name}.pem").unlink()
         (tmp_path / f"{name}.key").unlink()
     kept = {p.name: p.read_bytes() for p in tmp_path.glob("*.pem")}
-    cli = importlib.import_module("holdfast.coordinator.cli")
+    cli = importlib.import_module("holdfast.cli.main")
     assert cli.main(["certs", "init", str(tmp_path)]) == 1  # refuses to overwrite a CA
     assert cli.main(["certs", "init", str(tmp_path), "--add-missing", "--agent-host", "node-a",
                      "--serve-on", "127.0.0.1"]) == 0

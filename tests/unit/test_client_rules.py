@@ -9,41 +9,34 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator import exit_codes
-from holdfast.coordinator.client import (
-    ClientError,
-    Grant,
-    RunSpec,
-    child_environment,
-    cli_on_path,
-    held_hint,
-    resolve_command,
-    status_of,
-)
-from holdfast.coordinator.errors import CODES
-from holdfast.coordinator.gate import gate_argv
+from holdfast.client.acquire import RunSpec, held_hint, resolve_command
+from holdfast.client.errors import ClientError
+from holdfast.client.gate import gate_argv
+from holdfast.client.grant import Grant
+from holdfast.client.owner import child_environment, cli_on_path, status_of
+from holdfast.common import reasons
 
 
 @pytest.mark.parametrize("reason,code", [
     ("HELD", 75), ("RESERVED", 75), ("OWNERSHIP_UNKNOWN", 75), ("MANUAL_RECOVERY", 75),
     ("OPERATION_CONFLICT", 75), ("STALE_FENCE", 75), ("ATTESTATION_FAILED", 75),
-    ("UNAVAILABLE", 69), (exit_codes.UNREACHABLE, 69), ("HOST_NOT_REGISTERED", 69),
+    ("UNAVAILABLE", 69), (reasons.Reason.UNREACHABLE, 69), ("HOST_NOT_REGISTERED", 69),
     ("PERMISSION_DENIED", 77), ("UNAUTHENTICATED", 77), ("INVALID_ARGUMENT", 2),
 ])
 def test_exit_codes_of_design_section_6(reason: str, code: int) -> None:
-    assert exit_codes.exit_code(reason) == code
+    assert reasons.exit_code(reason) == code
 
 
 def test_every_coordinator_reason_has_a_next_step_naming_the_session() -> None:
-    for reason in [*CODES, exit_codes.UNREACHABLE, "UNAUTHENTICATED"]:
-        step = exit_codes.next_step(reason, "my-session-01")
+    for reason in [r for r, m in reasons.TABLE.items() if m.exit]:
+        step = reasons.next_step(reason, "my-session-01")
         assert step and "{session}" not in step
-    assert "my-session-01" in exit_codes.next_step("OWNERSHIP_UNKNOWN", "my-session-01")
+    assert "my-session-01" in reasons.next_step("OWNERSHIP_UNKNOWN", "my-session-01")
 
 
 def test_unknown_reason_is_a_plain_failure_with_a_pointer() -> None:
-    assert exit_codes.exit_code("SOMETHING_NEW") == 1
-    assert exit_codes.next_step("SOMETHING_NEW")
+    assert reasons.exit_code("SOMETHING_NEW") == 1
+    assert reasons.next_step("SOMETHING_NEW")
 
 
 def grant() -> Grant:
@@ -87,7 +80,8 @@ def test_a_uid_without_a_passwd_entry_still_builds_the_cli(monkeypatch: pytest.M
     # The image runs as uid 65532, which has no passwd entry: getpass.getuser() raises KeyError.
     import getpass
 
-    from holdfast.coordinator import cli, run_commands
+    from holdfast.cli import main as cli
+    from holdfast.cli import run_commands
 
     def no_entry() -> str:
         raise KeyError("getpwuid(): uid not found: 65532")
@@ -108,10 +102,11 @@ def test_cmd_is_resolved_as_the_shell_would(tmp_path: Path) -> None:
     plain.chmod(0o644)
     assert resolve_command(["tool", "-x"], path=str(tmp_path)) == str(tool)
     assert resolve_command(["./tool"], cwd=str(tmp_path), path="") == os.path.join(tmp_path, "./tool")
-    cases = [(["nosuchcmd"], exit_codes.CMD_NOT_FOUND, 127), (["./nosuch"], exit_codes.CMD_NOT_FOUND, 127),
-             (["plain"], exit_codes.CMD_NOT_EXECUTABLE, 126),
-             ([str(plain)], exit_codes.CMD_NOT_EXECUTABLE, 126),
-             ([str(tmp_path)], exit_codes.CMD_NOT_EXECUTABLE, 126)]
+    Reason = reasons.Reason
+    cases = [(["nosuchcmd"], Reason.CMD_NOT_FOUND, 127), (["./nosuch"], Reason.CMD_NOT_FOUND, 127),
+             (["plain"], reasons.Reason.CMD_NOT_EXECUTABLE, 126),
+             ([str(plain)], reasons.Reason.CMD_NOT_EXECUTABLE, 126),
+             ([str(tmp_path)], reasons.Reason.CMD_NOT_EXECUTABLE, 126)]
     for argv, reason, code in cases:
         with pytest.raises(ClientError) as refused:
             resolve_command(argv, cwd=str(tmp_path), path=str(tmp_path))
@@ -124,17 +119,20 @@ def test_the_operations_refusal_table_names_every_reason() -> None:
     HOST_NOT_REGISTERED); every FAILED_PRECONDITION or ABORTED reason the coordinator sends is in it."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     table = text.split("## Refusal reasons", 1)[1]
-    rows = {line.split("|")[1].strip().strip("`").split("`")[0] for line in table.splitlines()
-            if line.startswith("| `")}
-    wanted = {reason for reason, code in CODES.items() if code.name in ("FAILED_PRECONDITION", "ABORTED")}
-    assert wanted - rows == set()
+    rows = {line.split("|")[1].strip().strip("`").split("`")[0]: line.split("|")[2].strip()
+            for line in table.splitlines() if line.startswith("| `")}
+    wanted = {reason: code.name for reason, code in reasons.on_the_wire().items()
+              if code.name in ("FAILED_PRECONDITION", "ABORTED")}
+    assert set(wanted) - set(rows) == set()
+    # The status column says what the one table of reasons declares.
+    assert {reason: rows[reason] for reason in wanted} == wanted
 
 
 def test_next_steps_fit_what_was_tried_and_what_is_known() -> None:
     """Issue 17: `--fence N` printed where the fence is known; --takeover suggested after a failed
     --takeover; --wait suggested after --wait ran out."""
-    assert "--fence 7 --reason" in exit_codes.next_step("OWNERSHIP_UNKNOWN", "s-1", fence=7)
-    assert "--fence N --reason" in exit_codes.next_step("MANUAL_RECOVERY", "s-1")
+    assert "--fence 7 --reason" in reasons.next_step("OWNERSHIP_UNKNOWN", "s-1", fence=7)
+    assert "--fence N --reason" in reasons.next_step("MANUAL_RECOVERY", "s-1")
     takeover = held_hint(RunSpec("s-1", ["true"], takeover=True, handoff_timeout=5))
     assert "add `--force`" in takeover and "5s" in takeover
     waited = held_hint(RunSpec("s-1", ["true"], wait=2))

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.agent import commands, config
-from holdfast.coordinator import serve_commands
+from holdfast.cli import agent_commands as commands
+from holdfast.cli import serve_commands
+from holdfast.common import config
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from holdfast.agent import logs
+from holdfast.common import logs
 from holdfast.coordinator import metrics
 from holdfast.v1 import coordinator_pb2 as pb
 

@@ -9,9 +9,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent import tls
-from holdfast.agent.tls import Role
-from holdfast.coordinator import certs
+from holdfast.common import certs, tls
+from holdfast.common.tls import Role
 
 
 class _RoleEcho(health_pb2_grpc.HealthServicer):

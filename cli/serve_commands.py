@@ -1,6 +1,6 @@
 """`holdfast coordinator serve`: run one coordinator replica over an etcd cluster.
 
-Settings come from flags, HOLDFAST_* variables and `--config` (holdfast.agent.config, table
+Settings come from flags, HOLDFAST_* variables and `--config` (holdfast.common.config, table
 `[coordinator]`); a wrong value stops start-up with exit 2 naming the setting.
 """
 
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from holdfast.agent import config, tls
-from holdfast.agent.commands import TLS_DIR
-from holdfast.agent.config import Setting
+from holdfast.cli.agent_commands import TLS_DIR
+from holdfast.common import config, tls
+from holdfast.common.config import Setting
 from holdfast.coordinator.store import DEFAULT_PREFIX, channel_target
 
 EX_USAGE = 2
@@ -66,7 +66,7 @@ SETTINGS = [
 
 
 def _serve(raw: argparse.Namespace) -> int:
-    from holdfast.agent import logs
+    from holdfast.common import logs
     from holdfast.coordinator import server
 
     try:

@@ -12,8 +12,8 @@ import asyncio
 import json
 import sys
 
-from holdfast.agent import config
-from holdfast.agent.config import Setting
+from holdfast.common import config
+from holdfast.common.config import Setting
 
 DEFAULT_SPAWN_TOKEN_ENV = "HOLDFAST_SPAWN_TOKEN"
 EX_USAGE = 2
@@ -65,7 +65,9 @@ def load(settings: list[Setting], args: argparse.Namespace) -> argparse.Namespac
 
 
 def _serve(raw: argparse.Namespace) -> int:
-    from holdfast.agent import cgroups, doctor, logs, server, tls
+    from holdfast.agent import doctor, server
+    from holdfast.common import logs, tls
+    from holdfast.proc import cgroups
 
     args = load(SERVE_SETTINGS, raw)
     tls_dir = tls.tls_dir(args.tls_dir)
@@ -98,7 +100,9 @@ def _serve(raw: argparse.Namespace) -> int:
 
 
 def _doctor(raw: argparse.Namespace) -> int:
-    from holdfast.agent import cgroups, doctor, tls
+    from holdfast.agent import doctor
+    from holdfast.common import tls
+    from holdfast.proc import cgroups
 
     args = load(DOCTOR_SETTINGS, raw)
     tls_dir = tls.tls_dir(args.tls_dir)
@@ -125,12 +129,6 @@ def add_serve(agent_sub: argparse._SubParsersAction) -> None:
     config.add_flags(p, SERVE_SETTINGS)
     p.add_argument("--ready-file", help="write {\"address\": ...} here once listening")
     p.set_defaults(handler=_serve)
-
-
-def add_tls_dir(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--tls-dir` for the client commands that open a holdfast gRPC link (servers take TLS_DIR)."""
-    parser.add_argument("--tls-dir", metavar="DIR",
-                        help=f"certificates from `holdfast certs init` (default: $HOLDFAST_TLS_DIR): {what}")
 
 
 def add_doctor(agent_sub: argparse._SubParsersAction) -> None:

@@ -2,8 +2,8 @@
 
 Guarantee: every setting is validated before a server binds anything; a wrong or missing value is a
 `ConfigError` naming the setting and where the value came from, so start-up stops (exit 2) instead
-of serving with a guess. Shared by `agent serve`, `agent doctor` and `coordinator serve` (it lives
-beside the agent because the agent never imports the coordinator). The parsers are pure.
+of serving with a guess. Shared by `agent serve`, `agent doctor` and `coordinator serve`. The
+parsers are pure.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from holdfast.agent.environ import read_proc_file
+from holdfast.proc.environ import read_proc_file
 from holdfast.v1 import agent_pb2
 
 CGROUP_MOUNTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
@@ -249,7 +249,7 @@ def _writable_by(path: str, uid: int, gids: set[int]) -> bool:
 
 
 def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tuple[int, str]:
-    """How this tree is proven gone, from the gate's own credentials and mounts (DESIGN §2)."""
+    """How this tree is proven gone, from the gate's own credentials and mounts (docs/design.md §2)."""
     if ref is None:
         return P.SCAN_ONLY, "no session cgroup"
     try:

@@ -26,15 +26,14 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.agent import tls
-from holdfast.coordinator import certs, etcd_server, exit_codes
-from holdfast.coordinator.client import DEFAULT_COORDINATOR
-from holdfast.coordinator.etcd_server import EtcdServer
-from holdfast.coordinator.simhost import SimulatedHost
+from holdfast.common import certs, reasons, tls, upstate
+from holdfast.common.upstate import DEFAULT_COORDINATOR
 from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
+from holdfast.localstack import etcd_server
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-STATE_FILE = "up.json"
 LOCK_FILE = "up.lock"
 DEFAULT_IP_BASE = 10          # simulated host N listens on 127.0.0.<base + N>
 START_TIMEOUT_S = 20.0
@@ -74,10 +73,6 @@ def find_etcd() -> str:
     return binary
 
 
-def default_state_dir() -> Path:
-    return Path(os.environ.get("HOLDFAST_STATE_DIR", "state"))
-
-
 def _start_ticks(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rfind(")") + 2:].split()[19])
@@ -107,7 +102,7 @@ class Stack:
         # First, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
         self.lock_fd = lock_state_dir(self.state_dir)
-        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        upstate.remove(self.state_dir)
         if self.hosts_wanted and os.geteuid() != 0:
             raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
                           "or without --hosts for this host's agent only")
@@ -160,7 +155,7 @@ class Stack:
         ready.unlink(missing_ok=True)
         log = open(self.state_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         with log:
-            proc = subprocess.Popen([sys.executable, "-m", "holdfast.coordinator.cli", *argv,
+            proc = subprocess.Popen([sys.executable, "-m", "holdfast.cli", *argv,
                                      "--ready-file", str(ready)],
                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -223,9 +218,7 @@ class Stack:
         if self.agent is not None:
             state["hosts"] = [{"n": 0, "host_id": os.uname().nodename, "ip": "127.0.0.1",
                                "agent": self.agent_address}]
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.rename(self.state_dir / STATE_FILE)
+        upstate.write(self.state_dir, state)
 
     # --- stop --------------------------------------------------------------------------------
     def _registration_leases(self) -> list[int]:
@@ -239,7 +232,7 @@ class Stack:
         return [h.lease_id for h in hosts if h.address in ours]
 
     def stop(self) -> None:
-        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        upstate.remove(self.state_dir)
         leases = self._registration_leases() if self.coordinator is not None else []
         for host in reversed(self.simhosts):
             host.stop()
@@ -312,7 +305,7 @@ def _up(args: argparse.Namespace) -> int:
         stack.start()
     except UpError as exc:
         print(f"holdfast up: {exc}", file=sys.stderr)
-        return exit_codes.EX_UNAVAILABLE
+        return reasons.EX_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
     # From here signals are only waited for. Blocked only now, after every child started: a
@@ -332,7 +325,7 @@ def _up(args: argparse.Namespace) -> int:
         say(f"{os.uname().nodename} agent {stack.agent_address}")
     if stack.tls_dir is not None:
         say(f"mTLS on every link; certificates in {stack.tls_dir} (the CLI finds them through "
-            f"{stack.state_dir / STATE_FILE}, or set {tls.TLS_DIR_ENV})")
+            f"{stack.state_dir / upstate.STATE_FILE}, or set {tls.TLS_DIR_ENV})")
     say(f"ready; state in {stack.state_dir}. Try `holdfast status`; Ctrl-C stops everything")
     code = 0
     while True:
@@ -349,25 +342,15 @@ def _up(args: argparse.Namespace) -> int:
     return code
 
 
-def load_state(state_dir: Path) -> dict:  # type: ignore[type-arg]
-    path = state_dir / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise UpError(f"no running `holdfast up` with state in {state_dir}. Next: start one with "
-                      f"`holdfast up --hosts N --state-dir {state_dir}`") from None
-    return state  # type: ignore[no-any-return]
-
-
 def _exec(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         args.parser.error("exec needs a command after --")
     try:
-        state = load_state(Path(args.state_dir))
-    except UpError as exc:
+        state = upstate.load(Path(args.state_dir))
+    except upstate.NoStack as exc:
         print(f"holdfast exec: {exc}", file=sys.stderr)
-        return exit_codes.EX_UNAVAILABLE
+        return reasons.EX_UNAVAILABLE
     host = next((h for h in state["hosts"] if h["n"] == args.host and "reaper_pid" in h), None)
     if host is None:
         n = len([h for h in state["hosts"] if "reaper_pid" in h])
@@ -378,7 +361,7 @@ def _exec(args: argparse.Namespace) -> int:
         alive = False
     if not alive:
         print(f"holdfast exec: host {args.host} is not running. Next: restart `holdfast up`", file=sys.stderr)
-        return exit_codes.EX_UNAVAILABLE
+        return reasons.EX_UNAVAILABLE
     env = {**os.environ, "HOLDFAST_HOST_ID": host["host_id"], "HOLDFAST_COORDINATOR": state["coordinator"]}
     if state.get("tls_dir"):
         env[tls.TLS_DIR_ENV] = state["tls_dir"]
@@ -397,7 +380,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "simulated hosts) on 127.0.0.0/8, and keep them until Ctrl-C. One `up` "
                               "per state directory; a second one there refuses, naming the first's pid. "
                               "Exit 0 after Ctrl-C, 69 when a part cannot start.")
-    p.add_argument("--state-dir", default=str(default_state_dir()),
+    p.add_argument("--state-dir", default=str(upstate.default_state_dir()),
                    help="etcd data and ports (default: $HOLDFAST_STATE_DIR, else ./state)")
     p.add_argument("--listen", default=DEFAULT_COORDINATOR,
                    help=f"coordinator address (default {DEFAULT_COORDINATOR})")
@@ -413,7 +396,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               usage="holdfast exec --host N -- CMD [ARGS...]")
     p.add_argument("--host", type=int, required=True, metavar="N",
                    help="which simulated host: 1..N of `holdfast up --hosts N`")
-    p.add_argument("--state-dir", default=str(default_state_dir()),
+    p.add_argument("--state-dir", default=str(upstate.default_state_dir()),
                    help="the state directory of that `up` (default: $HOLDFAST_STATE_DIR, else ./state)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_exec, parser=p)

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PF_KTHREAD = 0x00200000
+
 
 @dataclass(frozen=True)
 class ProcStat:
     state: str
     ppid: int
     start_ticks: int
+    flags: int = 0
+
+    @property
+    def kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
 
 
 class StatParseError(ValueError):
@@ -29,6 +36,7 @@ def parse_stat(line: bytes) -> ProcStat:
     if len(fields) < 20:
         raise StatParseError(f"only {len(fields) + 2} fields")
     try:
-        return ProcStat(state=fields[0].decode(), ppid=int(fields[1]), start_ticks=int(fields[19]))
+        return ProcStat(state=fields[0].decode(), ppid=int(fields[1]), start_ticks=int(fields[19]),
+                        flags=int(fields[6]))
     except (ValueError, UnicodeDecodeError) as exc:
         raise StatParseError(str(exc)) from exc

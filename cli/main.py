@@ -1,6 +1,6 @@
 """The `holdfast` command line: one parser, each command group contributed by the module that owns it.
 
-Exit codes (DESIGN.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
+Exit codes (docs/design.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
 unreachable; 77 authentication failure; 2 usage errors; 141 (128 + SIGPIPE, as a shell reports a
 command ended by a closed pipe) when the reader of stdout went away, e.g. `holdfast status | head -1`.
 """
@@ -15,9 +15,11 @@ import sys
 
 import grpc
 
-from holdfast.agent import commands as agent_commands
 from holdfast.agent.service import VERSION
-from holdfast.coordinator import certs, lifecycle_commands, run_commands, serve_commands, up
+from holdfast.cli import agent_commands as agent_commands
+from holdfast.cli import lifecycle_commands, run_commands, serve_commands
+from holdfast.common import certs
+from holdfast.localstack import up
 
 EX_USAGE = 2
 EX_PIPE = 128 + 13  # SIGPIPE
@@ -66,7 +68,3 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EX_PIPE
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

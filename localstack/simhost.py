@@ -102,7 +102,7 @@ class SimulatedHost:
         ready = self.state_dir / f"agent-{self.host_id}-{self.incarnations}.json"
         ready.unlink(missing_ok=True)
         argv = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REAPER,
-                sys.executable, "-m", "holdfast.coordinator.cli", "agent", "serve",
+                sys.executable, "-m", "holdfast.cli", "agent", "serve",
                 "--listen", f"{self.ip}:0", "--host-id", self.host_id,
                 "--spawn-token-env", self.spawn_token_env, "--ready-file", str(ready), *self.agent_args]
         log = open(self.state_dir / f"agent-{self.host_id}.log", "ab")  # noqa: SIM115 - handed to the child

@@ -1,10 +1,9 @@
 """mTLS for holdfast's gRPC links, and the role a peer's CA-signed certificate gives it.
 
 Each certificate carries exactly one role as a URI SAN, `holdfast://<kind>[/<name>]`
-(`coordinator`, `client`, `agent/<host_id>`, `operator`, `maintenance`; DESIGN.md §4). A server
+(`coordinator`, `client`, `agent/<host_id>`, `operator`, `maintenance`; docs/design.md §4). A server
 reads the role from the verified peer certificate in the gRPC auth context, never from a request:
 without TLS there is no role at all, and an ambiguous certificate (two roles) has none either.
-Lives beside the agent because both servers need it and the agent never imports the coordinator.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from holdfast.agent.environ import read_environ, read_proc_file, value_in_block
-from holdfast.agent.procstat import StatParseError, parse_stat
+from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
+from holdfast.proc.procstat import StatParseError, parse_stat
 
 MAX_PASSES = 8
 MAX_SECONDS = 1.0
@@ -126,9 +126,11 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             result.unreadable += 1
             result.unreadable_started.append(stat.start_ticks)
             continue
-        if block is None:
+        if block is None or (not block and not stat.kernel_thread):
             # A zombie: nothing of it runs now, but if it was alive after the listing it may have
-            # forked a child the listing missed. Settled only once seen unchanged, carrying nothing.
+            # forked a child the listing missed. An empty environ of a user process: in the middle
+            # of an execve (the new memory has no environ yet: a token carrier reads as none), or
+            # started with an empty environment. Either is settled only once seen unchanged.
             seen[pid] = (stat.start_ticks, None)
             unsettled += not _settled(before, pid, stat.start_ticks, wanted)
             continue

@@ -1,4 +1,4 @@
-"""The spawn gate (DESIGN.md §2): CMD runs only after its commit succeeded.
+"""The spawn gate (docs/design.md §2): CMD runs only after its commit succeeded.
 
 Guarantee: the gate is `/bin/sh` exec'd with the spawn token already in its environment, blocked
 on a pipe whose only write end this process holds. It execs CMD (same pid, same start ticks, the

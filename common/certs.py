@@ -1,6 +1,6 @@
 """A local certificate authority for holdfast's mTLS, with each party's role inside its certificate.
 
-A certificate names its role in a URI subject alternative name (see `holdfast.agent.tls`). Roles
+A certificate names its role in a URI subject alternative name (see `holdfast.common.tls`). Roles
 come from the CA's signature, never from a request field: an agent certificate naming host H is
 the only thing that may register H, and a client certificate can never pass for an agent's.
 Private keys are written 0600.
@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from holdfast.agent.tls import ETCD_SUBDIR, Role
+from holdfast.common.tls import ETCD_SUBDIR, Role
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)

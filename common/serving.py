@@ -7,7 +7,6 @@ SIGINT health turns NOT_SERVING first, then in-flight calls drain within the gra
 `--health-listen` a second, plaintext port answers grpc.health.v1 and nothing else: kubelet gRPC
 probes cannot present a client certificate, and a health status is no secret. Every port is bound
 exclusively (no SO_REUSEPORT); a taken one stops the server at once, naming the holder where it can.
-Lives beside the agent because the agent never imports the coordinator.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from holdfast.agent import listeners
+from holdfast.common import listeners
 
 
 @dataclass

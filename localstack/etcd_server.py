@@ -33,7 +33,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EtcdServer:
     data_dir: Path
     host: str = "127.0.0.1"
-    fast_election: bool = False  # single member only: ~0.1 s start-up (DESIGN.md §8)
+    fast_election: bool = False  # single member only: ~0.1 s start-up (docs/design.md §8)
     name: str = "holdfast"
     initial_cluster: str = ""  # "name=peer-url,..." for a cluster member; empty: a cluster of one
     # Heartbeat/election ms for a cluster member; 3 members on 2 loaded cores churn below 50/500.

@@ -2,77 +2,39 @@
 `show`, `probe`, `recover`, `hosts`).
 
 Guarantee: `run` exits with CMD's status, or — when CMD never ran — 75 held/unknown, 69 no
-coordinator, 77 authentication, 2 usage (DESIGN.md §6); every read command's `--json` output is
+coordinator, 77 authentication, 2 usage (docs/design.md §6); every read command's `--json` output is
 one JSON document, errors included; every error names the next step.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import contextlib
-import getpass
-import json
 import os
-import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
-
-from holdfast.agent.commands import add_tls_dir
-from holdfast.coordinator import client as client_
-from holdfast.coordinator import exit_codes, records
-from holdfast.coordinator.adjudication import OUTCOME_NAMES
-from holdfast.coordinator.client import Client, ClientError, Grant, RunSpec
-from holdfast.coordinator.fencing import CLAIM_NAMES
+from holdfast.cli.options import (
+    as_dict,
+    client_options,
+    command,
+    default_operator,
+    fence_arg,
+    print_json,
+    seconds_arg,
+    session_id_arg,
+)
+from holdfast.client.acquire import MAX_WAIT_S, RunSpec
+from holdfast.client.connection import OWNED, Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
+from holdfast.client.owner import Owner
+from holdfast.common import reasons
+from holdfast.common.names import claim_name, outcome_name, stage_name
+from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
-
-STAGE_NAMES = {pb.NONE: "none", pb.HANDOFF_REQUESTED: "handoff-requested",
-               pb.MANUAL_RECOVERY: "manual-recovery", pb.FORCE_PENDING: "force-pending",
-               pb.HANDOFF_STAGE_UNSPECIFIED: "none"}
-
-
-def default_operator() -> str:
-    """Who is asking, for the record: user@host. A uid with no passwd entry (the image's 65532)
-    makes getpass raise KeyError, which at parser build time would stop every command."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid-{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
-
-
-def _session_id(text: str) -> str:
-    try:
-        return records.check_session_id(text)
-    except records.InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value <= client_.MAX_WAIT_S:
-        raise argparse.ArgumentTypeError(f"seconds must be in 0..{client_.MAX_WAIT_S:g}")
-    return value
-
-
-def _fence(text: str) -> int:
-    try:
-        return records.check_fence(int(text))
-    except (ValueError, records.InvalidInput):
-        raise argparse.ArgumentTypeError(f"fence must be an integer in 1..{records.MAX_FENCE}") from None
-
-
-def as_dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True)
 
 
 def _when(unix_ms: int) -> str:
@@ -94,7 +56,7 @@ def session_row(record: pb.SessionRecord) -> list[str]:
     owner = lease.owner
     host = owner.host_id or lease.reserved_host_id or "-"
     return [record.session_id, host, _incarnation(owner.incarnation), str(owner.pid or "-"), str(lease.fence),
-            CLAIM_NAMES.get(lease.claim_status, "none"), STAGE_NAMES.get(lease.handoff_stage, "none"),
+            claim_name(lease.claim_status), stage_name(lease.handoff_stage),
             _when(lease.owner_since_unix_ms or lease.reserved_at_unix_ms)]
 
 
@@ -107,40 +69,12 @@ def host_row(host: pb.HostRegistration) -> list[str]:
             host.agent_version, _when(host.registered_at_unix_ms)]
 
 
-Body = Callable[[argparse.Namespace, Client], Awaitable[int]]
-
-
-def _command(body: Body) -> Callable[[argparse.Namespace], int]:
-    """Runs one command against the coordinator; a ClientError becomes its exit code and next step."""
-
-    def handler(args: argparse.Namespace) -> int:
-        async def main() -> int:
-            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir,
-                              getattr(args, "tls_role", "client")) as client:
-                return await body(args, client)
-
-        try:
-            return asyncio.run(main())
-        except ClientError as err:
-            if getattr(args, "json", False):
-                print(json.dumps({"error": {"reason": err.reason, "message": err.message,
-                                            "next_step": err.next_step}}))
-            print(f"holdfast: {err}", file=sys.stderr)
-            return err.exit_code
-
-    return handler
-
-
-def _print_json(value: object) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True))
-
-
 # --- run -------------------------------------------------------------------------------------------
 async def _run(args: argparse.Namespace, client: Client) -> int:
     spec = RunSpec(session_id=args.session, argv=args.cmd, provider=args.provider, location=args.location,
                    takeover=args.takeover, force=args.force, handoff_timeout=args.handoff_timeout,
                    wait=args.wait or 0.0, grace=args.grace)
-    owner = await client_.Owner.start(client, spec)
+    owner = await Owner.start(client, spec)
     return await owner.supervise()
 
 
@@ -161,7 +95,7 @@ async def _put(args: argparse.Namespace, client: Client) -> int:
     value = sys.stdin.buffer.read() if args.value in (None, "-") else args.value.encode()
     revision = await client.fenced_put(grant, args.key, value)
     if args.json:
-        _print_json({"session_id": grant.session_id, "fence": grant.fence, "key": args.key,
+        print_json({"session_id": grant.session_id, "fence": grant.fence, "key": args.key,
                      "revision": revision})
     else:
         print(f"put {args.key} at fence {grant.fence} (revision {revision})")
@@ -172,7 +106,7 @@ async def _handle(args: argparse.Namespace, client: Client) -> int:
     grant = _grant_file(args)
     record = await client.record_provider_handle(grant, args.handle)
     if args.json:
-        _print_json(as_dict(record))
+        print_json(as_dict(record))
     else:
         links = len(record.provider_handle_chain)
         print(f"provider handle recorded at fence {grant.fence} ({links} in the chain)")
@@ -191,12 +125,12 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
             out["value_base64"] = base64.b64encode(found.value).decode()
             with contextlib.suppress(UnicodeDecodeError):  # binary: value_base64 only
                 out["value"] = found.value.decode()
-        _print_json(out)
-        return 0 if found.found else exit_codes.EX_FAILURE
+        print_json(out)
+        return 0 if found.found else reasons.EX_FAILURE
     if not found.found:
         print(f"holdfast: {args.key} is not set in session {session}. Next: `holdfast put` it from inside "
               "`holdfast run`", file=sys.stderr)
-        return exit_codes.EX_FAILURE
+        return reasons.EX_FAILURE
     sys.stdout.buffer.write(found.value)
     return 0
 
@@ -205,7 +139,7 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
 async def _status(args: argparse.Namespace, client: Client) -> int:
     hosts, sessions = await client.list_hosts(), await client.list_sessions()
     if args.json:
-        _print_json({"coordinator": client.address, "hosts": [as_dict(h) for h in hosts],
+        print_json({"coordinator": client.address, "hosts": [as_dict(h) for h in hosts],
                      "sessions": [as_dict(r) for r in sessions]})
         return 0
     print(f"coordinator {client.address}: {len(hosts)} hosts, {len(sessions)} sessions\n")
@@ -217,7 +151,7 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
 async def _show(args: argparse.Namespace, client: Client) -> int:
     found = await client.get_session(args.session)
     if args.json:
-        _print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history]})
+        print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history]})
         return 0
     print(table([session_row(found.record)], SESSION_HEADER) + "\n")
     lease = found.record.lease
@@ -235,16 +169,16 @@ async def _show(args: argparse.Namespace, client: Client) -> int:
 async def _probe(args: argparse.Namespace, client: Client) -> int:
     found = await client.probe(args.session)
     if args.json:
-        _print_json(as_dict(found))
-        return exit_codes.probe_exit(found.verdict)
+        print_json(as_dict(found))
+        return reasons.probe_exit(found.verdict)
     print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or 'no reason given'}")
     if found.HasField("probe"):
         p = found.probe
-        outcome = OUTCOME_NAMES.get(p.outcome, "indeterminate")
+        outcome = outcome_name(p.outcome)
         print(f"probe answered by {p.answered_by_host_id or '-'}: {outcome}"
               f"{' matched on ' + ','.join(p.matched_on) if p.matched_on else ''}"
               f"{'; tree: ' + p.tree_reason if p.tree_checked else ''}")
-    return exit_codes.probe_exit(found.verdict)
+    return reasons.probe_exit(found.verdict)
 
 
 async def _recover(args: argparse.Namespace, client: Client) -> int:
@@ -253,13 +187,13 @@ async def _recover(args: argparse.Namespace, client: Client) -> int:
         # second writer in waiting (issue 17: it was accepted without a word).
         found = await client.probe(args.session)
         owner = found.record.lease.owner
-        if found.verdict == "held" and found.record.lease.claim_status in client_.OWNED:
-            raise ClientError(exit_codes.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
+        if found.verdict == "held" and found.record.lease.claim_status in OWNED:
+            raise ClientError(Reason.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
                               f"host's agent (host {owner.host_id}, pid {owner.pid}): recover would release "
                               "it without stopping it; nothing was changed", args.session)
     record = await client.recover(args.session, args.fence, args.reason, args.operator)
     if args.json:
-        _print_json(as_dict(record))
+        print_json(as_dict(record))
         return 0
     print(f"{args.session}: fence {args.fence} invalidated; the next grant is at fence "
           f"{max(record.lease.minimum_next_fence, record.lease.fence + 1)}")
@@ -269,7 +203,7 @@ async def _recover(args: argparse.Namespace, client: Client) -> int:
 async def _hosts(args: argparse.Namespace, client: Client) -> int:
     hosts = await client.list_hosts()
     if args.json:
-        _print_json({"hosts": [as_dict(h) for h in hosts]})
+        print_json({"hosts": [as_dict(h) for h in hosts]})
         return 0
     print(table([host_row(h) for h in hosts], HOST_HEADER))
     return 0
@@ -282,22 +216,7 @@ def _run_handler(args: argparse.Namespace) -> int:
     if args.force and not args.takeover:
         args.parser.error("--force needs --takeover")
     args.cmd = cmd
-    return _command(_run)(args)
-
-
-def client_options(*, json: bool = True, role: str = "client") -> argparse.ArgumentParser:
-    """The parent parser of every command that calls a coordinator: --coordinator and --tls-dir,
-    and --json unless the command only acts. `role` is the certificate it presents: `client` for a
-    runtime's and the read commands, `operator` for the commands that override evidence."""
-    options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
-                         f"{client_.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
-    add_tls_dir(options, f"present {role}.pem; without it, and when a `holdfast up --tls` runs the "
-                "coordinator, its certificates")
-    options.set_defaults(tls_role=role)
-    if json:
-        options.add_argument("--json", action="store_true", help="print one JSON document")
-    return options
+    return command(_run)(args)
 
 
 SESSION_HELP = "the session id: 8 to 128 letters, digits, '_' or '-' (e.g. codex-thread-42)"
@@ -319,17 +238,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", parents=[common], help="run CMD as the session's single writer",
                               usage="holdfast run --session ID [options] -- CMD [ARGS...]",
                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EPILOG)
-    p.add_argument("--session", required=True, type=_session_id, metavar="ID", help=SESSION_HELP)
+    p.add_argument("--session", required=True, type=session_id_arg, metavar="ID", help=SESSION_HELP)
     p.add_argument("--provider", default="", help="provider name recorded with the session")
     p.add_argument("--location", default="", help="where the session's state lives")
     p.add_argument("--takeover", action="store_true", help="ask the current owner to hand the session over")
     p.add_argument("--force", action="store_true",
                    help="with --takeover: if the owner does not let go in time, its host's agent ends it")
-    p.add_argument("--handoff-timeout", type=_seconds, default=30.0, metavar="S",
+    p.add_argument("--handoff-timeout", type=seconds_arg, default=30.0, metavar="S",
                    help="how long a takeover waits for the owner to let go (default 30)")
-    p.add_argument("--wait", type=_seconds, nargs="?", const=client_.MAX_WAIT_S, metavar="S",
+    p.add_argument("--wait", type=seconds_arg, nargs="?", const=MAX_WAIT_S, metavar="S",
                    help="wait (up to S seconds, default an hour) until the session can be had")
-    p.add_argument("--grace", type=_seconds, default=10.0, metavar="S",
+    p.add_argument("--grace", type=seconds_arg, default=10.0, metavar="S",
                    help="SIGTERM to SIGKILL grace when the tree must end (default 10)")
     p.add_argument("--host-id", help="this host's agent id (default: $HOLDFAST_HOST_ID, else the node name)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -339,46 +258,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("key")
     p.add_argument("value", nargs="?", help="the value (default: read stdin)")
     p.add_argument("--grant-file", help="default: $HOLDFAST_GRANT_FILE")
-    p.set_defaults(handler=_command(_put))
+    p.set_defaults(handler=command(_put))
 
     p = subparsers.add_parser("handle", parents=[reader],
                               help="record the provider's handle (e.g. a thread id) from inside "
                               "`holdfast run`")
     p.add_argument("handle")
     p.add_argument("--grant-file", help="default: $HOLDFAST_GRANT_FILE")
-    p.set_defaults(handler=_command(_handle))
+    p.set_defaults(handler=command(_handle))
 
     p = subparsers.add_parser("get", parents=[reader], help="read a session's fenced data")
     p.add_argument("key")
-    p.add_argument("--session", type=_session_id, metavar="ID",
+    p.add_argument("--session", type=session_id_arg, metavar="ID",
                    help=f"default: $HOLDFAST_SESSION (inside `holdfast run`); {SESSION_HELP}")
-    p.set_defaults(handler=_command(_get))
+    p.set_defaults(handler=command(_get))
 
     p = subparsers.add_parser("status", parents=[reader], help="hosts and sessions")
-    p.set_defaults(handler=_command(_status))
+    p.set_defaults(handler=command(_status))
 
     p = subparsers.add_parser("show", parents=[reader], help="one session's record and history")
-    p.add_argument("session", type=_session_id)
-    p.set_defaults(handler=_command(_show))
+    p.add_argument("session", type=session_id_arg)
+    p.set_defaults(handler=command(_show))
 
     p = subparsers.add_parser("probe", parents=[reader], help="ask the owner's host whether it lives",
                               description="Exit status: 0 free (no owner, or the owner is proven dead: "
                               "the next run is granted), 3 held (the owner is proven alive, or a "
                               "reservation is starting), 4 unknown (neither could be proven, or manual "
                               "recovery); 1 no such session, 69 no coordinator, 77 certificates.")
-    p.add_argument("session", type=_session_id)
-    p.set_defaults(handler=_command(_probe))
+    p.add_argument("session", type=session_id_arg)
+    p.set_defaults(handler=command(_probe))
 
     p = subparsers.add_parser("recover", parents=[operator],
                               help="operator: invalidate a fence you know is dead (the only way out "
                               "of unknown)")
-    p.add_argument("session", type=_session_id)
-    p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (see `holdfast show`)")
+    p.add_argument("session", type=session_id_arg)
+    p.add_argument("--fence", required=True, type=fence_arg,
+                   help="the fence you expect (see `holdfast show`)")
     p.add_argument("--reason", required=True, help="why you know the owner is gone (recorded)")
     p.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
     p.add_argument("--yes", action="store_true",
                    help="recover even when the owner's agent proves it alive (it keeps running)")
-    p.set_defaults(handler=_command(_recover))
+    p.set_defaults(handler=command(_recover))
 
     p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")
-    p.set_defaults(handler=_command(_hosts))
+    p.set_defaults(handler=command(_hosts))

@@ -11,24 +11,22 @@ import argparse
 import asyncio
 import time
 
-from holdfast.coordinator import lifecycle_rules
-from holdfast.coordinator.client import Client
-from holdfast.coordinator.run_commands import (
-    _command,
-    _fence,
-    _print_json,
-    _seconds,
-    _session_id,
+from holdfast.cli.options import (
     as_dict,
     client_options,
+    command,
     default_operator,
+    fence_arg,
+    print_json,
+    seconds_arg,
+    session_id_arg,
 )
-from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.client.connection import Client
+from holdfast.coordinator import lifecycle_rules
 
 
 async def _drain(args: argparse.Namespace, client: Client) -> int:
-    reply = await client._call(client.stub.DrainHost, pb.DrainHostRequest(
-        host_id=args.host, draining=not args.undo, operator=args.operator), retry=True)
+    reply = await client.drain(args.host, args.operator, draining=not args.undo)
     owned = list(reply.still_owned)
     deadline = time.monotonic() + args.wait
     while owned and time.monotonic() < deadline:
@@ -39,7 +37,7 @@ async def _drain(args: argparse.Namespace, client: Client) -> int:
         if not args.json:
             print(f"drain {args.host}: {len(owned)} sessions still held")
     if args.json:
-        _print_json({"host": args.host, "draining": reply.draining,
+        print_json({"host": args.host, "draining": reply.draining,
                      "handoff_requested": list(reply.handoff_requested), "still_owned": owned,
                      "skipped": list(reply.skipped)})
     else:
@@ -53,11 +51,9 @@ async def _drain(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _archive(args: argparse.Namespace, client: Client) -> int:
-    reply = await client._call(client.stub.ArchiveSession, pb.ArchiveSessionRequest(
-        session_id=args.session, expected_fence=args.fence, operator=args.operator, reason=args.reason),
-        args.session, retry=False)
+    reply = await client.archive(args.session, args.fence, args.operator, args.reason)
     if args.json:
-        _print_json(as_dict(reply))
+        print_json(as_dict(reply))
     else:
         print(f"{args.session}: archived at fence {reply.record.lease.fence} ({reply.verdict}), "
               f"{reply.history_archived} history entries kept; `holdfast admin archived {args.session}`")
@@ -65,10 +61,9 @@ async def _archive(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _archived(args: argparse.Namespace, client: Client) -> int:
-    reply = await client._call(client.stub.GetArchivedSession,
-                               pb.GetArchivedSessionRequest(session_id=args.session), args.session)
+    reply = await client.archived(args.session)
     if args.json:
-        _print_json(as_dict(reply))
+        print_json(as_dict(reply))
     else:
         print(f"{args.session}: archived at fence {reply.record.lease.fence}; "
               f"{reply.record.lease.death_evidence.detail}")
@@ -78,10 +73,9 @@ async def _archived(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _purge(args: argparse.Namespace, client: Client) -> int:
-    reply = await client._call(client.stub.PurgeArchives, pb.PurgeArchivesRequest(
-        older_than_seconds=int(args.older_than_days * 86400), limit=args.limit), timeout=60.0)
+    reply = await client.purge_archives(int(args.older_than_days * 86400), args.limit)
     if args.json:
-        _print_json({"purged": list(reply.purged), "more": reply.more})
+        print_json({"purged": list(reply.purged), "more": reply.more})
     else:
         print(f"dropped the archived history of {len(reply.purged)} sessions (their fence floors stay)"
               + ("; more remain: run it again" if reply.more else ""))
@@ -89,11 +83,10 @@ async def _purge(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _recover_host(args: argparse.Namespace, client: Client) -> int:
-    reply = await client._call(client.stub.RecoverHost, pb.RecoverHostRequest(
-        host_id=args.host, reason=args.reason, operator=args.operator), retry=False, timeout=60.0)
+    reply = await client.recover_host(args.host, args.reason, args.operator)
     failed = [r for r in reply.results if not r.recovered]
     if args.json:
-        _print_json(as_dict(reply) | {"recovered": len(reply.results) - len(failed), "failed": len(failed)})
+        print_json(as_dict(reply) | {"recovered": len(reply.results) - len(failed), "failed": len(failed)})
     else:
         for r in reply.results:
             print(f"{r.session_id}: fence {r.fence} " + ("invalidated" if r.recovered else f"NOT: {r.error}"))
@@ -102,14 +95,12 @@ async def _recover_host(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
-    reply = await client._call(client.stub.RestoreEpoch, pb.RestoreEpochRequest(
-        epoch=args.epoch, operator=args.operator, reason=args.reason, expected_hosts=args.expect_host),
-        retry=False, timeout=300.0)
+    reply = await client.restore_epoch(args.epoch, args.operator, args.reason, args.expect_host)
     # A restored reservation is no open end: Acquire supersedes it on its host's proof of no carrier.
     open_ends = [s for s in reply.sessions if s.outcome in ("conflicted", "unchanged")] + [
         h for h in reply.hosts if h.error or not h.complete or h.orphans_not_stopped]
     if args.json:
-        _print_json(as_dict(reply))
+        print_json(as_dict(reply))
     else:
         for s in reply.sessions:
             print(f"{s.session_id}: fence {s.old_fence} → floor {s.minimum_next_fence}, "
@@ -141,7 +132,7 @@ def _epoch(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    # Every command here presents the operator certificate (DESIGN.md §4); purge-archives may
+    # Every command here presents the operator certificate (docs/design.md §4); purge-archives may
     # present the maintenance one instead (the CronJob's).
     reader = argparse.ArgumentParser(add_help=False, parents=[client_options(role="operator")])
     reader.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
@@ -149,21 +140,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("drain", parents=[reader],
                               help="hand off every session on HOST and refuse new grants there")
     p.add_argument("host")
-    p.add_argument("--wait", type=_seconds, default=0.0, metavar="S", help="watch progress up to S seconds")
+    p.add_argument("--wait", type=seconds_arg, default=0.0, metavar="S",
+                   help="watch progress up to S seconds")
     p.add_argument("--undo", action="store_true", help="lift the drain: grants on HOST again")
-    p.set_defaults(handler=_command(_drain))
+    p.set_defaults(handler=command(_drain))
 
     admin = subparsers.add_parser("admin", help="operator procedures").add_subparsers(
         dest="admin_command", required=True)
     p = admin.add_parser("archive", parents=[reader], help="archive a session with no owner or reservation")
-    p.add_argument("session", type=_session_id)
-    p.add_argument("--fence", required=True, type=_fence, help="the fence you expect (`holdfast show`)")
+    p.add_argument("session", type=session_id_arg)
+    p.add_argument("--fence", required=True, type=fence_arg, help="the fence you expect (`holdfast show`)")
     p.add_argument("--reason", required=True)
-    p.set_defaults(handler=_command(_archive))
+    p.set_defaults(handler=command(_archive))
 
     p = admin.add_parser("archived", parents=[reader], help="an archived session's record and history")
-    p.add_argument("session", type=_session_id)
-    p.set_defaults(handler=_command(_archived))
+    p.add_argument("session", type=session_id_arg)
+    p.set_defaults(handler=command(_archived))
 
     p = admin.add_parser("purge-archives", parents=[reader],
                          help="retention: drop archived history older than an age (fence floors stay)")
@@ -173,13 +165,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--role", dest="tls_role", choices=("operator", "maintenance"), default="operator",
                    help="the certificate to present from --tls-dir: operator.pem (default) or "
                         "maintenance.pem (retention only: the CronJob's)")
-    p.set_defaults(handler=_command(_purge))
+    p.set_defaults(handler=command(_purge))
 
     p = admin.add_parser("recover-host", parents=[reader],
                          help="operator evidence: HOST is gone for good; free every session it held")
     p.add_argument("host")
     p.add_argument("--reason", required=True, help="why you know the host is gone (recorded)")
-    p.set_defaults(handler=_command(_recover_host))
+    p.set_defaults(handler=command(_recover_host))
 
     p = admin.add_parser("restore-epoch", parents=[reader],
                          help="after an etcd snapshot restore: every fence non-live, orphans stopped")
@@ -189,4 +181,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a node that may run owners (repeatable; e.g. every `kubectl get nodes` name): "
                         "grants stay closed until each was searched")
     p.add_argument("--reason", required=True)
-    p.set_defaults(handler=_command(_restore_epoch))
+    p.set_defaults(handler=command(_restore_epoch))

@@ -8,7 +8,7 @@ own pidfd, to be members of that cgroup or carriers of the spawn token (so a reu
 hit), and returns True only when the cgroup is empty and a stable scan shows no carrier. Before the
 final kill every member is stopped, until a round finds none new: a tree that keeps forking cannot
 outrun it. Waiting is on pidfds becoming readable, not on a timer. The scan is the agent's
-(`holdfast.agent.scan`), so client and agent agree on what "carries the token" means; the agent,
+(`holdfast.proc.scan`), so client and agent agree on what "carries the token" means; the agent,
 not this, proves the tree gone before a Release is accepted.
 """
 
@@ -21,9 +21,9 @@ import signal
 import time
 from dataclasses import dataclass
 
-from holdfast.agent.cgroups import cgroup2_root, is_session_cgroup
-from holdfast.agent.environ import read_proc_file, read_value
-from holdfast.agent.scan import scan
+from holdfast.proc.cgroups import cgroup2_root, is_session_cgroup
+from holdfast.proc.environ import read_proc_file, read_value
+from holdfast.proc.scan import scan
 
 KILL_WAIT_S = 5.0
 STOP_ROUNDS = 32

@@ -1,0 +1,115 @@
+"""What every `holdfast` command that talks to a coordinator shares: its options (--coordinator,
+--tls-dir and the role it presents, --json), argument types that refuse bad input before any call,
+and the one way a ClientError becomes output and an exit code.
+
+Guarantee: with `--json` a command prints one JSON document, its error included; every error
+names the next step (from holdfast.common.reasons) and exits with that reason's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import os
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from holdfast.client.acquire import MAX_WAIT_S
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.common import upstate
+from holdfast.coordinator import records
+
+
+def default_operator() -> str:
+    """Who is asking, for the record: user@host. A uid with no passwd entry (the image's 65532)
+    makes getpass raise KeyError, which at parser build time would stop every command."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def session_id_arg(text: str) -> str:
+    try:
+        return records.check_session_id(text)
+    except records.InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"seconds must be in 0..{MAX_WAIT_S:g}")
+    return value
+
+
+def fence_arg(text: str) -> int:
+    try:
+        return records.check_fence(int(text))
+    except (ValueError, records.InvalidInput):
+        raise argparse.ArgumentTypeError(f"fence must be an integer in 1..{records.MAX_FENCE}") from None
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+Body = Callable[[argparse.Namespace, Client], Awaitable[int]]
+
+
+def command(body: Body) -> Callable[[argparse.Namespace], int]:
+    """Runs one command against the coordinator; a ClientError becomes its exit code and next step."""
+
+    def handler(args: argparse.Namespace) -> int:
+        async def main() -> int:
+            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir,
+                              getattr(args, "tls_role", "client")) as client:
+                return await body(args, client)
+
+        try:
+            return asyncio.run(main())
+        except ClientError as err:
+            if getattr(args, "json", False):
+                print(json.dumps({"error": {"reason": err.reason, "message": err.message,
+                                            "next_step": err.next_step}}))
+            print(f"holdfast: {err}", file=sys.stderr)
+            return err.exit_code
+
+    return handler
+
+
+def print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def add_tls_dir(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--tls-dir` for the client commands that open a holdfast gRPC link (servers take TLS_DIR)."""
+    parser.add_argument("--tls-dir", metavar="DIR",
+                        help=f"certificates from `holdfast certs init` (default: $HOLDFAST_TLS_DIR): {what}")
+
+
+def client_options(*, json: bool = True, role: str = "client") -> argparse.ArgumentParser:
+    """The parent parser of every command that calls a coordinator: --coordinator and --tls-dir,
+    and --json unless the command only acts. `role` is the certificate it presents: `client` for a
+    runtime's and the read commands, `operator` for the commands that override evidence."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--coordinator", help="host:port (default: $HOLDFAST_COORDINATOR, else "
+                         f"{upstate.DEFAULT_COORDINATOR}, where `holdfast up` listens)")
+    add_tls_dir(options, f"present {role}.pem; without it, and when a `holdfast up --tls` runs the "
+                "coordinator, its certificates")
+    options.set_defaults(tls_role=role)
+    if json:
+        options.add_argument("--json", action="store_true", help="print one JSON document")
+    return options

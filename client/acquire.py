@@ -1,0 +1,157 @@
+"""How `holdfast run` obtains a session: once, waiting (`--wait`), or as a takeover that asks the
+owner to let go and then, with `--force`, has the owner's agent end it.
+
+Guarantee: CMD is resolved (PATH, executable bit) before anything is asked of the coordinator, so a
+typo never ends an owner; a takeover keeps its operation id (mode 0600, per host and session) until
+granted, so a retry continues the same request; waiting between calls is on record changes, never
+on a polling timer; `--force` is sent only with the handoff request it continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
+from holdfast.common import reasons
+from holdfast.common.reasons import Reason
+from holdfast.coordinator import records
+from holdfast.v1 import coordinator_pb2 as pb
+
+MAX_WAIT_S = 3600.0
+Say = Callable[[str], None]
+
+
+def say_stderr(line: str) -> None:
+    print(f"holdfast: {line}", file=sys.stderr, flush=True)
+
+
+def resolve_command(argv: list[str], cwd: str | None = None, path: str | None = None) -> str:
+    """Where CMD's program is, as the gate's `exec` will find it (PATH lookup for a bare name,
+    the executable bit for a path), or ClientError CMD_NOT_FOUND / CMD_NOT_EXECUTABLE. Checked
+    before anything is asked of the coordinator: a typo must not cost a live owner its session
+    (issue 17: `run --takeover -- <typo>` ended the owner, then failed to exec)."""
+    name = argv[0] if argv else ""
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    nothing = "nothing was asked of the session's owner and nothing was written"
+    if "/" in name:
+        program = os.path.join(cwd or os.getcwd(), name)
+        if not os.path.exists(program):
+            raise ClientError(Reason.CMD_NOT_FOUND, f"{name}: no such file; {nothing}")
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise ClientError(Reason.CMD_NOT_EXECUTABLE, f"{name}: not an executable file; {nothing}")
+        return program
+    found = shutil.which(name, path=search) if name else None
+    if found is not None:
+        return found
+    # As the shell: a file by that name on PATH that cannot be executed is 126, none at all is 127.
+    if name and any(os.path.isfile(os.path.join(d or ".", name)) for d in search.split(os.pathsep)):
+        raise ClientError(Reason.CMD_NOT_EXECUTABLE,
+                          f"{name}: found on PATH but not executable; {nothing}")
+    raise ClientError(Reason.CMD_NOT_FOUND, f"{name or '(empty)'}: command not found on PATH; {nothing}")
+
+
+@dataclass
+class RunSpec:
+    """What `holdfast run` asks for; the library's callers fill the same fields."""
+
+    session_id: str
+    argv: list[str]
+    provider: str = ""
+    location: str = ""
+    takeover: bool = False
+    force: bool = False
+    handoff_timeout: float = 30.0
+    wait: float = 0.0
+    grace: float = 10.0
+    cwd: str | None = None
+
+
+def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path]:
+    """The operation id of this host's takeover of the session, kept (mode 0600) until granted.
+
+    The coordinator admits one handoff request per session, under its operation id; a takeover
+    that gave up leaves its request standing, so the next try from this host must continue it
+    under the same id rather than be refused as a conflicting operation.
+    """
+    state_home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    base = state_home / "holdfast" / "takeovers"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = base / f"{host_id}.{session_id}"
+    with contextlib.suppress(OSError):
+        kept = path.read_text().strip()
+        if records.OPERATION_ID.fullmatch(kept):
+            return kept, path
+    operation_id = secrets.token_hex(16)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(operation_id)
+    tmp.rename(path)
+    return operation_id, path
+
+
+def held_hint(spec: RunSpec) -> str:
+    """HELD's next step after what this run already tried (issue 17: after a failed --takeover the
+    hint suggested --takeover, after --wait ran out it suggested --wait)."""
+    if spec.takeover and not spec.force:
+        return (f"the owner did not let go within --handoff-timeout {spec.handoff_timeout:g}s; add `--force` "
+                "to have its host's agent end its tree, or allow longer with --handoff-timeout")
+    if spec.wait and not spec.takeover:
+        return (f"still held after --wait {spec.wait:g}s; wait longer, or ask for it with `--takeover` "
+                "(add `--force` to have its host's agent end the old tree)")
+    return ""
+
+
+async def obtain(client: Client, spec: RunSpec, operation_id: str,
+                 say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+    """`_obtain`, with a refusal's next step fitted to this run: what it tried, the fence it met."""
+    try:
+        return await _obtain(client, spec, operation_id, say)
+    except ClientError as err:
+        if err.reason == "HELD":
+            err.hint = held_hint(spec)
+        elif err.reason in ("OWNERSHIP_UNKNOWN", "MANUAL_RECOVERY"):
+            with contextlib.suppress(ClientError):  # best effort: the hint then says N
+                err.fence = (await client.get_session(spec.session_id)).record.lease.fence
+        raise
+
+
+async def _obtain(client: Client, spec: RunSpec, operation_id: str,
+                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+    """Acquire as the spec says: once; or waiting (`--wait`, the coordinator holds the call on the
+    owner's exit); or as a takeover that asks the owner to let go, then — with force — has the
+    owner's agent end it. Waiting between calls is on record changes, never on a polling timer."""
+    loop = asyncio.get_running_loop()
+    budget = spec.wait or (spec.handoff_timeout if spec.takeover else 0.0)
+    deadline = loop.time() + budget
+    if spec.takeover and await client.request_handoff(spec.session_id, operation_id) is not None:
+        say(f"handoff of {spec.session_id} requested; waiting up to {budget:g}s for the owner to let go")
+    while True:
+        left = max(deadline - loop.time(), 0.0)
+        try:
+            return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
+                                        location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
+                                        takeover=spec.takeover)
+        except ClientError as err:
+            if not reasons.waitable(err.reason):
+                raise
+            left = deadline - loop.time()
+            if left <= 0:
+                if spec.force and err.reason != "RESERVED":
+                    break
+                raise
+            # e.g. the owner's root exited but its tree is still ending: the next change decides.
+            await client.next_change(spec.session_id, left)
+    say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it")
+    return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
+                                location=spec.location, takeover=True, force=True)

@@ -1,0 +1,276 @@
+"""One connection to a coordinator, with a public method for every Coordinator RPC.
+
+Guarantee: calls are retried with tenacity only where a retry is safe — Acquire replays by
+operation id; a retried commit or release that finds its own effect already applied counts as
+done; a call whose first try may have landed is never retried (RecordProviderHandle, archive,
+recover-host, restore-epoch). Every answer to an owner's call is checked to come from its grant's
+cluster. The client never calls an agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from holdfast.client.errors import ClientError, classify, refused, transient
+from holdfast.client.grant import Grant, same_cluster
+from holdfast.common import tls, upstate
+from holdfast.common.reasons import Reason, reason_of
+from holdfast.common.tls import Role
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+
+CALL_TIMEOUT_S = 10.0
+RETRY_BUDGET_S = 5.0
+OWNED = (pb.COMMITTED, pb.LIVE)
+
+
+def coordinator_address(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("HOLDFAST_COORDINATOR") or upstate.DEFAULT_COORDINATOR
+
+
+def local_host_id(explicit: str | None = None) -> str:
+    """The id this host's agent registered under (`holdfast exec --host N` sets HOLDFAST_HOST_ID)."""
+    return explicit or os.environ.get("HOLDFAST_HOST_ID") or os.uname().nodename
+
+
+def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:
+    """--tls-dir, else $HOLDFAST_TLS_DIR, else the certificates of the `holdfast up --tls` whose
+    coordinator is `address` (holdfast.common.upstate); None = plaintext."""
+    chosen = tls.tls_dir(explicit)
+    return chosen if chosen is not None else upstate.tls_dir_for(address)
+
+
+class Client:
+    """One channel to a coordinator, with the calls a runtime and an operator need."""
+
+    def __init__(self, address: str | None = None, host_id: str | None = None,
+                 tls_dir: str | os.PathLike[str] | None = None, role: str = "client") -> None:
+        """`role` picks the certificate presented with TLS (`<role>.pem` in the directory): a
+        runtime is `client`; the operator commands present `operator` (docs/design.md §4)."""
+        self.address = coordinator_address(address)
+        self.host_id = local_host_id(host_id)
+        self.tls_dir = client_tls_dir(tls_dir, self.address)
+        try:
+            self.channel = tls.open_channel(self.address, self.tls_dir, Role(role))
+        except FileNotFoundError as missing:  # its message names the file and how to make it
+            raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        # Until some call was answered, a refused connection means nothing listens at the address:
+        # say so at once (issue 17: 5.8 s of retries). Once answered, a refusal is a coordinator
+        # restarting under a run, and the retry budget rides over it.
+        self.answered = False
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return transient(exc) and (self.answered or not refused(exc))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method, request, session: str = "", timeout: float = CALL_TIMEOUT_S,  # type: ignore[no-untyped-def]
+                    retry: bool = True):
+        """One RPC, retried while nothing answers (`retry` only for calls that are safe to repeat).
+        A ClientError says whether an earlier try was sent, whose effect may have landed."""
+        tries = 0
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(self._retryable if retry else lambda _exc: False), reraise=True,
+                stop=stop_after_delay(RETRY_BUDGET_S), wait=wait_exponential(multiplier=0.05, max=1.0),
+            ):
+                with attempt:
+                    tries += 1
+                    response = await method(request, timeout=timeout)
+                    self.answered = True
+                    return response
+        except grpc.aio.AioRpcError as exc:
+            self.answered = self.answered or bool(reason_of(exc))
+            error = classify(exc, session, self.address, plaintext=self.tls_dir is None)
+            error.retried = tries > 1
+            raise error from None
+        raise AssertionError("unreachable: tenacity reraises")
+
+    # --- owner calls ---------------------------------------------------------------------
+    async def acquire(self, session_id: str, operation_id: str, *, provider: str = "", location: str = "",
+                      wait_seconds: float = 0.0, takeover: bool = False, force: bool = False,
+                      live_on_commit: bool = True) -> tuple[Grant, pb.SessionRecord]:
+        request = pb.AcquireRequest(
+            session_id=session_id, provider=provider, location=location, operation_id=operation_id,
+            host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,
+            takeover=takeover, force=force,
+        )
+        # A replay with the same operation id returns the first grant, so the retry is safe.
+        response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
+        g = response.grant
+        grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address,
+                      g.cluster_id)
+        return grant, response.record
+
+    async def request_handoff(self, session_id: str, operation_id: str) -> pb.SessionRecord | None:
+        """None when the session has no record yet (nothing to hand off)."""
+        request = pb.RequestHandoffRequest(session_id=session_id, operation_id=operation_id,
+                                           host_id=self.host_id)
+        try:
+            return (await self._call(self.stub.RequestHandoff, request, session_id)).record
+        except ClientError as err:
+            if err.reason == "NOT_FOUND":
+                return None
+            raise
+
+    async def commit(self, grant: Grant, pid_hint: int) -> pb.SessionRecord:
+        request = pb.CommitOwnerRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                        pid_hint=pid_hint, cluster_id=grant.cluster_id)
+        try:
+            response = await self._call(self.stub.CommitOwner, request, grant.session_id)
+            same_cluster(grant, response.cluster_id)
+            return response.record
+        except ClientError as err:
+            # A retried commit whose first try landed finds no reservation: check that it is ours.
+            record = await self._own_effect(grant, err, lambda lease: lease.claim_status in OWNED and
+                                            lease.owner.spawn_token == grant.spawn_token)
+            if record is None:
+                raise
+            return record
+
+    async def release(self, grant: Grant) -> pb.SessionRecord:
+        request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                    cluster_id=grant.cluster_id)
+        try:
+            response = await self._call(self.stub.Release, request, grant.session_id)
+            same_cluster(grant, response.cluster_id)
+            return response.record
+        except ClientError as err:
+            record = await self._own_effect(grant, err, lambda lease: lease.claim_status == pb.RELEASED)
+            if record is None:
+                raise
+            return record
+
+    async def _own_effect(self, grant: Grant, err: ClientError,
+                          applied: Callable[[pb.Lease], bool]) -> pb.SessionRecord | None:
+        # Only a retry can find its own first try's effect; otherwise the effect is someone else's.
+        if err.reason != "STALE_FENCE" or not err.retried:
+            return None
+        record = (await self.get_session(grant.session_id)).record
+        return record if record.lease.fence == grant.fence and applied(record.lease) else None
+
+    async def fenced_put(self, grant: Grant, key: str, value: bytes) -> int:
+        request = pb.FencedPutRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                      key=key, value=value, cluster_id=grant.cluster_id)
+        response = await self._call(self.stub.FencedPut, request, grant.session_id)
+        same_cluster(grant, response.cluster_id)
+        return response.revision
+
+    async def record_provider_handle(self, grant: Grant, handle: str) -> pb.SessionRecord:
+        request = pb.RecordProviderHandleRequest(session_id=grant.session_id, fence=grant.fence,
+                                                 secret=grant.secret, handle=handle,
+                                                 cluster_id=grant.cluster_id)
+        # Not retried: a second try whose first landed would append the handle twice.
+        response = await self._call(self.stub.RecordProviderHandle, request, grant.session_id, retry=False)
+        same_cluster(grant, response.cluster_id)
+        return response.record
+
+    # --- reads and operator calls ----------------------------------------------------------
+    async def fenced_get(self, session_id: str, key: str) -> pb.FencedGetResponse:
+        return await self._call(self.stub.FencedGet, pb.FencedGetRequest(session_id=session_id, key=key),
+                                session_id)
+
+    async def get_session(self, session_id: str) -> pb.GetSessionResponse:
+        return await self._call(self.stub.GetSession, pb.GetSessionRequest(session_id=session_id), session_id)
+
+    async def list_sessions(self) -> list[pb.SessionRecord]:
+        found: list[pb.SessionRecord] = []
+        token = ""
+        while True:
+            page = await self._call(self.stub.ListSessions, pb.ListSessionsRequest(page_size=500,
+                                                                                   page_token=token))
+            found.extend(page.records)
+            token = page.next_page_token
+            if not token:
+                return found
+
+    async def list_hosts(self) -> list[pb.HostRegistration]:
+        return list((await self._call(self.stub.ListHosts, pb.ListHostsRequest())).hosts)
+
+    async def probe(self, session_id: str) -> pb.ProbeSessionResponse:
+        return await self._call(self.stub.ProbeSession, pb.ProbeSessionRequest(session_id=session_id),
+                                session_id, timeout=30.0)
+
+    async def recover(self, session_id: str, fence: int, reason: str, operator: str) -> pb.SessionRecord:
+        request = pb.RecoverRequest(session_id=session_id, expected_fence=fence, reason=reason,
+                                    operator=operator)
+        return (await self._call(self.stub.Recover, request, session_id)).record
+
+    # --- lifecycle (operator and maintenance calls) -------------------------------------------------
+    async def drain(self, host_id: str, operator: str, draining: bool = True) -> pb.DrainHostResponse:
+        # Safe to repeat: a second drain finds the handoffs already requested.
+        request = pb.DrainHostRequest(host_id=host_id, draining=draining, operator=operator)
+        return await self._call(self.stub.DrainHost, request)
+
+    async def archive(self, session_id: str, fence: int, operator: str,
+                      reason: str) -> pb.ArchiveSessionResponse:
+        request = pb.ArchiveSessionRequest(session_id=session_id, expected_fence=fence, operator=operator,
+                                           reason=reason)
+        return await self._call(self.stub.ArchiveSession, request, session_id, retry=False)
+
+    async def archived(self, session_id: str) -> pb.GetArchivedSessionResponse:
+        request = pb.GetArchivedSessionRequest(session_id=session_id)
+        return await self._call(self.stub.GetArchivedSession, request, session_id)
+
+    async def purge_archives(self, older_than_seconds: int, limit: int) -> pb.PurgeArchivesResponse:
+        request = pb.PurgeArchivesRequest(older_than_seconds=older_than_seconds, limit=limit)
+        return await self._call(self.stub.PurgeArchives, request, timeout=60.0)
+
+    async def recover_host(self, host_id: str, reason: str, operator: str) -> pb.RecoverHostResponse:
+        request = pb.RecoverHostRequest(host_id=host_id, reason=reason, operator=operator)
+        return await self._call(self.stub.RecoverHost, request, retry=False, timeout=60.0)
+
+    async def restore_epoch(self, epoch: int, operator: str, reason: str,
+                            expected_hosts: list[str]) -> pb.RestoreEpochResponse:
+        request = pb.RestoreEpochRequest(epoch=epoch, operator=operator, reason=reason,
+                                         expected_hosts=expected_hosts)
+        return await self._call(self.stub.RestoreEpoch, request, retry=False, timeout=300.0)
+
+    async def watch(self, session_id: str, grant: Grant | None = None) -> AsyncIterator[pb.SessionRecord]:
+        """The session's record now and at every change; reconnects while the coordinator is away.
+        With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER."""
+        backoff = 0.05
+        while True:
+            call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
+            try:
+                async for event in call:
+                    backoff = 0.05
+                    if grant is not None:
+                        same_cluster(grant, event.cluster_id)
+                    if not event.deleted:
+                        yield event.record
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    raise classify(exc, session_id, self.address) from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def next_change(self, session_id: str, timeout: float) -> None:
+        """Returns at the record's first change after now, or after `timeout` seconds."""
+        async def changed() -> None:
+            first = True
+            async for _record in self.watch(session_id):
+                if not first:
+                    return
+                first = False  # the watch opens with the current record
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed(), max(timeout, 0.0))

@@ -1,0 +1,83 @@
+"""What a failed call means to the caller: one ClientError, with the reason, exit code and next step
+of the one table of reasons (holdfast.common.reasons).
+
+Guarantee: a call nobody answered is UNREACHABLE (nothing listens, or no answer in time) or
+TLS_HANDSHAKE_FAILED (a certificate problem, never retried), never a refusal; only UNAVAILABLE
+without a failed handshake is transient, and retrying it is safe because nothing was written.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from holdfast.common import reasons
+from holdfast.common.reasons import Reason, reason_of
+
+
+class ClientError(Exception):
+    """A refusal or failure with its reason, exit code and next step."""
+
+    def __init__(self, reason: str, message: str, session: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.session = session
+        self.retried = False  # set when an earlier try of the same call may have landed
+        self.fence = 0  # the session's current fence, when known: the next step names it
+        self.hint = ""  # a next step that fits what the caller already tried, instead of the table's
+
+    @property
+    def exit_code(self) -> int:
+        return reasons.exit_code(self.reason)
+
+    @property
+    def next_step(self) -> str:
+        return self.hint or reasons.next_step(self.reason, self.session, self.fence)
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}. Next: {self.next_step}"
+
+
+def _unanswered(exc: BaseException, *marks: str) -> bool:
+    """A call no coordinator answered (no ErrorInfo), whose transport error mentions one of `marks`."""
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if reason_of(exc):
+        return False
+    details = (exc.details() or "").lower()
+    return any(mark in details for mark in marks)
+
+
+def handshake_failed(exc: BaseException) -> bool:
+    return _unanswered(exc, "handshake failed")
+
+
+def refused(exc: BaseException) -> bool:
+    return _unanswered(exc, "connection refused")
+
+
+def classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: bool = False) -> ClientError:
+    reason = reason_of(exc)
+    if not reason:
+        code = exc.code()
+        if handshake_failed(exc):
+            # Issue 17: a wrong CA (or TLS to a plaintext coordinator) said "no coordinator".
+            # gRPC's text ends with OpenSSL's own words, e.g. "...: certificate signature failure: OK".
+            words = (exc.details() or "").removesuffix(": OK").rsplit(": ", 1)[-1][:200]
+            return ClientError(Reason.TLS_HANDSHAKE_FAILED, f"the TLS handshake with {address} failed "
+                               f"({words})", session)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            why = "nothing listens there" if refused(exc) else code.name
+            if plaintext and _unanswered(exc, "socket closed"):
+                why = "it closed the connection, as a TLS-only coordinator does to plaintext: pass --tls-dir"
+            return ClientError(Reason.UNREACHABLE, f"no answer from the coordinator at {address} "
+                               f"({why})", session)
+        reason = code.name
+    return ClientError(reason, exc.details() or reason, session)
+
+
+def transient(exc: BaseException) -> bool:
+    # UNAVAILABLE is both "no coordinator" and "the coordinator cannot reach etcd": nothing was written.
+    # A failed handshake is the certificates', and does not heal by retrying.
+    return (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+            and not handshake_failed(exc))

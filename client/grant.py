@@ -1,0 +1,52 @@
+"""A grant as its owner holds it: the fence and secret every owner write carries, and the cluster
+that minted it.
+
+Guarantee: the secret is never printed (not in repr, not in logs); the grant file is mode 0600 and
+created exclusively; a grant answered by another holdfast cluster is refused (WRONG_CLUSTER) before
+anything is done with the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from holdfast.client.errors import ClientError
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A grant: the fence and secret every owner write carries. The secret is never printed."""
+
+    session_id: str
+    fence: int
+    secret: str = field(repr=False)
+    spawn_token: str = field(repr=False)
+    spawn_token_env: str
+    coordinator: str
+    # The holdfast cluster that minted it ('' from an older coordinator; grant files written before
+    # the field existed read back as ''): sent with every write, checked in every answer.
+    cluster_id: str = ""
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Grant:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def write(self, directory: str) -> str:
+        """A mode-0600 file the child can read to make fenced writes."""
+        path = os.path.join(directory, "grant.json")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(self), f)
+        return path
+
+
+def same_cluster(grant: Grant, answered_by: str) -> None:
+    """Every answer of one run must come from the cluster that minted its grant: another one means
+    two holdfast clusters answer one address (issue 17). '' is an older coordinator's answer."""
+    if grant.cluster_id and answered_by and answered_by != grant.cluster_id:
+        raise ClientError("WRONG_CLUSTER", f"the coordinator at {grant.coordinator} answered for holdfast "
+                          f"cluster {answered_by[:64]!r}, but fence {grant.fence} was granted by cluster "
+                          f"{grant.cluster_id!r}", grant.session_id)

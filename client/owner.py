@@ -1,0 +1,226 @@
+"""Being a session's writer: `Owner.start` acquires, spawns the gate, commits and only then lets CMD
+run; `Owner.supervise` watches the record and ends the whole tree when asked to let go.
+
+Guarantee: CMD runs only after its CommitOwner succeeded — the gate is spawned with the spawn token
+in its environment, the coordinator has the host's agent attest it (and move it into its session
+cgroup), and only then is it released; any failure before that ends the gate unrun. While CMD runs
+the owner watches its record: a requested handoff, a force-pending takeover or a lost fence ends
+the whole tree (SIGTERM, grace, stop, SIGKILL), and Release is sent with the grant once the tree
+is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_stderr, takeover_operation
+from holdfast.client.connection import OWNED, Client
+from holdfast.client.errors import ClientError
+from holdfast.client.gate import Gate
+from holdfast.client.grant import Grant
+from holdfast.client.tree import Tree, end_tree
+from holdfast.common import tls
+from holdfast.v1 import coordinator_pb2 as pb
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                     signal.SIGUSR2, signal.SIGWINCH)
+
+
+def cli_on_path(path: str) -> str:
+    """`path` with this installation's `holdfast` reachable (issue 17: README's `holdfast put` failed
+    inside `run` when the CLI was not on PATH, e.g. a venv not activated). Appended, never
+    prepended: the child's own `python` and tools stay the ones it would have found."""
+    here = os.path.dirname(sys.executable)
+    if shutil.which("holdfast", path=path) or not os.access(os.path.join(here, "holdfast"), os.X_OK):
+        return path
+    return f"{path}{os.pathsep}{here}" if path else here
+
+
+def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
+                      tls_dir: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
+    if tls_dir is not None:
+        env[tls.TLS_DIR_ENV] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
+    env.update({
+        grant.spawn_token_env: grant.spawn_token,
+        "HOLDFAST_SESSION": grant.session_id,
+        "HOLDFAST_FENCE": str(grant.fence),
+        "HOLDFAST_COORDINATOR": grant.coordinator,
+        "HOLDFAST_GRANT_FILE": grant_file,
+    })
+    return env
+
+
+def hand_terminal(pgid: int) -> int | None:
+    """Makes `pgid` the terminal's foreground group when this process holds the terminal, so an
+    interactive CMD can read it and gets Ctrl-C itself; returns the terminal fd to take back."""
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+    except (OSError, ValueError):
+        return None
+    # A process group that is not in the foreground gets SIGTTOU for tcsetpgrp.
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        return None
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
+    return fd
+
+
+def status_of(returncode: int) -> int:
+    """A shell's view of a child's end: its exit status, or 128 + the signal that ended it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Owner:
+    """A committed owner: the gate released, CMD running in its own process group."""
+
+    def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
+                 workdir: str, record: pb.SessionRecord, say: Say, terminal: int | None = None) -> None:
+        self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
+        self.workdir, self.record, self.say, self.terminal = workdir, record, say, terminal
+        self.ended_by = ""   # "", "handoff" or "lost"
+
+    @classmethod
+    async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
+        resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
+        if spec.takeover:
+            operation_id, kept = takeover_operation(spec.session_id, client.host_id)
+            grant, _ = await obtain(client, spec, operation_id, say)
+            kept.unlink(missing_ok=True)
+        else:
+            grant, _ = await obtain(client, spec, secrets.token_hex(16), say)
+        workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
+        gate: Gate | None = None
+        try:
+            env = child_environment(grant, grant.write(workdir), tls_dir=client.tls_dir)
+            gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
+            # The commit has the host's agent attest the gate and move it, still blocked on its
+            # pipe, into a session cgroup of the agent's making: every descendant is born in it.
+            record = await client.commit(grant, gate.pid)
+        except BaseException:
+            if gate is not None:
+                gate.abort()
+                await asyncio.to_thread(gate.process.wait)
+            with contextlib.suppress(ClientError):
+                await client.release(grant)  # a reservation: lets the next caller in at once
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        tree = Tree.of_gate(grant.spawn_token_env, grant.spawn_token, gate.pid)  # before CMD can move
+        terminal = hand_terminal(gate.pid)
+        gate.release()
+        owner = record.lease.owner
+        say(f"session {grant.session_id} fence {grant.fence}: running on host {owner.host_id} "
+            f"as pid {owner.pid}")
+        if not owner.cgroup.path:
+            say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
+                "is proven by its spawn token alone, and a process that drops it is not found")
+        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal)
+
+    async def _watch(self) -> None:
+        """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
+        try:
+            async for record in self.client.watch(self.grant.session_id, self.grant):
+                if self._ends(record.lease):
+                    return
+        except ClientError as err:
+            if err.reason != "WRONG_CLUSTER":
+                raise
+            # This owner can no longer see its own record, so it cannot hear a handoff request.
+            self.ended_by = "lost"
+            self.say(f"{err.message}; ending the tree")
+
+    def _ends(self, lease: pb.Lease) -> bool:
+        """Whether this lease asks the owner to end its tree (and says why)."""
+        if lease.fence != self.grant.fence or lease.claim_status not in OWNED:
+            self.ended_by = "lost"
+            self.say(f"session {self.grant.session_id} is no longer held at fence {self.grant.fence} "
+                     f"(now fence {lease.fence}); ending the tree")
+            return True
+        if lease.handoff_stage in (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING):
+            self.ended_by = "handoff"
+            by = lease.handoff_requested_by_host
+            # A drain names itself ("drain of H"); a takeover names the host it came from.
+            self.say(f"handoff requested by {by if by.startswith('drain of ') else 'host ' + by}; ending "
+                     f"the tree (grace {self.spec.grace:g}s)")
+            return True
+        return False
+
+    def _forward(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.gate.pid, sig)
+
+    async def supervise(self, forward_signals: bool = True) -> int:
+        """Until CMD's tree is gone and released; returns CMD's status as a shell reports it."""
+        loop = asyncio.get_running_loop()
+        if forward_signals:
+            for sig in FORWARDED_SIGNALS:
+                loop.add_signal_handler(sig, self._forward, sig)
+        pidfd = os.pidfd_open(self.gate.pid)
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        watcher = asyncio.create_task(self._watch())
+        try:
+            await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher.done():
+                if watcher.exception() is not None:
+                    self.say(f"stopped watching the record ({watcher.exception()}); CMD keeps running")
+                elif self.ended_by:
+                    await asyncio.to_thread(end_tree, self.tree, self.spec.grace)
+            await exited
+        finally:
+            watcher.cancel()
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            if forward_signals:
+                for sig in FORWARDED_SIGNALS:
+                    loop.remove_signal_handler(sig)
+        status = status_of(self.gate.process.wait())
+        try:
+            await self.finish()
+        finally:
+            self.cleanup()
+        return status
+
+    async def finish(self) -> None:
+        """End what is left of the tree, then Release; a fence already moved on needs no release."""
+        if not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
+            self.say("processes of the session's tree survived SIGKILL; not releasing")
+            return
+        try:
+            await self.client.release(self.grant)
+            self.say(f"session {self.grant.session_id} released at fence {self.grant.fence}")
+        except ClientError as err:
+            if err.reason != "STALE_FENCE":
+                raise
+            self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
+                     "nothing to release")
+
+    def cleanup(self) -> None:
+        if self.terminal is not None:
+            previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(self.terminal, os.getpgrp())
+            signal.signal(signal.SIGTTOU, previous)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def run(spec: RunSpec, address: str | None = None, host_id: str | None = None,
+              say: Say = say_stderr) -> int:
+    """`holdfast run`: CMD's status, or raises ClientError (nothing ran)."""
+    async with Client(address, host_id) as client:
+        owner = await Owner.start(client, spec, say)
+        return await owner.supervise()

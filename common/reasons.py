@@ -1,0 +1,246 @@
+"""Every reason holdfast gives, declared once: what it is on the wire, to a shell and to a person.
+
+Guarantee: a reason is one row of `TABLE` — its gRPC status code (None for a reason the client
+gives itself, which never crosses the wire), the exit code `holdfast` maps it to, the next step it
+names, whether `--wait` may wait it out (the answer can change by itself), and `holdfast probe`'s
+verdict where a probe can answer it. The coordinator raises only reasons with a code, the client
+maps exit codes and next steps from here, and docs/operations.md's refusal table is checked
+against it by a test. Exit codes: 75 (EX_TEMPFAIL) when the session is held or its ownership
+unknown, 69 (EX_UNAVAILABLE) when the coordinator or this host's registration is missing, 77
+(EX_NOPERM) for certificates and roles, 2 for bad input, and the shell's 127/126 for a CMD `run`
+cannot find or execute. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+DOMAIN = "holdfast.dev"
+EX_FAILURE = 1
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+EX_TEMPFAIL = 75
+EX_NOPERM = 77
+EX_NOEXEC = 126     # the shell's codes for a CMD that cannot be run: `run` never asked for anything
+EX_NOTFOUND = 127
+F = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Reason(StrEnum):
+    # Verdicts that grant (adjudication's reasons for a grant; never an error).
+    FREE = "FREE"
+    OWNER_DEAD = "OWNER_DEAD"
+    RESERVATION_SUPERSEDED = "RESERVATION_SUPERSEDED"
+    # Refusals of the coordinator.
+    STALE_FENCE = "STALE_FENCE"
+    MANUAL_RECOVERY = "MANUAL_RECOVERY"
+    OPERATION_CONFLICT = "OPERATION_CONFLICT"
+    RESERVED = "RESERVED"
+    HELD = "HELD"
+    OWNERSHIP_UNKNOWN = "OWNERSHIP_UNKNOWN"
+    NOT_LIVE = "NOT_LIVE"
+    TREE_ALIVE = "TREE_ALIVE"
+    ATTESTATION_FAILED = "ATTESTATION_FAILED"
+    HOST_NOT_REGISTERED = "HOST_NOT_REGISTERED"
+    HOST_LIVE = "HOST_LIVE"
+    HOST_DRAINING = "HOST_DRAINING"
+    RESTORE_PENDING = "RESTORE_PENDING"
+    CHAIN_FULL = "CHAIN_FULL"
+    WRONG_CLUSTER = "WRONG_CLUSTER"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FORCE_NOT_ALLOWED = "FORCE_NOT_ALLOWED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    UNAVAILABLE = "UNAVAILABLE"
+    # The authorization gate's (common/authorization.py).
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    WRONG_ROLE = "WRONG_ROLE"
+    # The client's own: decided before or without an answer of the coordinator.
+    UNREACHABLE = "UNREACHABLE"                # no answer from the coordinator at all
+    CMD_NOT_FOUND = "CMD_NOT_FOUND"            # checked before any call: nothing was asked
+    CMD_NOT_EXECUTABLE = "CMD_NOT_EXECUTABLE"
+    TLS_FILE_MISSING = "TLS_FILE_MISSING"      # a certificate or key --tls-dir should hold is not there
+    TLS_HANDSHAKE_FAILED = "TLS_HANDSHAKE_FAILED"  # the coordinator's certificate and ours do not trust
+    OWNER_ALIVE = "OWNER_ALIVE"                # `recover` refused by the CLI itself: the owner is alive
+
+
+@dataclass(frozen=True)
+class Meaning:
+    code: grpc.StatusCode | None  # None: the client's own, never on the wire
+    exit: int
+    next_step: str                # may name {session} and {fence}
+    waitable: bool = False        # the coordinator answered, and the answer can change by itself
+    verdict: str = ""             # `holdfast probe`'s word for it, where a probe can answer it
+
+
+TABLE: dict[Reason, Meaning] = {
+    Reason.FREE: Meaning(None, 0, "", verdict="free"),
+    Reason.OWNER_DEAD: Meaning(None, 0, "", verdict="grant"),
+    Reason.RESERVATION_SUPERSEDED: Meaning(None, 0, "", verdict="grant"),
+    Reason.HELD: Meaning(
+        F, EX_TEMPFAIL,
+        "wait for it with `--wait`, or ask for it with `--takeover` (add `--force` to have its host's "
+        "agent end the old tree)",
+        waitable=True, verdict="held"),
+    Reason.RESERVED: Meaning(
+        F, EX_TEMPFAIL,
+        "another client is starting this session; retry after its commit deadline or use `--wait`",
+        waitable=True, verdict="reserved"),
+    Reason.OWNERSHIP_UNKNOWN: Meaning(
+        F, EX_TEMPFAIL,
+        "`holdfast probe {session}` shows why; only if you know the owner is gone: `holdfast recover "
+        "{session} --fence {fence} --reason TEXT`",
+        waitable=True, verdict="unknown"),
+    Reason.MANUAL_RECOVERY: Meaning(
+        F, EX_TEMPFAIL,
+        "`holdfast show {session}`, then `holdfast recover {session} --fence {fence} --reason TEXT`",
+        verdict="manual-recovery"),
+    Reason.OPERATION_CONFLICT: Meaning(
+        grpc.StatusCode.ABORTED, EX_TEMPFAIL,
+        "another takeover is in progress; `holdfast show {session}` and retry once it has finished",
+        verdict="held"),
+    Reason.STALE_FENCE: Meaning(
+        F, EX_TEMPFAIL,
+        "the session has moved on; `holdfast show {session}` and retry",
+        verdict="unknown"),
+    Reason.TREE_ALIVE: Meaning(
+        F, EX_TEMPFAIL,
+        "processes of the session's tree are still running; end them, then `holdfast probe {session}`"),
+    Reason.ATTESTATION_FAILED: Meaning(
+        F, EX_TEMPFAIL,
+        "this host's agent did not attest the spawn token (the message says whether it was unreachable or"
+        " found no single carrier); check `holdfast hosts` lists this host, with a live agent, under the "
+        "id `run` uses (--host-id / HOLDFAST_HOST_ID), then retry"),
+    Reason.NOT_LIVE: Meaning(
+        F, EX_TEMPFAIL,
+        "fenced writes need the session's live owner; run them from inside `holdfast run`"),
+    Reason.HOST_LIVE: Meaning(
+        F, EX_TEMPFAIL,
+        "another agent holds this host id; stop it or wait for its lease to expire"),
+    Reason.HOST_DRAINING: Meaning(
+        F, EX_TEMPFAIL,
+        "this host is draining for maintenance; run on another host, or lift it with `holdfast drain HOST"
+        " --undo`"),
+    Reason.RESTORE_PENDING: Meaning(
+        F, EX_TEMPFAIL,
+        "etcd was restored from a backup: an operator must finish `holdfast admin restore-epoch` "
+        "(docs/operations.md, Back up and restore etcd); retry after it reports grants reopened"),
+    Reason.CHAIN_FULL: Meaning(
+        F, EX_FAILURE,
+        "the provider handle chain is full; start a new session id"),
+    Reason.HOST_NOT_REGISTERED: Meaning(
+        F, EX_UNAVAILABLE,
+        "start this host's agent with `--coordinator ADDR` (or `holdfast up`), or pass the registered id "
+        "with --host-id"),
+    Reason.WRONG_CLUSTER: Meaning(
+        F, EX_UNAVAILABLE,
+        "two holdfast clusters answer this coordinator address (e.g. two `holdfast up` on one port): stop"
+        " the one that is not yours, and point --coordinator / HOLDFAST_COORDINATOR at the one that "
+        "granted"),
+    Reason.UNAVAILABLE: Meaning(
+        grpc.StatusCode.UNAVAILABLE, EX_UNAVAILABLE,
+        "the coordinator cannot reach etcd; check etcd, then retry"),
+    Reason.PERMISSION_DENIED: Meaning(
+        grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
+        "the grant secret does not match; use the grant file of the current owner (HOLDFAST_GRANT_FILE)"),
+    Reason.FORCE_NOT_ALLOWED: Meaning(
+        grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
+        "force ends only an owner whose handoff this caller asked for: `holdfast run --takeover --force` "
+        "(the same takeover), or an operator certificate; nothing was signalled"),
+    Reason.INVALID_ARGUMENT: Meaning(
+        grpc.StatusCode.INVALID_ARGUMENT, EX_USAGE,
+        "fix the argument; see `holdfast --help`"),
+    Reason.NOT_FOUND: Meaning(
+        grpc.StatusCode.NOT_FOUND, EX_FAILURE,
+        "no such session; `holdfast status` lists the sessions"),
+    Reason.UNAUTHENTICATED: Meaning(
+        grpc.StatusCode.UNAUTHENTICATED, EX_NOPERM,
+        "present a client certificate the coordinator trusts"),
+    Reason.WRONG_ROLE: Meaning(
+        grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
+        "use the certificate of your role: client.pem for runtimes (`run`, `put`), operator.pem for "
+        "`recover`, `drain` and `admin` (the CLI presents it from --tls-dir), maintenance.pem for "
+        "purge-archives, agent-<host id>.pem for that host's agent (`holdfast certs init`, "
+        "`--add-missing` for an older directory)"),
+    Reason.UNREACHABLE: Meaning(
+        None, EX_UNAVAILABLE,
+        "start one with `holdfast up`, or point --coordinator / HOLDFAST_COORDINATOR at a running "
+        "coordinator"),
+    Reason.CMD_NOT_FOUND: Meaning(
+        None, EX_NOTFOUND,
+        "check the command's spelling, or give its path; `run` looks it up on PATH as the shell does"),
+    Reason.CMD_NOT_EXECUTABLE: Meaning(
+        None, EX_NOEXEC,
+        "make it executable (`chmod +x`), or run it through its interpreter"),
+    Reason.TLS_FILE_MISSING: Meaning(
+        None, EX_NOPERM,
+        "make it with `holdfast certs init DIR` (`--add-missing` adds what an existing directory lacks), "
+        "or point --tls-dir / HOLDFAST_TLS_DIR at the directory that has it"),
+    Reason.TLS_HANDSHAKE_FAILED: Meaning(
+        None, EX_NOPERM,
+        "a certificate problem, not a missing coordinator: the coordinator's certificate is not from the "
+        "CA in --tls-dir / HOLDFAST_TLS_DIR (or it serves plaintext: drop --tls-dir); check both sides' "
+        "ca.pem"),
+    Reason.OWNER_ALIVE: Meaning(
+        None, EX_TEMPFAIL,
+        "end the owner first — `holdfast run --session {session} --takeover --force -- CMD` from another "
+        "host has its agent end the tree — or stop it on its host; only if you mean to leave it running: "
+        "add --yes"),
+}
+UNKNOWN = Meaning(None, EX_FAILURE, "see the coordinator's log")  # a newer peer's reason, or none
+
+# `holdfast probe`'s answer as its exit status, so a script can branch on it. 0 means "the next run
+# would be granted"; 3 and 4 stay clear of the codes a refusal or a failure uses (1, 2, 69, 75, 77).
+PROBE_FREE, PROBE_HELD, PROBE_UNKNOWN = 0, 3, 4
+PROBE_EXIT = {"free": PROBE_FREE, "grant": PROBE_FREE, "held": PROBE_HELD, "reserved": PROBE_HELD,
+              "unknown": PROBE_UNKNOWN, "manual-recovery": PROBE_UNKNOWN}
+
+
+def meaning(reason: str) -> Meaning:
+    try:
+        return TABLE[Reason(reason)]
+    except ValueError:
+        return UNKNOWN
+
+
+def exit_code(reason: str) -> int:
+    return meaning(reason).exit
+
+
+def next_step(reason: str, session: str = "SESSION", fence: int = 0) -> str:
+    """`fence` is the session's current fence when the caller knows it (0: shown as N)."""
+    step = meaning(reason).next_step or UNKNOWN.next_step
+    return step.format(session=session or "SESSION", fence=fence or "N")
+
+
+def waitable(reason: str) -> bool:
+    return meaning(reason).waitable
+
+
+def verdict(reason: str) -> str:
+    return meaning(reason).verdict
+
+
+def probe_exit(verdict_name: str) -> int:
+    """A verdict this CLI does not know yet (a newer coordinator's) is unknown, never free."""
+    return PROBE_EXIT.get(verdict_name, PROBE_UNKNOWN)
+
+
+def on_the_wire() -> dict[Reason, grpc.StatusCode]:
+    """The reasons a server may send, with their status codes."""
+    return {reason: m.code for reason, m in TABLE.items() if m.code is not None}
+
+
+def reason_of(error: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a call's failure, '' when it carries none."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    for detail in status.details if status else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""

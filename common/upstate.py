@@ -1,0 +1,64 @@
+"""Where a running `holdfast up` tells the CLI what it serves: `up.json` in its state directory.
+
+The state directory is `--state-dir`, else $HOLDFAST_STATE_DIR, else one fixed place per user
+($XDG_STATE_HOME/holdfast, by default ~/.local/state/holdfast), so `holdfast status` or `holdfast
+exec` finds the stack from any working directory. The file is written whole (by rename) once
+every part is up, and removed when `up` stops; the client reads it only to find the certificates
+of `up --tls` for the address it dials. Both `up` and the client library use this module, so
+neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "up.json"
+DEFAULT_COORDINATOR = "127.0.0.1:7420"  # where `holdfast up` listens unless told otherwise
+STATE_DIR_ENV = "HOLDFAST_STATE_DIR"
+
+
+class NoStack(Exception):
+    """No running `holdfast up` publishes its state there."""
+
+
+def default_state_dir() -> Path:
+    explicit = os.environ.get(STATE_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "holdfast"
+
+
+def load(state_dir: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((state_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        raise NoStack(f"no running `holdfast up` with state in {state_dir}. Next: start one with "
+                      f"`holdfast up --hosts N --state-dir {state_dir}`") from None
+    if not isinstance(state, dict):
+        raise NoStack(f"{state_dir / STATE_FILE} is not the state of a `holdfast up`")
+    return state
+
+
+def write(state_dir: Path, state: dict[str, Any]) -> None:
+    tmp = state_dir / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.rename(state_dir / STATE_FILE)
+
+
+def remove(state_dir: Path) -> None:
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def tls_dir_for(address: str) -> Path | None:
+    """The certificates of the `holdfast up --tls` (in the default state directory) serving `address`."""
+    try:
+        state = load(default_state_dir())
+    except NoStack:
+        return None
+    if state.get("coordinator") == address and state.get("tls_dir"):
+        return Path(state["tls_dir"])
+    return None

@@ -1,0 +1,123 @@
+"""Session records and their transitions over etcd: the one place a record is read and written.
+
+Guarantee: every transition is one transaction writing the record, its `fence/<id>` value and a
+history entry (capped at HISTORY_KEPT), applied only while the record and every other key the
+decision read are as they were read (docs/transactions.md); a lost race writes nothing and says so.
+A probe of an owner is answered by its own host's agent, and returned with that host's
+registration as read, so a decision on the answer can compare it. Shared by the RPC servicer and
+the lifecycle operations, neither of which reaches into the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from holdfast.common.logs import session_fields
+from holdfast.coordinator import adjudication, fencing, records
+from holdfast.coordinator.adjudication import AcquireAsk
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.registry import Registry
+from holdfast.coordinator.routing import Router
+from holdfast.coordinator.store import Entry, Put, Seen, Store, unchanged
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+HISTORY_KEPT = 64
+KILL_WAIT_S = 5.0
+log = logging.getLogger("holdfast.coordinator.sessions")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Sessions:
+    def __init__(self, store: Store, registry: Registry, router: Router) -> None:
+        self.store = store
+        self.registry = registry
+        self.router = router
+
+    def key(self, session_id: str) -> str:
+        return self.store.key("sessions", session_id)
+
+    async def read(self, session_id: str) -> tuple[Entry | None, pb.SessionRecord | None]:
+        entry = await self.store.get(self.key(session_id))
+        return entry, records.decode_record(entry.value) if entry else None
+
+    async def require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
+        entry, record = await self.read(records.check_session_id(session_id))
+        if entry is None or record is None:
+            raise CoordinatorError("NOT_FOUND", f"unknown session {session_id}")
+        return entry, record
+
+    async def transition(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord,
+        transition: str,
+        detail: str = "",
+        extra: tuple[Put, ...] = (),
+        reads: Sequence[Seen] = (),
+    ) -> bool:
+        return await self.transition_at(entry, record, transition, detail, extra, reads) is not None
+
+    async def transition_at(
+        self,
+        entry: Entry | None,
+        record: pb.SessionRecord,
+        transition: str,
+        detail: str = "",
+        extra: tuple[Put, ...] = (),
+        reads: Sequence[Seen] = (),
+    ) -> Entry | None:
+        """One transaction: the record, its fence key and a history entry, applied only if the record
+        (compared on its mod revision, 0 = absent) and every other key the decision read (`reads`)
+        are as they were read. Returns the record's new entry, None when the transaction lost."""
+        sid = record.session_id
+        record.history_seq += 1
+        seq = record.history_seq
+        history = pb.HistoryEntry(
+            seq=seq, at_unix_ms=now_ms(), transition=transition, fence=record.lease.fence, detail=detail[:512]
+        )
+        puts = [
+            Put(self.key(sid), records.encode(record)),
+            Put(self.store.key("fence", sid), fencing.fence_value_of(record).encode()),
+            Put(self.store.key("history", sid, f"{seq:020d}"), records.encode(history)),
+            *extra,
+        ]
+        # The cap: each transition adds one entry and drops the one HISTORY_KEPT transitions older.
+        dropped = [self.store.key("history", sid, f"{seq - HISTORY_KEPT:020d}")] if seq > HISTORY_KEPT else []
+        compares = unchanged([Seen(self.key(sid), entry), *reads])
+        ok, revision = await self.store.txn(compares, puts, dropped)
+        lease = record.lease
+        host = lease.owner.host_id or lease.reserved_host_id
+        fields = session_fields(sid, lease.fence, host, transition=transition, applied=ok,
+                                detail=detail[:200])
+        log.info("session %s%s", transition, "" if ok else " lost a race", extra={"fields": fields})
+        if not ok:
+            return None
+        created = entry.create_revision if entry else revision
+        return Entry(self.key(sid), puts[0].value, revision, created, 0)
+
+    async def probe(self, owner: apb.ProcessIdentity, kill: bool = False) -> tuple[apb.ProbeResult, Seen]:
+        """The owner's host's answer (a probe with the tree checked, or a kill), with that host's
+        registration as read first: the proof came from the agent it names, so a decision on the
+        answer compares it (a heartbeat does not change it; a new registration does)."""
+        registration = await self.registry.seen(owner.host_id)
+        if kill:
+            return await self.router.kill(owner, KILL_WAIT_S), registration
+        return await self.router.probe(owner, check_tree=True), registration
+
+    async def judge_probed(
+        self, record: pb.SessionRecord
+    ) -> tuple[adjudication.Verdict, apb.ProbeResult | None, list[Seen]]:
+        """Adjudicate as the handoff's requester would be, probing a committed owner's own host;
+        with the keys the verdict read besides the record (the owner host's registration)."""
+        ask = AcquireAsk(None, record.lease.handoff_operation_hash)
+        probe, reads = None, []
+        if record.lease.claim_status in (pb.COMMITTED, pb.LIVE, pb.CONFLICTED) and record.lease.owner.host_id:
+            probe, registration = await self.probe(record.lease.owner)
+            reads.append(registration)
+        return adjudication.adjudicate(record, ask, probe, now_ms()), probe, reads

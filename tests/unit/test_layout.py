@@ -1,0 +1,122 @@
+"""The package layout holds (docs/design.md §1): dependencies point one way, no import circle, no
+module uses another's private names, and the client library has a method for every RPC."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from holdfast.client.connection import Client
+from holdfast.v1 import coordinator_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("common", "proc", "agent", "coordinator", "client", "cli", "localstack")
+# What each part may import besides itself and the generated protos (holdfast.v1).
+ALLOWED = {
+    "common": set(),
+    "proc": set(),
+    "agent": {"common", "proc"},
+    "coordinator": {"common"},
+    "client": {"common", "proc", "coordinator.records"},  # records: the pure id and input rules
+    "localstack": {"common", "coordinator.store"},        # store: the etcd channel it waits on
+    "cli": {"common", "proc", "agent", "coordinator", "client", "localstack"},
+}
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for part in PARTS:
+        for path in sorted((ROOT / part).glob("*.py")):
+            name = f"{part}.{path.stem}" if path.stem != "__init__" else part
+            found[name] = ast.parse(path.read_text(), str(path))
+    return found
+
+
+def holdfast_imports(tree: ast.Module) -> list[tuple[str, list[str]]]:
+    """(module imported, names taken from it) for every import of holdfast, wherever it stands."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("holdfast."):
+            base = node.module.removeprefix("holdfast.")
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                # `from holdfast.agent import cgroups` takes a module; `... import Client` a name.
+                out.append((sub if sub in MODULES or sub.split(".")[0] == "v1" else base, [alias.name]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name.removeprefix("holdfast."), []) for a in node.names
+                    if a.name.startswith("holdfast.")]
+    return out
+
+
+MODULES = modules()
+
+
+def test_parts_import_only_what_they_may() -> None:
+    wrong = []
+    for name, tree in MODULES.items():
+        part = name.split(".")[0]
+        for imported, _ in holdfast_imports(tree):
+            target = imported.split(".")[0]
+            if target in (part, "v1"):
+                continue
+            if target not in ALLOWED[part] and imported not in ALLOWED[part]:
+                wrong.append(f"{name} imports holdfast.{imported}")
+    assert wrong == []
+
+
+def test_no_import_circles() -> None:
+    graph = {name: {i for i, _ in holdfast_imports(tree) if i in MODULES and i != name}
+             for name, tree in MODULES.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt):], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    wrong = []
+    for name, tree in MODULES.items():
+        aliases = set()
+        for imported, names in holdfast_imports(tree):
+            wrong += [f"{name} imports {n} from holdfast.{imported}" for n in names
+                      if n.startswith("_") and not n.startswith("__")]
+            if imported in MODULES:
+                aliases.add(imported.rsplit(".", 1)[-1])
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                wrong.append(f"{name} uses {node.value.id}.{node.attr}")
+    assert wrong == []
+
+
+# Coordinator RPC -> the client library's method; the agent's own two calls are in its registration.
+CLIENT_METHOD = {
+    "Acquire": "acquire", "CommitOwner": "commit", "RecordProviderHandle": "record_provider_handle",
+    "Release": "release", "RequestHandoff": "request_handoff", "FencedPut": "fenced_put",
+    "FencedGet": "fenced_get", "GetSession": "get_session", "ListSessions": "list_sessions",
+    "WatchSessions": "watch", "ProbeSession": "probe", "Recover": "recover", "ListHosts": "list_hosts",
+    "ArchiveSession": "archive", "GetArchivedSession": "archived", "PurgeArchives": "purge_archives",
+    "DrainHost": "drain", "RecoverHost": "recover_host", "RestoreEpoch": "restore_epoch",
+    "RegisterHost": None, "Heartbeat": None,
+}
+
+
+def test_the_client_library_has_a_method_for_every_rpc() -> None:
+    service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
+    assert {m.name for m in service.methods} == set(CLIENT_METHOD)
+    missing = [rpc for rpc, method in CLIENT_METHOD.items()
+               if method and not callable(getattr(Client, method, None))]
+    assert missing == []
