@@ -130,8 +130,13 @@ class EtcdServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
+        if proc is not None:
+            stop_process(proc, timeout)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM a process this stack started, by its pid; SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout)

@@ -30,7 +30,7 @@ from holdfast.common import certs, reasons, tls, upstate
 from holdfast.common.upstate import DEFAULT_COORDINATOR
 from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
 from holdfast.localstack import etcd_server
-from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.localstack.etcd_server import EtcdServer, stop_process
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -161,7 +161,7 @@ class Stack:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                _stop_process(proc)
+                stop_process(proc)
                 why = _last_line(self.state_dir / f"{name}.log")
                 raise UpError(f"{name} did not start{': ' + why if why else ''}. Next: see "
                               f"{self.state_dir}/{name}.log")
@@ -238,7 +238,7 @@ class Stack:
             host.stop()
         self.simhosts = []
         if self.agent is not None:
-            _stop_process(self.agent)
+            stop_process(self.agent)
             self.agent = None
         if leases and self.etcd is not None:
             # The agents behind these registrations were just stopped by this process, so the
@@ -246,7 +246,7 @@ class Stack:
             # of waiting for their leases to run out. It removes routing only, never a record.
             asyncio.run(_revoke(self.etcd.url, leases, self.etcd.tls_dir))
         if self.coordinator is not None:
-            _stop_process(self.coordinator)
+            stop_process(self.coordinator)
             self.coordinator = None
         if self.etcd is not None:
             self.etcd.stop()
@@ -282,16 +282,6 @@ def _last_line(log: Path) -> str:
     except OSError:
         return ""
     return lines[-1].strip()[:300] if lines else ""
-
-
-def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout)
 
 
 def _interrupt(signum: int, frame: object) -> None:
