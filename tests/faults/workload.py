@@ -129,11 +129,15 @@ class Soak:
         kind = self.rng.choice(TAKEOVERS)
         if self.skip_gate and self.rng.random() < 0.5:
             kind = "skip-gate"
-        self.start_run(host, session, kind)
+        # Half the runs are a plain user's (the common case), a third of the trees hostile.
+        as_nobody, hostile = self.rng.random() < 0.5, self.rng.random() < 0.35
+        self.start_run(host, session, kind, as_nobody, self.rng.choice(HOSTILE) if hostile else "")
 
-    def start_run(self, host: SimulatedHost, session: str, kind: str) -> Launched:
-        """`holdfast run` of the writer child on host (kind: plain, takeover, force, wait), or with
-        kind "skip-gate" the harness's broken client: the child started with no run at all."""
+    def start_run(self, host: SimulatedHost, session: str, kind: str, as_nobody: bool = False,
+                  hostile: str = "") -> Launched:
+        """`holdfast run` of the writer child on host (kind: plain, takeover, force, wait), by root
+        or by nobody, its tree well-behaved or `hostile` (writer_child.HOSTILE); or with kind
+        "skip-gate" the harness's broken client: the child started with no run at all."""
         if kind == "skip-gate":
             argv = self.child(session, "--unfenced")
             env = {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_SESSION": session}
@@ -141,9 +145,7 @@ class Soak:
             options = {"plain": [], "takeover": ["--takeover", "--handoff-timeout", "3"],
                        "force": ["--takeover", "--force", "--handoff-timeout", "2"],
                        "wait": ["--wait", "4"]}[kind]
-            # Half the runs are a plain user's (the common case), a third of the trees hostile.
-            as_nobody, hostile = self.rng.random() < 0.5, self.rng.random() < 0.35
-            extra = ["--hostile", self.rng.choice(HOSTILE)] if hostile else []
+            extra = ["--hostile", hostile] if hostile else []
             env, python, prefix = self.env(host), sys.executable, []
             if as_nobody:
                 python, more = unprivileged.interpreter()
