@@ -133,14 +133,16 @@ def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation,
             return False, "the session's cgroup could not be read"
         if tree.cgroup_populated:
             return False, "the session's cgroup is still populated"
-        if proof == agent_pb2.CGROUP_ONLY:
-            return True, "the session's cgroup is empty, and the tree could not leave it"
+    if tree.carriers:
+        # Whatever the proof: a carrier the scan saw is alive, in the cgroup or not (a second root
+        # started with the token beside the gate never entered the cgroup at all).
+        return False, f"{tree.carriers} process(es) still carry the token"
+    if has_cgroup and proof == agent_pb2.CGROUP_ONLY:
+        return True, "the session's cgroup is empty, and the tree could not leave it"
     if not identity.spawn_token:
         return False, "identity records no spawn token; the tree cannot be checked"
     if not tree.enumerable:
         return False, "this host cannot enumerate processes"
-    if tree.carriers:
-        return False, f"{tree.carriers} process(es) still carry the token"
     if not tree.stable:
         return False, (f"the scan did not settle in {tree.passes} passes (processes kept exiting before "
                        "they could be read); absence is unproven")

@@ -154,6 +154,9 @@ def tree(**kw: object) -> TreeObservation:
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY),
          tree(cgroup_populated=False, complete=False, stable=False), True, "could not leave"),
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(cgroup_populated=True), False, "populated"),
+        # ... but a carrier seen outside it is alive all the same (a second root beside the gate).
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(cgroup_populated=False, carriers=1),
+         False, "still carry"),
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(), False, "could not be read"),
         (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(), True, "no process"),
         (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(complete=False, stable=False), False, "did not settle"),
