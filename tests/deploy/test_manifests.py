@@ -383,7 +383,7 @@ def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
 def _dockerfile() -> list[tuple[str, str]]:
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    known = {"FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD"}
+    known = {"ARG", "FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD"}
     instructions = []
     for ln in lines:
         word, _, rest = ln.partition(" ")
@@ -396,6 +396,11 @@ def test_dockerfile_is_multistage_and_names_entrypoints_that_exist() -> None:
     instructions = _dockerfile()
     stages = [rest for word, rest in instructions if word == "FROM"]
     assert len(stages) >= 2 and all(" AS " in s for s in stages)
+    # The base is a build argument (scripts/container-test builds on a local Debian base), used by
+    # every stage, whose default is a public image a user can pull.
+    (base,) = [rest for word, rest in instructions if word == "ARG" and rest.startswith("BASE=")]
+    assert re.fullmatch(r"BASE=python:3\.1[1-9][\w.-]*", base), base
+    assert all(s.startswith("${BASE} AS ") for s in stages), stages
     for word, rest in instructions:
         if word == "COPY" and not rest.startswith("--from="):
             for src in rest.split()[:-1]:
