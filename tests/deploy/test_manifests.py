@@ -467,7 +467,7 @@ def test_example_session_runs_its_cli_under_holdfast_run_wired_to_the_coordinato
     (container,) = spec["containers"]
     command = container["command"]
     assert command[0] == "holdfast"
-    args = importlib.import_module("holdfast.coordinator.cli").build_parser().parse_args(command[1:])
+    args = importlib.import_module("holdfast.cli.main").build_parser().parse_args(command[1:])
     assert args.command == "run" and args.session
     assert args.cmd[:1] == ["--"] and args.cmd[1:], "the agent CLI comes after --"
     assert args.wait, "a replacement pod waits for the old owner's proven end instead of failing on 75"
@@ -486,7 +486,7 @@ def test_example_session_runs_its_cli_under_holdfast_run_wired_to_the_coordinato
     # `run --takeover` writes its operation id under XDG_STATE_HOME: writable with a read-only root.
     assert env["XDG_STATE_HOME"]["value"] == mounts["state"] and "emptyDir" in volumes["state"]
     # Unprivileged: its tree cannot leave the cgroup the agent nests under the container's, so an
-    # empty cgroup alone proves it gone (DESIGN.md §2).
+    # empty cgroup alone proves it gone (docs/design.md §2).
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["fsGroup"]
     sc = container["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
