@@ -1,7 +1,10 @@
 # One image for both servers: `holdfast agent serve ...` or `holdfast coordinator serve ...`.
-# Build: docker build -t holdfast:0.1.0 .   (no Docker engine runs in this repo's CI; see docs/operations.md)
+# Build: docker build -t holdfast:0.1.0 .
+# BASE: any image with python3 (>= 3.11, with venv) on PATH as `python`, used for both stages.
+# scripts/container-test builds on a Debian base made by mmdebstrap (no registry there).
 
-FROM python:3.11-slim-bookworm AS build
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE} AS build
 WORKDIR /src
 COPY deploy/requirements.lock /src/deploy/requirements.lock
 RUN python -m venv /opt/holdfast \
@@ -18,7 +21,7 @@ COPY protos /src/protos
 RUN /opt/holdfast/bin/pip install --no-cache-dir --no-deps /src \
  && /opt/holdfast/bin/python -m holdfast.cli --help >/dev/null
 
-FROM python:3.11-slim-bookworm AS runtime
+FROM ${BASE} AS runtime
 COPY --from=build /opt/holdfast /opt/holdfast
 ENV PATH=/opt/holdfast/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Non-root by default (the coordinator); the agent DaemonSet overrides to uid 0 with SYS_PTRACE only.

@@ -6,8 +6,10 @@ agent has hostPID and SYS_PTRACE and nothing more; the coordinator is non-root; 
 container ports and the agent's readiness is its doctor; metrics ports are declared; the ConfigMap
 holds only settings a server reads; the NetworkPolicy admits only coordinators to the agents (and
 scrapers to their metrics); every link is mTLS from mounted secrets, with kubelet probes on the
-plaintext health ports; the retention CronJob's command parses; the Dockerfile's entrypoints exist
-and the pinned lock covers every runtime dependency.
+plaintext health ports; the retention CronJob's command parses; the Dockerfile's base is a build
+argument and its entrypoints exist, and the pinned lock covers every runtime dependency; the session
+examples (a Pod and a Job) run their CLI under `holdfast run`, wired to the coordinator and the client
+certificate. (scripts/container-test builds the image and runs it.)
 """
 
 from __future__ import annotations
@@ -383,7 +385,7 @@ def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
 def _dockerfile() -> list[tuple[str, str]]:
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    known = {"FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD"}
+    known = {"ARG", "FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "EXPOSE", "ENTRYPOINT", "CMD"}
     instructions = []
     for ln in lines:
         word, _, rest = ln.partition(" ")
@@ -396,6 +398,11 @@ def test_dockerfile_is_multistage_and_names_entrypoints_that_exist() -> None:
     instructions = _dockerfile()
     stages = [rest for word, rest in instructions if word == "FROM"]
     assert len(stages) >= 2 and all(" AS " in s for s in stages)
+    # The base is a build argument (scripts/container-test builds on a local Debian base), used by
+    # every stage, whose default is a public image a user can pull.
+    (base,) = [rest for word, rest in instructions if word == "ARG" and rest.startswith("BASE=")]
+    assert re.fullmatch(r"BASE=python:3\.1[1-9][\w.-]*", base), base
+    assert all(s.startswith("${BASE} AS ") for s in stages), stages
     for word, rest in instructions:
         if word == "COPY" and not rest.startswith("--from="):
             for src in rest.split()[:-1]:
@@ -434,3 +441,54 @@ def test_requirements_lock_pins_the_whole_runtime_closure() -> None:
         assert importlib.metadata.version(name) == pins[name], f"{name}: lock differs from the tested venv"
         todo += [_requirement_name(r) for r in importlib.metadata.requires(name) or [] if "extra ==" not in r]
     assert seen == pins.keys(), f"pinned but not needed: {pins.keys() - seen}"
+
+
+EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))
+
+
+def _example_pod_spec(obj: Obj) -> Obj:
+    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+
+
+def test_examples_are_a_session_pod_and_a_job_that_validate() -> None:
+    objs = [d for path in EXAMPLES for d in yaml.safe_load_all(path.read_text()) if d]
+    assert {o["kind"] for o in objs} == {"Pod", "Job"}
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_session_runs_its_cli_under_holdfast_run_wired_to_the_coordinator(path: Path) -> None:
+    (obj,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    spec = _example_pod_spec(obj)
+    (container,) = spec["containers"]
+    command = container["command"]
+    assert command[0] == "holdfast"
+    args = importlib.import_module("holdfast.cli.main").build_parser().parse_args(command[1:])
+    assert args.command == "run" and args.session
+    assert args.cmd[:1] == ["--"] and args.cmd[1:], "the agent CLI comes after --"
+    assert args.wait, "a replacement pod waits for the old owner's proven end instead of failing on 75"
+    # SIGTERM on delete/evict ends the CLI within --grace, then `run` releases: before the kubelet's SIGKILL.
+    assert spec["terminationGracePeriodSeconds"] > args.grace
+    env = {e["name"]: e for e in container["env"]}
+    # The agent's host id is the node name (the DaemonSet's HOLDFAST_HOST_ID).
+    assert env["HOLDFAST_HOST_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["HOLDFAST_COORDINATOR"]["value"] == "holdfast-coordinator.holdfast.svc:7600"
+    service = one(render("external-etcd"), "Service", "holdfast-coordinator")
+    assert service["spec"]["ports"][0]["port"] == 7600
+    mounts = _mounts(container)
+    assert env["HOLDFAST_TLS_DIR"]["value"] == mounts["client-tls"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["client-tls"]["secret"]["secretName"] == "holdfast-client-tls"
+    # `run --takeover` writes its operation id under XDG_STATE_HOME: writable with a read-only root.
+    assert env["XDG_STATE_HOME"]["value"] == mounts["state"] and "emptyDir" in volumes["state"]
+    # Unprivileged: its tree cannot leave the cgroup the agent nests under the container's, so an
+    # empty cgroup alone proves it gone (docs/design.md §2).
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["fsGroup"]
+    sc = container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
