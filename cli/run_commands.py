@@ -62,12 +62,27 @@ def session_row(record: pb.SessionRecord) -> list[str]:
 
 
 SESSION_HEADER = ["SESSION", "HOST", "INCARNATION", "PID", "FENCE", "CLAIM", "STAGE", "SINCE"]
-HOST_HEADER = ["HOST", "ADDRESS", "INCARNATION", "TOKEN VARIABLE", "VERSION", "REGISTERED"]
+HOST_HEADER = ["HOST", "ADDRESS", "INCARNATION", "TOKEN VARIABLE", "VERSION", "REGISTERED", "DRAINING"]
 
 
 def host_row(host: pb.HostRegistration) -> list[str]:
     return [host.host_id, host.address, _incarnation(host.incarnation), host.spawn_token_env,
-            host.agent_version, _when(host.registered_at_unix_ms)]
+            host.agent_version, _when(host.registered_at_unix_ms), "yes" if host.draining else "no"]
+
+
+def host_rows(listing: pb.ListHostsResponse) -> list[list[str]]:
+    """Every registered host, then every draining host with no registration (its agent is down,
+    e.g. for the maintenance the drain is for): a drain is shown until `drain --undo`."""
+    registered = {h.host_id for h in listing.hosts}
+    return [*(host_row(h) for h in listing.hosts),
+            *([h, "-", "-", "-", "-", "not registered", "yes"]
+              for h in listing.draining_host_ids if h not in registered)]
+
+
+def hosts_json(listing: pb.ListHostsResponse) -> dict[str, object]:
+    """`hosts` as JSON: `draining` on every host (false included), and every draining host id."""
+    return {"hosts": [{**as_dict(h), "draining": h.draining} for h in listing.hosts],
+            "draining": list(listing.draining_host_ids)}
 
 
 # --- run -------------------------------------------------------------------------------------------
@@ -171,13 +186,14 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
 
 # --- operator commands -----------------------------------------------------------------------------
 async def _status(args: argparse.Namespace, client: Client) -> int:
-    hosts, sessions = await client.list_hosts(), await client.list_sessions()
+    listing, sessions = await client.host_listing(), await client.list_sessions()
     if args.json:
-        print_json({"coordinator": client.address, "hosts": [as_dict(h) for h in hosts],
+        print_json({"coordinator": client.address, **hosts_json(listing),
                      "sessions": [as_dict(r) for r in sessions]})
         return 0
-    print(f"coordinator {client.address}: {len(hosts)} hosts, {len(sessions)} sessions\n")
-    print(table([host_row(h) for h in hosts], HOST_HEADER) + "\n")
+    draining = f", {len(listing.draining_host_ids)} draining" if listing.draining_host_ids else ""
+    print(f"coordinator {client.address}: {len(listing.hosts)} hosts{draining}, {len(sessions)} sessions\n")
+    print(table(host_rows(listing), HOST_HEADER) + "\n")
     print(table([session_row(r) for r in sessions], SESSION_HEADER))
     return 0
 
@@ -235,11 +251,11 @@ async def _recover(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _hosts(args: argparse.Namespace, client: Client) -> int:
-    hosts = await client.list_hosts()
+    listing = await client.host_listing()
     if args.json:
-        print_json({"hosts": [as_dict(h) for h in hosts]})
+        print_json(hosts_json(listing))
         return 0
-    print(table([host_row(h) for h in hosts], HOST_HEADER))
+    print(table(host_rows(listing), HOST_HEADER))
     return 0
 
 
@@ -325,7 +341,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"default: $HOLDFAST_SESSION (inside `holdfast run`); {SESSION_HELP}")
     p.set_defaults(handler=command(_get))
 
-    p = subparsers.add_parser("status", parents=[reader], help="hosts and sessions")
+    p = subparsers.add_parser("status", parents=[reader], help="hosts (draining ones marked) and sessions")
     p.set_defaults(handler=command(_status))
 
     p = subparsers.add_parser("show", parents=[reader], help="one session's record and history")
@@ -352,5 +368,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="recover even when the owner's agent proves it alive (it keeps running)")
     p.set_defaults(handler=command(_recover))
 
-    p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")
+    p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts, and which are draining")
     p.set_defaults(handler=command(_hosts))
