@@ -19,10 +19,35 @@ from holdfast.agent import hostinfo
 from holdfast.common import tls
 from holdfast.proc import cgroups
 from holdfast.proc.environ import read_environ
+from holdfast.proc.procstat import StatParseError, parse_stat
 
 INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
 CAP_SYS_PTRACE = 19
 HEALTH_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A process whose environ this agent could not read, as the doctor names it."""
+
+    pid: int
+    comm: str
+    uid: int
+    start_ticks: int | None  # None when its stat was unreadable too
+    error: str  # e.g. "Permission denied"
+    hz: int = 100  # clock ticks per second, to say when it started
+
+    @property
+    def namespace_init(self) -> bool:
+        """PID 1 of the namespace the agent judges: started before every process in it, and never a
+        descendant of a gate, so never a member of a session tree. The stable scan does not count
+        an unreadable process older than a tree's root (proc/scan.py), so it never counts this one."""
+        return self.pid == 1
+
+    def describe(self) -> str:
+        started = "start unknown" if self.start_ticks is None else \
+            f"started {self.start_ticks / self.hz:.2f}s after boot"
+        return f"pid {self.pid} ({self.comm or '?'}, uid {self.uid}, {started}; {self.error})"
 
 
 @dataclass(frozen=True)
@@ -41,6 +66,7 @@ class Facts:
     machine_id: str  # "" when unreadable
     coordinator: str
     coordinator_error: str  # "" when it answered SERVING
+    unreadable: tuple[Unreadable, ...] = ()  # the denied processes themselves (environ_denied of them)
 
 
 @dataclass(frozen=True)
@@ -70,12 +96,29 @@ def check_ptrace(f: Facts) -> Check:
                    "add capability SYS_PTRACE to the agent container (securityContext.capabilities.add)")
 
 
+MAX_NAMED = 3  # unreadable processes named in a check's detail
+
+
 def check_environ(f: Facts) -> Check:
-    return _result("environ-readable", f.environ_denied == 0,
-                   f"{f.environ_read} read, {f.environ_denied} denied, {f.environ_other_users} of other users"
-                   + (f" (first: {f.environ_error})" if f.environ_error else ""),
-                   "scans stay incomplete until every environ is readable: CAP_SYS_PTRACE, and an AppArmor "
-                   "profile that allows ptrace reads (appArmorProfile: Unconfined)")
+    """Every environ readable: pass. Only the namespace's PID 1 unreadable (a container runtime's or
+    sandbox's init is, even to root): pass, naming it and why it does not matter. Anything else
+    unreadable would leave a scan incomplete: fail with the ptrace fix (issue 17: root failed on the
+    sandbox's own PID 1 alone, with a CAP_SYS_PTRACE/AppArmor hint that did not apply)."""
+    counts = f"{f.environ_read} read, {f.environ_denied} denied, {f.environ_other_users} of other users"
+    if f.environ_denied == 0:
+        return Check("environ-readable", "pass", counts)
+    harmless = [u for u in f.unreadable if u.namespace_init]
+    if f.unreadable and len(harmless) == f.environ_denied:
+        return Check("environ-readable", "pass", f"{counts}; unreadable: {harmless[0].describe()}: it is "
+                     "this PID namespace's init, older than every tree root and never a member of a tree, "
+                     "so no scan counts it (no fix needed)")
+    others = [u for u in f.unreadable if not u.namespace_init]
+    named = "; ".join(u.describe() for u in others[:MAX_NAMED]) or f.environ_error
+    more = f" and {len(others) - MAX_NAMED} more" if len(others) > MAX_NAMED else ""
+    detail = f"{counts} (unreadable: {named}{more})" if named else counts
+    return Check("environ-readable", "fail", detail,
+                 "scans stay incomplete until every environ is readable: CAP_SYS_PTRACE, and an AppArmor "
+                 "profile that allows ptrace reads (appArmorProfile: Unconfined)")
 
 
 def check_pidfs(f: Facts) -> Check:
@@ -150,11 +193,25 @@ def _uid(pid: str) -> int | None:
     return None
 
 
-def environ_facts() -> tuple[int, int, int, str]:
-    """Reads every visible process's environ as a scan would: (read, denied, other users, first error)."""
+def _comm_and_start(pid: str) -> tuple[str, int | None]:
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    try:
+        return comm, parse_stat(Path(f"/proc/{pid}/stat").read_bytes()).start_ticks
+    except (OSError, StatParseError):
+        return comm, None
+
+
+def environ_facts() -> tuple[int, int, int, str, tuple[Unreadable, ...]]:
+    """Reads every visible process's environ as a scan would: (read, denied, other users, first
+    error, the denied processes)."""
     me, self_pid = os.geteuid(), str(os.getpid())
     read = denied = others = 0
     first = ""
+    hz = os.sysconf("SC_CLK_TCK")
+    unreadable: list[Unreadable] = []
     for entry in os.listdir("/proc"):
         uid = _uid(entry) if entry.isdigit() and entry != self_pid else None
         if uid is None:
@@ -167,11 +224,13 @@ def environ_facts() -> tuple[int, int, int, str]:
             denied += 1
             others += uid != me
             first = first or f"pid {entry} (uid {uid}): {exc.strerror}"
+            comm, start = _comm_and_start(entry)
+            unreadable.append(Unreadable(int(entry), comm, uid, start, exc.strerror or str(exc), hz))
             continue
         if block is not None:  # None: kernel thread or zombie, nothing to read
             read += 1
             others += uid != me
-    return read, denied, others, first
+    return read, denied, others, first, tuple(sorted(unreadable, key=lambda u: u.pid))
 
 
 def _read(path: str) -> str:
@@ -201,7 +260,7 @@ def in_init_pid_ns() -> bool:
 
 def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "",
            cgroup_ns_error: str = "") -> Facts:
-    read, denied, others, first = environ_facts()
+    read, denied, others, first, unreadable = environ_facts()
     able = cgroups.capability()
     return Facts(
         node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),
@@ -212,4 +271,5 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
         boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=_read("/etc/machine-id"),
         coordinator=coordinator,
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
+        unreadable=unreadable,
     )

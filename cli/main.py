@@ -17,7 +17,7 @@ import grpc
 
 from holdfast.agent.service import VERSION
 from holdfast.cli import agent_commands as agent_commands
-from holdfast.cli import lifecycle_commands, run_commands, serve_commands
+from holdfast.cli import completion, lifecycle_commands, run_commands, serve_commands
 from holdfast.common import certs
 from holdfast.localstack import up
 
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_commands.register(sub)
     lifecycle_commands.register(sub)
     up.register(sub)
+    completion.register(sub, parser)  # last: it completes every command registered above
     return parser
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import json
 import os
 import sys
 import time
@@ -30,7 +31,7 @@ from holdfast.client.acquire import MAX_WAIT_S, RunSpec
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
-from holdfast.client.owner import Owner
+from holdfast.client.owner import Owner, status_of
 from holdfast.common import reasons
 from holdfast.common.names import claim_name, outcome_name, stage_name
 from holdfast.common.reasons import Reason
@@ -61,21 +62,69 @@ def session_row(record: pb.SessionRecord) -> list[str]:
 
 
 SESSION_HEADER = ["SESSION", "HOST", "INCARNATION", "PID", "FENCE", "CLAIM", "STAGE", "SINCE"]
-HOST_HEADER = ["HOST", "ADDRESS", "INCARNATION", "TOKEN VARIABLE", "VERSION", "REGISTERED"]
+HOST_HEADER = ["HOST", "ADDRESS", "INCARNATION", "TOKEN VARIABLE", "VERSION", "REGISTERED", "DRAINING"]
 
 
 def host_row(host: pb.HostRegistration) -> list[str]:
     return [host.host_id, host.address, _incarnation(host.incarnation), host.spawn_token_env,
-            host.agent_version, _when(host.registered_at_unix_ms)]
+            host.agent_version, _when(host.registered_at_unix_ms), "yes" if host.draining else "no"]
+
+
+def host_rows(listing: pb.ListHostsResponse) -> list[list[str]]:
+    """Every registered host, then every draining host with no registration (its agent is down,
+    e.g. for the maintenance the drain is for): a drain is shown until `drain --undo`."""
+    registered = {h.host_id for h in listing.hosts}
+    return [*(host_row(h) for h in listing.hosts),
+            *([h, "-", "-", "-", "-", "not registered", "yes"]
+              for h in listing.draining_host_ids if h not in registered)]
+
+
+def hosts_json(listing: pb.ListHostsResponse) -> dict[str, object]:
+    """`hosts` as JSON: `draining` on every host (false included), and every draining host id."""
+    return {"hosts": [{**as_dict(h), "draining": h.draining} for h in listing.hosts],
+            "draining": list(listing.draining_host_ids)}
 
 
 # --- run -------------------------------------------------------------------------------------------
+def run_report(session: str, exit_code: int, cmd_status: int | None, fence: int = 0,
+               error: ClientError | None = None) -> dict[str, object]:
+    """`run --report`'s document: whether CMD ran, `run`'s exit code and CMD's own status, and the
+    reason when `run` refused or failed. `reason` is "" exactly when CMD ran and `run` ended cleanly,
+    so a CMD that exits 75 itself (ran, reason "") is told apart from a refusal (not ran, HELD)."""
+    return {"ran": cmd_status is not None or fence > 0, "exit_code": exit_code, "cmd_status": cmd_status,
+            "reason": error.reason if error else "", "message": error.message if error else "",
+            "next_step": error.next_step if error else "", "session": session, "fence": fence}
+
+
+def write_report(path: str, report: dict[str, object]) -> None:
+    """Whole or not at all: written beside `path` and renamed over it, so a reader never sees half."""
+    target = os.path.abspath(path)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(report, sort_keys=True) + "\n")
+    os.replace(tmp, target)
+
+
 async def _run(args: argparse.Namespace, client: Client) -> int:
     spec = RunSpec(session_id=args.session, argv=args.cmd, provider=args.provider, location=args.location,
                    takeover=args.takeover, force=args.force, handoff_timeout=args.handoff_timeout,
                    wait=args.wait or 0.0, grace=args.grace)
-    owner = await Owner.start(client, spec)
-    return await owner.supervise()
+    outcome = args.outcome  # what the handler's --report says; filled as far as the run got
+    try:
+        owner = await Owner.start(client, spec)
+    except ClientError as err:
+        outcome["error"] = err
+        raise
+    outcome["fence"] = owner.grant.fence
+    try:
+        status = await owner.supervise()
+    except ClientError as err:  # CMD ran and ended; what came after (the release) failed
+        outcome["error"] = err
+        if owner.gate.process.returncode is not None:
+            outcome["cmd_status"] = status_of(owner.gate.process.returncode)
+        raise
+    outcome["cmd_status"] = status
+    return status
 
 
 # --- fenced data -----------------------------------------------------------------------------------
@@ -137,13 +186,14 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
 
 # --- operator commands -----------------------------------------------------------------------------
 async def _status(args: argparse.Namespace, client: Client) -> int:
-    hosts, sessions = await client.list_hosts(), await client.list_sessions()
+    listing, sessions = await client.host_listing(), await client.list_sessions()
     if args.json:
-        print_json({"coordinator": client.address, "hosts": [as_dict(h) for h in hosts],
+        print_json({"coordinator": client.address, **hosts_json(listing),
                      "sessions": [as_dict(r) for r in sessions]})
         return 0
-    print(f"coordinator {client.address}: {len(hosts)} hosts, {len(sessions)} sessions\n")
-    print(table([host_row(h) for h in hosts], HOST_HEADER) + "\n")
+    draining = f", {len(listing.draining_host_ids)} draining" if listing.draining_host_ids else ""
+    print(f"coordinator {client.address}: {len(listing.hosts)} hosts{draining}, {len(sessions)} sessions\n")
+    print(table(host_rows(listing), HOST_HEADER) + "\n")
     print(table([session_row(r) for r in sessions], SESSION_HEADER))
     return 0
 
@@ -201,11 +251,11 @@ async def _recover(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _hosts(args: argparse.Namespace, client: Client) -> int:
-    hosts = await client.list_hosts()
+    listing = await client.host_listing()
     if args.json:
-        print_json({"hosts": [as_dict(h) for h in hosts]})
+        print_json(hosts_json(listing))
         return 0
-    print(table([host_row(h) for h in hosts], HOST_HEADER))
+    print(table(host_rows(listing), HOST_HEADER))
     return 0
 
 
@@ -215,8 +265,17 @@ def _run_handler(args: argparse.Namespace) -> int:
         args.parser.error("run needs a command after --")
     if args.force and not args.takeover:
         args.parser.error("--force needs --takeover")
+    if args.report and not os.access(os.path.dirname(os.path.abspath(args.report)), os.W_OK):
+        # Before any call, like CMD: a caller relying on the report must not be left without one.
+        args.parser.error(f"--report {args.report}: its directory does not exist or is not writable")
     args.cmd = cmd
-    return command(_run)(args)
+    args.outcome = {}
+    code = command(_run)(args)
+    if args.report:
+        o = args.outcome
+        write_report(args.report, run_report(args.session, code, o.get("cmd_status"), o.get("fence", 0),
+                                             o.get("error")))
+    return code
 
 
 SESSION_HELP = "the session id: 8 to 128 letters, digits, '_' or '-' (e.g. codex-thread-42)"
@@ -227,7 +286,13 @@ RUN_EPILOG = """examples:
 
 exit status: CMD's own when it ran; when it did not: 75 held or ownership unknown, 69 no
 coordinator (or this host's agent not registered), 77 certificates, 2 usage, 127 CMD not found,
-126 CMD not executable (checked before anything is asked: the owner is never disturbed)"""
+126 CMD not executable (checked before anything is asked: the owner is never disturbed).
+A CMD may itself exit 75, 69 or 2: --report FILE tells the two apart. It is written (whole, by
+rename) when run ends, as one JSON document:
+  {"ran": true, "exit_code": 75, "cmd_status": 75, "reason": "", "message": "", "next_step": "",
+   "session": "codex-thread-42", "fence": 3}                         CMD ran and exited 75 itself
+  {"ran": false, "exit_code": 75, "cmd_status": null, "reason": "HELD", "message": "...",
+   "next_step": "...", "session": "codex-thread-42", "fence": 0}     refused: CMD never ran"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -251,6 +316,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grace", type=seconds_arg, default=10.0, metavar="S",
                    help="SIGTERM to SIGKILL grace when the tree must end (default 10)")
     p.add_argument("--host-id", help="this host's agent id (default: $HOLDFAST_HOST_ID, else the node name)")
+    p.add_argument("--report", metavar="FILE",
+                   help="write the outcome as one JSON document to FILE: whether CMD ran, its status, "
+                   "and the refusal's reason when it did not (see below)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p.set_defaults(handler=_run_handler, parser=p)
 
@@ -273,7 +341,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"default: $HOLDFAST_SESSION (inside `holdfast run`); {SESSION_HELP}")
     p.set_defaults(handler=command(_get))
 
-    p = subparsers.add_parser("status", parents=[reader], help="hosts and sessions")
+    p = subparsers.add_parser("status", parents=[reader], help="hosts (draining ones marked) and sessions")
     p.set_defaults(handler=command(_status))
 
     p = subparsers.add_parser("show", parents=[reader], help="one session's record and history")
@@ -300,5 +368,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="recover even when the owner's agent proves it alive (it keeps running)")
     p.set_defaults(handler=command(_recover))
 
-    p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts")
+    p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts, and which are draining")
     p.set_defaults(handler=command(_hosts))

@@ -200,7 +200,12 @@ class Client:
                 return found
 
     async def list_hosts(self) -> list[pb.HostRegistration]:
-        return list((await self._call(self.stub.ListHosts, pb.ListHostsRequest())).hosts)
+        """The registered hosts, each with its drain flag."""
+        return list((await self.host_listing()).hosts)
+
+    async def host_listing(self) -> pb.ListHostsResponse:
+        """ListHosts whole: the registered hosts, and every draining host, registered or not."""
+        return await self._call(self.stub.ListHosts, pb.ListHostsRequest())
 
     async def probe(self, session_id: str) -> pb.ProbeSessionResponse:
         return await self._call(self.stub.ProbeSession, pb.ProbeSessionRequest(session_id=session_id),

@@ -160,6 +160,12 @@ class Lifecycle:
     def _drain_key(self, host_id: str) -> str:
         return self.store.key("draining", host_id)
 
+    async def draining_hosts(self) -> list[str]:
+        """Every host with a drain flag, in key order (ListHosts shows them)."""
+        prefix = self._drain_key("")
+        entries, _ = await self.store.list_prefix(prefix)
+        return [e.key.removeprefix(prefix) for e in entries]
+
     async def _sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
         entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
         return [(e, records.decode_record(e.value)) for e in entries]

@@ -398,7 +398,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def ListHosts(
         self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListHostsResponse:
-        return pb.ListHostsResponse(hosts=await self.registry.list())
+        hosts, draining = await self.registry.list(), await self.lifecycle.draining_hosts()
+        for host in hosts:
+            host.draining = host.host_id in draining
+        return pb.ListHostsResponse(hosts=hosts, draining_host_ids=draining)
 
     # --- handoff, probes, recovery -------------------------------------------------------
     @_handler

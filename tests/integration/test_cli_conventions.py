@@ -19,6 +19,7 @@ from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.common import certs, serving, tls
 from holdfast.common.tls import Role
+from holdfast.coordinator.store import Store
 from holdfast.localstack.etcd_server import free_port
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
@@ -118,3 +119,48 @@ def test_a_certificate_problem_says_it_is_one(tmp_path: Path) -> None:
     assert (wrong_ca.reason, wrong_ca.exit_code, wrong_ca.retried) == ("TLS_HANDSHAKE_FAILED", 77, False)
     assert "certificate problem" in str(wrong_ca)
     assert plaintext.reason == "UNREACHABLE" and "pass --tls-dir" in plaintext.message
+
+
+def test_hosts_and_status_show_which_hosts_are_draining(coordinator: Coordinator, prefix: str) -> None:
+    """Issue 17: draining was not shown by `hosts`/`status`. A drained host keeps its flag when its
+    registration lapses (its agent down for the maintenance): it is listed as not registered."""
+    with grpc.insecure_channel(coordinator.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        for host_id in ("host-up", "host-maint", "host-gone"):
+            reg = pb.HostRegistration(host_id=host_id, address="127.0.0.1:9",
+                                      spawn_token_env="HOLDFAST_SPAWN_TOKEN")
+            stub.RegisterHost(pb.RegisterHostRequest(registration=reg, ttl_seconds=30), timeout=10)
+    for host_id in ("host-maint", "host-gone"):
+        drained = subprocess.run([*HOLDFAST, "drain", host_id, "--coordinator", coordinator.address],
+                                 capture_output=True, text=True, timeout=60)
+        assert drained.returncode == 0, drained.stderr
+
+    async def lapse() -> None:  # as the etcd lease of a stopped agent would
+        store = Store.connect(coordinator.etcd_url, prefix=prefix)
+        try:
+            await store.txn([], [], [store.key("hosts", "host-gone")])
+        finally:
+            await store.close()
+
+    asyncio.run(lapse())
+
+    def cli(*argv: str) -> str:
+        done = subprocess.run([*HOLDFAST, *argv, "--coordinator", coordinator.address],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = json.loads(cli("hosts", "--json"))
+    assert {h["host_id"]: h["draining"] for h in listed["hosts"]} == {"host-up": False, "host-maint": True}
+    assert listed["draining"] == ["host-gone", "host-maint"]
+    status = json.loads(cli("status", "--json"))
+    assert (status["draining"], status["hosts"]) == (listed["draining"], listed["hosts"])
+    for text in (cli("hosts"), cli("status")):
+        rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("host-")}
+        assert rows["host-up"][-1] == "no" and rows["host-maint"][-1] == "yes"
+        assert rows["host-gone"][-3:] == ["not", "registered", "yes"]
+    assert "3 hosts" not in cli("status") and "2 hosts, 2 draining" in cli("status")
+    # Undone, it is gone from both.
+    subprocess.run([*HOLDFAST, "drain", "host-gone", "--undo", "--coordinator", coordinator.address],
+                   check=True, capture_output=True, timeout=60)
+    assert json.loads(cli("hosts", "--json"))["draining"] == ["host-maint"]

@@ -46,3 +46,32 @@ def test_unconfigured_checks_skip_and_do_not_fail() -> None:
     got = statuses(facts)
     assert got["init-pid-namespace"] == "skip" and got["coordinator"] == "skip"
     assert doctor.healthy(doctor.run_checks(facts))
+
+
+INIT = doctor.Unreadable(1, "process_api", 0, 25, "Permission denied")
+OTHER = doctor.Unreadable(4242, "codex", 1000, 900_000, "Permission denied")
+
+
+def test_only_the_namespace_init_unreadable_passes_naming_it_and_why() -> None:
+    """Issue 17: root failed environ-readable on the sandbox's own PID 1 alone, with a ptrace fix
+    that did not apply. PID 1 is older than every tree root, which the stable scan never counts."""
+    facts = dataclasses.replace(GOOD, environ_denied=1, environ_error="pid 1 (uid 0): Permission denied",
+                                unreadable=(INIT,))
+    [check] = [c for c in doctor.run_checks(facts) if c.name == "environ-readable"]
+    assert check.status == "pass" and not check.fix and doctor.healthy(doctor.run_checks(facts))
+    assert "pid 1 (process_api, uid 0, started 0.25s after boot; Permission denied)" in check.detail
+    assert "init" in check.detail and "no fix needed" in check.detail
+
+
+def test_any_other_unreadable_process_fails_naming_it_with_the_ptrace_fix() -> None:
+    many = tuple(dataclasses.replace(OTHER, pid=4242 + i) for i in range(5))
+    for unreadable in ((INIT, OTHER), (OTHER,), many):
+        facts = dataclasses.replace(GOOD, environ_denied=len(unreadable), environ_error="x",
+                                    unreadable=unreadable)
+        [check] = [c for c in doctor.run_checks(facts) if c.name == "environ-readable"]
+        assert check.status == "fail" and "CAP_SYS_PTRACE" in check.fix
+        assert "pid 4242 (codex, uid 1000" in check.detail and "pid 1 " not in check.detail
+    assert "and 2 more" in check.detail
+    # Denied processes not itemised (an older gatherer) are never excused.
+    facts = dataclasses.replace(GOOD, environ_denied=1, environ_error="pid 1 (uid 0): Permission denied")
+    assert statuses(facts)["environ-readable"] == "fail"

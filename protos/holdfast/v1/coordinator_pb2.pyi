@@ -441,10 +441,12 @@ class ListHostsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListHostsResponse(_message.Message):
-    __slots__ = ("hosts",)
+    __slots__ = ("hosts", "draining_host_ids")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_HOST_IDS_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[HostRegistration]
-    def __init__(self, hosts: _Optional[_Iterable[_Union[HostRegistration, _Mapping]]] = ...) -> None: ...
+    draining_host_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostRegistration, _Mapping]]] = ..., draining_host_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ArchiveSessionRequest(_message.Message):
     __slots__ = ("session_id", "expected_fence", "operator", "reason")
