@@ -14,7 +14,9 @@ import contextlib
 import os
 import secrets
 import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,28 +78,57 @@ class RunSpec:
     cwd: str | None = None
 
 
-def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path]:
+def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]:
     """The operation id of this host's takeover of the session, kept (mode 0600) until granted.
 
     The coordinator admits one handoff request per session, under its operation id; a takeover
     that gave up leaves its request standing, so the next try from this host must continue it
     under the same id rather than be refused as a conflicting operation.
     """
-    state_home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    base = state_home / "holdfast" / "takeovers"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = base / f"{host_id}.{session_id}"
-    with contextlib.suppress(OSError):
-        kept = path.read_text().strip()
-        if records.OPERATION_ID.fullmatch(kept):
-            return kept, path
-    operation_id = secrets.token_hex(16)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(operation_id)
-    tmp.rename(path)
-    return operation_id, path
+    name = f"{host_id}.{session_id}"
+    for base in _takeover_dirs():
+        path = base / name
+        if not _private_to_us(base):
+            continue  # e.g. a temp dir another user made first: nothing in it is ours to trust
+        with contextlib.suppress(OSError):
+            kept = path.read_text().strip()
+            if records.OPERATION_ID.fullmatch(kept):
+                return kept, path
+        operation_id = secrets.token_hex(16)
+        try:
+            base.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(operation_id)
+            tmp.rename(path)
+        except OSError:
+            continue  # a read-only home (a pod's): the next place, or none
+        return operation_id, path
+    # Nowhere to keep it: this takeover goes on under a fresh id; a retry by another process would
+    # be refused OPERATION_CONFLICT until this request is granted or recovered, never granted twice.
+    return secrets.token_hex(16), None
+
+
+def _private_to_us(base: Path) -> bool:
+    """Missing (we make it 0700), or ours and writable by nobody else, up to the holdfast dir."""
+    for directory in (base, base.parent):
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return False
+    return True
+
+
+def _takeover_dirs() -> list[Path]:
+    """Where a takeover's operation id is kept: the user's state home, else a private temp dir."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return [Path(state_home) / "holdfast" / "takeovers",
+            Path(tempfile.gettempdir()) / f"holdfast-{os.getuid()}" / "takeovers"]
 
 
 def held_hint(spec: RunSpec) -> str:

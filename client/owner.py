@@ -30,6 +30,7 @@ from holdfast.client.tree import Tree, end_tree
 from holdfast.common import tls
 from holdfast.v1 import coordinator_pb2 as pb
 
+RELEASE_RETRY_S = 30.0  # an agent restart: its lease lapses and its successor registers (~11 s measured)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2, signal.SIGWINCH)
 
@@ -99,8 +100,12 @@ class Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
         if spec.takeover:
             operation_id, kept = takeover_operation(spec.session_id, client.host_id)
+            if kept is None:
+                say("the takeover's operation id cannot be kept (no writable state directory): a retry "
+                    "from another process would not continue this request")
             grant, _ = await obtain(client, spec, operation_id, say)
-            kept.unlink(missing_ok=True)
+            if kept is not None:
+                kept.unlink(missing_ok=True)
         else:
             grant, _ = await obtain(client, spec, secrets.token_hex(16), say)
         workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
@@ -200,14 +205,24 @@ class Owner:
         if not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
             self.say("processes of the session's tree survived SIGKILL; not releasing")
             return
-        try:
-            await self.client.release(self.grant)
-            self.say(f"session {self.grant.session_id} released at fence {self.grant.fence}")
-        except ClientError as err:
-            if err.reason != "STALE_FENCE":
-                raise
-            self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
-                     "nothing to release")
+        deadline = asyncio.get_running_loop().time() + RELEASE_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                await self.client.release(self.grant)
+                self.say(f"session {self.grant.session_id} released at fence {self.grant.fence}")
+                return
+            except ClientError as err:
+                if err.reason == "STALE_FENCE":
+                    self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
+                             "nothing to release")
+                    return
+                # The host's agent did not answer (restarting, re-registering): the tree is gone by
+                # our own check, so ask again for a while rather than leave the session held.
+                if err.reason != "OWNERSHIP_UNKNOWN" or asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def cleanup(self) -> None:
         if self.terminal is not None:

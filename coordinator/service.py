@@ -311,6 +311,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             probe, registration = await self.sessions.probe(lease.owner)
             reads.append(registration)
             if not adjudication.release_allowed(lease, probe):
+                if probe.answered_by_host_id != lease.owner.host_id:
+                    # Nobody looked (an agent re-registering, unreachable): not "alive", unknown.
+                    raise CoordinatorError("OWNERSHIP_UNKNOWN", f"the owner host's agent did not answer: "
+                                           f"{probe.reason or 'no reason given'}; nothing was released")
                 raise CoordinatorError(
                     "TREE_ALIVE", probe.tree_reason or probe.reason or "owner tree not proven gone"
                 )

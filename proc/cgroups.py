@@ -101,8 +101,11 @@ def capability() -> Capability:
         if relative is None or relative.startswith("/.."):
             return Capability(root, ns, False, f"/proc/{who}/cgroup reads {relative!r}: the agent is in a "
                               "private cgroup namespace; run it in the node's (cgroupns host)")
-    if not os.access(root, os.W_OK):
-        return Capability(root, ns, False, f"{root} is not writable by the agent")
+    # Session cgroups are nested under each gate's own cgroup, not at the root (which is often
+    # mode 0555 even to root without CAP_DAC_OVERRIDE): what must hold here is a read-write mount.
+    # A cgroup that still cannot be made is said per attestation.
+    if os.statvfs(root).f_flag & os.ST_RDONLY:
+        return Capability(root, ns, False, f"{root} is mounted read-only in the agent")
     return Capability(root, ns, True, "")
 
 

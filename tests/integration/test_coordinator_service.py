@@ -161,6 +161,9 @@ def test_unreachable_agent_is_never_a_grant_and_restart_keeps_writes(coordinator
     assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
     time.sleep(2.5)  # the registration's lease expires: that is time, and time grants nothing
     assert refused(acquire, coord, sid, b.host_id)[1] == "OWNERSHIP_UNKNOWN"
+    # The owner's own release is not "tree alive" when nobody could look: it is unknown, and waits.
+    release = pb.ReleaseRequest(session_id=sid, fence=1, secret=grant.secret)
+    assert refused(coord.Release, release)[1] == "OWNERSHIP_UNKNOWN"
     coordinator.stop()
     coordinator.start()
     coord = stub(coordinator.address)
