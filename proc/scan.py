@@ -68,6 +68,9 @@ class Scan:
 
 # What a pass read of one pid: its start ticks and the value it carried (None: none, or a zombie).
 _Seen = dict[int, tuple[int, bytes | None]]
+# Read alive with an empty environ: contents unknown, never "carries nothing". A NUL cannot stand
+# in an environ value, so this is no process's value.
+EMPTY = b"\0empty"
 
 
 def _boot_ticks() -> int:
@@ -85,12 +88,24 @@ def _settled(before: _Seen, pid: int, start_ticks: int, wanted: Wanted) -> bool:
     if pid not in before:
         return False
     ticks, value = before[pid]
-    return ticks == start_ticks and (value is None or (wanted is not None and value not in wanted))
+    known = value != EMPTY
+    return ticks == start_ticks and known and (value is None or (wanted is not None and value not in wanted))
+
+
+def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:
+    """Whether the process has a child this pass's listing does not hold (forked since)."""
+    try:
+        tasks = os.listdir(f"{proc}/{entry}/task")
+        kids = [k for t in tasks for k in read_proc_file(f"{proc}/{entry}/task/{t}/children").split()]
+    except OSError:
+        return True  # cannot tell: not settled
+    return any(k.decode() not in listed for k in kids)
 
 
 def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], listed_at: int,
               before: _Seen) -> tuple[Scan, _Seen]:
     result = Scan(enumerable=True)
+    listed = set(entries)
     seen: _Seen = {}
     unsettled = 0
     found: dict[int, tuple[int, bytes]] = {}  # pid -> (ppid, value)
@@ -126,13 +141,21 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             result.unreadable += 1
             result.unreadable_started.append(stat.start_ticks)
             continue
-        if block is None or (not block and not stat.kernel_thread):
+        if block is None:
             # A zombie: nothing of it runs now, but if it was alive after the listing it may have
-            # forked a child the listing missed. An empty environ of a user process: in the middle
-            # of an execve (the new memory has no environ yet: a token carrier reads as none), or
-            # started with an empty environment. Either is settled only once seen unchanged.
+            # forked a child the listing missed. Settled only once seen unchanged (then it was dead
+            # before this pass's listing, and forked nothing since).
             seen[pid] = (stat.start_ticks, None)
             unsettled += not _settled(before, pid, stat.start_ticks, wanted)
+            continue
+        if not block and not stat.kernel_thread:
+            # An empty environ of a live user process: in the middle of an execve (the new memory
+            # has no environ yet: a carrier reads as none) or started with none. What it carries
+            # is unknown, so it never vouches for a later pass (EMPTY is not "carries nothing");
+            # it settles only when seen empty before as well, with no child the listing missed.
+            seen[pid] = (stat.start_ticks, EMPTY)
+            unchanged = before.get(pid) == (stat.start_ticks, EMPTY)
+            unsettled += not unchanged or _has_unlisted_child(proc, entry, listed)
             continue
         result.scanned += 1
         value = value_in_block(block, variable)

@@ -53,6 +53,8 @@ def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None, start_tick
     d.mkdir()
     fields = ["S", str(ppid), "0", "0", "0", "0", str(flags)] + ["0"] * 12
     fields.append(str(pid * 10 if start_ticks is None else start_ticks))
+    (d / "task" / str(pid)).mkdir(parents=True)
+    (d / "task" / str(pid) / "children").write_bytes(b"")
     (d / "stat").write_bytes(f"{pid} (p) {' '.join(fields)}\n".encode())
     if environ is not None:
         (d / "environ").write_bytes(environ)
@@ -145,3 +147,13 @@ def test_an_empty_environ_settles_only_when_seen_twice_but_a_kernel_threads_at_o
     fake_proc(tmp_path, 30, 1, b"")  # a user process with (for now) no environ
     r = scan(V, b"t1", proc=str(tmp_path))
     assert r.stable and r.passes == 2, "settled only once the second pass saw it unchanged"
+
+
+def test_an_empty_environ_never_vouches_for_a_later_pass_and_a_missed_child_unsettles(tmp_path: Path) -> None:
+    # Seen empty (mid-execve) in one pass and gone in the next: it was alive, what it carried is
+    # unknown, and it may have forked after the listing. Not settled.
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    fake_proc(tmp_path, 40, 1, b"")
+    (tmp_path / "40" / "task" / "40" / "children").write_bytes(b"41 ")  # a child the listing lacks
+    r = scan(V, b"t1", proc=str(tmp_path), max_passes=3)
+    assert not r.stable and r.passes == 3
