@@ -17,10 +17,19 @@ class ProcStat:
     ppid: int
     start_ticks: int
     flags: int = 0
+    # Where the environ lies in the process's memory (fields 50-51; 0 without ptrace access, while
+    # an execve has not laid it out yet, or once the memory is gone on exit).
+    env_start: int = 0
+    env_end: int = 0
 
     @property
     def kernel_thread(self) -> bool:
         return bool(self.flags & PF_KTHREAD)
+
+    @property
+    def started_without_environ(self) -> bool:
+        """Its environ is laid out and empty (`env -i`): known to carry nothing."""
+        return self.env_start != 0 and self.env_start == self.env_end
 
 
 class StatParseError(ValueError):
@@ -36,7 +45,8 @@ def parse_stat(line: bytes) -> ProcStat:
     if len(fields) < 20:
         raise StatParseError(f"only {len(fields) + 2} fields")
     try:
+        env = (int(fields[47]), int(fields[48])) if len(fields) > 48 else (0, 0)
         return ProcStat(state=fields[0].decode(), ppid=int(fields[1]), start_ticks=int(fields[19]),
-                        flags=int(fields[6]))
+                        flags=int(fields[6]), env_start=env[0], env_end=env[1])
     except (ValueError, UnicodeDecodeError) as exc:
         raise StatParseError(str(exc)) from exc

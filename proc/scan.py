@@ -141,6 +141,8 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             result.unreadable += 1
             result.unreadable_started.append(stat.start_ticks)
             continue
+        if block is None and stat.kernel_thread:
+            continue  # a kernel thread: no environ, never a carrier, never a tree's
         if block is None:
             # A zombie: nothing of it runs now, but if it was alive after the listing it may have
             # forked a child the listing missed. Settled only once seen unchanged (then it was dead
@@ -148,11 +150,12 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             seen[pid] = (stat.start_ticks, None)
             unsettled += not _settled(before, pid, stat.start_ticks, wanted)
             continue
-        if not block and not stat.kernel_thread:
-            # An empty environ of a live user process: in the middle of an execve (the new memory
-            # has no environ yet: a carrier reads as none) or started with none. What it carries
-            # is unknown, so it never vouches for a later pass (EMPTY is not "carries nothing");
-            # it settles only when seen empty before as well, with no child the listing missed.
+        if not block and not stat.kernel_thread and not stat.started_without_environ:
+            # An empty environ of a live user process that was not started with an empty one (its
+            # stat shows no environ laid out): in the middle of an execve, or exiting. A carrier
+            # reads as none then, so what it carries is unknown: it never vouches for a later pass
+            # (EMPTY is not "carries nothing"), and settles only when seen so before as well, with
+            # no child the listing missed.
             seen[pid] = (stat.start_ticks, EMPTY)
             unchanged = before.get(pid) == (stat.start_ticks, EMPTY)
             unsettled += not unchanged or _has_unlisted_child(proc, entry, listed)

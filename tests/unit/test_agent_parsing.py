@@ -48,11 +48,13 @@ def test_stat_parse_failures_raise(line: bytes) -> None:
 
 
 def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None, start_ticks: int | None = None,
-              flags: int = 0) -> None:
+              flags: int = 0, env_at: tuple[int, int] | None = None) -> None:
     d = root / str(pid)
     d.mkdir()
     fields = ["S", str(ppid), "0", "0", "0", "0", str(flags)] + ["0"] * 12
     fields.append(str(pid * 10 if start_ticks is None else start_ticks))
+    if env_at is not None:  # fields 23..49, then env_start and env_end (fields 50-51)
+        fields += ["0"] * 27 + [str(env_at[0]), str(env_at[1])]
     (d / "task" / str(pid)).mkdir(parents=True)
     (d / "task" / str(pid) / "children").write_bytes(b"")
     (d / "stat").write_bytes(f"{pid} (p) {' '.join(fields)}\n".encode())
@@ -157,3 +159,14 @@ def test_an_empty_environ_never_vouches_for_a_later_pass_and_a_missed_child_unse
     (tmp_path / "40" / "task" / "40" / "children").write_bytes(b"41 ")  # a child the listing lacks
     r = scan(V, b"t1", proc=str(tmp_path), max_passes=3)
     assert not r.stable and r.passes == 3
+
+
+
+def test_a_process_started_without_environ_is_known_to_carry_nothing(tmp_path: Path) -> None:
+    # `env -i`: the environ is laid out, and empty (env_start == env_end): settled at once; one
+    # whose environ is not laid out (0, 0: mid-execve, exiting) is unknown, as before.
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    fake_proc(tmp_path, 30, 1, b"", env_at=(140726680158187, 140726680158187))
+    assert scan(V, b"t1", proc=str(tmp_path)).passes == 1
+    fake_proc(tmp_path, 31, 1, b"", env_at=(0, 0))
+    assert scan(V, b"t1", proc=str(tmp_path)).passes == 2
