@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 # PID 1 of the namespace: starts the agent, forwards SIGTERM/SIGINT to it, reaps every orphan,
 # and exits with the agent's status (which ends the namespace).
@@ -44,7 +45,11 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _wait_for(what: str, probe, timeout: float):
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T], timeout: float) -> T:
+    """The probe's first truthy value, polled every 5 ms; TimeoutError naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = probe()
@@ -91,7 +96,7 @@ class SimulatedHost:
         if self._unshare is None:
             raise RuntimeError(f"simulated host {self.host_id} is not running")
         unshare = self._unshare.pid
-        return _wait_for("the reaper", lambda: (_children(unshare) or [0])[0], 5.0)
+        return wait_for("the reaper", lambda: (_children(unshare) or [0])[0], 5.0)
 
     @property
     def running(self) -> bool:
@@ -110,7 +115,7 @@ class SimulatedHost:
             self._unshare = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         self.incarnations += 1
         try:
-            _wait_for(f"agent of {self.host_id}",
+            wait_for(f"agent of {self.host_id}",
                       lambda: ready.exists() or self._unshare.poll() is not None, timeout)  # type: ignore[union-attr]
             if not ready.exists():
                 raise RuntimeError(f"agent of {self.host_id} exited; see {log.name}")
@@ -160,7 +165,7 @@ class SimulatedHost:
 
     def outer_pid(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
         """The machine-namespace pid of a process started by spawn()."""
-        return _wait_for("the spawned process", lambda: (_children(proc.pid) or [0])[0], timeout)
+        return wait_for("the spawned process", lambda: (_children(proc.pid) or [0])[0], timeout)
 
     def host_pid(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
         """The pid a process started by spawn() has inside this host (what its agent reports)."""

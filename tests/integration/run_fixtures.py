@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from holdfast.localstack.simhost import SimulatedHost
+from holdfast.localstack.simhost import SimulatedHost, wait_for
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration import unprivileged
@@ -33,13 +32,7 @@ _indexes = itertools.cycle(range(100, 150))
 
 
 def until(what: str, probe: Callable[[], object], timeout: float = 20.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(what, probe, timeout)
 
 
 @dataclass
