@@ -105,14 +105,17 @@ def test_a_dead_parent_means_cmd_never_runs(tmp_path: Path) -> None:
 
 # A tree: the root traps SIGTERM (exits 7 on it; `wait` is interrupted by a trapped signal, a
 # foreground `sleep` would hold the trap back); a child ignores SIGTERM and keeps the token; a
-# second child drops the token from its environment (only a cgroup can find it). Both pids are
-# written to a FIFO at once, so the test waits on that write, not on a timer.
+# second child drops the token from its environment (only a cgroup can find it). Each child
+# writes its own pid to a FIFO the root holds open, from the shell that runs it: only then has the
+# dropper exec'd without the token (the `$!` of its fork still carries it, in the fork and in
+# `env`, until that exec, and a scan then rightly finds it). The test waits on those two lines,
+# not on a timer.
 TREE = f"""
 trap 'exit 7' TERM
-sh -c 'trap "" TERM; while :; do sleep 1; done' &
-a=$!
-env -u {VAR} sh -c 'trap "" TERM; while :; do sleep 1; done' &
-echo "$a $!" > {{fifo}}
+exec 3>{{fifo}}
+sh -c 'trap "" TERM; echo "keeps $$" >&3; exec 3>&-; while :; do sleep 1; done' &
+env -u {VAR} sh -c 'trap "" TERM; echo "dropped $$" >&3; exec 3>&-; while :; do sleep 1; done' &
+exec 3>&-
 while :; do sleep 1 & wait $!; done
 """
 
@@ -130,8 +133,8 @@ def spawn_tree(tmp_path: Path, session: str | None) -> tuple[Gate, Tree, list[in
     tree = Tree.of_gate(VAR, token, gate.pid)
     gate.release()
     with open(fifo) as f:
-        pids = [int(p) for p in f.read().split()]
-    return gate, tree, pids
+        said = dict(f.readline().split() for _ in range(2))
+    return gate, tree, [int(said["keeps"]), int(said["dropped"])]
 
 
 def session_cgroups_here() -> bool:
