@@ -104,8 +104,10 @@ class Soak:
     def env(self, host: SimulatedHost) -> dict[str, str]:
         coordinator = self.cluster.coordinator_address(self.rng.randrange(2))
         # TMPDIR: a run killed -9 leaves its grant directory behind; it stays in the soak's tmp.
+        # XDG_STATE_HOME: takeovers' operation ids stay in the soak's tmp too, never shared with
+        # another test run on this machine (run_fixtures.Cluster.env says why).
         return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": coordinator,
-                "TMPDIR": str(self.tmp)}
+                "TMPDIR": str(self.tmp), "XDG_STATE_HOME": str(self.tmp / "state")}
 
     @property
     def child_script(self) -> str:

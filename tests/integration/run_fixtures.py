@@ -78,7 +78,11 @@ class Cluster:
 
     def env(self, host: SimulatedHost) -> dict[str, str]:
         # TMPDIR: a run killed -9 leaves its grant directory behind; it stays in the test's tmp.
+        # XDG_STATE_HOME: a takeover keeps its operation id there per host and session; under the
+        # shared ~/.local/state, a copy of the suite running beside this one (same host and
+        # session names) deleted or replaced it, and a retried takeover was OPERATION_CONFLICT.
         return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "TMPDIR": str(self.tmp),
+                "XDG_STATE_HOME": str(self.tmp / "state"),
                 "HOLDFAST_COORDINATOR": self.coordinator.address, "HOLDFAST_RUN_CHILD": CHILD}
 
     def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None,
