@@ -10,6 +10,7 @@ import fcntl
 import os
 import re
 import select
+import signal
 import sys
 import termios
 import time
@@ -38,6 +39,12 @@ class Terminal:
 
         def controlling_terminal() -> None:  # after setsid: the pty becomes the session's terminal
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            # As a terminal's shell starts a job: SIGINT and SIGQUIT at their defaults. A test run
+            # started in the background of a non-interactive shell inherits them ignored, and an
+            # ignored signal stays ignored across exec (sh may not even trap it): Ctrl-C would
+            # then reach nothing, whatever `run` does.
+            for sig in (signal.SIGINT, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_DFL)
 
         self.proc = host.spawn(argv, env=cluster.env(host), stdin=slave, stdout=slave, stderr=slave,
                                start_new_session=True, preexec_fn=controlling_terminal)
