@@ -32,6 +32,7 @@ pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.r
 pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 VAR = "HOLDFAST_SPAWN_TOKEN"
 P = agent_pb2.ProbeOutcome
+GONE_PROBES = 30
 
 
 @pytest.fixture
@@ -75,8 +76,15 @@ def test_the_agent_never_reports_a_fork_hopping_tree_gone(shared: Path, crowd: N
         assert tree.alive()
         assert called_gone == 0, f"{called_gone} of 60 probes called a live hopping tree gone"
         tree.end()
-        gone = probe(agent.stub, identity, check_tree=True)
-        assert gone.tree_gone, "once the tree is gone a stable scan says so: " + gone.tree_reason
+        # Liveness, not safety: a pass is unsettled whenever any process of this (shared) pid
+        # namespace exits between the listing and its read, and a copy of the suite running beside
+        # this one churns it with hopping trees of its own. So the proof may take a few probes.
+        for _ in range(GONE_PROBES):
+            gone = probe(agent.stub, identity, check_tree=True)
+            if gone.tree_gone:
+                break
+        assert gone.tree_gone, f"once the tree is gone a stable scan says so within {GONE_PROBES} " \
+                               f"probes: {gone.tree_reason}"
     finally:
         tree.end()
         agent.stop()
