@@ -71,7 +71,9 @@ def test_the_agent_never_reports_a_fork_hopping_tree_gone(shared: Path, crowd: N
         called_gone = 0
         for _ in range(60):
             result = probe(agent.stub, identity, check_tree=True)
-            assert result.outcome == P.PID_ABSENT
+            # The root is proven dead: its pid absent, or (pid_max is 32768 here, and the hopper
+            # burns pids) already reused by another process, whose pidfs inode differs.
+            assert result.outcome in (P.PID_ABSENT, P.IDENTITY_MISMATCH), result
             called_gone += result.tree_gone
         assert tree.alive()
         assert called_gone == 0, f"{called_gone} of 60 probes called a live hopping tree gone"
