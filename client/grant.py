@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from holdfast.client.errors import ClientError
@@ -32,14 +33,17 @@ class Grant:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Grant:
-        return cls(**json.loads(Path(path).read_text()))
+        """The grant in a grant file; what else the file carries (`resume`) is not the grant's."""
+        found = json.loads(Path(path).read_text())
+        return cls(**{f.name: found[f.name] for f in fields(cls) if f.name in found})
 
-    def write(self, directory: str) -> str:
-        """A mode-0600 file the child can read to make fenced writes."""
+    def write(self, directory: str, resume: Mapping[str, object] | None = None) -> str:
+        """A mode-0600 file the child can read to make fenced writes, and with `resume` what it
+        needs to resume the provider's session (`holdfast.client.owner.resume_of`)."""
         path = os.path.join(directory, "grant.json")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(asdict(self), f)
+            json.dump({**asdict(self), **({"resume": dict(resume)} if resume is not None else {})}, f)
         return path
 
 

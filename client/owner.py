@@ -45,8 +45,18 @@ def cli_on_path(path: str) -> str:
     return f"{path}{os.pathsep}{here}" if path else here
 
 
+def resume_of(record: pb.SessionRecord) -> dict[str, object]:
+    """What the next owner resumes from, as the record had it at the grant: the provider and its
+    handle chain, oldest first (each handle with the fence that recorded it)."""
+    return {"provider": record.provider,
+            "provider_handle_chain": [{"handle": link.handle, "minted_at_fence": link.minted_at_fence}
+                                      for link in record.provider_handle_chain]}
+
+
 def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
-                      tls_dir: Path | None = None) -> dict[str, str]:
+                      tls_dir: Path | None = None, record: pb.SessionRecord | None = None) -> dict[str, str]:
+    """CMD's environment: its grant, and the provider's newest handle to resume (always set, empty
+    when there is none, so a value inherited from an enclosing run never leaks into this one)."""
     env = dict(os.environ if base is None else base)
     env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
@@ -57,6 +67,9 @@ def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None
         "HOLDFAST_FENCE": str(grant.fence),
         "HOLDFAST_COORDINATOR": grant.coordinator,
         "HOLDFAST_GRANT_FILE": grant_file,
+        "HOLDFAST_PROVIDER": record.provider if record is not None else "",
+        "HOLDFAST_PROVIDER_HANDLE": record.provider_handle_chain[-1].handle
+        if record is not None and record.provider_handle_chain else "",
     })
     return env
 
@@ -103,15 +116,16 @@ class Owner:
             if kept is None:
                 say("the takeover's operation id cannot be kept (no writable state directory): a retry "
                     "from another process would not continue this request")
-            grant, _ = await obtain(client, spec, operation_id, say)
+            grant, granted = await obtain(client, spec, operation_id, say)
             if kept is not None:
                 kept.unlink(missing_ok=True)
         else:
-            grant, _ = await obtain(client, spec, secrets.token_hex(16), say)
+            grant, granted = await obtain(client, spec, secrets.token_hex(16), say)
         workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
         gate: Gate | None = None
         try:
-            env = child_environment(grant, grant.write(workdir), tls_dir=client.tls_dir)
+            grant_file = grant.write(workdir, resume_of(granted))
+            env = child_environment(grant, grant_file, tls_dir=client.tls_dir, record=granted)
             gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
             # The commit has the host's agent attest the gate and move it, still blocked on its
             # pipe, into a session cgroup of the agent's making: every descendant is born in it.

@@ -100,6 +100,9 @@ def test_cooperative_handoff_waits_for_the_whole_old_tree(cluster: Cluster) -> N
     record = cluster.record(sid).record
     assert [(link.handle, link.minted_at_fence) for link in record.provider_handle_chain] == [
         ("thread-a", 1), ("thread-b", 2)]
+    # Each child was handed what to resume: the first nothing, the second host-a's handle in
+    # HOLDFAST_PROVIDER_HANDLE and the chain in its grant file.
+    assert [e[5:] for e in cluster.events("resumes")] == [["-", "-"], ["thread-a", "thread-a@1"]]
     fences = [h.fence for h in cluster.record(sid).history if h.transition == "grant"]
     assert fences == sorted(set(fences)) == [1, 2]
     os.kill(second.run_pid, signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
@@ -13,8 +14,9 @@ from holdfast.client.acquire import RunSpec, held_hint, resolve_command
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import gate_argv
 from holdfast.client.grant import Grant
-from holdfast.client.owner import child_environment, cli_on_path, status_of
+from holdfast.client.owner import child_environment, cli_on_path, resume_of, status_of
 from holdfast.common import reasons
+from holdfast.v1 import coordinator_pb2 as pb
 
 
 @pytest.mark.parametrize("reason,code", [
@@ -44,11 +46,27 @@ def grant() -> Grant:
 
 
 def test_child_environment_of_design_section_5() -> None:
-    env = child_environment(grant(), "/tmp/x/grant.json", {"PATH": "/bin", "HOLDFAST_FENCE": "1"})
+    # An enclosing run's handle never leaks in: a session with no handle yet says so, empty.
+    outer = {"PATH": "/bin", "HOLDFAST_FENCE": "1", "HOLDFAST_PROVIDER_HANDLE": "outer-thread"}
+    env = child_environment(grant(), "/tmp/x/grant.json", outer)
     assert env == {"PATH": cli_on_path("/bin"), "HOLDFAST_SPAWN_TOKEN": "a" * 32,
                    "HOLDFAST_SESSION": "my-session-01", "HOLDFAST_FENCE": "7",
-                   "HOLDFAST_COORDINATOR": "127.0.0.1:7420", "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json"}
+                   "HOLDFAST_COORDINATOR": "127.0.0.1:7420", "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json",
+                   "HOLDFAST_PROVIDER": "", "HOLDFAST_PROVIDER_HANDLE": ""}
     assert "s" * 64 not in env.values()  # the secret travels only in the 0600 file
+
+
+def test_the_child_is_handed_the_newest_provider_handle_and_the_file_the_chain(tmp_path: Path) -> None:
+    record = pb.SessionRecord(session_id="my-session-01", provider="codex", provider_handle_chain=[
+        pb.ProviderHandleLink(handle="thread-1", minted_at_fence=1),
+        pb.ProviderHandleLink(handle="thread-2", minted_at_fence=3)])
+    env = child_environment(grant(), "/tmp/x/grant.json", {"PATH": "/bin"}, record=record)
+    assert (env["HOLDFAST_PROVIDER"], env["HOLDFAST_PROVIDER_HANDLE"]) == ("codex", "thread-2")
+    path = grant().write(str(tmp_path), resume_of(record))
+    assert json.loads(Path(path).read_text())["resume"] == {
+        "provider": "codex", "provider_handle_chain": [{"handle": "thread-1", "minted_at_fence": 1},
+                                                       {"handle": "thread-2", "minted_at_fence": 3}]}
+    assert Grant.from_file(path) == grant()  # what rides along is not part of the grant
 
 
 def test_the_cli_is_appended_to_a_path_that_lacks_it(tmp_path: Path) -> None:
