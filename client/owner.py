@@ -18,9 +18,9 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
+from holdfast.client import grantdir
 from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_stderr, takeover_operation
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
@@ -121,7 +121,7 @@ class Owner:
                 kept.unlink(missing_ok=True)
         else:
             grant, granted = await obtain(client, spec, secrets.token_hex(16), say)
-        workdir = tempfile.mkdtemp(prefix="holdfast-")  # mode 0700
+        workdir = grantdir.make()  # mode 0700; a dead run's is removed by the next one
         gate: Gate | None = None
         try:
             grant_file = grant.write(workdir, resume_of(granted))

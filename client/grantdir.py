@@ -1,0 +1,91 @@
+"""Where a run keeps its grant file: a 0700 directory of its own under the temp directory, named
+for the run's process (its pid namespace, pid and start ticks), so that a later run can tell the
+leftovers of a dead one — a run killed -9 cannot remove its own — and remove them.
+
+Guarantee: a directory is removed only when it is this user's, was named in this process's own pid
+namespace, and the process it names is provably not running: its pid is absent, or held by a
+process that started at other ticks. Never a live run's (its CMD reads the grant file from it),
+never one whose process cannot be read, never another namespace's (a simulated host or a
+container sharing the temp directory numbers its pids otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+
+from holdfast.proc.environ import read_proc_file
+from holdfast.proc.procstat import StatParseError, parse_stat
+
+PREFIX = "holdfast-run-"
+_NAME = re.compile(rf"{PREFIX}(\d+)-(\d+)-(\d+)-[A-Za-z0-9_]+")
+
+
+def _pid_namespace() -> int | None:
+    """This process's pid namespace, when /proc is that namespace's (else pids read there are
+    another namespace's, and nothing may be judged from them)."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """None: no such process. Raises OSError or StatParseError when it cannot be read."""
+    try:
+        return parse_stat(read_proc_file(f"/proc/{pid}/stat")).start_ticks
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _gone(pid: int, start_ticks: int) -> bool:
+    try:
+        now = _start_ticks(pid)
+    except (OSError, StatParseError):
+        return False  # cannot tell: keep it
+    return now is None or now != start_ticks
+
+
+def make() -> str:
+    """A new 0700 directory for this run's grant file, after removing those of dead runs."""
+    namespace = _pid_namespace()
+    try:
+        ticks = _start_ticks(os.getpid()) if namespace is not None else None
+    except (OSError, StatParseError):
+        ticks = None
+    if namespace is None or ticks is None:
+        return tempfile.mkdtemp(prefix="holdfast-")  # unnamed: no later run will judge it
+    sweep()
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-")
+
+
+def sweep(directory: str | None = None) -> list[str]:
+    """Removes the grant directories of this user's dead runs in this pid namespace; returns them."""
+    namespace = _pid_namespace()
+    if namespace is None:
+        return []
+    removed = []
+    base = directory or tempfile.gettempdir()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return []
+    for entry in entries:
+        found = _NAME.fullmatch(entry.name)
+        if found is None or int(found[1]) != namespace:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        if _gone(int(found[2]), int(found[3])):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed

@@ -1,0 +1,68 @@
+"""Grant directories of dead runs are removed by the next run, and nothing else is (issue 15: a run
+killed -9 left its 0700 directory with grant.json behind). Real processes, the real /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from holdfast.client import grantdir
+from holdfast.proc.environ import read_proc_file
+from holdfast.proc.procstat import parse_stat
+
+NAMESPACE = os.stat("/proc/self/ns/pid").st_ino
+
+
+def ticks(pid: int) -> int:
+    return parse_stat(read_proc_file(f"/proc/{pid}/stat")).start_ticks
+
+
+def named(base: Path, pid: int, start: int, namespace: int = NAMESPACE) -> Path:
+    path = base / f"{grantdir.PREFIX}{namespace}-{pid}-{start}-x1_y"
+    path.mkdir(mode=0o700)
+    (path / "grant.json").write_text("{}")
+    return path
+
+
+def test_only_dead_runs_of_this_user_and_namespace_are_swept(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_ticks = ticks(dead.pid)
+    dead.kill()
+    dead.wait()
+    me = os.getpid()
+    gone = named(tmp_path, dead.pid, dead_ticks)
+    reused = named(tmp_path, me, ticks(me) + 1)        # this pid is now another process
+    alive = named(tmp_path, me, ticks(me))             # a live run: its CMD reads the grant file
+    elsewhere = named(tmp_path, dead.pid, dead_ticks, NAMESPACE + 1)  # another namespace's pid
+    plain = tmp_path / f"{grantdir.PREFIX}{NAMESPACE}-{dead.pid}-{dead_ticks}-file"
+    plain.write_text("not a directory")
+    removed = grantdir.sweep(str(tmp_path))
+    assert sorted(removed) == sorted([str(gone), str(reused)])
+    assert not gone.exists() and not reused.exists()
+    assert alive.exists() and elsewhere.exists() and plain.exists()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user owns needs root")
+def test_another_users_directory_is_never_swept(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_ticks = ticks(dead.pid)
+    dead.kill()
+    dead.wait()
+    theirs = named(tmp_path, dead.pid, dead_ticks)
+    os.chown(theirs, 65534, 65534)
+    assert grantdir.sweep(str(tmp_path)) == []
+    assert theirs.exists()
+
+
+def test_a_run_names_its_directory_so_that_it_survives_sweeps_while_it_lives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = Path(grantdir.make())
+    assert made.parent == tmp_path and made.stat().st_mode & 0o777 == 0o700
+    assert made.name.startswith(f"{grantdir.PREFIX}{NAMESPACE}-{os.getpid()}-{ticks(os.getpid())}-")
+    assert grantdir.sweep(str(tmp_path)) == [] and made.exists()
