@@ -9,6 +9,7 @@ one JSON document, errors included; every error names the next step.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import json
@@ -186,6 +187,8 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
 
 # --- operator commands -----------------------------------------------------------------------------
 async def _status(args: argparse.Namespace, client: Client) -> int:
+    if args.watch:
+        return await _status_watch(args, client)
     listing, sessions = await client.host_listing(), await client.list_sessions()
     if args.json:
         print_json({"coordinator": client.address, **hosts_json(listing),
@@ -195,6 +198,33 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
     print(f"coordinator {client.address}: {len(listing.hosts)} hosts{draining}, {len(sessions)} sessions\n")
     print(table(host_rows(listing), HOST_HEADER) + "\n")
     print(table([session_row(r) for r in sessions], SESSION_HEADER))
+    return 0
+
+
+def watch_line(event: pb.SessionEvent) -> dict[str, object]:
+    """One `status --watch --json` line: the session as it is now (`listed`: at the start, or again
+    after a reconnect), as it changed, or deleted (archived)."""
+    kind = "deleted" if event.deleted else "listed" if event.resync else "changed"
+    return {"event": kind, "session_id": event.record.session_id,
+            **({} if event.deleted else {"record": as_dict(event.record)})}
+
+
+async def _status_watch(args: argparse.Namespace, client: Client) -> int:
+    """The sessions now, then one row (or JSON line) per change, as `kubectl get --watch` does,
+    until interrupted (exit 0) or the coordinator refuses the watch."""
+    widths = [len(h) for h in SESSION_HEADER]
+    if not args.json:
+        print("  ".join(h.ljust(w) for h, w in zip(SESSION_HEADER, widths, strict=True)).rstrip())
+    try:
+        async for event in client.session_events():
+            if args.json:
+                print(json.dumps(watch_line(event), sort_keys=True), flush=True)
+                continue
+            row = session_row(event.record) if not event.deleted else [event.record.session_id, "(archived)"]
+            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)] + widths[len(row):]
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip(), flush=True)
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels the watch
+        return 0
     return 0
 
 
@@ -342,6 +372,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=command(_get))
 
     p = subparsers.add_parser("status", parents=[reader], help="hosts (draining ones marked) and sessions")
+    p.add_argument("--watch", "-w", action="store_true",
+                   help="list the sessions, then print a row at every change (with --json: one JSON "
+                   "line per event: listed, changed, deleted) until Ctrl-C")
     p.set_defaults(handler=command(_status))
 
     p = subparsers.add_parser("show", parents=[reader], help="one session's record and history")

@@ -249,16 +249,22 @@ class Client:
     async def watch(self, session_id: str, grant: Grant | None = None) -> AsyncIterator[pb.SessionRecord]:
         """The session's record now and at every change; reconnects while the coordinator is away.
         With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER."""
+        async for event in self.session_events(session_id):
+            if grant is not None:
+                same_cluster(grant, event.cluster_id)
+            if not event.deleted:
+                yield event.record
+
+    async def session_events(self, session_id: str = "") -> AsyncIterator[pb.SessionEvent]:
+        """Every session's (or one session's) records now (`resync`), then each change; reconnects
+        while the coordinator is away, starting again with the records as they are then."""
         backoff = 0.05
         while True:
             call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
             try:
                 async for event in call:
                     backoff = 0.05
-                    if grant is not None:
-                        same_cluster(grant, event.cluster_id)
-                    if not event.deleted:
-                        yield event.record
+                    yield event
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,38 @@ def test_recover_of_an_owner_proven_alive_needs_yes(cluster: Cluster) -> None:
     assert cluster.record(sid) == before
     code, recovered = cli(cluster, "recover", sid, "--fence", "1", "--reason", "sure", "--yes", "--json")
     assert code == 0 and recovered["lease"]["claim_status"] == "RELEASED"
+
+
+def test_status_watch_lists_then_streams_each_change_until_interrupted(cluster: Cluster) -> None:
+    a = cluster.host("host-a")
+    first = cluster.run(a, "sess-watch-001", cmd=["true"])
+    assert first.wait(30) == 0, first.err()
+    env = {**os.environ, "HOLDFAST_COORDINATOR": cluster.coordinator.address}
+    watch = subprocess.Popen([*HOLDFAST, "status", "--watch", "--json"], stdout=subprocess.PIPE,
+                             text=True, env=env)
+    table = subprocess.Popen([*HOLDFAST, "status", "-w"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert watch.stdout is not None and table.stdout is not None
+        listed = json.loads(watch.stdout.readline())
+        assert (listed["event"], listed["session_id"]) == ("listed", "sess-watch-001")
+        assert listed["record"]["lease"]["claim_status"] == "RELEASED"
+        assert table.stdout.readline().split()[:3] == ["SESSION", "HOST", "INCARNATION"]
+        assert table.stdout.readline().split()[0] == "sess-watch-001"
+        # Each transition of a new run arrives as it happens: grant (reserved), commit (live), release.
+        second = cluster.run(a, "sess-watch-002", cmd=["true"])
+        assert second.wait(30) == 0, second.err()
+        seen = [json.loads(watch.stdout.readline()) for _ in range(3)]
+        assert [(e["event"], e["session_id"], e["record"]["lease"]["claim_status"]) for e in seen] == [
+            ("changed", "sess-watch-002", "RESERVED"), ("changed", "sess-watch-002", "LIVE"),
+            ("changed", "sess-watch-002", "RELEASED")]
+        rows = [table.stdout.readline().split() for _ in range(3)]
+        assert [(r[0], r[5]) for r in rows] == [("sess-watch-002", "reserved"), ("sess-watch-002", "live"),
+                                               ("sess-watch-002", "released")]
+        for proc in (watch, table):
+            proc.send_signal(signal.SIGINT)  # Ctrl-C ends a watch quietly, with 0
+            assert proc.wait(30) == 0
+    finally:
+        for proc in (watch, table):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
