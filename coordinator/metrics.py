@@ -33,6 +33,10 @@ PROBES = Counter("holdfast_probes", "Probes routed to an owner host's agent, by 
                  ["host", "outcome"])
 PROBE_SECONDS = Histogram("holdfast_probe_seconds", "Routed probe latency including retries", ["host"])
 GRANTS = Counter("holdfast_grants", "Acquire grants, by why the grant was allowed", ["reason"])
+TAKEOVER_SECONDS = Histogram("holdfast_takeover_seconds", "Acquire calls that took a session over (a "
+                             "takeover, or its owner proven dead): seconds from the call to the grant, "
+                             "by why it was allowed", ["reason"],
+                             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 REFUSALS = Counter("holdfast_refusals", "Refused calls, by RPC and reason (a refusal writes nothing)",
                    ["rpc", "reason"])
 ETCD_ERRORS = Counter("holdfast_etcd_errors", "Calls that found etcd unavailable", ["rpc"])

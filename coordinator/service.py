@@ -136,7 +136,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         ask = AcquireAsk(
             request.expected_fence if request.has_expected_fence else None, handoff_hash(request.operation_id)
         )
-        deadline = time.monotonic() + request.wait_seconds
+        started = time.monotonic()
+        deadline = started + request.wait_seconds
         held: adjudication.Verdict | None = None
         attempts = 0
         while attempts < RACE_RETRIES:
@@ -169,6 +170,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
             response = await self._grant(entry, record, request, verdict, ops_key, reads)
             if response is not None:
+                if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
+                    metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - started)
                 return response
         if held is not None:
             raise CoordinatorError(held.reason.value, held.detail)

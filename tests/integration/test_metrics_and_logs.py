@@ -84,6 +84,13 @@ def test_counters_move_with_real_traffic_and_logs_name_the_session(cluster: Clus
     assert value(seen, "holdfast_agent_scan_unreadable_processes") == 0
     assert value(seen, "holdfast_agent_registered", host="host-m") == 1
 
+    # A takeover: the owner lets go, and the taker's Acquire is timed from its call to its grant.
+    assert not [k for k in after if k[0] == "holdfast_takeover_seconds_count"]
+    cluster.run(host, sid, "--takeover", "--handoff-timeout", "20")
+    until("the child at fence 2", lambda: [e for e in cluster.events("start") if e[1] == "2"])
+    took = scrape(coordinator.metrics)
+    assert sum(v for (name, _), v in took.items() if name == "holdfast_takeover_seconds_count") == 1
+
     # The owner's host goes away: asking about the session is now indeterminate, and the gauge says so.
     host.stop()
     probe = cluster.stub.ProbeSession(pb.ProbeSessionRequest(session_id=sid), timeout=30)
@@ -96,5 +103,5 @@ def test_counters_move_with_real_traffic_and_logs_name_the_session(cluster: Clus
              if line.startswith("{")]
     about = [e for e in lines if e.get("session") == sid]
     assert {e["transition"] for e in about} >= {"grant", "commit"}
-    assert all(e["fence"] == 1 and e["host"] == "host-m" for e in about)
+    assert all(e["fence"] in (1, 2) and e["host"] == "host-m" for e in about)
     assert not any(s in line for line in map(json.dumps, lines) for s in ("secret", "spawn_token"))
