@@ -21,6 +21,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from holdfast.client import guards
 from holdfast.client.acquire import MAX_WAIT_S
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
@@ -42,6 +43,13 @@ def session_id_arg(text: str) -> str:
     try:
         return records.check_session_id(text)
     except records.InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def guard_url(text: str) -> str:
+    try:
+        return guards.check_url(text)
+    except guards.GuardError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

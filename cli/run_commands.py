@@ -24,6 +24,7 @@ from holdfast.cli.options import (
     command,
     default_operator,
     fence_arg,
+    guard_url,
     print_json,
     seconds_arg,
     session_id_arg,
@@ -109,7 +110,7 @@ def write_report(path: str, report: dict[str, object]) -> None:
 async def _run(args: argparse.Namespace, client: Client) -> int:
     spec = RunSpec(session_id=args.session, argv=args.cmd, provider=args.provider, location=args.location,
                    takeover=args.takeover, force=args.force, handoff_timeout=args.handoff_timeout,
-                   wait=args.wait or 0.0, grace=args.grace)
+                   wait=args.wait or 0.0, grace=args.grace, guards=args.guard)
     outcome = args.outcome  # what the handler's --report says; filled as far as the run got
     try:
         owner = await Owner.start(client, spec)
@@ -345,6 +346,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="wait (up to S seconds, default an hour) until the session can be had")
     p.add_argument("--grace", type=seconds_arg, default=10.0, metavar="S",
                    help="SIGTERM to SIGKILL grace when the tree must end (default 10)")
+    p.add_argument("--guard", action="append", default=[], type=guard_url, metavar="URL",
+                   help="a store of your own to fence too (repeatable): sqlite:///PATH, postgresql://..., "
+                   "redis://HOST:PORT/DB or dir:///PATH; its fence marker reaches the new fence before CMD "
+                   "runs, so a superseded owner's guarded writes there are refused (docs/guards.md)")
     p.add_argument("--host-id", help="this host's agent id (default: $HOLDFAST_HOST_ID, else the node name)")
     p.add_argument("--report", metavar="FILE",
                    help="write the outcome as one JSON document to FILE: whether CMD ran, its status, "

@@ -18,7 +18,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from holdfast.client.connection import Client
@@ -76,6 +76,7 @@ class RunSpec:
     wait: float = 0.0
     grace: float = 10.0
     cwd: str | None = None
+    guards: list[str] = field(default_factory=list)  # stores whose fence marker reaches fence N before CMD
 
 
 def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]:

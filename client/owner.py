@@ -18,16 +18,19 @@ import secrets
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from holdfast.client import grantdir
+from holdfast.client import grantdir, guards
 from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_stderr, takeover_operation
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import Gate
 from holdfast.client.grant import Grant
+from holdfast.client.guards import Guard
 from holdfast.client.tree import Tree, end_tree
 from holdfast.common import tls
+from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
 RELEASE_RETRY_S = 30.0  # an agent restart: its lease lapses and its successor registers (~11 s measured)
@@ -54,9 +57,11 @@ def resume_of(record: pb.SessionRecord) -> dict[str, object]:
 
 
 def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
-                      tls_dir: Path | None = None, record: pb.SessionRecord | None = None) -> dict[str, str]:
-    """CMD's environment: its grant, and the provider's newest handle to resume (always set, empty
-    when there is none, so a value inherited from an enclosing run never leaks into this one)."""
+                      tls_dir: Path | None = None, record: pb.SessionRecord | None = None,
+                      guarded: Sequence[str] = ()) -> dict[str, str]:
+    """CMD's environment: its grant, the provider's newest handle to resume, and the guarded stores
+    (one URL a line) whose marker holds its fence (always set, empty when there is none, so a
+    value inherited from an enclosing run never leaks into this one)."""
     env = dict(os.environ if base is None else base)
     env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
@@ -70,8 +75,32 @@ def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None
         "HOLDFAST_PROVIDER": record.provider if record is not None else "",
         "HOLDFAST_PROVIDER_HANDLE": record.provider_handle_chain[-1].handle
         if record is not None and record.provider_handle_chain else "",
+        "HOLDFAST_GUARDS": "\n".join(guarded),
     })
     return env
+
+
+async def open_guards(urls: list[str]) -> list[Guard]:
+    """Each --guard store connected, its marker storage in place; GUARD_UNREACHABLE otherwise."""
+    opened: list[Guard] = []
+    try:
+        for url in urls:
+            opened.append(await asyncio.to_thread(guards.open_guard, url))
+    except guards.GuardError as exc:
+        for guard in opened:
+            with contextlib.suppress(Exception):
+                guard.close()
+        raise ClientError(Reason.GUARD_UNREACHABLE, str(exc)) from None
+    return opened
+
+
+async def bump_guards(opened: list[Guard], grant: Grant) -> None:
+    try:
+        await asyncio.to_thread(guards.bump_all, opened, grant.session_id, grant.fence)
+    except guards.GuardError as exc:
+        err = ClientError(Reason.GUARD_FAILED, str(exc), grant.session_id)
+        err.fence = grant.fence
+        raise err from None
 
 
 def hand_terminal(pgid: int) -> int | None:
@@ -111,6 +140,16 @@ class Owner:
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
+        guards = await open_guards(spec.guards)  # likewise: an unreachable store asks nothing of anyone
+        try:
+            return await cls._start(client, spec, say, guards)
+        finally:
+            for guard in guards:
+                with contextlib.suppress(Exception):
+                    guard.close()
+
+    @classmethod
+    async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard]) -> Owner:
         if spec.takeover:
             operation_id, kept = takeover_operation(spec.session_id, client.host_id)
             if kept is None:
@@ -125,11 +164,14 @@ class Owner:
         gate: Gate | None = None
         try:
             grant_file = grant.write(workdir, resume_of(granted))
-            env = child_environment(grant, grant_file, tls_dir=client.tls_dir, record=granted)
+            env = child_environment(grant, grant_file, tls_dir=client.tls_dir, record=granted,
+                                    guarded=[guard.url for guard in guards])
             gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
             # The commit has the host's agent attest the gate and move it, still blocked on its
             # pipe, into a session cgroup of the agent's making: every descendant is born in it.
             record = await client.commit(grant, gate.pid)
+            # The new fence reaches every guarded store before CMD can write anything.
+            await bump_guards(guards, grant)
         except BaseException:
             if gate is not None:
                 gate.abort()

@@ -67,6 +67,8 @@ class Reason(StrEnum):
     TLS_FILE_MISSING = "TLS_FILE_MISSING"      # a certificate or key --tls-dir should hold is not there
     TLS_HANDSHAKE_FAILED = "TLS_HANDSHAKE_FAILED"  # the coordinator's certificate and ours do not trust
     OWNER_ALIVE = "OWNER_ALIVE"                # `recover` refused by the CLI itself: the owner is alive
+    GUARD_UNREACHABLE = "GUARD_UNREACHABLE"    # a --guard store failed before any call: nothing was asked
+    GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,15 @@ TABLE: dict[Reason, Meaning] = {
         "end the owner first — `holdfast run --session {session} --takeover --force -- CMD` from another "
         "host has its agent end the tree — or stop it on its host; only if you mean to leave it running: "
         "add --yes"),
+    Reason.GUARD_UNREACHABLE: Meaning(
+        None, EX_UNAVAILABLE,
+        "the guarded store named by --guard did not answer or refused; nothing was asked of the session's "
+        "owner and nothing was written: fix the URL or start the store, then retry"),
+    Reason.GUARD_FAILED: Meaning(
+        None, EX_TEMPFAIL,
+        "CMD did not run and the grant was released: a guarded store could not take fence {fence} (it "
+        "is down, or has seen a newer fence — another holdfast cluster or a restored etcd); check it, "
+        "then retry"),
 }
 UNKNOWN = Meaning(None, EX_FAILURE, "see the coordinator's log")  # a newer peer's reason, or none
 

@@ -52,7 +52,7 @@ def test_child_environment_of_design_section_5() -> None:
     assert env == {"PATH": cli_on_path("/bin"), "HOLDFAST_SPAWN_TOKEN": "a" * 32,
                    "HOLDFAST_SESSION": "my-session-01", "HOLDFAST_FENCE": "7",
                    "HOLDFAST_COORDINATOR": "127.0.0.1:7420", "HOLDFAST_GRANT_FILE": "/tmp/x/grant.json",
-                   "HOLDFAST_PROVIDER": "", "HOLDFAST_PROVIDER_HANDLE": ""}
+                   "HOLDFAST_PROVIDER": "", "HOLDFAST_PROVIDER_HANDLE": "", "HOLDFAST_GUARDS": ""}
     assert "s" * 64 not in env.values()  # the secret travels only in the 0600 file
 
 

@@ -1,0 +1,305 @@
+"""Fence guards for a session's own stores — SQL through DB-API (SQLite, PostgreSQL), Redis, a plain
+directory: a write through a guard lands only while its fence is the newest the store has seen for
+the session, and the store itself decides that, atomically.
+
+`holdfast run --guard URL` raises each store's marker to the new grant's fence after the commit and
+before the gate lets CMD run (`bump`), so the new owner's fence is in every guarded store before
+anything of it writes: a superseded owner — paused, partitioned, a straggler — is refused at its
+next guarded write even if the new owner never writes. (Fencing that compares only at the new
+owner's first write leaves that window open.) A marker never goes down; a bump that finds a newer
+marker fails, and `run` then releases its grant without running CMD.
+
+How each store decides in one step:
+- SQL: a write locks the session's marker row in its own transaction (`SELECT … FOR SHARE` in
+  PostgreSQL; SQLite's database write lock, `BEGIN IMMEDIATE`) and compares; a bump is
+  `… SET fence = GREATEST(fence, :f)`, which waits for those transactions: a stale write checked
+  before a bump either commits before the bump completes — before the new CMD runs — or not at all.
+- Redis: one script compares the marker and runs the write (a single instance: the write's keys
+  are not declared to the script, so not for Redis Cluster; fences are exact below 2^53).
+- A directory: a `gen-<fence>/` per grant, seeded with a copy of the current one, and a `current`
+  symlink renamed into place under an flock; a stale owner's writes land in its own generation,
+  which `current` no longer names. The flock must be shared by every writer's mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+MARKER_TABLE = "holdfast_fence"
+SCHEMES = ("sqlite", "postgresql", "redis", "dir")
+_GENERATION = re.compile(r"gen-(\d+)")
+
+
+class GuardError(Exception):
+    """A store could not be guarded (unreachable, refused, malformed URL)."""
+
+
+class StaleFence(GuardError):
+    """The store has seen a newer fence for the session than this write's: refused, nothing written."""
+
+
+def check_url(url: str) -> str:
+    """A guard URL of a known scheme, with what that scheme needs; GuardError says what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise GuardError(f"{url!r}: a guard is one of {', '.join(s + '://' for s in SCHEMES)}")
+    if parts.scheme in ("sqlite", "dir") and (parts.netloc or not parts.path.startswith("/")):
+        raise GuardError(f"{url!r}: {parts.scheme}:// takes an absolute path, e.g. {parts.scheme}:///var/lib/x")
+    if parts.scheme in ("postgresql", "redis") and not parts.hostname:
+        raise GuardError(f"{url!r}: {parts.scheme}:// needs a host")
+    return url
+
+
+def open_guard(url: str, connect_timeout: float = 5.0) -> Guard:
+    """The guard of `url`, connected and with its marker storage in place (GuardError otherwise)."""
+    scheme = urlsplit(check_url(url)).scheme
+    try:
+        if scheme == "sqlite":
+            # Opened and bumped from worker threads (never two at once): not tied to one thread.
+            return SqlGuard(sqlite3.connect(urlsplit(url).path, timeout=30.0, check_same_thread=False), url)
+        if scheme == "postgresql":
+            import psycopg  # only a user of PostgreSQL guards needs it
+
+            conn = psycopg.connect(url, autocommit=True, connect_timeout=max(int(connect_timeout), 1))
+            return SqlGuard(conn, url)
+        if scheme == "redis":
+            import redis  # only a user of Redis guards needs it
+
+            client = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout)
+            client.ping()
+            return RedisGuard(client, url)
+        return DirGuard(Path(urlsplit(url).path), url)
+    except GuardError:
+        raise
+    except ImportError as exc:
+        raise GuardError(f"{url}: {exc.name} is not installed (pip install 'holdfast[guards]')") from exc
+    except Exception as exc:  # each driver has its own exception tree: say which store and why
+        raise GuardError(f"{url}: {type(exc).__name__}: {exc}") from exc
+
+
+class Guard(ABC):
+    url: str
+
+    @abstractmethod
+    def bump(self, session: str, fence: int) -> None:
+        """Raises the session's marker to `fence`; StaleFence if the store has seen a newer one."""
+
+    @abstractmethod
+    def marker(self, session: str) -> int:
+        """The newest fence the store has seen for the session (0: none)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Releases the store's connection."""
+
+
+# --- SQL ----------------------------------------------------------------------------------------
+def _sqlite(conn: Any) -> bool:
+    return isinstance(conn, sqlite3.Connection)
+
+
+def _sql(conn: Any, statement: str) -> str:
+    """`statement` with `?` placeholders in the connection's own parameter style."""
+    return statement if _sqlite(conn) else statement.replace("?", "%s")
+
+
+@contextlib.contextmanager
+def _transaction(conn: Any) -> Iterator[Any]:
+    """One transaction that holds the write lock of the marker from its first statement (SQLite:
+    BEGIN IMMEDIATE in autocommit mode, restored after; PostgreSQL: the row lock of FOR SHARE)."""
+    if _sqlite(conn):
+        previous, conn.isolation_level = conn.isolation_level, None
+        cur = conn.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+        finally:
+            conn.isolation_level = previous
+        return
+    with conn.transaction(), conn.cursor() as cur:
+        yield cur
+
+
+def _ensure_marker_table(cur: Any) -> None:
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {MARKER_TABLE} (session TEXT PRIMARY KEY, "
+                "fence BIGINT NOT NULL)")
+
+
+def _raise_marker(conn: Any, cur: Any, session: str, fence: int) -> None:
+    greatest = "MAX" if _sqlite(conn) else "GREATEST"
+    cur.execute(_sql(conn, f"INSERT INTO {MARKER_TABLE} (session, fence) VALUES (?, ?) ON CONFLICT (session) "
+                           f"DO UPDATE SET fence = {greatest}({MARKER_TABLE}.fence, excluded.fence)"),
+                (session, fence))
+
+
+def _locked_marker(conn: Any, cur: Any, session: str) -> int:
+    share = "" if _sqlite(conn) else " FOR SHARE"  # SQLite: BEGIN IMMEDIATE already holds the lock
+    cur.execute(_sql(conn, f"SELECT fence FROM {MARKER_TABLE} WHERE session = ?{share}"), (session,))
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def sql_write(conn: Any, session: str, fence: int) -> Iterator[Any]:
+    """A transaction on a DB-API connection (sqlite3 or psycopg) whose writes commit only while
+    `fence` is the newest the database has seen for `session`: yields a cursor; StaleFence (and a
+    rollback) otherwise. The marker row stays locked until the commit, so no bump passes it."""
+    with _transaction(conn) as cur:
+        _ensure_marker_table(cur)  # a database no run has guarded yet has seen no fence
+        seen = _locked_marker(conn, cur, session)
+        if seen > fence:
+            raise StaleFence(f"session {session}: fence {fence} is superseded by {seen} in this database")
+        if seen < fence:
+            _raise_marker(conn, cur, session, fence)
+        yield cur
+
+
+class SqlGuard(Guard):
+    def __init__(self, conn: Any, url: str) -> None:
+        self.conn, self.url = conn, url
+        with _transaction(conn) as cur:
+            _ensure_marker_table(cur)
+
+    def bump(self, session: str, fence: int) -> None:
+        with _transaction(self.conn) as cur:
+            _raise_marker(self.conn, cur, session, fence)
+            seen = _locked_marker(self.conn, cur, session)
+        if seen != fence:
+            raise StaleFence(f"{self.url}: session {session} is at fence {seen} there, newer than {fence}")
+
+    def marker(self, session: str) -> int:
+        with _transaction(self.conn) as cur:
+            return _locked_marker(self.conn, cur, session)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --- Redis ----------------------------------------------------------------------------------------
+# KEYS[1] the marker; ARGV[1] the fence; ARGV[2..] a command to run only if the fence is current.
+_REDIS_WRITE = """
+local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
+local fence = tonumber(ARGV[1])
+if fence < seen then return redis.error_reply('STALE_FENCE ' .. seen) end
+if fence > seen then redis.call('SET', KEYS[1], ARGV[1]) end
+if #ARGV > 1 then return redis.call(unpack(ARGV, 2)) end
+return seen
+"""
+
+
+def redis_marker_key(session: str) -> str:
+    return f"holdfast:fence:{session}"
+
+
+def redis_write(client: Any, session: str, fence: int, *command: str | bytes | int) -> Any:
+    """Runs `command` (e.g. "SET", "k", "v") only while `fence` is the newest Redis has seen for
+    the session, in one script; StaleFence otherwise (nothing run)."""
+    import redis
+
+    try:
+        return client.eval(_REDIS_WRITE, 1, redis_marker_key(session), fence, *command)
+    except redis.ResponseError as exc:
+        if str(exc).startswith("STALE_FENCE"):
+            raise StaleFence(f"session {session}: fence {fence} is superseded by {str(exc).split()[1]} "
+                             "in this Redis") from None
+        raise
+
+
+class RedisGuard(Guard):
+    def __init__(self, client: Any, url: str) -> None:
+        self.client, self.url = client, url
+
+    def bump(self, session: str, fence: int) -> None:
+        try:
+            redis_write(self.client, session, fence)
+        except StaleFence as exc:
+            raise StaleFence(f"{self.url}: {exc}") from None
+
+    def marker(self, session: str) -> int:
+        return int(self.client.get(redis_marker_key(session)) or 0)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# --- a directory ----------------------------------------------------------------------------------
+def _current(root: Path) -> int:
+    """The fence of the generation `current` names (0: none yet)."""
+    try:
+        found = _GENERATION.fullmatch(os.readlink(root / "current"))
+    except FileNotFoundError:
+        return 0
+    if found is None:
+        raise GuardError(f"{root}/current names no gen-<fence> directory")
+    return int(found[1])
+
+
+def dir_write_path(root: str | os.PathLike[str], fence: int) -> Path:
+    """The directory this fence writes in: `gen-<fence>/`, while `current` names it; StaleFence
+    once a newer grant's generation is current (what is written there is then never read)."""
+    path = Path(root)
+    seen = _current(path)
+    if seen != fence:
+        raise StaleFence(f"{path}: the current generation is fence {seen}, not {fence}")
+    return path / f"gen-{fence}"
+
+
+class DirGuard(Guard):
+    def __init__(self, root: Path, url: str) -> None:
+        self.root, self.url = root, url
+        root.mkdir(parents=True, exist_ok=True)
+        _current(root)  # a `current` that names something else is refused before any grant
+
+    def bump(self, session: str, fence: int) -> None:
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            seen = _current(self.root)
+            if seen > fence:
+                raise StaleFence(f"{self.url}: generation {seen} is current, newer than fence {fence}")
+            if seen == fence:
+                return
+            made = self.root / f"gen-{fence}"
+            staging = self.root / f".gen-{fence}.staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            if seen:
+                shutil.copytree(self.root / f"gen-{seen}", staging, symlinks=True)
+            else:
+                staging.mkdir()
+            shutil.rmtree(made, ignore_errors=True)  # a bump that died between its two renames
+            staging.rename(made)
+            link = self.root / ".current.staging"
+            link.unlink(missing_ok=True)
+            link.symlink_to(made.name)
+            os.replace(link, self.root / "current")
+
+    def marker(self, session: str) -> int:
+        return _current(self.root)
+
+    def close(self) -> None:
+        """Nothing held between calls: the lock is taken per bump."""
+
+
+def bump_all(guards: Sequence[Guard], session: str, fence: int) -> None:
+    """Every store's marker raised to `fence`, in order; the first failure raises GuardError."""
+    for guard in guards:
+        try:
+            guard.bump(session, fence)
+        except GuardError:
+            raise
+        except Exception as exc:
+            raise GuardError(f"{guard.url}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,195 @@
+"""Fence guards against the real stores (issue 15): a real SQLite file, PostgreSQL and Redis servers
+started here on loopback ports, and a directory. A write lands only while its fence is the newest
+the store has seen; a bump makes the new fence the newest before the new owner writes; a stale
+write that checked before a bump either commits before the bump completes or not at all."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from holdfast.client import guards
+from holdfast.client.guards import GuardError, StaleFence
+from tests.integration.stores import free_port, postgres_server, redis_server
+
+pytestmark = pytest.mark.timeout(120)
+SESSION = "sess-guard-0001"
+BLOCKED_S = 0.5  # how long a bump must stay blocked behind a stale writer's lock to count as blocked
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+class Store:
+    """One guarded store as a writer sees it: a guarded write of `value`, and what was written."""
+
+    def __init__(self, url: str, write: Callable[[int, str], None], written: Callable[[], list[str]]) -> None:
+        self.url, self.write, self.written = url, write, written
+
+
+def sql_store(url: str, connect: Callable[[], Any], table: str) -> Store:
+    conn = connect()
+    with guards.sql_write(conn, "setup-only-0001", 1) as cur:  # makes nothing of SESSION's
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (v TEXT)")
+
+    def write(fence: int, value: str) -> None:
+        with guards.sql_write(conn, SESSION, fence) as cur:
+            cur.execute(f"INSERT INTO {table} (v) VALUES ({'?' if 'sqlite' in url else '%s'})", (value,))
+
+    def written() -> list[str]:
+        with guards.sql_write(conn, "setup-only-0001", 1) as cur:
+            cur.execute(f"SELECT v FROM {table}")
+            return sorted(r[0] for r in cur.fetchall())
+
+    return Store(url, write, written)
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "redis", "dir"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    kind = request.param
+    table = f"t_{tmp_path.name.replace('-', '_').replace('[', '_').replace(']', '_')}"
+    if kind == "sqlite":
+        url = f"sqlite://{tmp_path / 'db.sqlite'}"
+        return sql_store(url, lambda: sqlite3.connect(tmp_path / "db.sqlite", timeout=30), table)
+    if kind == "postgresql":
+        url = request.getfixturevalue("postgres")
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS {guards.MARKER_TABLE}")
+        return sql_store(url, lambda: psycopg.connect(url), table)
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+
+        def push(fence: int, value: str) -> None:
+            guards.redis_write(client, SESSION, fence, "RPUSH", "log", value)
+
+        return Store(url, push, lambda: sorted(v.decode() for v in client.lrange("log", 0, -1)))
+    root = tmp_path / "state"
+
+    def write(fence: int, value: str) -> None:
+        (guards.dir_write_path(root, fence) / value).write_text(value)
+
+    return Store(f"dir://{root}", write, lambda: sorted(p.name for p in (root / "current").iterdir()))
+
+
+def test_a_bump_makes_the_new_fence_the_newest_and_refuses_the_old_one(store: Store) -> None:
+    guard = guards.open_guard(store.url)
+    try:
+        guard.bump(SESSION, 1)
+        store.write(1, "one")
+        guard.bump(SESSION, 2)  # the new owner's fence, before it has written anything
+        assert guard.marker(SESSION) == 2
+        with pytest.raises(StaleFence):
+            store.write(1, "stale")  # the superseded owner's next write
+        store.write(2, "two")
+        assert store.written() == ["one", "two"]  # the stale write left nothing behind
+        with pytest.raises(StaleFence):
+            guard.bump(SESSION, 1)  # a marker never goes down
+        assert guard.marker(SESSION) == 2
+    finally:
+        guard.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_stale_write_checked_before_the_bump_commits_before_it_or_not_at_all(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if kind == "sqlite":
+        url = f"sqlite://{tmp_path / 'db.sqlite'}"
+        connect: Callable[[], Any] = lambda: sqlite3.connect(  # noqa: E731
+            tmp_path / "db.sqlite", timeout=30, check_same_thread=False)
+    else:
+        url = request.getfixturevalue("postgres")
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS {guards.MARKER_TABLE}")
+            admin.execute("DROP TABLE IF EXISTS interleaved")
+        connect = lambda: psycopg.connect(url)  # noqa: E731
+    guard = guards.open_guard(url)
+    stale = connect()
+    with guards.sql_write(stale, SESSION, 1) as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS interleaved (v TEXT)")
+    checked, go, bumped = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def stale_writer() -> None:
+        try:
+            with guards.sql_write(stale, SESSION, 1) as cur:  # checked: fence 1 is the newest
+                cur.execute("INSERT INTO interleaved (v) VALUES ('stale-1')")
+                checked.set()
+                go.wait(30)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    def bumper() -> None:
+        guard.bump(SESSION, 2)
+        bumped.set()
+
+    writer = threading.Thread(target=stale_writer)
+    writer.start()
+    assert checked.wait(30)
+    bump = threading.Thread(target=bumper)
+    bump.start()
+    # The bump waits for the stale writer's lock: it cannot complete while that write is open.
+    assert not bumped.wait(BLOCKED_S), "the bump passed a write that checked the old fence"
+    go.set()
+    writer.join(30)
+    bump.join(30)
+    assert bumped.is_set() and not errors
+    assert guard.marker(SESSION) == 2
+    # The stale owner's next write, after the bump:
+    with pytest.raises(StaleFence), guards.sql_write(stale, SESSION, 1) as cur:
+        cur.execute("INSERT INTO interleaved (v) VALUES ('stale-2')")
+    reader = connect()
+    with guards.sql_write(reader, SESSION, 2) as cur:
+        cur.execute("SELECT v FROM interleaved")
+        assert [r[0] for r in cur.fetchall()] == ["stale-1"]  # committed before the bump, never after
+    for conn in (stale, reader):
+        conn.close()
+    guard.close()
+
+
+def test_a_dir_guard_seeds_the_new_generation_and_hides_stale_writes(tmp_path: Path) -> None:
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    (guards.dir_write_path(root, 1) / "transcript").write_text("turn 1")
+    stale_dir = guards.dir_write_path(root, 1)
+    guard.bump(SESSION, 3)
+    assert (root / "current" / "transcript").read_text() == "turn 1"  # carried into generation 3
+    (stale_dir / "transcript").write_text("stale turn")  # a straggler that kept its old path
+    assert (root / "current" / "transcript").read_text() == "turn 1"
+    with pytest.raises(StaleFence):
+        guards.dir_write_path(root, 1)
+
+
+@pytest.mark.parametrize("url,says", [
+    ("mysql://127.0.0.1/db", "a guard is one of"),
+    ("sqlite://relative.db", "takes an absolute path"),
+    ("dir://relative", "takes an absolute path"),
+    ("redis:///0", "needs a host"),
+])
+def test_a_malformed_guard_url_is_refused_with_what_is_wrong(url: str, says: str) -> None:
+    with pytest.raises(GuardError, match=says):
+        guards.check_url(url)
+
+
+def test_an_unreachable_store_is_a_guard_error_naming_it() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with pytest.raises(GuardError, match=url):
+        guards.open_guard(url, connect_timeout=2)
