@@ -112,9 +112,14 @@ def test_status_watch_lists_then_streams_each_change_until_interrupted(cluster: 
     first = cluster.run(a, "sess-watch-001", cmd=["true"])
     assert first.wait(30) == 0, first.err()
     env = {**os.environ, "HOLDFAST_COORDINATOR": cluster.coordinator.address}
+
+    def at_a_terminal() -> None:  # SIGINT as a shell's job has it: a suite started in the background
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # of a non-interactive shell inherits it ignored
+
     watch = subprocess.Popen([*HOLDFAST, "status", "--watch", "--json"], stdout=subprocess.PIPE,
-                             text=True, env=env)
-    table = subprocess.Popen([*HOLDFAST, "status", "-w"], stdout=subprocess.PIPE, text=True, env=env)
+                             text=True, env=env, preexec_fn=at_a_terminal)
+    table = subprocess.Popen([*HOLDFAST, "status", "-w"], stdout=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=at_a_terminal)
     try:
         assert watch.stdout is not None and table.stdout is not None
         listed = json.loads(watch.stdout.readline())
