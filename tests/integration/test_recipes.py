@@ -5,15 +5,18 @@ that same conversation — one transcript, two turns, never two writers."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.run_fixtures import Cluster
+from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -53,3 +56,60 @@ def test_the_next_host_resumes_the_same_conversation(cluster: Cluster, tmp_path:
     turns = [json.loads(line)["prompt"] for line in transcripts[0].read_text().splitlines()]
     assert turns == ["turn one", "turn two"], "host 2 resumed host 1's conversation"
     assert cluster.record(sid).record.lease.fence == 2
+
+
+@pytest.fixture
+def two_mounts(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """One directory seen through two separate FUSE mounts (bindfs), as two hosts see one shared
+    home: the kernel keeps flocks per mount, so one host's lock does not exclude the other's. Made
+    before the simulated hosts start (each copies the mount table when its namespace is made)."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse on this machine: a shared home through FUSE mounts cannot be made")
+    shared, mounts = tmp_path / "shared", [tmp_path / "mount-1", tmp_path / "mount-2"]
+    made: list[Path] = []
+    for path in (shared, *mounts):
+        path.mkdir()
+    try:
+        for mount in mounts:
+            subprocess.run(["bindfs", "--no-allow-other", str(shared), str(mount)], check=True, timeout=30)
+            made.append(mount)
+        yield shared, mounts[0], mounts[1]
+    finally:
+        for mount in made:
+            subprocess.run(["fusermount", "-u", "-z", str(mount)], check=False, timeout=30)
+
+
+def test_on_a_shared_home_holdfast_is_the_lock_that_holds(two_mounts: tuple[Path, Path, Path],
+                                                           cluster: Cluster) -> None:
+    shared, mount_1, mount_2 = two_mounts
+    # What a per-host lock (Codex's thread-writer lock file) meets on such a home: no exclusion.
+    first_lock = os.open(mount_1 / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    second_lock = os.open(mount_2 / "writer.lock", os.O_RDWR)
+    try:
+        fcntl.flock(first_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(second_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # granted: the mounts do not share it
+    finally:
+        os.close(first_lock)
+        os.close(second_lock)
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-shared-home"
+    bin_dir = os.path.dirname(sys.executable)
+    env = {"PATH": f"{STANDINS}:{bin_dir}:/usr/bin:/bin", "S": sid}
+    # Host 1's writer stays on after its turn (the recipe, then it keeps working).
+    stays = recipe("claude-code").replace("exec claude", "claude") + "; exec sleep 600"
+    live = cluster.run(a, sid, "--provider", "claude-code", "--grace", "2", cmd=["sh", "-c", stays],
+                       env={**env, "CLAUDE_CONFIG_DIR": str(mount_1), "PROMPT": "turn one"})
+    until("host 1's turn", lambda: list(shared.rglob("*.jsonl")))
+    plain = ["sh", "-c", recipe("claude-code")]
+    refused = cluster.run(b, sid, "--provider", "claude-code", cmd=plain,
+                          env={**env, "CLAUDE_CONFIG_DIR": str(mount_2), "PROMPT": "not while host 1 writes"})
+    assert refused.wait(30) == 75 and "HELD" in refused.err()
+    taker = cluster.run(b, sid, "--provider", "claude-code", "--takeover", cmd=plain,
+                        env={**env, "CLAUDE_CONFIG_DIR": str(mount_2), "PROMPT": "turn two"})
+    assert taker.wait(60) == 0, taker.err()
+    # Host 1's run ended its tree on the handoff request: its sleep died of SIGTERM (143).
+    assert live.wait(30) == 143 and "handoff requested by host host-b" in live.err(), live.err()
+    transcripts = list(shared.rglob("*.jsonl"))
+    assert len(transcripts) == 1
+    assert [json.loads(line)["prompt"] for line in transcripts[0].read_text().splitlines()] == [
+        "turn one", "turn two"]
