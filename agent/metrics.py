@@ -18,7 +18,7 @@ SCANS = Counter("holdfast_agent_scans", "Scans of /proc, by whether every proces
 SCAN_UNREADABLE = Gauge("holdfast_agent_scan_unreadable_processes",
                         "Processes whose environ the last scan could not read (absence claims are off)")
 SCAN_PASSES = Histogram("holdfast_agent_scan_passes", "Passes over /proc one stable scan took",
-                        buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64))
+                        buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 256))
 ATTESTATIONS = Counter("holdfast_agent_attestations", "Trees attested, by the proof their end needs "
                        "(scan_only: no session cgroup could be made)", ["tree_proof"])
 SESSION_CGROUPS_SWEPT = Counter("holdfast_agent_session_cgroups_swept", "Empty session cgroups removed")

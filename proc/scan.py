@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
 from holdfast.proc.procstat import StatParseError, parse_stat
 
-# A pass settles only if no listed process exits between the listing and its read, so on a host
-# with steady churn each pass settles by chance (measured beside a shell loop of /bin/true, 150
-# processes, two test suites loading the machine: 31 and 48 of 100 scans settled within 8 passes,
-# 100 of 100 within 64, mean 6.5-9.7 passes, 21-32 ms). More passes grant nothing a pass would
-# not: each is judged alone. The time bound caps a large host's cost.
-MAX_PASSES = 64
+# A pass settles only if no listed process exits between the listing and its read, and none is
+# caught in the middle of an execve, so on a host with steady churn each pass settles by chance
+# (measured beside a shell loop of /bin/true, 126-150 processes: 31 and 48 of 100 scans settled
+# within 8 passes; with mid-execve processes never settling, 91-93 of 100 within 64 and 100 of 100
+# within 256, mean 21-29 passes, 33-42 ms). More passes grant nothing a pass would not: each is
+# judged alone. The time bound caps a large host's cost.
+MAX_PASSES = 256
 MAX_SECONDS = 1.0
 # Start ticks are whole clock ticks and boot time is read once per pass: allow for rounding.
 _TICK_SLACK = 2
@@ -156,12 +157,20 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             unsettled += not _settled(before, pid, stat.start_ticks, wanted)
             continue
         if not block and not stat.kernel_thread and not stat.started_without_environ:
-            # An empty environ of a live user process that was not started with an empty one (its
-            # stat shows no environ laid out): in the middle of an execve, or exiting. A carrier
-            # reads as none then, so what it carries is unknown: it never vouches for a later pass
-            # (EMPTY is not "carries nothing"), and settles only when seen so before as well, with
-            # no child the listing missed.
+            # An empty environ of a live user process that was not started with an empty one. A
+            # carrier reads as none then, so what it carries is unknown: it never vouches for a
+            # later pass (EMPTY is not "carries nothing").
             seen[pid] = (stat.start_ticks, EMPTY)
+            if not stat.env_start:
+                # No environ laid out: in the middle of an execve (the new program's environ is
+                # not written yet) or exiting. Both pass by themselves, and the first may end in a
+                # carrier, so such a process never settles a pass, however often it is seen: two
+                # passes over a small namespace fit inside one slow execve (seen under load: the
+                # gate being attested was missed, "0 tree roots carry the token").
+                unsettled += 1
+                continue
+            # Laid out yet unreadable as empty (its memory unmapped): settled only when seen so
+            # before as well, with no child the listing missed.
             unchanged = before.get(pid) == (stat.start_ticks, EMPTY)
             unsettled += not unchanged or _has_unlisted_child(proc, entry, listed)
             continue
