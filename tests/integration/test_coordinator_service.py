@@ -29,6 +29,8 @@ pytestmark = [
 ]
 
 
+REBOOT_TRIES = 12
+
 def stub(address: str) -> coordinator_pb2_grpc.CoordinatorStub:
     return coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(address))
 
@@ -243,7 +245,10 @@ def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: i
     # An open handle keeps the old namespace alive, so the kernel must give the new one another inode.
     held = os.open(f"/proc/{a.reaper_pid}/ns/pid", os.O_RDONLY) if keep_old_namespace else None
     try:
-        for _ in range(1 if keep_old_namespace else 6):  # the kernel usually reuses a freed inode
+        # The kernel gives a new namespace the lowest free inode number, so a freed one is usually
+        # reused at once; but every namespace made anywhere on the machine (another test run beside
+        # this one) may take it first, hence a few tries.
+        for _ in range(1 if keep_old_namespace else REBOOT_TRIES):
             a.reboot()
             time.sleep(2.5)  # the old registration lapses; the new incarnation registers
             register(coord, a, ttl=2)
@@ -251,7 +256,7 @@ def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: i
                    .GetHostInfo(apb.GetHostInfoRequest(), timeout=5).incarnation)
             if keep_old_namespace or new.pid_ns == old_ns:
                 return old_ns, new
-        raise AssertionError("no reboot reused the namespace inode in 6 tries")
+        raise AssertionError(f"no reboot reused the namespace inode in {REBOOT_TRIES} tries")
     finally:
         if held is not None:
             os.close(held)
