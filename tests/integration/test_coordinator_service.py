@@ -27,9 +27,8 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
 ]
-
-
 REBOOT_TRIES = 12
+
 
 def stub(address: str) -> coordinator_pb2_grpc.CoordinatorStub:
     return coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(address))
