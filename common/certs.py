@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from holdfast.common import config
 from holdfast.common.tls import ETCD_SUBDIR, Role
 
 CA_LIFETIME = datetime.timedelta(days=3650)
@@ -74,12 +75,14 @@ def init_ca(directory: Path) -> None:
     (directory / "ca.pem").write_bytes(_cert_pem(cert))
 
 
-def issue(directory: Path, role: Role, hosts: list[str]) -> Path:
-    """Issues `<file stem>.pem/.key` signed by the CA in `directory`; returns the certificate path.
+def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None) -> Path:
+    """Issues `<file stem>.pem/.key` signed by the CA in `directory`, written to `out` (default
+    `directory`); returns the certificate path.
 
     `hosts` are the DNS names or IP addresses the holder serves on (server authentication); every
     certificate is also good for client authentication, since every party is a client of another.
     """
+    out = out or directory
     ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -97,10 +100,33 @@ def issue(directory: Path, role: Role, hosts: list[str]) -> Path:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    _write_private(directory / f"{role.file_stem}.key", _key_pem(key))
-    path = directory / f"{role.file_stem}.pem"
+    _write_private(out / f"{role.file_stem}.key", _key_pem(key))
+    path = out / f"{role.file_stem}.pem"
     path.write_bytes(_cert_pem(cert))
     return path
+
+
+# Roles `certs issue` gives one at a time (etcd's own certificates come only with `certs init`).
+ISSUABLE = ("agent", "coordinator", "client", "operator", "maintenance")
+
+
+def issue_one(directory: Path, role: Role, serve_on: list[str], out: Path | None = None) -> Path:
+    """One certificate from an existing CA, for a host or a party added after `certs init`: into
+    `out` (made 0700 if missing, with a copy of ca.pem, never the CA's key), or into `directory`.
+    Refuses (FileExistsError) to replace a certificate already there. An agent's certificate also
+    names its host id, the name the coordinator checks when it dials that host's agent."""
+    if not (directory / "ca.key").exists():
+        raise FileNotFoundError(f"{directory / 'ca.key'} is missing: make the CA with `holdfast certs init "
+                                f"{directory}` first")
+    target = out or directory
+    if (target / f"{role.file_stem}.pem").exists():
+        raise FileExistsError(f"{target / (role.file_stem + '.pem')} exists; remove it to issue it again")
+    if out is not None:
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not (out / "ca.pem").exists():
+            (out / "ca.pem").write_bytes((directory / "ca.pem").read_bytes())
+    hosts = [role.name, *serve_on] if role.kind == "agent" else serve_on
+    return issue(directory, role, hosts, out)
 
 
 def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
@@ -146,6 +172,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="name or address of an etcd member, for etcd's own certificate (repeatable; "
                            "default: the --serve-on names)")
     init.set_defaults(handler=_init_command)
+    one = actions.add_parser(
+        "issue", help="issue one certificate from the CA in DIR: a host or party added after `certs init`",
+        description="Issue one certificate from the CA that `holdfast certs init DIR` made, e.g. for a "
+        "node added later: holdfast certs issue DIR --role agent --host node-7 --out node-7/ "
+        "(node-7/ then holds ca.pem and agent-node-7.pem/.key, never the CA's key). Exit status: "
+        "0 issued, 1 the CA is missing or the certificate exists, 2 bad arguments.")
+    one.add_argument("directory", type=Path, help="the CA directory (ca.pem, ca.key)")
+    one.add_argument("--role", required=True, choices=ISSUABLE)
+    one.add_argument("--host", metavar="HOST_ID", help="with --role agent: the host id it speaks for "
+                     "(the node name)")
+    one.add_argument("--serve-on", action="append", default=[], metavar="NAME_OR_IP",
+                     help="a name or address the holder serves on (repeatable; agents: the address "
+                     "coordinators dial)")
+    one.add_argument("--out", type=Path, metavar="OUTDIR",
+                     help="write the certificate, its key and a copy of ca.pem here (default: DIR)")
+    one.set_defaults(handler=_issue_command, parser=one)
 
 
 def _init_command(args: argparse.Namespace) -> int:
@@ -160,4 +202,20 @@ def _init_command(args: argparse.Namespace) -> int:
         return 1
     for path in issued:
         print(path)
+    return 0
+
+
+def _issue_command(args: argparse.Namespace) -> int:
+    if (args.role == "agent") != bool(args.host):
+        args.parser.error("--host goes with --role agent, and --role agent needs it")
+    try:
+        host = config.host_id(args.host) if args.host else ""
+    except ValueError as exc:
+        args.parser.error(f"--host: {exc}")
+    try:
+        path = issue_one(args.directory, Role(args.role, host), args.serve_on, args.out)
+    except (FileNotFoundError, FileExistsError) as exc:
+        print(f"holdfast certs: {exc}", flush=True)
+        return 1
+    print(path)
     return 0

@@ -11,12 +11,12 @@ import re
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from holdfast.common.config import HOST_ID
 from holdfast.v1 import coordinator_pb2 as pb
 
 SCHEMA_VERSION = 1
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
-HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 DATA_KEY = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 # etcd's default request limit (--max-request-bytes) is 1.5 MiB; a fenced value plus its key and the
 # transaction's compare must fit one request, so values stop at 1 MiB.

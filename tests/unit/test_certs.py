@@ -141,3 +141,43 @@ def test_a_certificate_claiming_two_roles_has_none(tmp_path: Path) -> None:
                 x509.UniformResourceIdentifier("holdfast://coordinator")]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     assert tls.role_of_certificate(both) is None
+
+
+def test_issue_adds_one_agent_for_a_later_host_with_only_what_the_node_needs(tmp_path: Path) -> None:
+    ca, node = tmp_path / "ca", tmp_path / "node-7"
+    certs.init_local(ca, [], ["127.0.0.1"])  # no host named up front
+    path = certs.issue_one(ca, Role("agent", "node-7"), ["10.0.0.7"], node)
+    cert = _load(path)
+    cert.verify_directly_issued_by(_load(ca / "ca.pem"))
+    assert tls.role_of_certificate(cert) == Role("agent", "node-7")
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["node-7"]  # what a coordinator dialling it checks
+    assert sorted(p.name for p in node.iterdir()) == ["agent-node-7.key", "agent-node-7.pem", "ca.pem"]
+    assert stat.S_IMODE(node.stat().st_mode) == 0o700
+    assert stat.S_IMODE((node / "agent-node-7.key").stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        certs.issue_one(ca, Role("agent", "node-7"), [], node)  # never replaced silently
+    with pytest.raises(FileNotFoundError, match="certs init"):
+        certs.issue_one(tmp_path / "no-ca", Role("client"), [])
+
+
+@pytest.mark.parametrize("argv,code,says", [
+    (["--role", "agent"], 2, "--role agent needs it"),
+    (["--role", "client", "--host", "node-1"], 2, "--host goes with --role agent"),
+    (["--role", "agent", "--host", "bad host"], 2, "must match"),
+    (["--role", "etcd"], 2, "invalid choice"),
+    (["--role", "operator"], 0, "operator.pem"),
+])
+def test_certs_issue_command(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int,
+                             says: str) -> None:
+    from holdfast.cli.main import main
+
+    certs.init_ca(tmp_path)
+    if code == 2:
+        with pytest.raises(SystemExit) as exited:
+            main(["certs", "issue", str(tmp_path), "--out", str(tmp_path / "out"), *argv])
+        assert exited.value.code == 2
+    else:
+        assert main(["certs", "issue", str(tmp_path), "--out", str(tmp_path / "out"), *argv]) == 0
+    out = capsys.readouterr()
+    assert says in out.out + out.err
