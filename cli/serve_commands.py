@@ -57,6 +57,9 @@ SETTINGS = [
             default=""),
     Setting("census_seconds", "HOLDFAST_CENSUS_SECONDS", seconds,
             "how often the session and host gauges are recounted from etcd", default=15.0),
+    Setting("commit_window_seconds", "HOLDFAST_COMMIT_WINDOW_SECONDS", seconds,
+            "how long a grant stays reserved for its commit before another caller may supersede it "
+            "(it can never run CMD uncommitted)", default=30.0),
     dataclasses.replace(TLS_DIR, help="certificates from `holdfast certs init`: serve mTLS only with "
                         "coordinator.pem, check callers' roles, dial agents with it"),
     Setting("etcd_tls_dir", "HOLDFAST_ETCD_TLS_DIR", config.text,
@@ -79,7 +82,7 @@ def _serve(raw: argparse.Namespace) -> int:
     try:
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls.tls_dir(args.tls_dir), etcd_tls, args.metrics_listen,
-                                 args.census_seconds, args.health_listen))
+                                 args.census_seconds, args.health_listen, args.commit_window_seconds))
     except (ValueError, FileNotFoundError) as exc:
         print(f"holdfast coordinator: {exc}", file=sys.stderr)
         return EX_USAGE

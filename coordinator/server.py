@@ -39,14 +39,15 @@ async def _learn_cluster(service: CoordinatorService, log: logging.Logger) -> No
 
 async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX,
                 tls_dir: Path | None = None, etcd_tls_dir: Path | None = None, metrics_listen: str = "",
-                census_seconds: float = 15.0, health_listen: str = "") -> None:
+                census_seconds: float = 15.0, health_listen: str = "",
+                commit_window_seconds: float = 30.0) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
     if tls_dir is not None and etcd_tls_dir is None:
         etcd_tls_dir = tls_dir / ETCD_SUBDIR
     store = Store.connect(etcd, etcd_credentials(etcd, etcd_tls_dir), prefix=prefix)
-    service = CoordinatorService(store, tls_dir)
+    service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000))
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:

@@ -84,8 +84,10 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, store: Store, agent_tls_dir: Path | None = None) -> None:
+    def __init__(self, store: Store, agent_tls_dir: Path | None = None,
+                 commit_window_ms: int = COMMIT_WINDOW_MS) -> None:
         self.store = store
+        self.commit_window_ms = commit_window_ms
         self.registry = Registry(store)
         self.router = Router(self.registry, agent_tls_dir)
         self.sessions = Sessions(store, self.registry, self.router)
@@ -206,7 +208,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             spawn_token_env=host.spawn_token_env,
             reserved_host_id=request.host_id,
             reserved_at_unix_ms=at,
-            commit_deadline_unix_ms=at + COMMIT_WINDOW_MS,
+            commit_deadline_unix_ms=at + self.commit_window_ms,
             live_on_commit=request.live_on_commit,
             grant_secret_hash=fencing.hash_secret(secret),
             last_proven_alive_at_unix_ms=old.last_proven_alive_at_unix_ms,

@@ -11,15 +11,31 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
+from tests.integration.coordinator_fixtures import Coordinator
 from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+# The coordinator's (default 30 s): a dead reserver holds its session until then, and is superseded
+# after it. Long enough for the steps before the deadline to take place under load.
+COMMIT_WINDOW_S = "8"
+
+
+@pytest.fixture
+def coordinator(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:
+    server = Coordinator(etcd.url, tmp_path, prefix, args=("--commit-window-seconds", COMMIT_WINDOW_S))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.root,
