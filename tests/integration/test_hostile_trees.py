@@ -23,7 +23,7 @@ import pytest
 from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration import unprivileged
-from tests.integration.conftest import AgentProcess, attest, mint_token, probe
+from tests.integration.conftest import AgentProcess, attest, mint_token, probe, stub_for
 from tests.integration.hostile_trees import HostileTree
 from tests.integration.run_fixtures import Cluster
 
@@ -33,7 +33,6 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 VAR = "HOLDFAST_SPAWN_TOKEN"
 P = agent_pb2.ProbeOutcome
 LIVE_PROBES = 15
-GONE_PROBES = 30
 
 
 @pytest.fixture
@@ -43,14 +42,7 @@ def shared() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def crowd() -> Iterator[None]:
-    """150 unrelated processes: a host is never just the tree under test."""
-    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(150)]
-    yield
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+CROWD = "for i in $(seq 150); do sleep 600 & done; echo up > \"$0\"; wait"
 
 
 def start_tree(tree: HostileTree, token: str) -> subprocess.Popen[bytes]:
@@ -59,13 +51,23 @@ def start_tree(tree: HostileTree, token: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_the_agent_never_reports_a_fork_hopping_tree_gone(shared: Path, crowd: None) -> None:
+def test_the_agent_never_reports_a_fork_hopping_tree_gone(shared: Path, simhosts) -> None:  # type: ignore[no-untyped-def]
+    # A host of its own (a PID namespace with its agent): the tree and 150 unrelated processes are
+    # all that is on it, as on a node, and no other test run's trees churn its process table.
+    host = simhosts("host-hopper")
+    agent = stub_for(host.agent_address)
+    crowd_up = shared / "crowd-up"
+    os.mkfifo(crowd_up)
+    host.spawn(["sh", "-c", CROWD, str(crowd_up)])
+    with open(crowd_up) as f:
+        assert f.read().strip() == "up"
     tree = HostileTree(shared, "hopper")
     token = mint_token()
-    agent = AgentProcess(shared, "host-hopper")
-    root = start_tree(tree, token)
+    root = host.spawn(tree.argv, env={**os.environ, **tree.env, VAR: token})
+    tree.wait_up()
     # Attested without a session, so no cgroup: the scan alone must prove (or not) the tree gone.
-    identity = attest(agent.stub, token, root.pid)
+    # The hint: the root as the host numbers it (the hopping branch's orphans are roots too).
+    identity = attest(agent, token, host.host_pid(root))
     tree.end_root()  # the root is gone; only the hopping branch carries the token, never staying put
     root.wait(10)
     try:
@@ -73,26 +75,18 @@ def test_the_agent_never_reports_a_fork_hopping_tree_gone(shared: Path, crowd: N
         # Each probe's scan runs up to 256 passes (1 s) while the hopper lives: 15 probes try more
         # passes than the 60 one-to-eight-pass probes that first showed the hole (198 of 200).
         for _ in range(LIVE_PROBES):
-            result = probe(agent.stub, identity, check_tree=True)
-            # The root is proven dead: its pid absent, or (pid_max is 32768 here, and the hopper
-            # burns pids) already reused by another process, whose pidfs inode differs.
+            result = probe(agent, identity, check_tree=True)
+            # The root is proven dead: its pid absent, or already reused by another process (the
+            # hopper burns pids), whose pidfs inode differs.
             assert result.outcome in (P.PID_ABSENT, P.IDENTITY_MISMATCH), result
             called_gone += result.tree_gone
         assert tree.alive()
         assert called_gone == 0, f"{called_gone} of {LIVE_PROBES} probes called a live hopping tree gone"
         tree.end()
-        # Liveness, not safety: a pass is unsettled whenever any process of this (shared) pid
-        # namespace exits between the listing and its read, and a copy of the suite running beside
-        # this one churns it with hopping trees of its own. So the proof may take a few probes.
-        for _ in range(GONE_PROBES):
-            gone = probe(agent.stub, identity, check_tree=True)
-            if gone.tree_gone:
-                break
-        assert gone.tree_gone, f"once the tree is gone a stable scan says so within {GONE_PROBES} " \
-                               f"probes: {gone.tree_reason}"
+        gone = probe(agent, identity, check_tree=True)
+        assert gone.tree_gone, "once the tree is gone a stable scan says so: " + gone.tree_reason
     finally:
         tree.end()
-        agent.stop()
 
 
 def test_an_agent_restarted_with_another_token_variable_proves_nothing(shared: Path) -> None:
