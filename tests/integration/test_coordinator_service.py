@@ -236,7 +236,7 @@ def _own(coord, host: SimulatedHost, sid: str) -> tuple[pb.Grant, subprocess.Pop
 def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: ignore[no-untyped-def]
     """Host a owns sid, then reboots: (old pid ns inode, the new incarnation a registers)."""
     register(coord, a, ttl=2)
-    register(coord, b)
+    taker_lease = register(coord, b)
     _own(coord, a, sid)
     assert coord.ProbeSession(pb.ProbeSessionRequest(session_id=sid), timeout=30).verdict == "held"
     owner = coord.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.lease.owner
@@ -251,6 +251,9 @@ def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: i
             a.reboot()
             time.sleep(2.5)  # the old registration lapses; the new incarnation registers
             register(coord, a, ttl=2)
+            # b, the taker, has no agent heartbeating for it here: keep its registration live
+            # through every try (its 10 s lease lapsed when more than three were needed).
+            coord.Heartbeat(pb.HeartbeatRequest(host_id=b.host_id, lease_id=taker_lease), timeout=5)
             new = (agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(a.agent_address))
                    .GetHostInfo(apb.GetHostInfoRequest(), timeout=5).incarnation)
             if keep_old_namespace or new.pid_ns == old_ns:
