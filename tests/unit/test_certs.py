@@ -146,7 +146,7 @@ def test_a_certificate_claiming_two_roles_has_none(tmp_path: Path) -> None:
 def test_issue_adds_one_agent_for_a_later_host_with_only_what_the_node_needs(tmp_path: Path) -> None:
     ca, node = tmp_path / "ca", tmp_path / "node-7"
     certs.init_local(ca, [], ["127.0.0.1"])  # no host named up front
-    path = certs.issue_one(ca, Role("agent", "node-7"), ["10.0.0.7"], node)
+    path = certs.issue_one(ca, Role("agent", "node-7"), ["127.0.0.7"], node)
     cert = _load(path)
     cert.verify_directly_issued_by(_load(ca / "ca.pem"))
     assert tls.role_of_certificate(cert) == Role("agent", "node-7")
