@@ -26,9 +26,9 @@ from holdfast.v1 import coordinator_pb2_grpc
 N = 10_000
 
 
-async def populate(url: str) -> None:
+async def populate(url: str, n: int = N) -> None:
     store = Store.connect(url, prefix=DEFAULT_PREFIX)
-    for start in range(0, N, 100):  # etcd's default limit is 128 operations per transaction
+    for start in range(0, n, 100):  # etcd's default limit is 128 operations per transaction
         puts = []
         for i in range(start, start + 100):
             rec = records.new_record(f"session-{i:06d}", "codex", "/work")

@@ -1,0 +1,213 @@
+"""Every headline figure of docs/benchmarks.md in one run, each held against a floor measured in the
+same run on the same machine (absolute times on a shared machine move; the ratio to the floor
+measured beside it does not). Prints one table, or `--json`; asserts nothing, never fails on a
+missed goal. Run: bench/all [--runs N] [--json]
+
+Floors (docs/benchmarks.md, *Floors*): an etcd write (one put, fsync on, data on disk), a gRPC unary
+(grpc.health.v1 Check on an agent), a fork/exec of `sh -c true`, an interpreter that imports grpc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_coordinator import cycles, direct_cas, probe_latency
+from bench_coordinator_list import populate
+from bench_handoff import Bench, pct
+
+from holdfast.coordinator.store import DEFAULT_PREFIX, Put, Store
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+
+LIST_RECORDS = 10_000
+PAGE = 500
+
+
+@dataclass
+class Figure:
+    figure: str
+    value: float
+    unit: str
+    floor_name: str
+    floor: float
+    goal_ratio: float
+    higher_is_better: bool = False
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.floor if self.floor else float("inf")
+
+    @property
+    def goal(self) -> str:
+        return f"{'>=' if self.higher_is_better else '<='} {self.goal_ratio:g}x"
+
+    @property
+    def met(self) -> bool:
+        return self.ratio >= self.goal_ratio if self.higher_is_better else self.ratio <= self.goal_ratio
+
+
+def progress(message: str) -> None:
+    print(f"[bench/all {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def p50_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def timed(action: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - t)
+    return samples
+
+
+async def etcd_write_samples(url: str, n: int) -> list[float]:
+    store = Store.connect(url, prefix="/bench-floor/")
+    samples = []
+    for i in range(n):
+        t = time.perf_counter()
+        await store.txn([], [Put(store.key("w"), str(i).encode())])
+        samples.append(time.perf_counter() - t)
+    await store.close()
+    return samples
+
+
+async def bare_range_ms(url: str) -> float:
+    """The same keys ListSessions reads, in pages of the same size, with nothing decoded."""
+    store = Store.connect(url, prefix=DEFAULT_PREFIX)
+    prefix, after = store.key("sessions", ""), ""
+    t = time.perf_counter()
+    while True:
+        entries, more = await store.list_prefix(prefix, start_after=after, limit=PAGE)
+        if not more:
+            break
+        after = entries[-1].key
+    elapsed = time.perf_counter() - t
+    await store.close()
+    return elapsed * 1000
+
+
+def list_sessions_ms(address: str) -> float:
+    stub = coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(address))
+    t, token = time.perf_counter(), ""
+    while True:
+        page = stub.ListSessions(pb.ListSessionsRequest(page_size=PAGE, page_token=token), timeout=60)
+        token = page.next_page_token
+        if not token:
+            return (time.perf_counter() - t) * 1000
+
+
+def measure(runs: int) -> tuple[dict[str, float], list[Figure]]:
+    floors: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="holdfast-bench-all-") as tmp:
+        progress("starting the stack of `holdfast up --hosts 2` (etcd on disk, fsync on)")
+        bench = Bench(Path(tmp))
+        try:
+            assert bench.stack.etcd is not None
+            url = bench.stack.etcd.url
+            progress("floors: etcd write, gRPC unary, fork/exec, interpreter + grpc")
+            floors["etcd write"] = p50_ms(asyncio.run(etcd_write_samples(url, 300)))
+            health = health_pb2_grpc.HealthStub(grpc.insecure_channel(bench.host1.agent_address))
+            floors["gRPC unary"] = p50_ms(timed(lambda: health.Check(health_pb2.HealthCheckRequest()), 500))
+            floors["fork/exec"] = p50_ms(timed(lambda: subprocess.run(["sh", "-c", "true"], check=True), 100))
+            floors["interpreter + grpc"] = p50_ms(timed(
+                lambda: subprocess.run([sys.executable, "-c", "import grpc"], check=True), 15))
+            floors["3 get+CAS"] = 3000 / asyncio.run(direct_cas(url, 1, 300))
+            floors["get+CAS/s, 32 tasks on 32 keys"] = asyncio.run(
+                direct_cas(url, 32, 40, distinct_keys=True))
+
+            progress(f"takeover after kill -9, {runs} runs")
+            crash = []
+            for i in range(runs):
+                crash.append(bench.crash_takeover(i))
+                progress(f"  takeover {i + 1}/{runs}: {crash[-1] * 1000:.1f} ms")
+            progress(f"cooperative handoff and free start, {runs} runs each")
+            coop, free = [], []
+            for i in range(runs):
+                took, base = bench.cooperative(i)
+                coop.append(took)
+                free.append(base)
+                progress(f"  handoff {i + 1}/{runs}: {took * 1000:.1f} ms (free start {base * 1000:.1f} ms)")
+
+            progress("full cycles: 1 client, then 32 clients on distinct sessions")
+            _, split = asyncio.run(cycles(bench.stack.address, 1, bench.host1))
+            rate32, _ = asyncio.run(cycles(bench.stack.address, 32, bench.host1))
+            progress("ProbeSession of a live remote owner, 500 calls")
+            probe_p50, _ = asyncio.run(probe_latency(bench.stack.address, bench.host1))
+            progress(f"ListSessions over {LIST_RECORDS:,} records")
+            asyncio.run(populate(url, LIST_RECORDS))
+            bare_ms = asyncio.run(bare_range_ms(url))
+            listed_ms = list_sessions_ms(bench.stack.address)
+        finally:
+            bench.stop()
+
+    takeover_floor = 3 * floors["etcd write"] + 2 * floors["gRPC unary"] + floors["fork/exec"]
+    start_floor = floors["interpreter + grpc"] + 2 * floors["gRPC unary"]
+    cycle_floor = floors["3 get+CAS"] + 2 * floors["gRPC unary"]
+    figures = [
+        Figure("takeover after kill -9, p50 (kill → next CMD running)", p50_ms(crash), "ms",
+               "L = 3 etcd writes + 2 unaries + fork/exec", takeover_floor, 3),
+        Figure("takeover after kill -9, p99", pct(crash, 0.99) * 1000, "ms", "L", takeover_floor, 8),
+        Figure("`run` on a free session, p50 (start → CMD running)", p50_ms(free), "ms",
+               "F = interpreter + grpc + 2 unaries", start_floor, 1.4),
+        Figure("cooperative handoff, p50 (run --takeover start → CMD running)", p50_ms(coop), "ms",
+               "the free start", p50_ms(free), 1.05),
+        Figure("full cycle, 1 client (acquire + commit + release RPCs)", sum(split.values()), "ms",
+               "3 bare get+CAS + 2 bare unaries", cycle_floor, 2),
+        Figure("full cycles, 32 clients on distinct sessions", rate32, "/s",
+               "bare get+CAS/s, 32 tasks on 32 keys", floors["get+CAS/s, 32 tasks on 32 keys"], 0.1,
+               higher_is_better=True),
+        Figure("ProbeSession of a live remote owner, p50", probe_p50, "ms", "2 bare unaries",
+               2 * floors["gRPC unary"], 2.5),
+        Figure(f"ListSessions over {LIST_RECORDS:,} records (pages of {PAGE})", listed_ms, "ms",
+               "bare etcd range, same keys and pages", bare_ms, 2),
+    ]
+    return floors, figures
+
+
+def table(floors: dict[str, float], figures: list[Figure]) -> str:
+    lines = ["| floor | measured |", "|---|---|"]
+    lines += [f"| {name} | {value:.2f} {'/s' if name.endswith('/s') or '/s,' in name else 'ms'} |"
+              for name, value in floors.items()]
+    lines += ["", "| figure | value | floor | floor value | ratio | goal | met |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {f.figure} | {f.value:.2f} {f.unit} | {f.floor_name} | {f.floor:.2f} {f.unit} | "
+              f"{f.ratio:.2f}x | {f.goal} | {'yes' if f.met else '**no**'} |" for f in figures]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="takeovers and handoffs to measure (default 15)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = parser.parse_args()
+    started = time.monotonic()
+    floors, figures = measure(args.runs)
+    if args.json:
+        rows = [{**asdict(f), "ratio": f.ratio, "goal": f.goal, "met": f.met} for f in figures]
+        print(json.dumps({"floors": floors, "seconds": round(time.monotonic() - started, 1), "figures": rows},
+                         indent=2))
+    else:
+        print(table(floors, figures))
+        print(f"\n(bench/all took {time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
