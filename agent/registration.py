@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 
 from holdfast.agent import hostinfo, metrics
-from holdfast.agent.service import VERSION
 from holdfast.common import tls
+from holdfast.common.version import VERSION
 from holdfast.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("holdfast.agent.registration")

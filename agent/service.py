@@ -22,6 +22,7 @@ from holdfast.agent.exit_watch import ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
+from holdfast.common.version import VERSION
 from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
 from holdfast.proc.environ import read_proc_file, read_value
@@ -37,7 +38,6 @@ SWEEP_EVERY_S = 30.0
 MAX_BATCH = 1024
 MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
 MAX_KILL_WAIT = 60.0
-VERSION = "0.1.0"
 
 
 class InvalidRequest(ValueError):

@@ -8,6 +8,7 @@ command ended by a closed pipe) when the reader of stdout went away, e.g. `holdf
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -15,11 +16,23 @@ import sys
 
 import grpc
 
-from holdfast.agent.service import VERSION
-from holdfast.cli import agent_commands as agent_commands
-from holdfast.cli import completion, lifecycle_commands, run_commands, serve_commands
-from holdfast.common import certs
-from holdfast.localstack import up
+from holdfast.cli import completion
+from holdfast.common.version import VERSION
+
+# The module that contributes each top-level command. Parsing a known command imports only its own
+# module: `run` starts every session, and importing every part (the agent, the coordinator's etcd
+# client, certificate making, the local stack) cost more than the interpreter and grpc together
+# (docs/benchmarks.md, *`run` on a free session*). tests/unit/test_cli_commands.py keeps this map
+# equal to what each module registers.
+COMMANDS = {
+    "agent": "holdfast.cli.agent_commands",
+    "certs": "holdfast.common.certs",
+    "coordinator": "holdfast.cli.serve_commands",
+    **dict.fromkeys(["run", "put", "handle", "get", "status", "show", "probe", "recover", "hosts"],
+                    "holdfast.cli.run_commands"),
+    **dict.fromkeys(["drain", "admin"], "holdfast.cli.lifecycle_commands"),
+    **dict.fromkeys(["up", "exec"], "holdfast.localstack.up"),
+}
 
 EX_USAGE = 2
 EX_PIPE = 128 + 13  # SIGPIPE
@@ -38,7 +51,8 @@ def _version(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with `only` (a key of COMMANDS) just `version` and that command's module."""
     parser = argparse.ArgumentParser(prog="holdfast", description="At most one live writer per session.")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -46,19 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "`holdfast hosts`)")
     version.add_argument("--json", action="store_true", help="print one JSON document")
     version.set_defaults(handler=_version)
-    agent_commands.register(sub)
-    certs.register(sub)
-    serve_commands.register(sub)
-    run_commands.register(sub)
-    lifecycle_commands.register(sub)
-    up.register(sub)
-    completion.register(sub, parser)  # last: it completes every command registered above
+    modules = [COMMANDS[only]] if only else list(dict.fromkeys(COMMANDS.values()))
+    for module in modules:
+        importlib.import_module(module).register(sub)
+    if not only:
+        completion.register(sub, parser)  # last: it completes every command registered above
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below

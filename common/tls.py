@@ -12,9 +12,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from cryptography import x509
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 ROLE_SCHEME = "holdfast"
 # `etcd` is only ever issued by the separate etcd CA (`<tls dir>/etcd/`), which holdfast's servers
@@ -53,6 +56,10 @@ def role_from_uri(uri: str) -> Role | None:
 
 
 def role_of_certificate(cert: x509.Certificate) -> Role | None:
+    # Imported here, not above: only servers read certificates, and x509 costs a runtime's `run`
+    # a fifth of its start (docs/benchmarks.md) for a channel that never needs it.
+    from cryptography import x509
+
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -68,6 +75,8 @@ def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
     pems = context.auth_context().get("x509_pem_cert", [])
     if len(pems) != 1:
         return None
+    from cryptography import x509  # as in role_of_certificate
+
     return role_of_certificate(x509.load_pem_x509_certificate(pems[0]))
 
 

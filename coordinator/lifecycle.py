@@ -106,20 +106,13 @@ class Lifecycle:
         """The gates of a grant to `host_id`, each refused with its reason (nothing written): no
         restore pending, the host registered, the host not draining. Returns the registration and
         the three reads, which the grant's (and a force-pending's) transaction compares."""
-        # Independent reads, one round trip's wait: a grant is on every client's start path.
-        reg_read, drain_read, restore_read = await asyncio.gather(
+        return judge_grant_gates(host_id, await self.read_grant_gates(host_id))
+
+    async def read_grant_gates(self, host_id: str) -> list[Seen]:
+        """What `judge_grant_gates` decides on, read together: a grant is on every client's start path."""
+        return list(await asyncio.gather(
             self.sessions.registry.seen(host_id), self.store.read(self._drain_key(host_id)),
-            self.store.read(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)))
-        if restore_read.entry is not None:
-            why = restore_read.entry.value.decode(errors="replace")[:200]
-            raise CoordinatorError("RESTORE_PENDING", f"etcd was restored from a backup and restore-epoch "
-                                   f"has not finished ({why}); no grants until it has")
-        host = registry.decode(reg_read)
-        if host is None:
-            raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no live agent registration")
-        if drain_read.entry is not None:
-            raise CoordinatorError("HOST_DRAINING", f"host {host_id} is draining; no grants there")
-        return host, [reg_read, drain_read, restore_read]
+            self.store.read(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY))))
 
     def _floor_key(self) -> str:
         return self.store.key("new-session-floor")
@@ -335,7 +328,8 @@ class Lifecycle:
 
     async def _stop_orphans(self, host_id: str, known: set[str]) -> pb.RestoreEpochHost:
         row = pb.RestoreEpochHost(host_id=host_id)
-        stub = await self.sessions.router.agent(host_id)
+        reg = await self.sessions.registry.get(host_id)
+        stub = self.sessions.router.agent(reg)
         if stub is None:
             row.error = "registration vanished; run restore-epoch again once it is back"
             return row
@@ -346,11 +340,26 @@ class Lifecycle:
             return row
         row.complete, row.roots = listing.complete, len(listing.roots)
         for identity in lifecycle_rules.orphans(listing.roots, known):
-            result = await self.sessions.router.kill(identity, KILL_WAIT_S)
+            result = await self.sessions.router.kill(identity, reg, KILL_WAIT_S)
             stopped = lifecycle_rules.orphan_stopped(result)
             (row.orphans_stopped if stopped else row.orphans_not_stopped).append(
                 f"pid {identity.pid}" + ("" if stopped else f": {result.tree_reason or result.reason}"))
         return row
+
+
+def judge_grant_gates(host_id: str, reads: list[Seen]) -> tuple[pb.HostRegistration, list[Seen]]:
+    """`read_grant_gates`' reads judged: the registration and the reads, or the first gate closed."""
+    reg_read, drain_read, restore_read = reads
+    if restore_read.entry is not None:
+        why = restore_read.entry.value.decode(errors="replace")[:200]
+        raise CoordinatorError("RESTORE_PENDING", f"etcd was restored from a backup and restore-epoch "
+                               f"has not finished ({why}); no grants until it has")
+    host = registry.decode(reg_read)
+    if host is None:
+        raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no live agent registration")
+    if drain_read.entry is not None:
+        raise CoordinatorError("HOST_DRAINING", f"host {host_id} is draining; no grants there")
+    return host, reads
 
 
 def _floor(read: Seen) -> int:

@@ -2,25 +2,59 @@
 
 Guarantee: registration is create-only while the previous registration's lease lives, so a second
 agent claiming a live host id is refused; a heartbeat renews only the lease that registration holds.
+
+Reads for decisions come from a cache that an etcd watch keeps (`follow`), so a probe, a commit or a
+grant reads no registration from etcd. The cache cannot grant anything a fresh read would refuse:
+every decision compares the registration it read, on its mod revision, in its own transaction, so
+a cached entry that is no longer current makes that transaction lose and nothing is written. A
+host the cache does not hold is read from etcd, so a refusal (HOST_NOT_REGISTERED) never rests on
+a watch that lags; while no watch is established every read goes to etcd.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
+import grpc
+
 from holdfast.coordinator import records
 from holdfast.coordinator.errors import CoordinatorError
-from holdfast.coordinator.store import Put, Seen, Store, absent
+from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, StoreUnavailable, absent
 from holdfast.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger(__name__)
 MIN_TTL, DEFAULT_TTL, MAX_TTL = 2, 10, 60
+REFOLLOW_S = 1.0
 
 
 class Registry:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._cache: dict[str, Entry] | None = None  # None: not following, read etcd
+        self.following = asyncio.Event()  # set while the cache follows etcd (tests wait on it)
+
+    async def follow(self) -> None:
+        """Keeps the cache equal to etcd's registrations through a watch; runs until cancelled. A
+        lost watch (etcd unreachable, compacted) drops the cache until a new listing replaces it."""
+        prefix = self.store.key("hosts", "")
+        while True:
+            try:
+                entries, revision = await self.store.snapshot_prefix(prefix)
+                self._cache = {entry.key: entry for entry in entries}
+                self.following.set()
+                async for change in self.store.watch_prefix(prefix, revision + 1):
+                    if isinstance(change, str):
+                        self._cache.pop(change, None)
+                    else:
+                        self._cache[change.key] = change
+            except (StoreUnavailable, Compacted, grpc.aio.AioRpcError) as exc:
+                log.warning("registration watch lost (%s); reading etcd until it is back", exc)
+            finally:
+                self._cache = None
+                self.following.clear()
+            await asyncio.sleep(REFOLLOW_S)
 
     def _key(self, host_id: str) -> str:
         return self.store.key("hosts", host_id)
@@ -64,7 +98,9 @@ class Registry:
 
     async def seen(self, host_id: str) -> Seen:
         """The registration as a decision reads it, to be compared in that decision's transaction."""
-        return await self.store.read(self._key(host_id))
+        key = self._key(host_id)
+        cached = self._cache.get(key) if self._cache is not None else None
+        return Seen(key, cached) if cached is not None else await self.store.read(key)
 
     async def list(self) -> list[pb.HostRegistration]:
         entries, _ = await self.store.list_prefix(self.store.key("hosts", ""))

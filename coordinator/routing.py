@@ -1,7 +1,10 @@
 """Calls to the owner host's agent (docs/design.md §4): only coordinators call agents.
 
 Guarantee: a host without registration, an unreachable agent or a timeout yields an INDETERMINATE
-probe result naming that reason — after bounded tenacity retries — never a proof of death.
+probe result naming that reason — after bounded tenacity retries — never a proof of death. Each call
+goes to the address of the registration its caller read and compares in its decision's
+transaction, never to one read again here: the agent that answered is the one the decision names,
+and a probe costs no etcd read of its own.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 from holdfast.common import tls
 from holdfast.common.tls import Role
 from holdfast.coordinator import metrics
-from holdfast.coordinator.registry import Registry
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc
+from holdfast.v1 import coordinator_pb2 as pb
 
 CALL_TIMEOUT_S = 2.0
 RETRY_BUDGET_S = 3.0
@@ -35,21 +38,20 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class Router:
-    def __init__(self, registry: Registry, tls_dir: Path | None = None) -> None:
-        self.registry = registry
+    def __init__(self, tls_dir: Path | None = None) -> None:
         self.tls_dir = tls_dir
         self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
 
-    async def agent(self, host_id: str) -> agent_pb2_grpc.HostAgentStub | None:
-        reg = await self.registry.get(host_id)
+    def agent(self, reg: pb.HostRegistration | None) -> agent_pb2_grpc.HostAgentStub | None:
+        """A stub for the agent `reg` registered (one long-lived channel per host and address)."""
         if reg is None:
             return None
-        channel = self._channels.get((reg.address, host_id))
+        channel = self._channels.get((reg.address, reg.host_id))
         if channel is None:
             # With TLS the agent at the registered address must hold host_id's own certificate: a
             # registration pointing at another host's agent gets no answer, hence indeterminate.
-            channel = self._channels[(reg.address, host_id)] = tls.open_channel(
-                reg.address, self.tls_dir, Role("coordinator"), server_name=host_id)
+            channel = self._channels[(reg.address, reg.host_id)] = tls.open_channel(
+                reg.address, self.tls_dir, Role("coordinator"), server_name=reg.host_id)
         return agent_pb2_grpc.HostAgentStub(channel)
 
     async def _call(self, method, request, timeout: float = CALL_TIMEOUT_S):  # type: ignore[no-untyped-def]
@@ -63,14 +65,16 @@ class Router:
                 return await method(request, timeout=timeout)
         raise AssertionError("unreachable: tenacity reraises")
 
-    async def probe(self, owner: apb.ProcessIdentity, check_tree: bool = True) -> apb.ProbeResult:
+    async def probe(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                    check_tree: bool = True) -> apb.ProbeResult:
         started = time.monotonic()
-        result = await self._probe(owner, check_tree)
+        result = await self._probe(owner, reg, check_tree)
         metrics.observe_probe(owner.host_id, result, time.monotonic() - started)
         return result
 
-    async def _probe(self, owner: apb.ProcessIdentity, check_tree: bool) -> apb.ProbeResult:
-        stub = await self.agent(owner.host_id)
+    async def _probe(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                     check_tree: bool) -> apb.ProbeResult:
+        stub = self.agent(reg)
         if stub is None:
             return indeterminate(f"host {owner.host_id} has no live registration")
         try:
@@ -82,14 +86,16 @@ class Router:
             return indeterminate(f"agent of {owner.host_id} answered {len(resp.results)} results, not one")
         return resp.results[0]
 
-    async def kill(self, owner: apb.ProcessIdentity, wait_seconds: float) -> apb.ProbeResult:
+    async def kill(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                   wait_seconds: float) -> apb.ProbeResult:
         started = time.monotonic()
-        result = await self._kill(owner, wait_seconds)
+        result = await self._kill(owner, reg, wait_seconds)
         metrics.observe_probe(owner.host_id, result, time.monotonic() - started)
         return result
 
-    async def _kill(self, owner: apb.ProcessIdentity, wait_seconds: float) -> apb.ProbeResult:
-        stub = await self.agent(owner.host_id)
+    async def _kill(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                    wait_seconds: float) -> apb.ProbeResult:
+        stub = self.agent(reg)
         if stub is None:
             return indeterminate(f"host {owner.host_id} has no live registration")
         try:
@@ -101,12 +107,13 @@ class Router:
             return indeterminate(f"agent of {owner.host_id} did not kill: {exc.code().name} {exc.details()}")
         return resp.result
 
-    async def wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> None:
+    async def wait_exit(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                        seconds: float) -> None:
         """Returns at the owner's first exit event from its agent, or when `seconds` pass.
 
         It proves nothing by itself: the caller re-reads and re-adjudicates with a fresh probe.
         """
-        stub = await self.agent(owner.host_id)
+        stub = self.agent(reg)
         if stub is None:
             return
         call = stub.WatchExits(apb.WatchExitsRequest(owners=[owner]), timeout=seconds)
@@ -119,11 +126,11 @@ class Router:
         finally:
             call.cancel()
 
-    async def attest(self, host_id: str, token: str, pid_hint: int, session_id: str,
-                     fence: int) -> apb.ProcessIdentity | str:
+    async def attest(self, host_id: str, reg: pb.HostRegistration | None, token: str, pid_hint: int,
+                     session_id: str, fence: int) -> apb.ProcessIdentity | str:
         """The attested identity (the agent moved the root into a session cgroup named for this
         session and fence), or why there is none."""
-        stub = await self.agent(host_id)
+        stub = self.agent(reg)
         if stub is None:
             return f"host {host_id} has no live registration"
         try:

@@ -57,6 +57,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     metrics_address = serving_.start_metrics(metrics_listen)
     census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds)) \
         if metrics_address else None
+    following = asyncio.create_task(service.registry.follow())
     log.info("coordinator serving", extra={"fields": {"address": serving.address, "etcd": etcd,
                                                       "prefix": prefix, "health": serving.health_address,
                                                       "tls": tls_dir is not None,
@@ -66,6 +67,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     await _learn_cluster(service, log)
     serving_.announce(ready_file, serving, metrics_address)
     await serving_.until_stop_signal()
+    following.cancel()
     if census is not None:
         census.cancel()
     await serving_.drain(serving, DRAIN_SECONDS)

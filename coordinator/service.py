@@ -9,6 +9,7 @@ that compares every precondition of the grant); indeterminate never grants.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,6 +23,7 @@ from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
+from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import (
@@ -89,7 +91,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.store = store
         self.commit_window_ms = commit_window_ms
         self.registry = Registry(store)
-        self.router = Router(self.registry, agent_tls_dir)
+        self.router = Router(agent_tls_dir)
         self.sessions = Sessions(store, self.registry, self.router)
         self.lifecycle = lifecycle.Lifecycle(self.sessions)
         self.cluster = ClusterIdentity(store)
@@ -128,11 +130,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise records.InvalidInput("wait_seconds must be in 0..3600")
         ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
         ops_key = self.store.key("ops", sid, ohash)
-        replay = await self.store.get(ops_key)
+        # Everything a first decision reads, in one round trip's wait: the replay, the record and
+        # the grant's gates (compared in the grant's transaction like every other read).
+        replay, first_read, first_gates = await asyncio.gather(
+            self.store.get(ops_key), self.sessions.read(sid),
+            self.lifecycle.read_grant_gates(request.host_id))
         if replay is not None:
             stored = records.json_format.Parse(replay.value, pb.AcquireResponse())
-            _, current = await self.sessions.read(sid)
-            if not adjudication.replay_still_valid(stored.grant.fence, current):
+            if not adjudication.replay_still_valid(stored.grant.fence, first_read[1]):
                 raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
             return stored
         ask = AcquireAsk(
@@ -144,7 +149,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            entry, record = await self.sessions.read(sid)
+            if attempts == 1:
+                (entry, record), gate_reads = first_read, first_gates
+            else:
+                (entry, record), gate_reads = await asyncio.gather(
+                    self.sessions.read(sid), self.lifecycle.read_grant_gates(request.host_id))
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
             reads: list[Seen] = []
             if verdict.action is Action.PROBE and record is not None:
@@ -166,11 +175,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 held = verdict
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
-                await self.router.wait_exit(record.lease.owner, remaining)
+                owner = record.lease.owner
+                await self.router.wait_exit(owner, await self.registry.get(owner.host_id), remaining)
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
-            response = await self._grant(entry, record, request, verdict, ops_key, reads)
+            response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads)
             if response is not None:
                 if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
                     metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - started)
@@ -186,12 +196,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         request: pb.AcquireRequest,
         verdict: adjudication.Verdict,
         ops_key: str,
+        gate_reads: list[Seen],
         reads: Sequence[Seen] = (),
     ) -> pb.AcquireResponse | None:
         """The grant transaction, comparing the record, what the verdict read (the owner host's
         registration when probed), the grant's gates and, for an id with no record, the archive
         record and floor its first fence came from. None when it lost a race."""
-        host, gates = await self.lifecycle.grant_gates(request.host_id)
+        host, gates = lifecycle.judge_grant_gates(request.host_id, gate_reads)
         reads = [*reads, *gates]
         if record is None:
             record, floors = await self.lifecycle.revived(request.session_id, request.provider,
@@ -268,8 +279,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         # re-registered meanwhile (another incarnation, another token variable) makes it retry.
         registration = await self.registry.seen(lease.reserved_host_id)
         identity = await self.router.attest(
-            lease.reserved_host_id, lease.reserved_spawn_token, request.pid_hint, record.session_id,
-            lease.fence)
+            lease.reserved_host_id, decode_registration(registration), lease.reserved_spawn_token,
+            request.pid_hint, record.session_id, lease.fence)
         if isinstance(identity, str):
             raise CoordinatorError("ATTESTATION_FAILED", identity)
         if (identity.spawn_token != lease.reserved_spawn_token or identity.host_id != lease.reserved_host_id

@@ -19,6 +19,7 @@ from holdfast.coordinator import adjudication, fencing, records
 from holdfast.coordinator.adjudication import AcquireAsk
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
+from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.store import Entry, Put, Seen, Store, unchanged
 from holdfast.v1 import agent_pb2 as apb
@@ -106,9 +107,10 @@ class Sessions:
         registration as read first: the proof came from the agent it names, so a decision on the
         answer compares it (a heartbeat does not change it; a new registration does)."""
         registration = await self.registry.seen(owner.host_id)
+        reg = decode_registration(registration)
         if kill:
-            return await self.router.kill(owner, KILL_WAIT_S), registration
-        return await self.router.probe(owner, check_tree=True), registration
+            return await self.router.kill(owner, reg, KILL_WAIT_S), registration
+        return await self.router.probe(owner, reg, check_tree=True), registration
 
     async def judge_probed(
         self, record: pb.SessionRecord

@@ -182,6 +182,13 @@ class Store:
             sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY))
         return [_entry(kv) for kv in resp.kvs], bool(resp.more)
 
+    async def snapshot_prefix(self, prefix: str) -> tuple[list[Entry], int]:
+        """Every key under prefix, and the revision they were read at (a watch from revision + 1
+        then misses no change)."""
+        raw = prefix.encode()
+        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=raw, range_end=_range_end(raw)))
+        return [_entry(kv) for kv in resp.kvs], int(resp.header.revision)
+
     async def txn(self, compares: Sequence[rpc.Compare], puts: Sequence[Put],
                   deletes: Sequence[str] = (), delete_prefixes: Sequence[str] = ()) -> tuple[bool, int]:
         """All puts and deletes (keys, and whole prefixes) in one transaction, applied only if every
