@@ -1,0 +1,29 @@
+"""cli.main.COMMANDS, the map that lets `holdfast run` import only its own module, stays equal to
+what each module registers: a command missing from it would vanish from the fast path, and one
+mapped to the wrong module would fail to parse."""
+
+from __future__ import annotations
+
+import argparse
+
+from holdfast.cli import main
+
+
+def commands_of(parser: argparse.ArgumentParser) -> set[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def test_every_command_is_mapped_to_the_module_that_registers_it() -> None:
+    assert commands_of(main.build_parser()) == {*main.COMMANDS, "version", "completion"}
+    for command, module in main.COMMANDS.items():
+        same_module = {name for name, owner in main.COMMANDS.items() if owner == module}
+        assert commands_of(main.build_parser(command)) == {"version", *same_module}, command
+
+
+def test_a_known_command_parses_the_same_on_the_fast_path() -> None:
+    argv = ["run", "--session", "session-0001", "--", "true"]
+    fast, full = main.build_parser("run").parse_args(argv), main.build_parser().parse_args(argv)
+    assert vars(fast).keys() == vars(full).keys()
+    assert {k: v for k, v in vars(fast).items() if k not in ("handler", "parser")} == \
+        {k: v for k, v in vars(full).items() if k not in ("handler", "parser")}
