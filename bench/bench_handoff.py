@@ -31,6 +31,9 @@ from holdfast.v1 import coordinator_pb2_grpc
 
 CLI = [sys.executable, "-m", "holdfast.cli"]
 WAITING_SETTLE_S = 1.5  # for host 2's `run --wait` to start and sit in Acquire: no event says so
+# CMD of a measured run: the released gate execs `date` itself, so its timestamp is CMD running, and
+# reading it from the run's stdout pipe is the event (no file to poll, no shell or mv in the figure).
+STAMP = ["date", "+%s.%N"]
 
 
 def descendants(pid: int) -> list[int]:
@@ -55,14 +58,11 @@ class Bench:
         self.host1, self.host2 = self.stack.simhosts
 
     def run(self, host: SimulatedHost, session: str, *options: str,
-            cmd: list[str]) -> subprocess.Popen[bytes]:
+            cmd: list[str] = STAMP) -> subprocess.Popen[bytes]:
+        """`holdfast run` on `host`; its stdout is a pipe, where STAMP's CMD prints when it ran."""
         env = {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": self.stack.address}
         return host.spawn([*CLI, "run", "--session", session, "--grace", "5", *options, "--", *cmd],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def marker_cmd(self, marker: Path) -> list[str]:
-        # `date` is exec'd by the released gate: its timestamp is the new child running.
-        return ["sh", "-c", f"date +%s.%N > {marker}.tmp && mv {marker}.tmp {marker}"]
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def live_at(self, session: str, fence: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -77,42 +77,36 @@ class Bench:
         raise TimeoutError(f"{session} not live at fence {fence}")
 
     @staticmethod
-    def marked(marker: Path, timeout: float = 30.0) -> float:
-        deadline = time.monotonic() + timeout
-        while not marker.exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no new child wrote {marker}")
-            time.sleep(0.001)
-        return float(marker.read_text())
+    def stamped(run: subprocess.Popen[bytes]) -> float:
+        line = run.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"run {run.pid} ended before its CMD printed (exit {run.wait(30)})")
+        run.wait(30)
+        return float(line)
 
     def crash_takeover(self, i: int) -> float:
-        session, marker = f"bench-crash-{i:04d}", self.root / f"crash-{i}"
+        session = f"bench-crash-{i:04d}"
         first = self.run(self.host1, session, cmd=["sleep", "600"])
         self.live_at(session, 1)
-        second = self.run(self.host2, session, "--wait", "60", cmd=self.marker_cmd(marker))
+        second = self.run(self.host2, session, "--wait", "60")
         time.sleep(WAITING_SETTLE_S)
         tree = [*descendants(first.pid)]
         killed_at = time.time()
         for pid in tree:
             os.kill(pid, signal.SIGKILL)
-        latency = self.marked(marker) - killed_at
+        latency = self.stamped(second) - killed_at
         first.wait(10)
-        second.wait(30)
         return latency
 
     def cooperative(self, i: int) -> tuple[float, float]:
-        session, marker, free = f"bench-coop-{i:04d}", self.root / f"coop-{i}", self.root / f"free-{i}"
+        session = f"bench-coop-{i:04d}"
         started = time.time()
-        baseline = self.run(self.host2, f"bench-free-{i:04d}", cmd=self.marker_cmd(free))
-        base = self.marked(free) - started
-        baseline.wait(30)
+        base = self.stamped(self.run(self.host2, f"bench-free-{i:04d}")) - started
         first = self.run(self.host1, session, cmd=["sleep", "600"])
         self.live_at(session, 1)
         started = time.time()
-        second = self.run(self.host2, session, "--takeover", cmd=self.marker_cmd(marker))
-        latency = self.marked(marker) - started
+        latency = self.stamped(self.run(self.host2, session, "--takeover")) - started
         first.wait(30)
-        second.wait(30)
         return latency, base
 
     def stop(self) -> None:

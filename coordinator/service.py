@@ -24,6 +24,7 @@ from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.registry import decode as decode_registration
+from holdfast.coordinator.replays import ReplayLease
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import (
@@ -94,6 +95,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.router = Router(agent_tls_dir)
         self.sessions = Sessions(store, self.registry, self.router)
         self.lifecycle = lifecycle.Lifecycle(self.sessions)
+        self.replays = ReplayLease(store)
         self.cluster = ClusterIdentity(store)
 
     async def _check_cluster(self, cluster_id: str) -> str:
@@ -236,8 +238,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             cluster_id=await self.cluster.ensure(),
         )
         response = pb.AcquireResponse(grant=grant, record=record)
-        stored = Put(ops_key, records.encode(response))
-        ok = await self.sessions.transition(entry, record, "grant", verdict.reason.value, (stored,), reads)
+        replay_lease = await self.replays.current()
+        stored = Put(ops_key, records.encode(response), replay_lease)
+        try:
+            ok = await self.sessions.transition(entry, record, "grant", verdict.reason.value, (stored,),
+                                                reads)
+        except grpc.aio.AioRpcError as exc:
+            if not self.replays.lost(exc, replay_lease):
+                raise
+            return None  # nothing was written; the caller's next attempt uses a new lease
         if ok:
             metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None

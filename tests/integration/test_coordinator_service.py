@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -15,6 +16,7 @@ import grpc
 import pytest
 
 from holdfast.common.reasons import reason_of
+from holdfast.coordinator.store import Store
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
@@ -221,6 +223,50 @@ def test_replay_returns_only_to_the_same_caller(coordinator: Coordinator, hosts)
     # Another caller (another host id) replaying the same operation id learns nothing of the first grant.
     other = pb.AcquireRequest(session_id="session-replay", host_id=b.host_id, operation_id=op)
     assert refused(coord.Acquire, other)[1] == "RESERVED"
+
+
+def replay_leases(etcd_url: str, prefix: str, sid: str) -> list[int]:
+    """The lease of each replay key the session has in etcd."""
+
+    async def read() -> list[int]:
+        store = Store.connect(etcd_url, prefix=prefix)
+        try:
+            entries, _ = await store.list_prefix(store.key("ops", sid, ""))
+            return [e.lease for e in entries]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def revoke(etcd_url: str, lease: int) -> None:
+    async def run() -> None:
+        store = Store.connect(etcd_url)
+        try:
+            await store.revoke_lease(lease)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_replay_memory_lapses_with_its_lease(coordinator: Coordinator, hosts, etcd, prefix) -> None:
+    a, _ = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    sid = "session-replay-lease"
+    req = pb.AcquireRequest(session_id=sid, host_id=a.host_id, operation_id=secrets.token_hex(16))
+    first = coord.Acquire(req, timeout=30).grant
+    [lease] = replay_leases(etcd.url, prefix, sid)
+    assert lease != 0, "a replay key is bound to a lease, so replay keys cannot pile up in etcd"
+    revoke(etcd.url, lease)  # what its expiry does, an hour on
+    assert replay_leases(etcd.url, prefix, sid) == []
+    # The retry is now a new request, adjudicated like any other: the first grant still holds.
+    assert refused(coord.Acquire, req)[1] == "RESERVED"
+    coord.Release(pb.ReleaseRequest(session_id=sid, fence=first.fence, secret=first.secret), timeout=10)
+    # The coordinator's lease is gone too: its next grant notices, and binds the key to a new one.
+    assert acquire(coord, sid, a.host_id).grant.fence == first.fence + 1
+    assert [new for new in replay_leases(etcd.url, prefix, sid) if new not in (0, lease)]
 
 
 def _own(coord, host: SimulatedHost, sid: str) -> tuple[pb.Grant, subprocess.Popen[bytes]]:  # type: ignore[no-untyped-def]
