@@ -98,6 +98,7 @@ async def serve_registered(
     spawn_token_env: str,
     tls_dir: Path | None = None,
     advertise: str = "",
+    ttl: int = TTL_SECONDS,
 ) -> None:
     """Runs the agent server and, once it has bound, keeps it registered until the server stops.
 
@@ -115,7 +116,7 @@ async def serve_registered(
     keeper = asyncio.create_task(
         keep_registered(
             coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION,
-            tls_dir=tls_dir,
+            ttl=ttl, tls_dir=tls_dir,
         )
     )
     try:

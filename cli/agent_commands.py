@@ -21,6 +21,11 @@ TABLE = "agent"
 
 COORDINATOR = Setting("coordinator", "HOLDFAST_COORDINATOR", config.optional_address,
                       "register with this coordinator (host:port) and keep it alive", default="")
+REGISTRATION_TTL = Setting(
+    "registration_ttl", "HOLDFAST_REGISTRATION_TTL", config.integer_in(2, 60), "seconds a registration "
+    "outlives this agent's last heartbeat (one every third of it): a dead node's sessions become "
+    "recoverable (`admin recover-host`) that much sooner; too short, and a stalled agent re-registers",
+    default=10)
 TLS_DIR = Setting("tls_dir", "HOLDFAST_TLS_DIR", config.text, "certificates from `holdfast certs init`: "
                   "serve mTLS only, answering coordinator certificates, and register with "
                   "agent-<host id>.pem", default="")
@@ -37,6 +42,7 @@ SERVE_SETTINGS = [
     Setting("spawn_token_env", "HOLDFAST_SPAWN_TOKEN_ENV", config.env_name,
             "environment variable that carries spawn tokens", default=DEFAULT_SPAWN_TOKEN_ENV),
     COORDINATOR,
+    REGISTRATION_TTL,
     NODE,
     NODE_CGROUP_NS,
     Setting("metrics_listen", "HOLDFAST_AGENT_METRICS_LISTEN", config.optional_address,
@@ -93,7 +99,7 @@ def _serve(raw: argparse.Namespace) -> int:
 
         asyncio.run(registration.serve_registered(
             serve, args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir,
-            args.advertise))
+            args.advertise, args.registration_ttl))
         return 0
     asyncio.run(serve(args.ready_file))  # type: ignore[arg-type]
     return 0

@@ -87,6 +87,19 @@ def choice(options: Sequence[str]) -> Callable[[Any], str]:
     return parse
 
 
+def integer_in(low: int, high: int) -> Callable[[Any], int]:
+    def parse(raw: Any) -> int:
+        try:
+            value = raw if isinstance(raw, int) and not isinstance(raw, bool) else int(text(raw))
+        except ValueError:
+            raise ValueError(f"{raw!r} is not an integer") from None
+        if not low <= value <= high:
+            raise ValueError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
 def boolean(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw

@@ -34,7 +34,9 @@ class AgentProcess:
     """A real `holdfast agent serve` child with a client stub on its channel."""
 
     def __init__(self, tmp: Path, host_id: str, prefix: Sequence[str] = (),
-                 env_var: str = "HOLDFAST_SPAWN_TOKEN", args: Sequence[str] = ()) -> None:
+                 env_var: str = "HOLDFAST_SPAWN_TOKEN", args: Sequence[str] = (),
+                 stop_signal: int = signal.SIGTERM) -> None:
+        self.stop_signal = stop_signal
         ready = tmp / f"ready-{host_id}.json"
         ready.unlink(missing_ok=True)  # an earlier agent of the same host id left its own behind
         self.log_path = tmp / f"agent-{host_id}.log"
@@ -57,7 +59,7 @@ class AgentProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(self.stop_signal)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:

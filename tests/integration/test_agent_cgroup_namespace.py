@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 import select
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -56,7 +57,9 @@ NODE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c"
 
 
 def agent_in_pod(tmp: Path, pod: Path, host_id: str, *args: str) -> AgentProcess:
-    return AgentProcess(tmp, host_id, prefix=[*NODE, str(pod)], args=args)
+    # `unshare --fork` blocks SIGTERM while it waits for its child (a plain stop waited out its 10 s
+    # timeout); SIGKILL of it ends the node's PID 1 through --kill-child, and the node with it.
+    return AgentProcess(tmp, host_id, prefix=[*NODE, str(pod)], args=args, stop_signal=signal.SIGKILL)
 
 
 def spawn_in_node(agent: AgentProcess, token: str) -> subprocess.Popen[bytes]:

@@ -122,7 +122,8 @@ def test_drain_hands_off_every_session_and_refuses_new_grants_there(cluster: Clu
 
 def test_recover_host_refused_while_registered_then_frees_every_session(
         cluster: Cluster, tmp_path: Path) -> None:
-    a, b = cluster.host("host-gone"), cluster.host("host-next")
+    # A 3 s registration: the test waits for it to lapse (a heartbeat every second keeps it till then).
+    a, b = cluster.host("host-gone", "--registration-ttl", "3"), cluster.host("host-next")
     sid1, sid2 = "sess-gone-0001", "sess-gone-0002"
     _, g1 = owned_grant(cluster, a, sid1, tmp_path, "r1")
     _, g2 = owned_grant(cluster, a, sid2, tmp_path, "r2")

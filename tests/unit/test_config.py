@@ -49,6 +49,8 @@ def test_config_file_from_holdfast_config_environment(tmp_path: Path) -> None:
     ({"HOLDFAST_LOG_FORMAT": "xml"}, ["log_format", "json, text"]),
     ({"HOLDFAST_NODE": "maybe"}, ["node", "boolean"]),
     ({"HOLDFAST_AGENT_METRICS_LISTEN": "127.0.0.1:70000"}, ["metrics_listen"]),
+    ({"HOLDFAST_REGISTRATION_TTL": "1"}, ["registration_ttl", "2..60"]),
+    ({"HOLDFAST_REGISTRATION_TTL": "ten"}, ["registration_ttl", "not an integer"]),
 ])
 def test_a_wrong_environment_value_names_setting_and_source(env: dict[str, str], words: list[str]) -> None:
     base = {"HOLDFAST_AGENT_LISTEN": "127.0.0.1:0", "HOLDFAST_HOST_ID": "h", **env}
