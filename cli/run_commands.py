@@ -215,7 +215,8 @@ async def _status_watch(args: argparse.Namespace, client: Client) -> int:
     until interrupted (exit 0) or the coordinator refuses the watch."""
     widths = [len(h) for h in SESSION_HEADER]
     if not args.json:
-        print("  ".join(h.ljust(w) for h, w in zip(SESSION_HEADER, widths, strict=True)).rstrip())
+        # Flushed: piped (`status -w | tee log`), the header would otherwise wait for the first change.
+        print("  ".join(h.ljust(w) for h, w in zip(SESSION_HEADER, widths, strict=True)).rstrip(), flush=True)
     try:
         async for event in client.session_events():
             if args.json:

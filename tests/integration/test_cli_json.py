@@ -118,14 +118,17 @@ def test_status_watch_lists_then_streams_each_change_until_interrupted(cluster: 
 
     watch = subprocess.Popen([*HOLDFAST, "status", "--watch", "--json"], stdout=subprocess.PIPE,
                              text=True, env=env, preexec_fn=at_a_terminal)
+    table_err = cluster.tmp / "status-w.err"
     table = subprocess.Popen([*HOLDFAST, "status", "-w"], stdout=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=at_a_terminal)
+                             preexec_fn=at_a_terminal, stderr=table_err.open("wb"))
     try:
         assert watch.stdout is not None and table.stdout is not None
         listed = json.loads(watch.stdout.readline())
         assert (listed["event"], listed["session_id"]) == ("listed", "sess-watch-001")
         assert listed["record"]["lease"]["claim_status"] == "RELEASED"
-        assert table.stdout.readline().split()[:3] == ["SESSION", "HOST", "INCARNATION"]
+        header = table.stdout.readline()
+        assert header.split()[:3] == ["SESSION", "HOST", "INCARNATION"], (header, table.poll(),
+                                                                          table_err.read_text())
         assert table.stdout.readline().split()[0] == "sess-watch-001"
         # Each transition of a new run arrives as it happens: grant (reserved), commit (live), release.
         second = cluster.run(a, "sess-watch-002", cmd=["true"])
