@@ -77,18 +77,17 @@ def list_all_ms(stub: coordinator_pb2_grpc.CoordinatorStub) -> tuple[float, int]
             return (time.perf_counter() - t) * 1000, seen
 
 
-async def footprint(url: str, session: str) -> tuple[int, int]:
-    """Keys and bytes (keys + values) etcd holds for one session, every kind of key counted."""
+async def footprint(url: str, session: str) -> dict[str, tuple[int, int]]:
+    """Per kind of key: how many keys, and their bytes (keys + values), etcd holds for one session."""
     store = Store.connect(url, prefix=DEFAULT_PREFIX)
     try:
-        keys = nbytes = 0
+        kinds = {}
         for kind in ("sessions", "fence", "history", "ops", "data"):
             entries, _ = await store.list_prefix(store.key(kind, session))
-            for e in entries:
-                if e.key == store.key(kind, session) or e.key.startswith(store.key(kind, session) + "/"):
-                    keys += 1
-                    nbytes += len(e.key) + len(e.value)
-        return keys, nbytes
+            mine = [e for e in entries
+                    if e.key == store.key(kind, session) or e.key.startswith(store.key(kind, session) + "/")]
+            kinds[kind] = (len(mine), sum(len(e.key) + len(e.value) for e in mine))
+        return kinds
     finally:
         await store.close()
 
@@ -145,7 +144,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    out: dict[str, float] = {}
+    out: dict[str, float | int] = {}
     with tempfile.TemporaryDirectory(prefix="holdfast-bench-scale-") as tmp:
         root = Path(tmp)
         etcd = EtcdServer(root / "etcd", fast_election=True).start()
@@ -161,8 +160,9 @@ def main() -> None:
             out["rss_mb_small"] = rss_mb(coord.pid)
             for _ in range(10):  # one session with ten cycles: its footprint in etcd
                 acquire_release(stub, "scale-footprint-1")
-            keys, nbytes = asyncio.run(footprint(etcd.url, "scale-footprint-1"))
-            out["keys_per_session_after_10_cycles"], out["bytes_per_session_after_10_cycles"] = keys, nbytes
+            for kind, (keys, nbytes) in asyncio.run(footprint(etcd.url, "scale-footprint-1")).items():
+                out[f"one session after 10 cycles: {kind} keys"] = keys
+                out[f"one session after 10 cycles: {kind} bytes"] = nbytes
             progress(f"writing {args.records:,} released session records")
             t = time.perf_counter()
             asyncio.run(populate(etcd.url, args.records))
