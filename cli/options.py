@@ -18,15 +18,13 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from holdfast.client import guards
 from holdfast.client.acquire import MAX_WAIT_S
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
-from holdfast.common import upstate
-from holdfast.coordinator import records
+from holdfast.common import identifiers, upstate
 
 
 def default_operator() -> str:
@@ -41,8 +39,8 @@ def default_operator() -> str:
 
 def session_id_arg(text: str) -> str:
     try:
-        return records.check_session_id(text)
-    except records.InvalidInput as exc:
+        return identifiers.check_session_id(text)
+    except identifiers.InvalidInput as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -65,12 +63,16 @@ def seconds_arg(text: str) -> float:
 
 def fence_arg(text: str) -> int:
     try:
-        return records.check_fence(int(text))
-    except (ValueError, records.InvalidInput):
-        raise argparse.ArgumentTypeError(f"fence must be an integer in 1..{records.MAX_FENCE}") from None
+        return identifiers.check_fence(int(text))
+    except (ValueError, identifiers.InvalidInput):
+        raise argparse.ArgumentTypeError(f"fence must be an integer in 1..{identifiers.MAX_FENCE}") from None
 
 
 def as_dict(message: Message) -> dict[str, Any]:
+    # Imported here: only --json and a few reports need it, and it costs a `run` a tenth of its
+    # start (docs/benchmarks.md).
+    from google.protobuf.json_format import MessageToDict
+
     return MessageToDict(message, preserving_proto_field_name=True)
 
 

@@ -24,9 +24,8 @@ from pathlib import Path
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
-from holdfast.common import reasons
+from holdfast.common import identifiers, reasons
 from holdfast.common.reasons import Reason
-from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 
 MAX_WAIT_S = 3600.0
@@ -93,7 +92,7 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]
             continue  # e.g. a temp dir another user made first: nothing in it is ours to trust
         with contextlib.suppress(OSError):
             kept = path.read_text().strip()
-            if records.OPERATION_ID.fullmatch(kept):
+            if identifiers.OPERATION_ID.fullmatch(kept):
                 return kept, path
         operation_id = secrets.token_hex(16)
         try:

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from holdfast.common.identifiers import HOST_ID
+
 CONFIG_ENV = "HOLDFAST_CONFIG"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}

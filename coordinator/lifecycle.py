@@ -16,6 +16,7 @@ import asyncio
 
 import grpc
 
+from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
 from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records, registry
 from holdfast.coordinator.errors import CoordinatorError
@@ -29,9 +30,9 @@ MAX_PURGE = 1000
 
 def _operator_text(operator: str, reason: str) -> str:
     if not reason.strip() or not operator.strip():
-        raise records.InvalidInput("this operation needs a reason and an operator (both recorded)")
-    records.check_text("reason", reason, 1024)
-    records.check_text("operator", operator, 256)
+        raise identifiers.InvalidInput("this operation needs a reason and an operator (both recorded)")
+    identifiers.check_text("reason", reason, 1024)
+    identifiers.check_text("operator", operator, 256)
     return f"{operator}: {reason}"[:1024]
 
 
@@ -74,7 +75,7 @@ class Lifecycle:
     async def archived(
         self, request: pb.GetArchivedSessionRequest
     ) -> pb.GetArchivedSessionResponse:
-        sid = records.check_session_id(request.session_id)
+        sid = identifiers.check_session_id(request.session_id)
         entry = await self.store.get(self.store.key("archive", sid, "record"))
         if entry is None:
             raise CoordinatorError("NOT_FOUND", f"no archived session {sid}")
@@ -172,8 +173,8 @@ class Lifecycle:
         return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self._sessions())
 
     async def drain(self, request: pb.DrainHostRequest) -> pb.DrainHostResponse:
-        host_id = records.check_host_id(request.host_id)
-        records.check_text("operator", request.operator, 256)
+        host_id = identifiers.check_host_id(request.host_id)
+        identifiers.check_text("operator", request.operator, 256)
         if request.draining and not await self._host_known(host_id):
             raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no agent registration and no "
                                    "session names it: nothing to drain (a typo? `holdfast hosts` lists the "
@@ -213,7 +214,7 @@ class Lifecycle:
 
     # --- bulk recovery ---------------------------------------------------------------------
     async def recover_host(self, request: pb.RecoverHostRequest, peer: str) -> pb.RecoverHostResponse:
-        host_id = records.check_host_id(request.host_id)
+        host_id = identifiers.check_host_id(request.host_id)
         who = _operator_text(request.operator, request.reason)
         registration = await self.sessions.registry.seen(host_id)
         if registration.entry is not None:
@@ -249,8 +250,8 @@ class Lifecycle:
         who = _operator_text(request.operator, request.reason)
         epoch = request.epoch or lifecycle_rules.DEFAULT_EPOCH
         if not 1 <= epoch <= 1 << 40:
-            raise records.InvalidInput(f"epoch must be in 1..{1 << 40}")
-        expected = [records.check_host_id(h) for h in request.expected_hosts]
+            raise identifiers.InvalidInput(f"epoch must be in 1..{1 << 40}")
+        expected = [identifiers.check_host_id(h) for h in request.expected_hosts]
         response = pb.RestoreEpochResponse()
         to_judge: list[str] = []
         # 0. Sessions created after the snapshot have no record here, and their ids would start again

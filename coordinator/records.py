@@ -1,7 +1,8 @@
-"""Session records as protobuf JSON in etcd, and validation of what clients send.
+"""Session records as protobuf JSON in etcd, and the limits of what an owner may store.
 
 Guarantee: every value written is readable with `etcdctl` and carries SCHEMA_VERSION; a record of
-an unknown schema is refused rather than misread; malformed input is rejected before any I/O.
+an unknown schema is refused rather than misread; malformed input is rejected before any I/O (ids
+and fences by common/identifiers.py, data keys and values here).
 """
 
 from __future__ import annotations
@@ -11,47 +12,16 @@ import re
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from holdfast.common.config import HOST_ID
+from holdfast.common.identifiers import InvalidInput
 from holdfast.v1 import coordinator_pb2 as pb
 
 SCHEMA_VERSION = 1
-SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
-OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
 DATA_KEY = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 # etcd's default request limit (--max-request-bytes) is 1.5 MiB; a fenced value plus its key and the
 # transaction's compare must fit one request, so values stop at 1 MiB.
 ETCD_REQUEST_LIMIT_BYTES = 1536 * 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_HANDLE_CHARS = 4096
-MAX_FENCE = 2**63 - 1
-
-
-class InvalidInput(ValueError):
-    """Malformed client input; always INVALID_ARGUMENT and never a write."""
-
-
-def check_session_id(session_id: str) -> str:
-    if not SESSION_ID.fullmatch(session_id):
-        raise InvalidInput(f"session id {session_id[:40]!r} must match {SESSION_ID.pattern}")
-    return session_id
-
-
-def check_operation_id(operation_id: str) -> str:
-    if not OPERATION_ID.fullmatch(operation_id):
-        raise InvalidInput("operation id must be 32 lowercase hex characters")
-    return operation_id
-
-
-def check_host_id(host_id: str) -> str:
-    if not HOST_ID.fullmatch(host_id):
-        raise InvalidInput(f"host id {host_id[:40]!r} must match {HOST_ID.pattern}")
-    return host_id
-
-
-def check_fence(fence: int) -> int:
-    if not 1 <= fence <= MAX_FENCE:
-        raise InvalidInput(f"fence must be in 1..{MAX_FENCE}")
-    return fence
 
 
 def check_data_key(key: str) -> str:
@@ -64,12 +34,6 @@ def check_value(value: bytes) -> bytes:
     if len(value) > MAX_VALUE_BYTES:
         raise InvalidInput(f"value is {len(value)} bytes; the limit is {MAX_VALUE_BYTES} bytes (one etcd "
                            f"request holds at most {ETCD_REQUEST_LIMIT_BYTES}); split it over several keys")
-    return value
-
-
-def check_text(name: str, value: str, limit: int) -> str:
-    if len(value) > limit:
-        raise InvalidInput(f"{name} is {len(value)} characters; the limit is {limit}")
     return value
 
 

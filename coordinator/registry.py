@@ -19,6 +19,7 @@ import time
 
 import grpc
 
+from holdfast.common import identifiers
 from holdfast.coordinator import records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, StoreUnavailable, absent
@@ -60,10 +61,10 @@ class Registry:
         return self.store.key("hosts", host_id)
 
     async def register(self, reg: pb.HostRegistration, ttl: int) -> tuple[int, int]:
-        records.check_host_id(reg.host_id)
-        records.check_text("address", reg.address, 256)
+        identifiers.check_host_id(reg.host_id)
+        identifiers.check_text("address", reg.address, 256)
         if not reg.address or not reg.spawn_token_env:
-            raise records.InvalidInput("registration needs an address and a spawn-token variable")
+            raise identifiers.InvalidInput("registration needs an address and a spawn-token variable")
         ttl = min(max(ttl or DEFAULT_TTL, MIN_TTL), MAX_TTL)
         lease_id = await self.store.grant_lease(ttl)
         stored = pb.HostRegistration()
@@ -84,7 +85,7 @@ class Registry:
         return lease_id, ttl
 
     async def heartbeat(self, host_id: str, lease_id: int) -> int:
-        records.check_host_id(host_id)
+        identifiers.check_host_id(host_id)
         entry = await self.store.get(self._key(host_id))
         if entry is None or entry.lease != lease_id:
             raise CoordinatorError("NOT_FOUND", f"no live registration of {host_id} under that lease")

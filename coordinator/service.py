@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.common import reasons, tls
+from holdfast.common import identifiers, reasons, tls
 from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
@@ -72,7 +72,7 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
     async def wrapped(self: CoordinatorService, request: object, context: grpc.aio.ServicerContext) -> object:
         try:
             return await fn(self, request, context)
-        except records.InvalidInput as exc:
+        except identifiers.InvalidInput as exc:
             error = CoordinatorError("INVALID_ARGUMENT", str(exc))
         except StoreUnavailable as exc:
             metrics.ETCD_ERRORS.labels(fn.__name__).inc()
@@ -110,7 +110,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
         """Fence first, then secret (docs/design.md §3)."""
-        records.check_fence(fence)
+        identifiers.check_fence(fence)
         if fence != record.lease.fence:
             raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")
         if not fencing.secret_matches(secret, record.lease.grant_secret_hash):
@@ -121,15 +121,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def Acquire(
         self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> pb.AcquireResponse:
-        sid = records.check_session_id(request.session_id)
-        records.check_operation_id(request.operation_id)
-        records.check_host_id(request.host_id)
-        records.check_text("provider", request.provider, 128)
-        records.check_text("location", request.location, 1024)
-        if request.has_expected_fence and request.expected_fence > records.MAX_FENCE:
-            raise records.InvalidInput("expected fence out of range")
+        sid = identifiers.check_session_id(request.session_id)
+        identifiers.check_operation_id(request.operation_id)
+        identifiers.check_host_id(request.host_id)
+        identifiers.check_text("provider", request.provider, 128)
+        identifiers.check_text("location", request.location, 1024)
+        if request.has_expected_fence and request.expected_fence > identifiers.MAX_FENCE:
+            raise identifiers.InvalidInput("expected fence out of range")
         if not 0 <= request.wait_seconds <= 3600:
-            raise records.InvalidInput("wait_seconds must be in 0..3600")
+            raise identifiers.InvalidInput("wait_seconds must be in 0..3600")
         ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
         ops_key = self.store.key("ops", sid, ohash)
         # Everything a first decision reads, in one round trip's wait: the replay, the record and
@@ -308,7 +308,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.RecordProviderHandleRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecordProviderHandleResponse:
         cluster = await self._check_cluster(request.cluster_id)
-        records.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
+        identifiers.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
         entry, record = await self.sessions.require(request.session_id)
         self._check_grant(record, request.fence, request.secret)
         if record.lease.claim_status not in (pb.COMMITTED, pb.LIVE):
@@ -359,10 +359,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.FencedPutRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedPutResponse:
         cluster = await self._check_cluster(request.cluster_id)
-        sid = records.check_session_id(request.session_id)
+        sid = identifiers.check_session_id(request.session_id)
         key = self.store.key("data", sid, records.check_data_key(request.key))
         records.check_value(request.value)
-        records.check_fence(request.fence)
+        identifiers.check_fence(request.fence)
         expected = fencing.expected_fence_value(request.fence, pb.LIVE, request.secret)
         ok, revision = await self.store.txn(
             [value_equals(self.store.key("fence", sid), expected)], [Put(key, request.value)]
@@ -377,7 +377,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def FencedGet(
         self, request: pb.FencedGetRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedGetResponse:
-        sid = records.check_session_id(request.session_id)
+        sid = identifiers.check_session_id(request.session_id)
         entry = await self.store.get(self.store.key("data", sid, records.check_data_key(request.key)))
         if entry is None:
             return pb.FencedGetResponse(found=False)
@@ -400,7 +400,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         size = min(request.page_size or 100, MAX_PAGE)
         after = ""
         if request.page_token:
-            after = self.sessions.key(records.check_session_id(request.page_token))
+            after = self.sessions.key(identifiers.check_session_id(request.page_token))
         entries, more = await self.store.list_prefix(self.store.key("sessions", ""), after, size)
         page = [records.decode_record(e.value) for e in entries]
         return pb.ListSessionsResponse(
@@ -437,8 +437,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def RequestHandoff(
         self, request: pb.RequestHandoffRequest, context: grpc.aio.ServicerContext
     ) -> pb.RequestHandoffResponse:
-        records.check_operation_id(request.operation_id)
-        records.check_host_id(request.host_id)
+        identifiers.check_operation_id(request.operation_id)
+        identifiers.check_host_id(request.host_id)
         requested = handoff_hash(request.operation_id)
         for _ in range(RACE_RETRIES):
             entry, record = await self.sessions.require(request.session_id)
@@ -475,11 +475,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def Recover(
         self, request: pb.RecoverRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecoverResponse:
-        records.check_fence(request.expected_fence)
+        identifiers.check_fence(request.expected_fence)
         if not request.reason.strip() or not request.operator.strip():
-            raise records.InvalidInput("Recover needs a reason and an operator")
-        records.check_text("reason", request.reason, 1024)
-        records.check_text("operator", request.operator, 256)
+            raise identifiers.InvalidInput("Recover needs a reason and an operator")
+        identifiers.check_text("reason", request.reason, 1024)
+        identifiers.check_text("operator", request.operator, 256)
         entry, record = await self.sessions.require(request.session_id)
         lease = record.lease
         if lease.fence != request.expected_fence:
@@ -541,7 +541,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.SessionEvent]:
         try:
             sid = request.session_id
-            key = self.sessions.key(records.check_session_id(sid)) if sid else None
+            key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
             prefix = key or self.store.key("sessions", "")
             cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
             while True:
@@ -565,7 +565,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 except Compacted:
                     continue
                 return
-        except records.InvalidInput as exc:
+        except identifiers.InvalidInput as exc:
             await context.abort_with_status(CoordinatorError("INVALID_ARGUMENT", str(exc)).to_status())
         except StoreUnavailable as exc:
             await context.abort_with_status(CoordinatorError("UNAVAILABLE", str(exc)).to_status())

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from holdfast.common import identifiers
 from holdfast.common.logs import session_fields
 from holdfast.coordinator import adjudication, fencing, records
 from holdfast.coordinator.adjudication import AcquireAsk
@@ -48,7 +49,7 @@ class Sessions:
         return entry, records.decode_record(entry.value) if entry else None
 
     async def require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
-        entry, record = await self.read(records.check_session_id(session_id))
+        entry, record = await self.read(identifiers.check_session_id(session_id))
         if entry is None or record is None:
             raise CoordinatorError("NOT_FOUND", f"unknown session {session_id}")
         return entry, record

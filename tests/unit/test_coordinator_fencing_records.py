@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from holdfast.common import identifiers
 from holdfast.coordinator import fencing, records
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -28,32 +29,32 @@ def test_secret_matches_only_its_hash() -> None:
 
 @pytest.mark.parametrize("sid", ["abcdefgh", "A-b_c-12345678", "x" * 128])
 def test_good_session_ids(sid: str) -> None:
-    assert records.check_session_id(sid) == sid
+    assert identifiers.check_session_id(sid) == sid
 
 
 @pytest.mark.parametrize(
     "sid", ["", "short", "x" * 129, "has space1", "slash/inside", "ünïcode12", "abcdefgh\n"]
 )
 def test_bad_session_ids(sid: str) -> None:
-    with pytest.raises(records.InvalidInput):
-        records.check_session_id(sid)
+    with pytest.raises(identifiers.InvalidInput):
+        identifiers.check_session_id(sid)
 
 
 @pytest.mark.parametrize(
     ("check", "value"),
     [
-        (records.check_fence, 0),
-        (records.check_fence, 2**63),
-        (records.check_operation_id, "A" * 32),
-        (records.check_operation_id, "0" * 31),
+        (identifiers.check_fence, 0),
+        (identifiers.check_fence, 2**63),
+        (identifiers.check_operation_id, "A" * 32),
+        (identifiers.check_operation_id, "0" * 31),
         (records.check_data_key, "../x"),
         (records.check_data_key, ""),
-        (records.check_host_id, ""),
+        (identifiers.check_host_id, ""),
         (records.check_value, b"x" * (records.MAX_VALUE_BYTES + 1)),
     ],
 )
 def test_bad_inputs_are_refused(check, value) -> None:
-    with pytest.raises(records.InvalidInput):
+    with pytest.raises(identifiers.InvalidInput):
         check(value)
 
 

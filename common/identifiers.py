@@ -1,0 +1,47 @@
+"""What a session id, an operation id, a host id and a fence may be: checked before any I/O by the
+coordinator, and by the CLI before it sends anything. One definition for both, and no protobuf or
+etcd import, so a `run` does not pay for the coordinator's record encoding to check its arguments.
+"""
+
+from __future__ import annotations
+
+import re
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
+OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
+HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
+MAX_FENCE = 2**63 - 1
+
+
+class InvalidInput(ValueError):
+    """Malformed client input; always INVALID_ARGUMENT and never a write."""
+
+
+def check_session_id(session_id: str) -> str:
+    if not SESSION_ID.fullmatch(session_id):
+        raise InvalidInput(f"session id {session_id[:40]!r} must match {SESSION_ID.pattern}")
+    return session_id
+
+
+def check_operation_id(operation_id: str) -> str:
+    if not OPERATION_ID.fullmatch(operation_id):
+        raise InvalidInput("operation id must be 32 lowercase hex characters")
+    return operation_id
+
+
+def check_host_id(host_id: str) -> str:
+    if not HOST_ID.fullmatch(host_id):
+        raise InvalidInput(f"host id {host_id[:40]!r} must match {HOST_ID.pattern}")
+    return host_id
+
+
+def check_fence(fence: int) -> int:
+    if not 1 <= fence <= MAX_FENCE:
+        raise InvalidInput(f"fence must be in 1..{MAX_FENCE}")
+    return fence
+
+
+def check_text(name: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidInput(f"{name} is {len(value)} characters; the limit is {limit}")
+    return value
