@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
 ]
-REBOOT_TRIES = 12
+REBOOT_BUDGET_S = 60.0
 
 
 def stub(address: str) -> coordinator_pb2_grpc.CoordinatorStub:
@@ -279,6 +279,19 @@ def _own(coord, host: SimulatedHost, sid: str) -> tuple[pb.Grant, subprocess.Pop
     return grant, owner
 
 
+def register_after_lapse(coord, host: SimulatedHost, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Registers host once its previous registration's 2 s lease has lapsed (refused HOST_LIVE until)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            register(coord, host, ttl=2)
+            return
+        except grpc.RpcError as err:
+            if reason_of(err) != "HOST_LIVE" or time.monotonic() > deadline:  # type: ignore[arg-type]
+                raise
+        time.sleep(0.1)
+
+
 def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: ignore[no-untyped-def]
     """Host a owns sid, then reboots: (old pid ns inode, the new incarnation a registers)."""
     register(coord, a, ttl=2)
@@ -291,20 +304,22 @@ def _rebooted_owner(coord, a, b, sid: str, keep_old_namespace: bool):  # type: i
     held = os.open(f"/proc/{a.reaper_pid}/ns/pid", os.O_RDONLY) if keep_old_namespace else None
     try:
         # The kernel gives a new namespace the lowest free inode number, so a freed one is usually
-        # reused at once; but every namespace made anywhere on the machine (another test run beside
-        # this one) may take it first, hence a few tries.
-        for _ in range(1 if keep_old_namespace else REBOOT_TRIES):
+        # reused at once; but every namespace made anywhere on the machine (other tests, another run
+        # of the suite beside this one) may take it first, hence tries. A try asks the new agent for
+        # its incarnation directly, so a miss costs one reboot, not a registration's lapse.
+        deadline = time.monotonic() + REBOOT_BUDGET_S
+        while True:
             a.reboot()
-            time.sleep(2.5)  # the old registration lapses; the new incarnation registers
-            register(coord, a, ttl=2)
-            # b, the taker, has no agent heartbeating for it here: keep its registration live
-            # through every try (its 10 s lease lapsed when more than three were needed).
-            coord.Heartbeat(pb.HeartbeatRequest(host_id=b.host_id, lease_id=taker_lease), timeout=5)
             new = (agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(a.agent_address))
                    .GetHostInfo(apb.GetHostInfoRequest(), timeout=5).incarnation)
             if keep_old_namespace or new.pid_ns == old_ns:
-                return old_ns, new
-        raise AssertionError(f"no reboot reused the namespace inode in {REBOOT_TRIES} tries")
+                break
+            assert time.monotonic() < deadline, f"no reboot reused the namespace inode in {REBOOT_BUDGET_S} s"
+            # b, the taker, has no agent heartbeating for it here: keep its registration live.
+            coord.Heartbeat(pb.HeartbeatRequest(host_id=b.host_id, lease_id=taker_lease), timeout=5)
+        register_after_lapse(coord, a)  # the old registration lapses; the new incarnation registers
+        coord.Heartbeat(pb.HeartbeatRequest(host_id=b.host_id, lease_id=taker_lease), timeout=5)
+        return old_ns, new
     finally:
         if held is not None:
             os.close(held)
