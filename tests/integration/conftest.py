@@ -30,6 +30,22 @@ def mint_token() -> str:
     return secrets.token_hex(16)
 
 
+@contextlib.contextmanager
+def signals_as_at_a_terminal() -> Iterator[None]:
+    """Children started inside get SIGINT and SIGQUIT at their defaults, as a terminal's shell starts
+    a job. A suite started in the background of a non-interactive shell has them ignored, and an
+    ignored signal stays ignored across fork and exec. Set in this process around the spawn, never
+    in a preexec_fn: Python code between fork and exec runs grpc's fork handlers in a child of a
+    process with channels open, and one such child aborted (epoll_wait: Bad file descriptor)."""
+    saved = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+             signal.SIGQUIT: signal.signal(signal.SIGQUIT, signal.SIG_DFL)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 class AgentProcess:
     """A real `holdfast agent serve` child with a client stub on its channel."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import signals_as_at_a_terminal
 from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -113,14 +114,12 @@ def test_status_watch_lists_then_streams_each_change_until_interrupted(cluster: 
     assert first.wait(30) == 0, first.err()
     env = {**os.environ, "HOLDFAST_COORDINATOR": cluster.coordinator.address}
 
-    def at_a_terminal() -> None:  # SIGINT as a shell's job has it: a suite started in the background
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # of a non-interactive shell inherits it ignored
-
-    watch = subprocess.Popen([*HOLDFAST, "status", "--watch", "--json"], stdout=subprocess.PIPE,
-                             text=True, env=env, preexec_fn=at_a_terminal)
     table_err = cluster.tmp / "status-w.err"
-    table = subprocess.Popen([*HOLDFAST, "status", "-w"], stdout=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=at_a_terminal, stderr=table_err.open("wb"))
+    with signals_as_at_a_terminal():  # Ctrl-C must reach them, as at a terminal
+        watch = subprocess.Popen([*HOLDFAST, "status", "--watch", "--json"], stdout=subprocess.PIPE,
+                                 text=True, env=env)
+        table = subprocess.Popen([*HOLDFAST, "status", "-w"], stdout=subprocess.PIPE, text=True, env=env,
+                                 stderr=table_err.open("wb"))
     try:
         assert watch.stdout is not None and table.stdout is not None
         listed = json.loads(watch.stdout.readline())

@@ -6,19 +6,16 @@ foreground process group — what is typed reaches it, and Ctrl-C reaches CMD it
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import select
-import signal
 import sys
-import termios
 import time
 
 import pytest
 
 from holdfast.v1 import coordinator_pb2 as pb
-from tests.integration.conftest import descendants
+from tests.integration.conftest import descendants, signals_as_at_a_terminal
 from tests.integration.run_fixtures import Cluster, Run
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -35,19 +32,12 @@ class Terminal:
     def __init__(self, cluster: Cluster, host_id: str, session: str, script: str) -> None:
         host = cluster.host(host_id)
         self.master, slave = os.openpty()
-        argv = [sys.executable, "-m", "holdfast.cli", "run", "--session", session, "--", "sh", "-c", script]
-
-        def controlling_terminal() -> None:  # after setsid: the pty becomes the session's terminal
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-            # As a terminal's shell starts a job: SIGINT and SIGQUIT at their defaults. A test run
-            # started in the background of a non-interactive shell inherits them ignored, and an
-            # ignored signal stays ignored across exec (sh may not even trap it): Ctrl-C would
-            # then reach nothing, whatever `run` does.
-            for sig in (signal.SIGINT, signal.SIGQUIT):
-                signal.signal(sig, signal.SIG_DFL)
-
-        self.proc = host.spawn(argv, env=cluster.env(host), stdin=slave, stdout=slave, stderr=slave,
-                               start_new_session=True, preexec_fn=controlling_terminal)
+        # `setsid --ctty`: a new session whose controlling terminal is the pty on its stdin, as a
+        # terminal's login shell has; SIGINT and SIGQUIT at their defaults, or Ctrl-C reaches nothing.
+        argv = ["setsid", "--ctty", sys.executable, "-m", "holdfast.cli", "run", "--session", session, "--",
+                "sh", "-c", script]
+        with signals_as_at_a_terminal():
+            self.proc = host.spawn(argv, env=cluster.env(host), stdin=slave, stdout=slave, stderr=slave)
         os.close(slave)
         cluster.runs.append(Run(host, self.proc, cluster.tmp / "pty.none"))  # the fixture stops it
         self.run_pid = host.outer_pid(self.proc)
