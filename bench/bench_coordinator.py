@@ -66,6 +66,18 @@ async def direct_cas(url: str, tasks: int, per_task: int, distinct_keys: bool = 
     return rate
 
 
+def register_host(coordinator: str, host: SimulatedHost) -> None:
+    """Registers a simulated host's agent for 60 s (enough for one benchmark)."""
+    info = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(host.agent_address)).GetHostInfo(
+        apb.GetHostInfoRequest()
+    )
+    reg = pb.HostRegistration(host_id=host.host_id, address=host.agent_address, incarnation=info.incarnation,
+                              spawn_token_env=info.spawn_token_env)
+    coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(coordinator)).RegisterHost(
+        pb.RegisterHostRequest(registration=reg, ttl_seconds=60)
+    )
+
+
 async def spawn_owner(host: SimulatedHost, g: pb.Grant) -> tuple[asyncio.subprocess.Process, int]:
     """A token carrier inside the simulated host that exits when its stdin closes."""
     child = await asyncio.create_subprocess_exec(
@@ -168,23 +180,11 @@ def main() -> None:
     host = SimulatedHost("bench-host", 60, root / "host")
     try:
         host.start()
-        agent_addr = host.agent_address
         coord, addr = start(
             ["coordinator", "serve", "--etcd", etcd.url, "--listen", "127.0.0.1:0"], root / "coord.json"
         )
         procs.append(coord)
-        info = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(agent_addr)).GetHostInfo(
-            apb.GetHostInfoRequest()
-        )
-        reg = pb.HostRegistration(
-            host_id="bench-host",
-            address=agent_addr,
-            incarnation=info.incarnation,
-            spawn_token_env=info.spawn_token_env,
-        )
-        coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(addr)).RegisterHost(
-            pb.RegisterHostRequest(registration=reg, ttl_seconds=60)
-        )
+        register_host(addr, host)
         on_tmpfs = subprocess.run(
             ["stat", "-f", "-c", "%T", str(root)], capture_output=True, text=True
         ).stdout

@@ -1,0 +1,110 @@
+"""Takeover latency with one live owner on the owner's host, then with many: what the stable scan
+of the owner host's processes (part of every proof that a tree is gone) costs as a node fills up.
+A waiting Acquire from the second host is answered when the owner's carrier exits; measured from
+the exit (the carrier's stdin closed) to the grant. Prints numbers; asserts nothing.
+Run as root: .venv/bin/python bench/bench_takeover_load.py [--owners N] [--samples K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_coordinator import end_owner, register_host, spawn_owner, start
+
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.localstack.simhost import SimulatedHost
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+
+WAIT_SETTLE_S = 0.2  # for the waiting Acquire to reach the owner's agent: no event says so
+
+
+async def own(coord: coordinator_pb2_grpc.CoordinatorStub, host: SimulatedHost,
+              sid: str) -> asyncio.subprocess.Process:
+    g = (await coord.Acquire(pb.AcquireRequest(session_id=sid, host_id=host.host_id, live_on_commit=True,
+                                               operation_id=secrets.token_hex(16)))).grant
+    child, host_pid = await spawn_owner(host, g)
+    await coord.CommitOwner(pb.CommitOwnerRequest(session_id=sid, fence=g.fence, secret=g.secret,
+                                                  pid_hint=host_pid))
+    return child
+
+
+async def takeovers(address: str, owner_host: SimulatedHost, taker: SimulatedHost, tag: str,
+                    samples: int) -> list[float]:
+    """ms from an owner's exit to the waiting taker's grant, `samples` times."""
+    out = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        coord = coordinator_pb2_grpc.CoordinatorStub(channel)
+        for i in range(samples):
+            sid = f"load-{tag}-{i:04d}"
+            child = await own(coord, owner_host, sid)
+            waiting = asyncio.ensure_future(coord.Acquire(pb.AcquireRequest(
+                session_id=sid, host_id=taker.host_id, wait_seconds=30, operation_id=secrets.token_hex(16))))
+            await asyncio.sleep(WAIT_SETTLE_S)
+            t = time.perf_counter()
+            await end_owner(child)
+            await waiting
+            out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+async def measure(address: str, owner_host: SimulatedHost, taker: SimulatedHost, owners: int,
+                  samples: int) -> None:
+    alone = await takeovers(address, owner_host, taker, "alone", samples)
+    print(f"takeover with 1 live owner on its host: p50 {statistics.median(alone):.2f} ms", flush=True)
+    started = time.perf_counter()
+    async with grpc.aio.insecure_channel(address) as channel:
+        coord = coordinator_pb2_grpc.CoordinatorStub(channel)
+        fillers = [await own(coord, owner_host, f"load-filler-{i:05d}") for i in range(owners - 1)]
+    try:
+        print(f"{len(fillers)} more live owners committed on {owner_host.host_id} in "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+        crowded = await takeovers(address, owner_host, taker, "crowded", samples)
+        print(f"takeover with {owners} live owners on its host: p50 {statistics.median(crowded):.2f} ms "
+              f"({statistics.median(crowded) / statistics.median(alone):.2f}x)")
+    finally:
+        for child in fillers:
+            await end_owner(child)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--owners", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=20)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="holdfast-bench-load-"))
+    etcd = EtcdServer(root / "etcd", fast_election=True).start()
+    hosts = [SimulatedHost("load-host-a", 64, root / "a"), SimulatedHost("load-host-b", 65, root / "b")]
+    coord = None
+    try:
+        for host in hosts:
+            host.start()
+        coord, address = start(["coordinator", "serve", "--etcd", etcd.url, "--listen", "127.0.0.1:0"],
+                               root / "coord.json")
+        for host in hosts:
+            register_host(address, host)
+        asyncio.run(measure(address, hosts[0], hosts[1], args.owners, args.samples))
+    finally:
+        for host in hosts:
+            host.stop()
+        if coord is not None:
+            coord.terminate()
+            coord.wait(20)
+        etcd.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
