@@ -67,6 +67,7 @@ class KubeApi:
                 def refresh(conf: client.Configuration) -> None:
                     conf.api_key = {"authorization": "Bearer " + Path(token_file).read_text().strip()}
                 configuration.refresh_api_key_hook = refresh
+                refresh(configuration)  # auth_settings looks for a key before it calls the hook
         else:
             config.load_incluster_config(client_configuration=configuration)
         self._api = client.ApiClient(configuration)
