@@ -109,7 +109,3 @@ def renew_after(cert_pem: bytes, now: datetime.datetime | None = None) -> float:
     due = start + (end - start) * RENEW_AT
     return (due - (now or datetime.datetime.now(datetime.UTC))).total_seconds()
 
-
-def seconds_left(cert_pem: bytes, now: datetime.datetime | None = None) -> float:
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    return (cert.not_valid_after_utc - (now or datetime.datetime.now(datetime.UTC))).total_seconds()
