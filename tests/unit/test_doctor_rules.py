@@ -82,5 +82,6 @@ def test_any_other_unreadable_process_fails_naming_it_with_the_ptrace_fix() -> N
 
 def test_an_expired_or_unreadable_certificate_fails_naming_how_to_get_one() -> None:
     for change in ({"cert_seconds_left": -3600.0}, {"cert_seconds_left": None, "cert_error": "cannot read"}):
-        [check] = [c for c in doctor.run_checks(dataclasses.replace(GOOD, **change)) if c.name == "certificate"]
+        checks = doctor.run_checks(dataclasses.replace(GOOD, **change))
+        [check] = [c for c in checks if c.name == "certificate"]
         assert check.status == "fail" and check.fix
