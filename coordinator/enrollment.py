@@ -55,11 +55,14 @@ class KubeApi:
     """KubeReader over the official client. Raw JSON (`_preload_content=False`) rather than models:
     the rules read the API reference's shapes, the same ones a stand-in answers."""
 
-    def __init__(self, api_url: str = "", ca_file: str = "", token_file: str = "") -> None:
+    def __init__(self, api_url: str = "", ca_file: str = "", token_file: str = "",
+                 kubeconfig: str = "") -> None:
         from kubernetes import client, config  # heavy; only an issuer needs it
 
         configuration = client.Configuration()
-        if api_url:
+        if kubeconfig:  # scripts/check-enrollment, from a workstation
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        elif api_url:
             configuration.host = api_url
             configuration.ssl_ca_cert = ca_file or None
             if token_file:
@@ -103,6 +106,23 @@ class KubeApi:
         self._api.close()
 
 
+def identify(kube: KubeReader, namespace: str, csr: x509.CertificateSigningRequest,
+             token: str) -> rules.Identity:
+    """Blocking: the API server's answers, in the order the rules need them, judged by the rules."""
+    try:
+        review = kube.token_review(token, [rules.AUDIENCE])
+        claim = rules.check_review(review, token, namespace)
+        node = rules.check_pod(kube.read_pod(namespace, claim.pod_name), claim)
+        node_uid = rules.check_node(kube.read_node(node), node, claim)
+    except rules.Refusal:
+        raise
+    except Exception as exc:  # the API server's trouble is never the caller's refusal
+        why = f"the API server did not answer: {type(exc).__name__}: {str(exc)[:200]}"
+        raise rules.Refusal(rules.Reason.ISSUER_UNAVAILABLE, why) from None
+    rules.check_csr_role(csr, node)
+    return rules.Identity(node, node_uid, claim.pod_name, claim.pod_uid)
+
+
 @dataclass
 class Issuer:
     """Checks a request with the API server and signs with the agent CA."""
@@ -121,26 +141,10 @@ class Issuer:
         key, cert = certs.load_ca(tls_dir, tls.AGENT_CA_STEM)
         return cls(kube, key, cert, tls.trust_bundle(tls_dir), namespace, lifetime)
 
-    def _identity(self, csr: x509.CertificateSigningRequest, token: str) -> rules.Identity:
-        """Blocking: the API server reads, in the order the rules need them."""
-        try:
-            review = self.kube.token_review(token, [rules.AUDIENCE])
-            claim = rules.check_review(review, token, self.namespace)
-            node = rules.check_pod(self.kube.read_pod(self.namespace, claim.pod_name), claim)
-            node_uid = rules.check_node(self.kube.read_node(node), node, claim)
-        except rules.Refusal:
-            raise
-        except Exception as exc:  # the API server's trouble is never the caller's refusal
-            raise rules.Refusal(rules.Reason.ISSUER_UNAVAILABLE,
-                                f"the API server did not answer: {type(exc).__name__}: {str(exc)[:200]}") \
-                from None
-        rules.check_csr_role(csr, node)
-        return rules.Identity(node, node_uid, claim.pod_name, claim.pod_uid)
-
     async def enroll(self, csr_pem: bytes, token: str) -> pb.EnrollResponse:
         rules.check_sizes(csr_pem, token)
         csr = rules.parse_csr(csr_pem)
-        identity = await asyncio.to_thread(self._identity, csr, token)
+        identity = await asyncio.to_thread(identify, self.kube, self.namespace, csr, token)
         public_key = csr.public_key()
         assert isinstance(public_key, ec.EllipticCurvePublicKey)  # parse_csr admitted only P-256
         cert = certs.sign_agent(self.ca_key, self.ca_cert, public_key, identity.node, identity.uris(),
