@@ -5,11 +5,13 @@ certificate makes 1,000 ProbeOwners calls through the agent's role gate, opening
 every 100 calls so handshakes happen on both sides of the swap: 0 failures, and the new certificate
 is the one served afterwards. A coordinator's certificate replaced on disk is served from the next
 handshake without a restart: a client that accepts only the new certificate's name is refused
-before and served after.
+before and served after. The renewal loop renews by itself once due and, refused (the pod gone),
+keeps serving its current certificate and counts the failure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
 import os
@@ -22,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from holdfast.agent import enroll, hostinfo, rotation
 from holdfast.agent.authorization import agent_rule
@@ -154,3 +157,49 @@ async def test_a_coordinator_serves_its_replaced_certificate_without_a_restart(
         assert credentials.version == 2
     finally:
         await server.server.stop(0)
+
+
+@run_async
+async def test_the_agent_renews_by_itself_when_due_and_keeps_its_certificate_when_refused(
+        pki: Path, kube: KubeStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kube.add_node("node-1")
+    pod = kube.add_pod("holdfast", "holdfast-agent-node-1", "node-1")
+    token_file = tmp_path / "token"
+    token_file.write_text(kube.token(pod))
+    api = enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
+    # A minute's lifetime starting five minutes back: every certificate is past two thirds at once.
+    issuer = enrollment.Issuer.from_dir(pki, api, "holdfast", datetime.timedelta(minutes=1))
+    issuing = await enrollment.start("127.0.0.1:0", pki, issuer)
+    agent_dir = tmp_path / "agent-tls"
+    enroller = rotation.Enroller(issuing.address, pki / "ca.pem", "node-1", token_file, agent_dir)
+    await rotation.ensure(enroller)
+    credentials = reloading.ReloadingCredentials(agent_dir, Role("agent", "node-1"))
+    renewed, failed = asyncio.Event(), asyncio.Event()
+    took = credentials.reload
+
+    def reload() -> bool:
+        renewed.set()
+        return took()
+
+    monkeypatch.setattr(credentials, "reload", reload)
+    monkeypatch.setattr(rotation.log, "error", lambda *args, **kwargs: failed.set())
+    monkeypatch.setattr(rotation, "MIN_RETRY_SECONDS", 0.01)
+    first = serial(enroller.cert_path)
+    renewer = asyncio.create_task(rotation.renew_forever(enroller, credentials))
+    try:
+        await asyncio.wait_for(renewed.wait(), 30)
+        assert serial(enroller.cert_path) != first and credentials.version >= 2
+        del kube.state.pods[("holdfast", "holdfast-agent-node-1")]
+        await asyncio.wait_for(failed.wait(), 30)
+        kept, failures = serial(enroller.cert_path), _renewals("failed")
+        failed.clear()
+        await asyncio.wait_for(failed.wait(), 30)  # refused again: still the same certificate
+        assert serial(enroller.cert_path) == kept and _renewals("failed") > failures
+    finally:
+        renewer.cancel()
+        await issuing.server.stop(0)
+        api.close()
+
+
+def _renewals(outcome: str) -> float:
+    return REGISTRY.get_sample_value("holdfast_certificate_renewals_total", {"outcome": outcome}) or 0.0
