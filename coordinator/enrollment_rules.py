@@ -24,7 +24,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from holdfast.common.tls import Role, role_from_uri
+from holdfast.common.tls import ROLE_SCHEME, Role
 
 AUDIENCE = "holdfast"
 SERVICE_ACCOUNT = "holdfast-agent"
@@ -135,8 +135,9 @@ def requested_roles(csr: x509.CertificateSigningRequest) -> list[str]:
         sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return []
+    # Any holdfast:// URI counts, a malformed one too: the issuer never signs a name it did not set.
     return [uri for uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
-            if uri.startswith("holdfast://") or role_from_uri(uri) is not None]
+            if uri.startswith(f"{ROLE_SCHEME}://")]
 
 
 def unverified_audiences(token: str) -> list[str]:
