@@ -41,7 +41,14 @@ class Material:
     not_after: float
 
 
-def _stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:
+def role_files(directory: Path, role: tls.Role) -> list[Path]:
+    """The files a role's TLS credentials are read from: key, certificate, and the trust bundle's."""
+    return [directory / f"{role.file_stem}.key", directory / f"{role.file_stem}.pem",
+            directory / "ca.pem", directory / f"{tls.AGENT_CA_STEM}.pem"]
+
+
+def files_stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:
+    """(inode, mtime, size) of each file, zeros for a missing one: changes whenever one is replaced."""
     out = []
     for path in paths:
         try:
@@ -71,11 +78,10 @@ class ReloadingCredentials:
         self.directory = directory
         self.role = role
         self.require_client_auth = require_client_auth
-        self._paths = [directory / f"{role.file_stem}.key", directory / f"{role.file_stem}.pem",
-                       directory / "ca.pem", directory / f"{tls.AGENT_CA_STEM}.pem"]
+        self._paths = role_files(directory, role)
         self._lock = threading.Lock()
         self.material = read_material(directory, role)  # start-up: a bad pair is an error, not a wait
-        self._stamp = _stamp(self._paths)
+        self._stamp = files_stamp(self._paths)
         self._checked = time.monotonic()
         self.version = 1      # bumped on every change taken
         self.served = 0       # the version the server last handed to gRPC
@@ -85,7 +91,7 @@ class ReloadingCredentials:
         """Takes the files if they changed and agree; True when something new was taken."""
         with self._lock:
             self._checked = time.monotonic()
-            stamp = _stamp(self._paths)
+            stamp = files_stamp(self._paths)
             if stamp == self._stamp:
                 return False
             try:

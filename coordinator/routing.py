@@ -6,13 +6,14 @@ probe result naming that reason — after bounded tenacity retries — never a p
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from holdfast.common import tls
+from holdfast.common import reloading, tls
 from holdfast.common.tls import Role
 from holdfast.coordinator import metrics
 from holdfast.coordinator.registry import Registry
@@ -39,11 +40,29 @@ class Router:
         self.registry = registry
         self.tls_dir = tls_dir
         self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        # A channel keeps the certificate it was opened with, and reconnects with it: when the
+        # coordinator's own files change (a renewal), later calls get new channels and the old ones
+        # close once their calls are done, so an expired certificate is never presented to an agent.
+        self._files = reloading.role_files(tls_dir, Role("coordinator")) if tls_dir else []
+        self._stamp = reloading.files_stamp(self._files)
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def _retire_if_renewed(self) -> None:
+        stamp = reloading.files_stamp(self._files)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        for channel in self._channels.values():
+            task = asyncio.create_task(channel.close(grace=RETRY_BUDGET_S))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        self._channels.clear()
 
     async def agent(self, host_id: str) -> agent_pb2_grpc.HostAgentStub | None:
         reg = await self.registry.get(host_id)
         if reg is None:
             return None
+        self._retire_if_renewed()
         channel = self._channels.get((reg.address, host_id))
         if channel is None:
             # With TLS the agent at the registered address must hold host_id's own certificate: a

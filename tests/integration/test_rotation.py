@@ -12,6 +12,7 @@ keeps serving its current certificate and counts the failure.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import functools
 import os
@@ -34,6 +35,7 @@ from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
 from holdfast.common.tls import Role
 from holdfast.coordinator import enrollment
+from holdfast.coordinator.routing import Router
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.k8s_standin import KubeStandIn
@@ -203,3 +205,56 @@ async def test_the_agent_renews_by_itself_when_due_and_keeps_its_certificate_whe
 
 def _renewals(outcome: str) -> float:
     return REGISTRY.get_sample_value("holdfast_certificate_renewals_total", {"outcome": outcome}) or 0.0
+
+
+@dataclasses.dataclass
+class _Registered:
+    address: str
+
+
+class _OneHost:
+    """The one registration the router looks up (the Registry's `get`, without etcd)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    async def get(self, host_id: str) -> _Registered:
+        return _Registered(self.address)
+
+
+@run_async
+async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Path, tmp_path: Path) -> None:
+    """The router's cached channel would keep presenting the certificate it was opened with; once the
+    coordinator's files change, the next call goes out on a channel with the new one."""
+    agent_dir = tmp_path / "agent"
+    certs.issue_one(pki, Role("agent", "node-1"), ["127.0.0.1"], agent_dir)
+    credentials = reloading.ReloadingCredentials(agent_dir, Role("agent", "node-1"))
+    service = HostAgentService("node-1", hostinfo.gather(), "HOLDFAST_SPAWN_TOKEN")
+    agent = await serving_.start("127.0.0.1:0", AGENT_SERVICE,
+                                 functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service),
+                                 credentials.server_credentials(),
+                                 [RoleGate(AGENT_SERVICE, agent_rule, "holdfast")])
+    coordinator_dir = tmp_path / "coordinator"
+    coordinator_dir.mkdir()
+    (coordinator_dir / "ca.pem").write_bytes((pki / "ca.pem").read_bytes())
+    # First a certificate the agent refuses (a client's), installed under the coordinator's names.
+    certs.issue(pki, Role("client"), [], out=tmp_path)
+    for suffix in ("key", "pem"):
+        (tmp_path / f"client.{suffix}").rename(coordinator_dir / f"coordinator.{suffix}")
+    router = Router(_OneHost(agent.address), coordinator_dir)  # type: ignore[arg-type]
+    info = agent_pb2.GetHostInfoRequest()
+    try:
+        stub = await router.agent("node-1")
+        assert stub is not None
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.GetHostInfo(info, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        certs.issue(pki, Role("coordinator"), [], out=tmp_path)
+        for suffix in ("key", "pem"):
+            (tmp_path / f"coordinator.{suffix}").rename(coordinator_dir / f"coordinator.{suffix}")
+        stub = await router.agent("node-1")
+        assert stub is not None
+        assert (await stub.GetHostInfo(info, timeout=10)).host_id == "node-1"
+    finally:
+        await router.close()
+        await agent.server.stop(0)
