@@ -188,8 +188,9 @@ def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
 def register(subparsers: argparse._SubParsersAction) -> None:
     certs = subparsers.add_parser("certs", help="make a local CA and a certificate per role")
     actions = certs.add_subparsers(dest="certs_command", required=True)
-    init = actions.add_parser("init", help="create DIR with ca.pem and coordinator, client (runtime), "
-                              "operator, maintenance and agent certificates")
+    init = actions.add_parser("init", help="create DIR with ca.pem, the agent CA the enrollment issuer signs "
+                              "with (agent-ca.pem/.key), and coordinator, client (runtime), operator, "
+                              "maintenance and any --agent-host certificates")
     init.add_argument("directory", type=Path)
     init.add_argument("--add-missing", action="store_true",
                       help="DIR already has a CA: only issue the certificates it lacks (e.g. operator.pem "
