@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from holdfast.agent import hostinfo
-from holdfast.common import tls
+from holdfast.common import reloading, tls
 from holdfast.proc import cgroups
 from holdfast.proc.environ import read_environ
 from holdfast.proc.procstat import StatParseError, parse_stat
@@ -67,6 +67,8 @@ class Facts:
     coordinator: str
     coordinator_error: str  # "" when it answered SERVING
     unreadable: tuple[Unreadable, ...] = ()  # the denied processes themselves (environ_denied of them)
+    cert_seconds_left: float | None = None  # this agent's certificate (with tls_dir); None: not checked
+    cert_error: str = ""  # why it could not be read
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,27 @@ def check_coordinator(f: Facts) -> Check:
                    "the coordinator Service")
 
 
+# Below this an enrolled agent has missed several renewals (it renews with 8 h of a day's lifetime
+# left); the same threshold as the HoldfastCertificateExpiring alert.
+CERT_WARN_SECONDS = 6 * 3600
+
+
+def check_certificate(f: Facts) -> Check:
+    if f.cert_seconds_left is None and not f.cert_error:
+        return Check("certificate", "skip", "no TLS configured (--tls-dir / HOLDFAST_TLS_DIR)")
+    if f.cert_error:
+        return _result("certificate", False, f.cert_error, "enroll with `holdfast agent serve --enroll`, "
+                       "or issue one with `holdfast certs issue --role agent --host HOST_ID`")
+    left = f.cert_seconds_left or 0.0
+    detail = f"expires in {left / 3600:.1f} h" if left > 0 else f"expired {-left / 3600:.1f} h ago"
+    return _result("certificate", left > CERT_WARN_SECONDS, detail,
+                   "renewal is failing: check the agent's log (`certificate renewal failed`) and the "
+                   "issuer's (`enrollment refused`)")
+
+
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
-    check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_boot_id, check_coordinator)
+    check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_boot_id, check_coordinator,
+    check_certificate)
 
 
 def run_checks(f: Facts) -> list[Check]:
@@ -272,4 +293,14 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
         coordinator=coordinator,
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
         unreadable=unreadable,
+        **certificate_facts(tls_dir, host_id),
     )
+
+
+def certificate_facts(tls_dir: Path | None, host_id: str) -> dict[str, object]:
+    if tls_dir is None or not host_id:
+        return {}
+    try:
+        return {"cert_seconds_left": reloading.seconds_left(tls_dir, tls.Role("agent", host_id))}
+    except (OSError, ValueError) as exc:
+        return {"cert_error": f"cannot read agent-{host_id}.pem: {exc}"}

@@ -45,50 +45,71 @@ async def keep_registered(
         agent_version=agent_version,
     )
     # Only this host's own agent certificate may register it (the coordinator checks the role).
-    async with tls.open_channel(coordinator, tls_dir, tls.Role("agent", host_id)) as channel:
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-        lease_id = 0
-        while True:
-            try:
-                if lease_id == 0:
-                    reply = await stub.RegisterHost(
-                        coordinator_pb2.RegisterHostRequest(registration=registration, ttl_seconds=ttl),
-                        timeout=CALL_TIMEOUT_S,
-                    )
-                    lease_id, ttl = reply.lease_id, reply.ttl_seconds
-                    metrics.REGISTERED.labels(host_id).set(1)
-                    log.info("registered host %s at %s with %s", host_id, coordinator, address)
-                else:
-                    await stub.Heartbeat(
-                        coordinator_pb2.HeartbeatRequest(host_id=host_id, lease_id=lease_id),
-                        timeout=CALL_TIMEOUT_S,
-                    )
-                await asyncio.sleep(max(ttl / 3, 0.5))
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
-                    metrics.REGISTERED.labels(host_id).set(0)  # known lapsed or refused; a blip says nothing
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    lease_id = 0  # our registration lapsed: register again at once
-                    continue
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    log.error(
-                        "host id %s is held by a live registration; not registered: %s",
-                        host_id,
-                        exc.details(),
-                    )
-                    await asyncio.sleep(ttl)
-                    continue
-                if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
-                    # A certificate problem does not fix itself by hammering: say so, retry slowly.
-                    log.error("coordinator %s refused host %s's certificate: %s", coordinator, host_id,
-                              exc.details())
-                    await asyncio.sleep(ttl)
-                    continue
-                log.warning(
-                    "coordinator %s unreachable (%s); still serving probes", coordinator, exc.code().name
-                )
-                await asyncio.sleep(1.0)
+    # The channel is opened again whenever the certificate file changes (a renewal): a channel keeps
+    # the credentials it was made with, and the old certificate will expire under it.
+    lease_id = 0
+    while True:
+        opened = _cert_stamp(tls_dir, host_id)
+        async with tls.open_channel(coordinator, tls_dir, tls.Role("agent", host_id)) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            while _cert_stamp(tls_dir, host_id) == opened:
+                lease_id, ttl = await _register_or_beat(stub, registration, host_id, coordinator, lease_id,
+                                                        ttl)
 
+
+def _cert_stamp(tls_dir: Path | None, host_id: str) -> tuple[int, int]:
+    if tls_dir is None:
+        return (0, 0)
+    try:
+        st = (tls_dir / f"{tls.Role('agent', host_id).file_stem}.pem").stat()
+    except FileNotFoundError:
+        return (0, 0)
+    return (st.st_ino, st.st_mtime_ns)
+
+
+async def _register_or_beat(stub: coordinator_pb2_grpc.CoordinatorStub,
+                            registration: coordinator_pb2.HostRegistration, host_id: str, coordinator: str,
+                            lease_id: int, ttl: int) -> tuple[int, int]:
+    """One registration or heartbeat and the wait after it; returns the lease and ttl to go on with."""
+    try:
+        if lease_id == 0:
+            reply = await stub.RegisterHost(
+                coordinator_pb2.RegisterHostRequest(registration=registration, ttl_seconds=ttl),
+                timeout=CALL_TIMEOUT_S,
+            )
+            lease_id, ttl = reply.lease_id, reply.ttl_seconds
+            metrics.REGISTERED.labels(host_id).set(1)
+            log.info("registered host %s at %s with %s", host_id, coordinator, registration.address)
+        else:
+            await stub.Heartbeat(
+                coordinator_pb2.HeartbeatRequest(host_id=host_id, lease_id=lease_id),
+                timeout=CALL_TIMEOUT_S,
+            )
+        await asyncio.sleep(max(ttl / 3, 0.5))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+            metrics.REGISTERED.labels(host_id).set(0)  # known lapsed or refused; a blip says nothing
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return 0, ttl  # our registration lapsed: register again at once
+        if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            log.error(
+                "host id %s is held by a live registration; not registered: %s",
+                host_id,
+                exc.details(),
+            )
+            await asyncio.sleep(ttl)
+            return lease_id, ttl
+        if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            # A certificate problem does not fix itself by hammering: say so, retry slowly.
+            log.error("coordinator %s refused host %s's certificate: %s", coordinator, host_id,
+                      exc.details())
+            await asyncio.sleep(ttl)
+            return lease_id, ttl
+        log.warning(
+            "coordinator %s unreachable (%s); still serving probes", coordinator, exc.code().name
+        )
+        await asyncio.sleep(1.0)
+    return lease_id, ttl
 
 async def serve_registered(
     serve: Callable[[str], Awaitable[None]],

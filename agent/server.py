@@ -1,5 +1,9 @@
 """The agent's server lifecycle: bind, serve HostAgent + health + reflection (and /metrics when asked),
 and on SIGTERM/SIGINT stop taking calls, drain in-flight ones, and exit cleanly.
+
+With TLS the server's certificate follows its files (holdfast.common.reloading): a renewed or
+replaced pair is served from the next handshake on, without a restart; with an enroller, this
+process renews it itself (holdfast.agent.rotation).
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ import functools
 import logging
 from pathlib import Path
 
-from holdfast.agent import hostinfo
+from holdfast.agent import hostinfo, rotation
 from holdfast.agent.authorization import agent_rule
 from holdfast.agent.service import HostAgentService
 from holdfast.common import serving as serving_
 from holdfast.common import tls
 from holdfast.common.authorization import RoleGate
+from holdfast.common.reloading import ReloadingCredentials
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 DRAIN_SECONDS = 5.0
@@ -22,13 +27,15 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["HostAgent"].full_name
 
 
 async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None,
-                tls_dir: Path | None = None, metrics_listen: str = "", health_listen: str = "") -> None:
+                tls_dir: Path | None = None, metrics_listen: str = "", health_listen: str = "",
+                enroller: rotation.Enroller | None = None) -> None:
     log = logging.getLogger("holdfast.agent")
     service = HostAgentService(host_id, hostinfo.gather(), spawn_token_env)
     add_service = functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service)
-    credentials, gates = None, []
+    credentials, gates, reloading = None, [], None
     if tls_dir is not None:
-        credentials = tls.server_credentials(tls_dir, tls.Role("agent", host_id))
+        reloading = ReloadingCredentials(tls_dir, tls.Role("agent", host_id))
+        credentials = reloading.server_credentials()
         gates = [RoleGate(SERVICE_NAME, agent_rule, "holdfast")]
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
     metrics = serving_.start_metrics(metrics_listen)
@@ -38,11 +45,14 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
                                                 "tls": tls_dir is not None,
                                                 "session_cgroups": service.cgroups.reason or "yes"}})
     serving_.announce(ready_file, serving, metrics)
-    sweeper = asyncio.create_task(service.sweep_cgroups())
+    tasks = [asyncio.create_task(service.sweep_cgroups())]
+    if enroller is not None and reloading is not None:
+        tasks.append(asyncio.create_task(rotation.renew_forever(enroller, reloading)))
     try:
         await serving_.until_stop_signal()
     finally:
-        sweeper.cancel()
+        for task in tasks:
+            task.cancel()
     log.info("draining", extra={"fields": {"grace_s": DRAIN_SECONDS}})
     await serving_.drain(serving, DRAIN_SECONDS)
     log.info("stopped")

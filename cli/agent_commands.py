@@ -14,6 +14,7 @@ import sys
 
 from holdfast.common import config
 from holdfast.common.config import Setting
+from holdfast.common.reasons import EX_NOPERM
 
 DEFAULT_SPAWN_TOKEN_ENV = "HOLDFAST_SPAWN_TOKEN"
 EX_USAGE = 2
@@ -54,6 +55,18 @@ SERVE_SETTINGS = [
             "also answer grpc.health.v1, plaintext and nothing else, on host:port (kubelet probes)",
             default=""),
     TLS_DIR,
+    Setting("enroll", "HOLDFAST_ENROLL", config.optional_address,
+            "get (and renew) this node's certificate from the enrollment listener at host:port "
+            "(`coordinator serve --enroll-listen`) with the pod's projected token; needs --tls-dir",
+            default=""),
+    Setting("enroll_ca", "HOLDFAST_ENROLL_CA", config.text,
+            "the CA the enrollment listener's certificate chains to (default: <tls dir>/ca.pem)", default=""),
+    Setting("enroll_server_name", "HOLDFAST_ENROLL_SERVER_NAME", config.text,
+            "the name the enrollment listener's certificate carries, when not the --enroll host "
+            "(e.g. holdfast-coordinator)", default=""),
+    Setting("token_file", "HOLDFAST_TOKEN_FILE", config.text,
+            "the projected ServiceAccount token (audience holdfast) sent with --enroll",
+            default="/var/run/secrets/holdfast/token"),
     *config.logging_settings(),
 ]
 DOCTOR_SETTINGS = [COORDINATOR, NODE, NODE_CGROUP_NS, TLS_DIR,
@@ -90,9 +103,30 @@ def _serve(raw: argparse.Namespace) -> int:
               "rests on the token scan alone)", file=sys.stderr)
         return EX_USAGE
 
+    enroller = None
+    if args.enroll:
+        from pathlib import Path
+
+        from holdfast.agent import enroll, rotation
+
+        if tls_dir is None:
+            print("holdfast agent serve: setting enroll needs tls_dir (where the key and certificate go). "
+                  "Next: pass --tls-dir", file=sys.stderr)
+            return EX_USAGE
+        server_ca = Path(args.enroll_ca) if args.enroll_ca else tls_dir / "ca.pem"
+        enroller = rotation.Enroller(args.enroll, server_ca, args.host_id, Path(args.token_file), tls_dir,
+                                     args.enroll_server_name)
+        try:
+            asyncio.run(rotation.ensure(enroller))
+        except (enroll.EnrollmentFailed, OSError) as exc:
+            print(f"holdfast agent serve: enrollment with {args.enroll} failed: {exc}. Next: check the "
+                  "issuer's log (`enrollment refused` names the reason) and docs/operations.md, "
+                  "Certificates", file=sys.stderr)
+            return EX_NOPERM
+
     def serve(ready: str | None) -> object:
         return server.serve(args.listen, args.host_id, args.spawn_token_env, ready, tls_dir,
-                            args.metrics_listen, args.health_listen)
+                            args.metrics_listen, args.health_listen, enroller)
 
     if args.coordinator:
         from holdfast.agent import registration

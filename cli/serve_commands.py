@@ -45,6 +45,17 @@ def seconds(raw: Any) -> float:
     return value
 
 
+def lifetime_hours(raw: Any) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{raw!r} is not a number of hours") from None
+    # An hour's floor leaves renewal (at 2/3) 20 minutes of slack; beyond a week it is no longer short.
+    if not 0.0 < value <= 168:
+        raise ValueError(f"{value} is outside 0..168 hours")
+    return value
+
+
 SETTINGS = [
     Setting("etcd", "HOLDFAST_ETCD", etcd_endpoints, "etcd client URLs, comma-separated", required=True),
     Setting("listen", "HOLDFAST_COORDINATOR_LISTEN", config.address, "host:port (port 0 picks one)",
@@ -64,6 +75,21 @@ SETTINGS = [
                         "coordinator.pem, check callers' roles, dial agents with it"),
     Setting("etcd_tls_dir", "HOLDFAST_ETCD_TLS_DIR", config.text,
             "etcd's CA and the coordinator's etcd certificate (default: <tls dir>/etcd)", default=""),
+    Setting("enroll_listen", "HOLDFAST_ENROLL_LISTEN", config.optional_address,
+            "also serve holdfast.v1.Enrollment on host:port: server-auth TLS only, signing agent "
+            "certificates with <tls dir>/agent-ca.key after checking the caller's projected token with "
+            "the API server (needs tls_dir)", default=""),
+    Setting("enroll_api_server", "HOLDFAST_ENROLL_API_SERVER", config.text,
+            "the Kubernetes API server URL the issuer asks (default: in-cluster configuration)", default=""),
+    Setting("enroll_api_ca", "HOLDFAST_ENROLL_API_CA", config.text,
+            "with enroll_api_server: the CA file its certificate chains to", default=""),
+    Setting("enroll_api_token_file", "HOLDFAST_ENROLL_API_TOKEN_FILE", config.text,
+            "with enroll_api_server: the issuer's own bearer token, re-read before each call", default=""),
+    Setting("enroll_namespace", "HOLDFAST_ENROLL_NAMESPACE", config.text,
+            "holdfast's namespace: only its holdfast-agent service account may enroll (default: this "
+            "pod's namespace, else holdfast)", default=""),
+    Setting("enroll_lifetime_hours", "HOLDFAST_ENROLL_LIFETIME_HOURS", lifetime_hours,
+            "lifetime of an agent certificate the issuer signs (agents renew at two thirds)", default=24.0),
     *config.logging_settings(),
 ]
 
@@ -79,14 +105,32 @@ def _serve(raw: argparse.Namespace) -> int:
         return EX_USAGE
     logs.setup(args.log_format, args.log_level)
     etcd_tls = Path(args.etcd_tls_dir) if args.etcd_tls_dir else None
+    tls_dir = tls.tls_dir(args.tls_dir)
     try:
+        issuer = _issuer(args, tls_dir)
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
-                                 tls.tls_dir(args.tls_dir), etcd_tls, args.metrics_listen,
-                                 args.census_seconds, args.health_listen, args.commit_window_seconds))
+                                 tls_dir, etcd_tls, args.metrics_listen,
+                                 args.census_seconds, args.health_listen, args.commit_window_seconds, issuer))
     except (ValueError, FileNotFoundError) as exc:
         print(f"holdfast coordinator: {exc}", file=sys.stderr)
         return EX_USAGE
     return 0
+
+
+def _issuer(args: argparse.Namespace, tls_dir: Path | None) -> tuple[str, Any] | None:
+    if not args.enroll_listen:
+        return None
+    if tls_dir is None:
+        raise ValueError("setting enroll_listen needs tls_dir (the issuer serves with coordinator.pem and "
+                         "signs with agent-ca.key)")
+    import datetime
+
+    from holdfast.coordinator import enrollment
+
+    kube = enrollment.KubeApi(args.enroll_api_server, args.enroll_api_ca, args.enroll_api_token_file)
+    namespace = args.enroll_namespace or enrollment.namespace_default()
+    return args.enroll_listen, enrollment.Issuer.from_dir(
+        tls_dir, kube, namespace, datetime.timedelta(hours=args.enroll_lifetime_hours))
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:

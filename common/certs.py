@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from holdfast.common import config
-from holdfast.common.tls import ETCD_SUBDIR, Role
+from holdfast.common.tls import AGENT_CA_NAME, AGENT_CA_STEM, ETCD_SUBDIR, Role
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
@@ -57,22 +57,56 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
             .not_valid_after(now + lifetime))
 
 
-def init_ca(directory: Path) -> None:
-    """Creates ca.pem / ca.key in `directory`, refusing to overwrite an existing CA."""
+def init_ca(directory: Path, stem: str = "ca", common_name: str = "holdfast local CA") -> None:
+    """Creates <stem>.pem / <stem>.key in `directory`, refusing to overwrite an existing CA."""
     directory.mkdir(parents=True, exist_ok=True)
-    if (directory / "ca.key").exists():
-        raise FileExistsError(f"{directory / 'ca.key'} exists; use another directory or delete it first")
+    if (directory / f"{stem}.key").exists():
+        raise FileExistsError(f"{directory / (stem + '.key')} exists; use another directory or delete it")
     key = _new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "holdfast local CA")])
-    cert = (_builder("holdfast local CA", name, key.public_key(), CA_LIFETIME)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (_builder(common_name, name, key.public_key(), CA_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
                                          key_encipherment=False, data_encipherment=False,
                                          key_agreement=False, key_cert_sign=True, crl_sign=True,
                                          encipher_only=False, decipher_only=False), critical=True)
             .sign(key, hashes.SHA256()))
-    _write_private(directory / "ca.key", _key_pem(key))
-    (directory / "ca.pem").write_bytes(_cert_pem(cert))
+    _write_private(directory / f"{stem}.key", _key_pem(key))
+    (directory / f"{stem}.pem").write_bytes(_cert_pem(cert))
+
+
+def init_agent_ca(directory: Path) -> None:
+    """The agent CA (agent-ca.pem/.key): the enrollment issuer's only key. Servers accept its
+    certificates for agent roles alone (holdfast.common.tls), so even a stolen issuer key can mint
+    nothing but agents, and path length 0 keeps it from making another CA."""
+    init_ca(directory, AGENT_CA_STEM, AGENT_CA_NAME)
+
+
+def load_ca(directory: Path, stem: str = "ca") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = serialization.load_pem_private_key((directory / f"{stem}.key").read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / (stem + '.key')} is not an EC key made by `holdfast certs init`")
+    return key, x509.load_pem_x509_certificate((directory / f"{stem}.pem").read_bytes())
+
+
+def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, subject: str,
+          public_key: ec.EllipticCurvePublicKey, names: list[x509.GeneralName],
+          lifetime: datetime.timedelta) -> x509.Certificate:
+    return (_builder(subject, ca_cert.subject, public_key, lifetime)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+
+
+def sign_agent(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+               public_key: ec.EllipticCurvePublicKey, node: str, uris: list[str],
+               lifetime: datetime.timedelta) -> x509.Certificate:
+    """An enrolled agent's certificate: its role and identity URIs, and the node name as a DNS SAN
+    (the name a coordinator checks when it dials that node's agent)."""
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri) for uri in uris]
+    return _leaf(ca_key, ca_cert, uris[0], public_key, [*names, x509.DNSName(node)], lifetime)
 
 
 def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None) -> Path:
@@ -83,10 +117,7 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
     certificate is also good for client authentication, since every party is a client of another.
     """
     out = out or directory
-    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
-    ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError(f"{directory / 'ca.key'} is not an EC key made by `holdfast certs init`")
+    ca_key, ca_cert = load_ca(directory)
     key = _new_key()
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role.uri())]
     for host in hosts:
@@ -94,12 +125,7 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
-    cert = (_builder(role.uri(), ca_cert.subject, key.public_key(), LEAF_LIFETIME)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = _leaf(ca_key, ca_cert, role.uri(), key.public_key(), names, LEAF_LIFETIME)
     _write_private(out / f"{role.file_stem}.key", _key_pem(key))
     path = out / f"{role.file_stem}.pem"
     path.write_bytes(_cert_pem(cert))
@@ -140,12 +166,16 @@ def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
     """
     init_ca(directory)
     init_ca(directory / ETCD_SUBDIR)
+    init_agent_ca(directory)
     return ensure_issued(directory, agent_hosts, serve_on, etcd_serve_on)
 
 
 def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
                   etcd_serve_on: list[str] | None = None) -> list[Path]:
-    """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet."""
+    """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet, and
+    the agent CA an older directory lacks."""
+    if not (directory / f"{AGENT_CA_STEM}.key").exists():
+        init_agent_ca(directory)
     wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), []),
               (directory, Role("operator"), []), (directory, Role("maintenance"), [])]
     wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
@@ -158,8 +188,9 @@ def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
 def register(subparsers: argparse._SubParsersAction) -> None:
     certs = subparsers.add_parser("certs", help="make a local CA and a certificate per role")
     actions = certs.add_subparsers(dest="certs_command", required=True)
-    init = actions.add_parser("init", help="create DIR with ca.pem and coordinator, client (runtime), "
-                              "operator, maintenance and agent certificates")
+    init = actions.add_parser("init", help="create DIR with ca.pem, the agent CA the enrollment issuer signs "
+                              "with (agent-ca.pem/.key), and coordinator, client (runtime), operator, "
+                              "maintenance and any --agent-host certificates")
     init.add_argument("directory", type=Path)
     init.add_argument("--add-missing", action="store_true",
                       help="DIR already has a CA: only issue the certificates it lacks (e.g. operator.pem "

@@ -102,11 +102,11 @@ def start_metrics(listen: str) -> str:
     return f"{host}:{httpd.server_port}"
 
 
-def announce(ready_file: str | None, serving: Serving, metrics: str = "") -> None:
+def announce(ready_file: str | None, serving: Serving, metrics: str = "", enroll: str = "") -> None:
     if ready_file:
         tmp = Path(ready_file + ".tmp")
-        extra = {name: value for name, value in (("metrics", metrics), ("health", serving.health_address))
-                 if value}
+        extra = {name: value for name, value in (("metrics", metrics), ("health", serving.health_address),
+                                                 ("enroll", enroll)) if value}
         tmp.write_text(json.dumps({"address": serving.address, **extra}))
         tmp.rename(ready_file)
 

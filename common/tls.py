@@ -27,6 +27,11 @@ ROLE_SCHEME = "holdfast"
 ROLE_KINDS = ("coordinator", "client", "agent", "etcd", "operator", "maintenance")
 TLS_DIR_ENV = "HOLDFAST_TLS_DIR"
 ETCD_SUBDIR = "etcd"
+# The enrollment issuer's CA (docs/decisions.md): servers trust it beside ca.pem, but a certificate
+# it issued carries an agent role or none. gRPC has verified the chain before a role is read, and
+# only ca.pem and this CA are trusted, so the issuer name tells which of the two signed it.
+AGENT_CA_STEM = "agent-ca"
+AGENT_CA_NAME = "holdfast agent CA (agent roles only)"
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,15 @@ def role_of_certificate(cert: x509.Certificate) -> Role | None:
     uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
     roles = {role for role in map(role_from_uri, uris) if role is not None}
     # A certificate claiming two roles is ambiguous; ambiguity grants nothing.
-    return roles.pop() if len(roles) == 1 else None
+    if len(roles) != 1:
+        return None
+    role = roles.pop()
+    return None if role.kind != "agent" and is_agent_ca_issued(cert) else role
+
+
+def is_agent_ca_issued(cert: x509.Certificate) -> bool:
+    names = cert.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return any(name.value == AGENT_CA_NAME for name in names)
 
 
 def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
@@ -88,18 +101,25 @@ def _read(directory: Path, name: str) -> bytes:
         raise FileNotFoundError(f"{path} is missing; make it with `holdfast certs init`") from None
 
 
+def trust_bundle(directory: Path) -> bytes:
+    """ca.pem, plus agent-ca.pem where it is: enrolled agents' certificates come from the latter."""
+    agent_ca = directory / f"{AGENT_CA_STEM}.pem"
+    extra = agent_ca.read_bytes() if agent_ca.exists() else b""
+    return _read(directory, "ca.pem") + extra
+
+
 def server_credentials(directory: Path, role: Role) -> grpc.ServerCredentials:
-    """Serves with `role`'s certificate and requires every client to present one from the same CA."""
+    """Serves with `role`'s certificate and requires every client to present one from a trusted CA."""
     return grpc.ssl_server_credentials(
         [(_read(directory, f"{role.file_stem}.key"), _read(directory, f"{role.file_stem}.pem"))],
-        root_certificates=_read(directory, "ca.pem"),
+        root_certificates=trust_bundle(directory),
         require_client_auth=True,
     )
 
 
 def channel_credentials(directory: Path, role: Role) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
-        root_certificates=_read(directory, "ca.pem"),
+        root_certificates=trust_bundle(directory),
         private_key=_read(directory, f"{role.file_stem}.key"),
         certificate_chain=_read(directory, f"{role.file_stem}.pem"),
     )

@@ -9,13 +9,14 @@ and a probe costs no etcd read of its own.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from holdfast.common import tls
+from holdfast.common import reloading, tls
 from holdfast.common.tls import Role
 from holdfast.coordinator import metrics
 from holdfast.v1 import agent_pb2 as apb
@@ -41,11 +42,29 @@ class Router:
     def __init__(self, tls_dir: Path | None = None) -> None:
         self.tls_dir = tls_dir
         self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        # A channel keeps the certificate it was opened with, and reconnects with it: when the
+        # coordinator's own files change (a renewal), later calls get new channels and the old ones
+        # close once their calls are done, so an expired certificate is never presented to an agent.
+        self._files = reloading.role_files(tls_dir, Role("coordinator")) if tls_dir else []
+        self._stamp = reloading.files_stamp(self._files)
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def _retire_if_renewed(self) -> None:
+        stamp = reloading.files_stamp(self._files)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        for channel in self._channels.values():
+            task = asyncio.create_task(channel.close(grace=RETRY_BUDGET_S))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        self._channels.clear()
 
     def agent(self, reg: pb.HostRegistration | None) -> agent_pb2_grpc.HostAgentStub | None:
         """A stub for the agent `reg` registered (one long-lived channel per host and address)."""
         if reg is None:
             return None
+        self._retire_if_renewed()
         channel = self._channels.get((reg.address, reg.host_id))
         if channel is None:
             # With TLS the agent at the registered address must hold host_id's own certificate: a

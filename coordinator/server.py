@@ -1,7 +1,10 @@
 """The coordinator's grpc.aio server: the Coordinator service plus health and reflection.
 
 Guarantee: it keeps no state of its own (everything is in etcd), so a restart or a second replica
-changes nothing a client can observe; it reports its real address only after binding.
+changes nothing a client can observe; it reports its real address only after binding. With TLS its
+own certificate and CA bundle follow their files (holdfast.common.reloading): a renewed or replaced
+certificate is served from the next handshake, without a restart. With an issuer it also serves
+holdfast.v1.Enrollment on its own server-auth-only listener (holdfast.coordinator.enrollment).
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import logging
 from pathlib import Path
 
 from holdfast.common import serving as serving_
-from holdfast.common import tls
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reasons import DOMAIN
+from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
-from holdfast.coordinator import metrics
+from holdfast.coordinator import enrollment, metrics
 from holdfast.coordinator.authorization import coordinator_rule
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
@@ -40,7 +43,8 @@ async def _learn_cluster(service: CoordinatorService, log: logging.Logger) -> No
 async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: str = DEFAULT_PREFIX,
                 tls_dir: Path | None = None, etcd_tls_dir: Path | None = None, metrics_listen: str = "",
                 census_seconds: float = 15.0, health_listen: str = "",
-                commit_window_seconds: float = 30.0) -> None:
+                commit_window_seconds: float = 30.0,
+                issuer: tuple[str, enrollment.Issuer] | None = None) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
@@ -51,9 +55,12 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:
-        credentials = tls.server_credentials(tls_dir, Role("coordinator"))
+        credentials = ReloadingCredentials(tls_dir, Role("coordinator")).server_credentials()
         gates = [RoleGate(SERVICE_NAME, coordinator_rule, DOMAIN)]
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
+    enroll_serving = None
+    if issuer is not None and tls_dir is not None:
+        enroll_serving = await enrollment.start(issuer[0], tls_dir, issuer[1])
     metrics_address = serving_.start_metrics(metrics_listen)
     census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds)) \
         if metrics_address else None
@@ -61,15 +68,20 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     log.info("coordinator serving", extra={"fields": {"address": serving.address, "etcd": etcd,
                                                       "prefix": prefix, "health": serving.health_address,
                                                       "tls": tls_dir is not None,
+                                                      "enroll": enroll_serving.address if enroll_serving
+                                                      else "",
                                                       "metrics": metrics_address}})
     # Before the ready file: the identity exists once the coordinator says it serves, so no call's
     # before-and-after comparison of the keyspace ever sees it appear.
     await _learn_cluster(service, log)
-    serving_.announce(ready_file, serving, metrics_address)
+    serving_.announce(ready_file, serving, metrics_address,
+                      enroll_serving.address if enroll_serving is not None else "")
     await serving_.until_stop_signal()
     following.cancel()
     if census is not None:
         census.cancel()
     await serving_.drain(serving, DRAIN_SECONDS)
+    if enroll_serving is not None:
+        await serving_.drain(enroll_serving, 0)
     await service.router.close()
     await store.close()

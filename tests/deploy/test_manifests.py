@@ -75,10 +75,13 @@ def test_core_objects_validate_against_kubernetes_schemas(overlay: str) -> None:
             pytest.fail(f"{overlay}: {obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
+CLUSTER_SCOPED = ("Namespace", "ClusterRole", "ClusterRoleBinding")
+
+
 def test_every_object_is_namespaced_into_holdfast() -> None:
     for overlay in OVERLAYS:
         for obj in render(overlay):
-            if obj["kind"] != "Namespace":
+            if obj["kind"] not in CLUSTER_SCOPED:
                 assert obj["metadata"].get("namespace") == "holdfast", (overlay, obj["kind"])
 
 
@@ -154,7 +157,7 @@ def test_probes_are_grpc_health_on_the_plaintext_health_port(kind: str, name: st
     for probe in probes:
         assert container[probe]["grpc"]["port"] == health, probe
     service = one(objs, "Service", name)
-    (svc_port,) = service["spec"]["ports"]
+    svc_port = {p["name"]: p for p in service["spec"]["ports"]}["grpc"]
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert named[svc_port["targetPort"]] == port
 
@@ -223,7 +226,14 @@ def test_service_accounts_mount_no_token_and_rbac_is_minimal() -> None:
     for obj in objs:
         if obj["kind"] == "ServiceAccount":
             assert obj["automountServiceAccountToken"] is False
-    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    # The only cluster-wide grant is the enrollment issuer's: check a token, read a node.
+    (cluster_role,) = [o for o in objs if o["kind"] == "ClusterRole"]
+    assert cluster_role["metadata"]["name"] == "holdfast-enrollment"
+    assert sorted((r["apiGroups"], r["resources"], r["verbs"]) for r in cluster_role["rules"]) == [
+        ([""], ["nodes"], ["get"]), (["authentication.k8s.io"], ["tokenreviews"], ["create"])]
+    for binding in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "holdfast-coordinator",
+                                        "namespace": "holdfast"}]
     for role in (o for o in objs if o["kind"] == "Role"):
         for rule in role["rules"]:
             assert set(rule["verbs"]) <= {"get", "list", "watch"}
@@ -231,7 +241,11 @@ def test_service_accounts_mount_no_token_and_rbac_is_minimal() -> None:
 
 
 def _tls_volume(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    """The secret behind a pod's `tls` volume (the first source of a projected one)."""
     (volume,) = [v for v in pod_spec(objs, kind, name)["volumes"] if v["name"] == "tls"]
+    if "projected" in volume:
+        source = volume["projected"]["sources"][0]["secret"]
+        return {**source, "secretName": source["name"]}
     return volume["secret"]
 
 
@@ -245,8 +259,46 @@ def test_tls_secrets_are_referenced_never_embedded() -> None:
     # cert-manager's key names mapped onto the file names agent/tls.py reads for the coordinator role.
     assert {i["path"] for i in coordinator["items"]} == {"ca.pem", "coordinator.pem", "coordinator.key"}
     assert issued[coordinator["secretName"]]["spec"]["uris"] == ["holdfast://coordinator"]
-    # A per-node agent role cannot come from one static Certificate: that secret is the operator's.
-    assert _tls_volume(objs, "DaemonSet", "holdfast-agent")["secretName"] not in issued
+    # A per-node agent role cannot come from one static Certificate, nor from any shared secret:
+    # each agent enrolls, so its pod mounts no secret at all.
+    agent_volumes = pod_spec(objs, "DaemonSet", "holdfast-agent")["volumes"]
+    assert not [v for v in agent_volumes if "secret" in v], "a shared agent secret is back"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agents_enroll_with_a_projected_token_at_the_coordinators_issuer(overlay: str) -> None:
+    objs = render(overlay)
+    agent = pod_spec(objs, "DaemonSet", "holdfast-agent")
+    (container,) = agent["containers"]
+    args = dict(a.split("=", 1) for a in container["args"] if "=" in a)
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    mounts = _mounts(container)
+    # The key is made in, and never leaves, a memory-backed volume of this pod.
+    assert volumes["tls"]["emptyDir"]["medium"] == "Memory"
+    assert not [m for m in container["volumeMounts"] if m["name"] == "tls" and m.get("readOnly")]
+    # The token: audience holdfast, the shortest expiry Kubernetes allows, where --token-file says.
+    ((source,),) = [v["projected"]["sources"] for v in agent["volumes"] if "projected" in v]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == "holdfast" and token["expirationSeconds"] <= 600
+    assert args["--token-file"] == f"{mounts['enroll-token']}/{token['path']}"
+    assert args["--enroll-ca"].startswith(mounts["ca"] + "/")
+    # --enroll reaches the coordinator Service's enroll port, which is the issuer's listener.
+    host, port = args["--enroll"].rsplit(":", 1)
+    assert host.split(".")[0] == "holdfast-coordinator"
+    service = {p["name"]: p for p in one(objs, "Service", "holdfast-coordinator")["spec"]["ports"]}
+    assert service["enroll"]["port"] == int(port) and service["enroll"]["targetPort"] == "enroll"
+    coordinator = pod_spec(objs, "Deployment", "holdfast-coordinator")
+    (coord,) = coordinator["containers"]
+    named = {p["name"]: p["containerPort"] for p in coord["ports"]}
+    assert named["enroll"] == _port_of(coord["args"], "--enroll-listen")
+    # The issuer signs with the agent CA, mounted beside the coordinator's own certificate.
+    (tls_volume,) = [v for v in coordinator["volumes"] if v["name"] == "tls"]
+    secrets = [s["secret"]["name"] for s in tls_volume["projected"]["sources"]]
+    assert "holdfast-agent-ca" in secrets
+    coord_args = dict(a.split("=", 1) for a in coord["args"] if "=" in a)
+    kube_mount = _mounts(coord)["kube-api"]
+    assert coord_args["--enroll-api-token-file"] == f"{kube_mount}/token"
+    assert coord_args["--enroll-api-ca"] == f"{kube_mount}/ca.crt"
 
 
 def _mounts(container: Obj) -> dict[str, str]:
@@ -379,7 +431,11 @@ def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
             assert _doc_anchor(r["annotations"]["runbook"]), r["annotations"]["runbook"]
             alerts[r["alert"]] = r["expr"]
     assert alerts.keys() == {"HoldfastSessionIndeterminate", "HoldfastHostUnregistered",
-                             "HoldfastCertificateNearExpiry"}
+                             "HoldfastCertificateNearExpiry", "HoldfastCertificateExpiring",
+                             "HoldfastCertificateRenewalFailing"}
+    assert "holdfast_certificate_expiry_seconds" in alerts["HoldfastCertificateExpiring"]
+    failing = alerts["HoldfastCertificateRenewalFailing"]
+    assert 'holdfast_certificate_renewals_total{outcome="failed"}' in failing
 
 
 def _dockerfile() -> list[tuple[str, str]]:

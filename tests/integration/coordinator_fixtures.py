@@ -74,6 +74,7 @@ class Coordinator:
     args: tuple[str, ...] = ()  # e.g. ("--tls-dir", DIR) or ("--metrics-listen", ADDR)
     metrics: str = ""  # the /metrics address its ready file names, when started with --metrics-listen
     health: str = ""  # the plaintext health address, when started with --health-listen
+    enroll: str = ""  # the enrollment listener, when started with --enroll-listen
 
     def start(self, timeout: float = 15.0) -> Coordinator:
         ready = self.state_dir / f"coordinator-{uuid.uuid4().hex}.json"
@@ -92,6 +93,7 @@ class Coordinator:
         announced = json.loads(ready.read_text())
         self.address, self.metrics = announced["address"], announced.get("metrics", "")
         self.health = announced.get("health", "")
+        self.enroll = announced.get("enroll", "")
         return self
 
     def stop(self) -> None:

@@ -10,6 +10,7 @@ GOOD = doctor.Facts(
     node=True, pid_ns=doctor.INIT_PID_NS, cap_eff=1 << doctor.CAP_SYS_PTRACE, environ_read=40,
     environ_denied=0, environ_other_users=12, environ_error="", pidfs=True, cgroup_root="/sys/fs/cgroup",
     cgroup_problem="", boot_id="b", machine_id="m", coordinator="c:1", coordinator_error="",
+    cert_seconds_left=20 * 3600.0,
 )
 
 
@@ -32,6 +33,7 @@ def test_each_broken_fact_fails_exactly_its_check_with_a_fix() -> None:
         "cgroup-v2": {"cgroup_problem": "/proc/1/cgroup reads '/../..': private cgroup namespace"},
         "boot-id": {"machine_id": ""},
         "coordinator": {"coordinator_error": "unreachable (UNAVAILABLE)"},
+        "certificate": {"cert_seconds_left": 5 * 3600.0},
     }
     for name, change in broken.items():
         checks = doctor.run_checks(dataclasses.replace(GOOD, **change))
@@ -42,9 +44,10 @@ def test_each_broken_fact_fails_exactly_its_check_with_a_fix() -> None:
 
 
 def test_unconfigured_checks_skip_and_do_not_fail() -> None:
-    facts = dataclasses.replace(GOOD, node=False, pid_ns=4026532000, coordinator="")
+    facts = dataclasses.replace(GOOD, node=False, pid_ns=4026532000, coordinator="", cert_seconds_left=None)
     got = statuses(facts)
     assert got["init-pid-namespace"] == "skip" and got["coordinator"] == "skip"
+    assert got["certificate"] == "skip"
     assert doctor.healthy(doctor.run_checks(facts))
 
 
@@ -75,3 +78,10 @@ def test_any_other_unreadable_process_fails_naming_it_with_the_ptrace_fix() -> N
     # Denied processes not itemised (an older gatherer) are never excused.
     facts = dataclasses.replace(GOOD, environ_denied=1, environ_error="pid 1 (uid 0): Permission denied")
     assert statuses(facts)["environ-readable"] == "fail"
+
+
+def test_an_expired_or_unreadable_certificate_fails_naming_how_to_get_one() -> None:
+    for change in ({"cert_seconds_left": -3600.0}, {"cert_seconds_left": None, "cert_error": "cannot read"}):
+        checks = doctor.run_checks(dataclasses.replace(GOOD, **change))
+        [check] = [c for c in checks if c.name == "certificate"]
+        assert check.status == "fail" and check.fix

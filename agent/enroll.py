@@ -1,0 +1,111 @@
+"""An agent's own certificate, from the enrollment issuer: key made here, CSR and token sent there.
+
+Guarantee: the private key is generated in this process and written only to this node's TLS
+directory (0600); it never crosses the wire. Key, certificate and CA bundle are each written whole
+by rename, the key first, so a reader never pairs a new certificate with an old key. A certificate
+the issuer signed for another node than ours is refused here too, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from holdfast.common.reasons import reason_of
+from holdfast.common.tls import Role
+from holdfast.v1 import enrollment_pb2 as pb
+from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
+
+DEFAULT_TOKEN_FILE = Path("/var/run/secrets/holdfast/token")
+ENROLL_TIMEOUT_SECONDS = 15.0
+# Renew at two thirds of the lifetime: a day's certificate is renewed with 8 h to spare, room for
+# an issuer or API server outage long enough to page someone (the alert fires at 6 h).
+RENEW_AT = 2 / 3
+
+
+class EnrollmentFailed(Exception):
+    """The issuer refused or could not be reached; `reason` is its ErrorInfo reason where it gave one."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}" if reason else message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Credentials:
+    key_pem: bytes
+    cert_pem: bytes
+    bundle_pem: bytes
+
+
+def new_key_and_csr(node: str) -> tuple[bytes, bytes]:
+    """An EC P-256 key and a CSR asking for this node's agent role only."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    role = Role("agent", node).uri()
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
+           .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(role)]), critical=False)
+           .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, csr.public_bytes(serialization.Encoding.PEM)
+
+
+async def request(target: str, server_ca_pem: bytes, csr_pem: bytes, token: str,
+                  server_name: str = "") -> pb.EnrollResponse:
+    """One Enroll call over server-auth TLS (we have no certificate to present yet)."""
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    async with grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(server_ca_pem),
+                                       options=options) as channel:
+        try:
+            return await pb_grpc.EnrollmentStub(channel).Enroll(
+                pb.EnrollRequest(csr_pem=csr_pem, token=token), timeout=ENROLL_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            raise EnrollmentFailed(reason_of(exc), exc.details() or exc.code().name) from None
+
+
+async def enroll(target: str, server_ca_pem: bytes, node: str, token: str,
+                 server_name: str = "") -> Credentials:
+    key_pem, csr_pem = new_key_and_csr(node)
+    response = await request(target, server_ca_pem, csr_pem, token, server_name)
+    if response.node != node:
+        raise EnrollmentFailed("NODE_MISMATCH", f"the issuer signed for node {response.node!r}; this "
+                               f"agent is {node!r} (HOLDFAST_HOST_ID must be the pod's spec.nodeName)")
+    return Credentials(key_pem, response.certificate_pem, response.ca_bundle_pem)
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def write(directory: Path, node: str, creds: Credentials) -> Path:
+    """Installs the credentials as `agent-<node>.key/.pem` and ca.pem; returns the certificate path."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stem = Role("agent", node).file_stem
+    _replace(directory / f"{stem}.key", creds.key_pem, 0o600)
+    _replace(directory / f"{stem}.pem", creds.cert_pem, 0o644)
+    _replace(directory / "ca.pem", creds.bundle_pem, 0o644)
+    return directory / f"{stem}.pem"
+
+
+def renew_after(cert_pem: bytes, now: datetime.datetime | None = None) -> float:
+    """Seconds until a certificate is due for renewal (≤ 0: now)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    due = start + (end - start) * RENEW_AT
+    return (due - (now or datetime.datetime.now(datetime.UTC))).total_seconds()
+

@@ -1,0 +1,96 @@
+"""An enrolled agent's certificate over its life: enroll before serving, renew at 2/3, swap in place.
+
+Guarantee: the agent serves only with a certificate the issuer signed for its own node; renewal
+happens at two thirds of the lifetime with a fresh projected token, and a renewed pair is taken by
+the running server's next handshake (holdfast.common.reloading) and by the next registration
+channel, so no call fails and nothing restarts. A failed renewal keeps the old, still valid pair,
+counts `holdfast_certificate_renewals_total{outcome="failed"}` and retries, ever sooner as expiry
+nears; the alert on that counter and on the expiry gauge gives an operator the hours in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from prometheus_client import Counter
+
+from holdfast.agent import enroll
+from holdfast.common.reloading import ReloadingCredentials
+from holdfast.common.tls import Role
+
+log = logging.getLogger("holdfast.agent.rotation")
+RENEWALS = Counter("holdfast_certificate_renewals", "Certificate enrollments and renewals, by outcome",
+                   ["outcome"])
+MIN_RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Enroller:
+    target: str            # the issuer's enrollment listener, host:port
+    server_ca: Path        # the CA its server certificate chains to (ca.pem)
+    node: str
+    token_file: Path
+    tls_dir: Path
+    server_name: str = ""  # the name in the issuer's certificate when the target's host is not it
+
+    @property
+    def cert_path(self) -> Path:
+        return self.tls_dir / f"{Role('agent', self.node).file_stem}.pem"
+
+    async def enroll_once(self) -> Path:
+        token = self.token_file.read_text().strip()
+        creds = await enroll.enroll(self.target, self.server_ca.read_bytes(), self.node, token,
+                                    self.server_name)
+        path = enroll.write(self.tls_dir, self.node, creds)
+        log.info("certificate enrolled", extra={"fields": {"node": self.node, "issuer": self.target}})
+        return path
+
+
+def due_in(cert_path: Path) -> float | None:
+    """Seconds until renewal is due, or None when there is no usable certificate at all."""
+    try:
+        pem = cert_path.read_bytes()
+        cert = x509.load_pem_x509_certificate(pem)
+    except (OSError, ValueError):
+        return None
+    if cert.not_valid_after_utc <= datetime.datetime.now(datetime.UTC):
+        return None
+    return enroll.renew_after(pem)
+
+
+async def ensure(enroller: Enroller) -> None:
+    """Enrolls unless a valid certificate not yet due for renewal is there; raises EnrollmentFailed."""
+    due = due_in(enroller.cert_path)
+    if due is not None and due > 0 and (enroller.tls_dir / f"{enroller.cert_path.stem}.key").exists():
+        return
+    try:
+        await enroller.enroll_once()
+    except (enroll.EnrollmentFailed, OSError):
+        RENEWALS.labels("failed").inc()
+        raise
+    RENEWALS.labels("ok").inc()
+
+
+async def renew_forever(enroller: Enroller, credentials: ReloadingCredentials) -> None:
+    """Runs until cancelled."""
+    while True:
+        due = due_in(enroller.cert_path)
+        await asyncio.sleep(max(due or 0.0, 0.0))
+        try:
+            await enroller.enroll_once()
+        except (enroll.EnrollmentFailed, OSError) as exc:
+            RENEWALS.labels("failed").inc()
+            left = credentials.material.not_after - datetime.datetime.now(datetime.UTC).timestamp()
+            retry = min(MAX_RETRY_SECONDS, max(MIN_RETRY_SECONDS, left / 20))
+            log.error("certificate renewal failed; keeping the current one", extra={"fields": {
+                "error": str(exc)[:300], "seconds_left": int(left), "retry_s": retry}})
+            await asyncio.sleep(retry)
+            continue
+        RENEWALS.labels("ok").inc()
+        credentials.reload()
