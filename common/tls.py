@@ -79,6 +79,8 @@ def role_of_certificate(cert: x509.Certificate) -> Role | None:
 
 
 def is_agent_ca_issued(cert: x509.Certificate) -> bool:
+    from cryptography import x509  # as in role_of_certificate
+
     names = cert.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
     return any(name.value == AGENT_CA_NAME for name in names)
 
