@@ -28,6 +28,12 @@ RENEWALS = Counter("holdfast_certificate_renewals", "Certificate enrollments and
                    ["outcome"])
 MIN_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 300.0
+# At start-up an issuer that does not answer yet (coordinators still starting, as after a cluster
+# restart) is waited for this long; a refusal is final at once: retrying cannot change a verdict.
+START_WAIT_SECONDS = 300.0
+START_RETRY_FIRST_SECONDS = 1.0
+START_RETRY_MAX_SECONDS = 30.0
+UNANSWERED = ("", "ISSUER_UNAVAILABLE")  # no ErrorInfo: no answer at all (connection, deadline)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,24 @@ async def ensure(enroller: Enroller) -> None:
         RENEWALS.labels("failed").inc()
         raise
     RENEWALS.labels("ok").inc()
+
+
+async def ensure_waiting(enroller: Enroller, wait_seconds: float = START_WAIT_SECONDS) -> None:
+    """`ensure`, retrying with backoff while the issuer does not answer, up to `wait_seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    delay = START_RETRY_FIRST_SECONDS
+    while True:
+        try:
+            await ensure(enroller)
+            return
+        except enroll.EnrollmentFailed as exc:
+            if exc.reason not in UNANSWERED or loop.time() + delay > deadline:
+                raise
+            log.warning("enrollment issuer did not answer; retrying", extra={"fields": {
+                "issuer": enroller.target, "error": str(exc)[:300], "retry_s": delay}})
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, START_RETRY_MAX_SECONDS)
 
 
 async def renew_forever(enroller: Enroller, credentials: ReloadingCredentials) -> None:

@@ -117,7 +117,7 @@ def _serve(raw: argparse.Namespace) -> int:
         enroller = rotation.Enroller(args.enroll, server_ca, args.host_id, Path(args.token_file), tls_dir,
                                      args.enroll_server_name)
         try:
-            asyncio.run(rotation.ensure(enroller))
+            asyncio.run(rotation.ensure_waiting(enroller))
         except (enroll.EnrollmentFailed, OSError) as exc:
             print(f"holdfast agent serve: enrollment with {args.enroll} failed: {exc}. Next: check the "
                   "issuer's log (`enrollment refused` names the reason) and docs/operations.md, "

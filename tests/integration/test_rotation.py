@@ -258,3 +258,41 @@ async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Pa
     finally:
         await router.close()
         await agent.server.stop(0)
+
+
+@run_async
+async def test_an_agent_waits_for_an_issuer_not_up_yet_but_not_for_a_refusal(
+        pki: Path, kube: KubeStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kube.add_node("node-1")
+    pod = kube.add_pod("holdfast", "holdfast-agent-node-1", "node-1")
+    token_file = tmp_path / "token"
+    token_file.write_text(kube.token(pod))
+    api = enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
+    issuer = enrollment.Issuer.from_dir(pki, api, "holdfast")
+    # A port that was just free: nothing answers there until the issuer starts on it below.
+    probe = await enrollment.start("127.0.0.1:0", pki, issuer)
+    address = probe.address
+    await probe.server.stop(0)
+    unanswered = asyncio.Event()
+    monkeypatch.setattr(rotation.log, "warning", lambda *args, **kwargs: unanswered.set())
+    monkeypatch.setattr(rotation, "START_RETRY_FIRST_SECONDS", 0.05)
+    enroller = rotation.Enroller(address, pki / "ca.pem", "node-1", token_file, tmp_path / "agent-tls")
+    waiting = asyncio.create_task(rotation.ensure_waiting(enroller, wait_seconds=60))
+    issuing = None
+    try:
+        await asyncio.wait_for(unanswered.wait(), 30)
+        assert not waiting.done()
+        issuing = await enrollment.start(address, pki, issuer)
+        await asyncio.wait_for(waiting, 30)
+        assert enroller.cert_path.exists()
+        # A refusal is not waited out: the pod is gone, so the verdict stands.
+        enroller.cert_path.unlink()
+        del kube.state.pods[("holdfast", "holdfast-agent-node-1")]
+        with pytest.raises(enroll.EnrollmentFailed) as refused:
+            await rotation.ensure_waiting(enroller, wait_seconds=60)
+        assert refused.value.reason == "TOKEN_REJECTED"
+    finally:
+        waiting.cancel()
+        if issuing is not None:
+            await issuing.server.stop(0)
+        api.close()
