@@ -12,7 +12,6 @@ keeps serving its current certificate and counts the failure.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import functools
 import os
@@ -36,7 +35,7 @@ from holdfast.common.authorization import RoleGate
 from holdfast.common.tls import Role
 from holdfast.coordinator import enrollment
 from holdfast.coordinator.routing import Router
-from holdfast.v1 import agent_pb2, agent_pb2_grpc
+from holdfast.v1 import agent_pb2, agent_pb2_grpc, coordinator_pb2
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.k8s_standin import KubeStandIn
 
@@ -207,21 +206,6 @@ def _renewals(outcome: str) -> float:
     return REGISTRY.get_sample_value("holdfast_certificate_renewals_total", {"outcome": outcome}) or 0.0
 
 
-@dataclasses.dataclass
-class _Registered:
-    address: str
-
-
-class _OneHost:
-    """The one registration the router looks up (the Registry's `get`, without etcd)."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    async def get(self, host_id: str) -> _Registered:
-        return _Registered(self.address)
-
-
 @run_async
 async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Path, tmp_path: Path) -> None:
     """The router's cached channel would keep presenting the certificate it was opened with; once the
@@ -241,10 +225,11 @@ async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Pa
     certs.issue(pki, Role("client"), [], out=tmp_path)
     for suffix in ("key", "pem"):
         (tmp_path / f"client.{suffix}").rename(coordinator_dir / f"coordinator.{suffix}")
-    router = Router(_OneHost(agent.address), coordinator_dir)  # type: ignore[arg-type]
+    router = Router(coordinator_dir)
+    registration = coordinator_pb2.HostRegistration(host_id="node-1", address=agent.address)
     info = agent_pb2.GetHostInfoRequest()
     try:
-        stub = await router.agent("node-1")
+        stub = router.agent(registration)
         assert stub is not None
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.GetHostInfo(info, timeout=10)
@@ -252,7 +237,7 @@ async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Pa
         certs.issue(pki, Role("coordinator"), [], out=tmp_path)
         for suffix in ("key", "pem"):
             (tmp_path / f"coordinator.{suffix}").rename(coordinator_dir / f"coordinator.{suffix}")
-        stub = await router.agent("node-1")
+        stub = router.agent(registration)
         assert stub is not None
         assert (await stub.GetHostInfo(info, timeout=10)).host_id == "node-1"
     finally:
