@@ -21,11 +21,13 @@ import ssl
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -240,3 +242,13 @@ class KubeStandIn:
                     self._not_found("paths", self.path)
 
         return Handler
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[KubeStandIn]:
+    """A stand-in API server for one test (a fixture plugin: list this module in pytest_plugins)."""
+    standin = KubeStandIn(tmp_path / "apiserver")
+    try:
+        yield standin
+    finally:
+        standin.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -36,6 +36,8 @@ from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.k8s_standin import KubeStandIn
 
+pytest_plugins = ["tests.integration.k8s_standin"]
+
 pytestmark = pytest.mark.timeout(120)
 NS = "holdfast"
 
@@ -45,15 +47,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = Path(tmp_path_factory.mktemp("pki")) / "ca"
     certs.init_local(base, [], ["127.0.0.1", "localhost"])
     return base
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[KubeStandIn]:
-    standin = KubeStandIn(tmp_path / "apiserver")
-    try:
-        yield standin
-    finally:
-        standin.close()
 
 
 @contextlib.asynccontextmanager

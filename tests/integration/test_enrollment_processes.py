@@ -29,7 +29,7 @@ from tests.integration.coordinator_fixtures import Coordinator, snapshot
 from tests.integration.k8s_standin import KubeStandIn
 from tests.integration.run_fixtures import until
 
-pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.k8s_standin"]
 pytestmark = [pytest.mark.timeout(120), pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="agents read other processes' environments")]
 
@@ -49,15 +49,6 @@ def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Et
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[KubeStandIn]:
-    standin = KubeStandIn(tmp_path / "apiserver")
-    try:
-        yield standin
-    finally:
-        standin.close()
 
 
 @pytest.fixture

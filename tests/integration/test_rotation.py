@@ -15,8 +15,8 @@ import asyncio
 import datetime
 import functools
 import os
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -39,6 +39,8 @@ from holdfast.v1 import agent_pb2, agent_pb2_grpc, coordinator_pb2
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.k8s_standin import KubeStandIn
 
+pytest_plugins = ["tests.integration.k8s_standin"]
+
 pytestmark = pytest.mark.timeout(120)
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["HostAgent"].full_name
 PROBES = 1000
@@ -52,27 +54,23 @@ def pki(tmp_path: Path) -> Path:
     return base
 
 
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[KubeStandIn]:
-    standin = KubeStandIn(tmp_path / "apiserver")
-    try:
-        yield standin
-    finally:
-        standin.close()
-
-
 def serial(path: Path) -> int:
     return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+def node_1_agent(kube: KubeStandIn, tmp_path: Path) -> tuple[dict[str, Any], Path, enrollment.KubeApi]:
+    """node-1 with its agent pod: the pod, its projected token in a file, and the issuer's API client."""
+    kube.add_node("node-1")
+    pod = kube.add_pod("holdfast", "holdfast-agent-node-1", "node-1")
+    token_file = tmp_path / "token"
+    token_file.write_text(kube.token(pod))
+    return pod, token_file, enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
 
 
 @run_async
 async def test_renewal_swaps_the_agents_certificate_while_1000_probes_run(pki: Path, kube: KubeStandIn,
                                                                          tmp_path: Path) -> None:
-    kube.add_node("node-1")
-    pod = kube.add_pod("holdfast", "holdfast-agent-node-1", "node-1")
-    token_file = tmp_path / "token"
-    token_file.write_text(kube.token(pod))
-    api = enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
+    pod, token_file, api = node_1_agent(kube, tmp_path)
     issuing = await enrollment.start("127.0.0.1:0", pki, enrollment.Issuer.from_dir(pki, api, "holdfast"))
     agent_dir = tmp_path / "agent-tls"
     enroller = rotation.Enroller(issuing.address, pki / "ca.pem", "node-1", token_file, agent_dir)
@@ -163,11 +161,7 @@ async def test_a_coordinator_serves_its_replaced_certificate_without_a_restart(
 @run_async
 async def test_the_agent_renews_by_itself_when_due_and_keeps_its_certificate_when_refused(
         pki: Path, kube: KubeStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kube.add_node("node-1")
-    pod = kube.add_pod("holdfast", "holdfast-agent-node-1", "node-1")
-    token_file = tmp_path / "token"
-    token_file.write_text(kube.token(pod))
-    api = enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
+    _, token_file, api = node_1_agent(kube, tmp_path)
     # A minute's lifetime starting five minutes back: every certificate is past two thirds at once.
     issuer = enrollment.Issuer.from_dir(pki, api, "holdfast", datetime.timedelta(minutes=1))
     issuing = await enrollment.start("127.0.0.1:0", pki, issuer)
@@ -248,11 +242,7 @@ async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Pa
 @run_async
 async def test_an_agent_waits_for_an_issuer_not_up_yet_but_not_for_a_refusal(
         pki: Path, kube: KubeStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kube.add_node("node-1")
-    pod = kube.add_pod("holdfast", "holdfast-agent-node-1", "node-1")
-    token_file = tmp_path / "token"
-    token_file.write_text(kube.token(pod))
-    api = enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
+    _, token_file, api = node_1_agent(kube, tmp_path)
     issuer = enrollment.Issuer.from_dir(pki, api, "holdfast")
     # A port that was just free: nothing answers there until the issuer starts on it below.
     probe = await enrollment.start("127.0.0.1:0", pki, issuer)
