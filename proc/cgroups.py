@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 
 from holdfast.proc.environ import read_proc_file
@@ -32,6 +33,7 @@ PREFIX = "holdfast-"
 _NAME = re.compile(r"^holdfast-[A-Za-z0-9_-]{8,128}-[0-9]{1,20}-[0-9a-f]{8}$")
 # Records of earlier versions name cgroups that `run` (as root) made at <root>/holdfast/<name>.
 LEGACY_PARENT = "holdfast"
+SWEEP_GRACE_S = 60.0
 CAP_SYS_ADMIN = 21
 _CLONE_NEWCGROUP = 0x02000000
 P = agent_pb2.TreeProof
@@ -208,18 +210,25 @@ def kill(ref: agent_pb2.CgroupRef, cap: Capability) -> bool:
         return False
 
 
-def sweep(cap: Capability) -> int:
+def sweep(cap: Capability, grace: float = SWEEP_GRACE_S) -> int:
     """Removes the empty session cgroups this host's agents made (also before a restart); rmdir
-    refuses a populated one, so a live tree keeps its cgroup. Returns how many went."""
+    refuses a populated one, so a live tree keeps its cgroup. One made in the last `grace` seconds
+    is left alone: it may be another agent's attestation between its mkdir and its move (agents
+    share one hierarchy under `holdfast up` and simulated hosts), which would otherwise find its
+    cgroup gone and attest the tree with no cgroup at all. Returns how many went."""
     if not cap.able:
         return 0
     removed = 0
+    young = time.time() - grace
     with _lock:
         for parent, dirs, _files in os.walk(cap.root, topdown=False):
             for name in dirs:
                 if _NAME.match(name) or os.path.basename(parent) == LEGACY_PARENT:
+                    path = os.path.join(parent, name)
                     with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(parent, name))
+                        if os.stat(path).st_mtime > young:
+                            continue
+                        os.rmdir(path)
                         removed += 1
     return removed
 

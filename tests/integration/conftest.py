@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -155,3 +156,15 @@ def descendants(pid: int) -> list[int]:
     except OSError:
         return []
     return [d for k in kids for d in (k, *descendants(k))]
+
+
+def wait_empty(path: Path, timeout: float = 10.0) -> None:
+    """Until cgroup.events says `populated 0`: the kernel notifies a change with POLLPRI."""
+    deadline = time.monotonic() + timeout
+    with open(path / "cgroup.events", "rb", buffering=0) as events:
+        poller = select.poll()
+        poller.register(events, select.POLLPRI)
+        while b"populated 0" not in (events.seek(0) == 0 and events.read()):
+            left = deadline - time.monotonic()
+            assert left > 0, f"{path} still populated"
+            poller.poll(left * 1000)

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import select
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 
 from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
-from tests.integration.conftest import AgentProcess, descendants, mint_token, wait_carrier
+from tests.integration.conftest import AgentProcess, descendants, mint_token, wait_carrier, wait_empty
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0 or not cgroups.capability().able,
                                                    reason="needs root and cgroup v2 in the node's namespace")]
@@ -33,20 +31,8 @@ def pod_cgroup() -> Iterator[Path]:
     yield path
     (path / "cgroup.kill").write_text("1")
     wait_empty(path)
-    cgroups.sweep(cgroups.capability())
+    cgroups.sweep(cgroups.capability(), grace=0)
     path.rmdir()
-
-
-def wait_empty(path: Path, timeout: float = 10.0) -> None:
-    """Until cgroup.events says `populated 0`: the kernel notifies a change with POLLPRI."""
-    deadline = time.monotonic() + timeout
-    with open(path / "cgroup.events", "rb", buffering=0) as events:
-        poller = select.poll()
-        poller.register(events, select.POLLPRI)
-        while b"populated 0" not in (events.seek(0) == 0 and events.read()):
-            left = deadline - time.monotonic()
-            assert left > 0, f"{path} still populated"
-            poller.poll(left * 1000)
 
 
 # A node of its own: PID 1 (a shell waiting on its child) stays in the machine's cgroup namespace,
