@@ -67,6 +67,18 @@ def node_1_agent(kube: KubeStandIn, tmp_path: Path) -> tuple[dict[str, Any], Pat
     return pod, token_file, enrollment.KubeApi(kube.url, str(kube.ca_file), str(kube.issuer_token_file))
 
 
+async def node_1_agent_server(
+        agent_dir: Path) -> tuple[reloading.ReloadingCredentials, HostAgentService, serving_.Serving]:
+    """node-1's agent serving mTLS from agent_dir's files, as they change."""
+    credentials = reloading.ReloadingCredentials(agent_dir, Role("agent", "node-1"))
+    service = HostAgentService("node-1", hostinfo.gather(), "HOLDFAST_SPAWN_TOKEN")
+    agent = await serving_.start("127.0.0.1:0", AGENT_SERVICE,
+                                 functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service),
+                                 credentials.server_credentials(),
+                                 [RoleGate(AGENT_SERVICE, agent_rule, "holdfast")])
+    return credentials, service, agent
+
+
 @run_async
 async def test_renewal_swaps_the_agents_certificate_while_1000_probes_run(pki: Path, kube: KubeStandIn,
                                                                          tmp_path: Path) -> None:
@@ -76,12 +88,7 @@ async def test_renewal_swaps_the_agents_certificate_while_1000_probes_run(pki: P
     enroller = rotation.Enroller(issuing.address, pki / "ca.pem", "node-1", token_file, agent_dir)
     await rotation.ensure(enroller)
     first = serial(enroller.cert_path)
-    credentials = reloading.ReloadingCredentials(agent_dir, Role("agent", "node-1"))
-    service = HostAgentService("node-1", hostinfo.gather(), "HOLDFAST_SPAWN_TOKEN")
-    agent = await serving_.start("127.0.0.1:0", AGENT_SERVICE,
-                                 functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service),
-                                 credentials.server_credentials(),
-                                 [RoleGate(AGENT_SERVICE, agent_rule, "holdfast")])
+    credentials, service, agent = await node_1_agent_server(agent_dir)
     # This test process itself, as an owner the agent judges: a real probe each call.
     owner = agent_pb2.ProcessIdentity(host_id="node-1", incarnation=service.facts.incarnation,
                                       pid=os.getpid(), start_ticks=1, spawn_token="0" * 32)
@@ -206,12 +213,7 @@ async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Pa
     coordinator's files change, the next call goes out on a channel with the new one."""
     agent_dir = tmp_path / "agent"
     certs.issue_one(pki, Role("agent", "node-1"), ["127.0.0.1"], agent_dir)
-    credentials = reloading.ReloadingCredentials(agent_dir, Role("agent", "node-1"))
-    service = HostAgentService("node-1", hostinfo.gather(), "HOLDFAST_SPAWN_TOKEN")
-    agent = await serving_.start("127.0.0.1:0", AGENT_SERVICE,
-                                 functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service),
-                                 credentials.server_credentials(),
-                                 [RoleGate(AGENT_SERVICE, agent_rule, "holdfast")])
+    _, _, agent = await node_1_agent_server(agent_dir)
     coordinator_dir = tmp_path / "coordinator"
     coordinator_dir.mkdir()
     (coordinator_dir / "ca.pem").write_bytes((pki / "ca.pem").read_bytes())
