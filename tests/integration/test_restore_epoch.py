@@ -82,8 +82,9 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         old = Grant.from_file(grant_path)
         assert old.fence == 2
         assert fenced_put_reason(cluster.stub, old, "k") == ""  # a real, live grant
-        orphan = [p for p in descendants(second.run_pid)
-                  if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+        # The grant file appears just before CMD's shell execs sleep: wait for the exec.
+        orphan = until("CMD's sleep", lambda: [p for p in descendants(second.run_pid)
+                                               if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"])
         assert len(orphan) == 1
         os.kill(second.run_pid, signal.SIGKILL)  # its `run` is gone: only the agent can stop CMD now
         second.wait(10)
