@@ -110,12 +110,14 @@ def test_a_dead_parent_means_cmd_never_runs(tmp_path: Path) -> None:
 # writes its own pid to a FIFO the root holds open, from the shell that runs it: only then has the
 # dropper exec'd without the token (the `$!` of its fork still carries it, in the fork and in
 # `env`, until that exec, and a scan then rightly finds it). The test waits on those two lines,
-# not on a timer.
+# not on a timer. The dropper also ignores SIGHUP: when the root dies while a member of its process
+# group is stopped (end_tree stops the survivors before the kill), the kernel sends the orphaned
+# group SIGHUP, which would end the dropper by chance, not by anything end_tree found.
 TREE = f"""
 trap 'exit 7' TERM
 exec 3>{{fifo}}
 sh -c 'trap "" TERM; echo "keeps $$" >&3; exec 3>&-; while :; do sleep 1; done' &
-env -u {VAR} sh -c 'trap "" TERM; echo "dropped $$" >&3; exec 3>&-; while :; do sleep 1; done' &
+env -u {VAR} sh -c 'trap "" TERM HUP; echo "dropped $$" >&3; exec 3>&-; while :; do sleep 1; done' &
 exec 3>&-
 while :; do sleep 1 & wait $!; done
 """
