@@ -110,7 +110,8 @@ def write_report(path: str, report: dict[str, object]) -> None:
 async def _run(args: argparse.Namespace, client: Client) -> int:
     spec = RunSpec(session_id=args.session, argv=args.cmd, provider=args.provider, location=args.location,
                    takeover=args.takeover, force=args.force, handoff_timeout=args.handoff_timeout,
-                   wait=args.wait or 0.0, grace=args.grace, guards=args.guard)
+                   wait=args.wait or 0.0, grace=args.grace, guards=args.guard, carry=args.carry,
+                   carry_every=args.carry_every or 0.0)
     outcome = args.outcome  # what the handler's --report says; filled as far as the run got
     try:
         owner = await Owner.start(client, spec)
@@ -297,6 +298,8 @@ def _run_handler(args: argparse.Namespace) -> int:
         args.parser.error("run needs a command after --")
     if args.force and not args.takeover:
         args.parser.error("--force needs --takeover")
+    if args.carry_every and not args.carry:
+        args.parser.error("--carry-every needs --carry")
     if args.report and not os.access(os.path.dirname(os.path.abspath(args.report)), os.W_OK):
         # Before any call, like CMD: a caller relying on the report must not be left without one.
         args.parser.error(f"--report {args.report}: its directory does not exist or is not writable")
@@ -351,6 +354,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a store of your own to fence too (repeatable): sqlite:///PATH, postgresql://..., "
                    "redis://HOST:PORT/DB or dir:///PATH; its fence marker reaches the new fence before CMD "
                    "runs, so a superseded owner's guarded writes there are refused (docs/guards.md)")
+    p.add_argument("--carry", action="append", default=[], metavar="PATH",
+                   help="a file or directory that moves with the session (repeatable): the session's last "
+                   "copy is restored here before CMD runs, and this run uploads it when it ends "
+                   "(docs/carry.md)")
+    p.add_argument("--carry-every", type=seconds_arg, metavar="S",
+                   help="with --carry: also upload a checkpoint every S seconds while CMD runs")
     p.add_argument("--host-id", help="this host's agent id (default: $HOLDFAST_HOST_ID, else the node name)")
     p.add_argument("--report", metavar="FILE",
                    help="write the outcome as one JSON document to FILE: whether CMD ran, its status, "

@@ -16,6 +16,7 @@ from typing import Any
 from holdfast.cli.agent_commands import TLS_DIR
 from holdfast.common import config, tls
 from holdfast.common.config import Setting
+from holdfast.coordinator import carry
 from holdfast.coordinator.store import DEFAULT_PREFIX, channel_target
 
 EX_USAGE = 2
@@ -45,6 +46,18 @@ def seconds(raw: Any) -> float:
     return value
 
 
+def byte_count(low: int, high: int) -> Any:
+    def parse(raw: Any) -> int:
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{raw!r} is not a number of bytes") from None
+        if not low <= value <= high:
+            raise ValueError(f"{value} is outside {low}..{high} bytes")
+        return value
+    return parse
+
+
 def lifetime_hours(raw: Any) -> float:
     try:
         value = float(raw)
@@ -71,6 +84,13 @@ SETTINGS = [
     Setting("commit_window_seconds", "HOLDFAST_COMMIT_WINDOW_SECONDS", seconds,
             "how long a grant stays reserved for its commit before another caller may supersede it "
             "(it can never run CMD uncommitted)", default=30.0),
+    Setting("carry_session_cap_bytes", "HOLDFAST_CARRY_SESSION_CAP_BYTES",
+            byte_count(1, carry.MAX_SESSION_CAP), "largest carried state (`run --carry`) one session may "
+            "keep", default=carry.DEFAULT_SESSION_CAP),
+    Setting("carry_budget_bytes", "HOLDFAST_CARRY_BUDGET_BYTES", byte_count(0, 1 << 40),
+            "carried state of all sessions together: keep it at most a quarter of etcd's "
+            "--quota-backend-bytes "
+            "(at its quota etcd refuses every write, heartbeats included)", default=carry.DEFAULT_BUDGET),
     dataclasses.replace(TLS_DIR, help="certificates from `holdfast certs init`: serve mTLS only with "
                         "coordinator.pem, check callers' roles, dial agents with it"),
     Setting("etcd_tls_dir", "HOLDFAST_ETCD_TLS_DIR", config.text,
@@ -110,7 +130,8 @@ def _serve(raw: argparse.Namespace) -> int:
         issuer = _issuer(args, tls_dir)
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls_dir, etcd_tls, args.metrics_listen,
-                                 args.census_seconds, args.health_listen, args.commit_window_seconds, issuer))
+                                 args.census_seconds, args.health_listen, args.commit_window_seconds, issuer,
+                                 (args.carry_session_cap_bytes, args.carry_budget_bytes)))
     except (ValueError, FileNotFoundError) as exc:
         print(f"holdfast coordinator: {exc}", file=sys.stderr)
         return EX_USAGE

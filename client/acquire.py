@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from holdfast.client.connection import Client
+from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.common import identifiers, reasons
@@ -29,6 +29,7 @@ from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
 MAX_WAIT_S = 3600.0
+CARRY_SETTLE_S = 10.0  # how long a --carry run waits for an ended owner's upload and release
 Say = Callable[[str], None]
 
 
@@ -76,6 +77,8 @@ class RunSpec:
     grace: float = 10.0
     cwd: str | None = None
     guards: list[str] = field(default_factory=list)  # stores whose fence marker reaches fence N before CMD
+    carry: list[str] = field(default_factory=list)   # files and directories that move with the session
+    carry_every: float = 0.0                          # seconds between checkpoints of them (0: none)
 
 
 def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]:
@@ -143,6 +146,21 @@ def held_hint(spec: RunSpec) -> str:
     return ""
 
 
+async def until_released(client: Client, session_id: str, timeout: float) -> None:
+    """Returns once the record is released or moved to another fence (the record as it is now counts:
+    a release just before the watch opened is not waited for), or after `timeout` seconds."""
+
+    async def released() -> None:
+        fence = None
+        async for record in client.watch(session_id):  # the record now, then at every change
+            fence = record.lease.fence if fence is None else fence
+            if record.lease.fence != fence or record.lease.claim_status not in OWNED:
+                return
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(released(), max(timeout, 0.0))
+
+
 async def obtain(client: Client, spec: RunSpec, operation_id: str,
                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
     """`_obtain`, with a refusal's next step fitted to this run: what it tried, the fence it met."""
@@ -165,6 +183,11 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str,
     loop = asyncio.get_running_loop()
     budget = spec.wait or (spec.handoff_timeout if spec.takeover else 0.0)
     deadline = loop.time() + budget
+    # With --carry, an owner whose tree has ended but who has not released is, as far as anyone can
+    # tell, its `run` uploading the state this run restores: granting over it would refuse that
+    # upload. The coordinator is asked not to (RELEASE_PENDING) until CARRY_SETTLE_S after it first
+    # said so; then the copy that owner last committed is what this run restores.
+    settle_until: float | None = None
     if spec.takeover and await client.request_handoff(spec.session_id, operation_id) is not None:
         say(f"handoff of {spec.session_id} requested; waiting up to {budget:g}s for the owner to let go")
     while True:
@@ -172,10 +195,18 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str,
         try:
             return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
                                         location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
-                                        takeover=spec.takeover)
+                                        takeover=spec.takeover, await_release=bool(spec.carry) and (
+                                            settle_until is None or loop.time() < settle_until))
         except ClientError as err:
             if not reasons.waitable(err.reason):
                 raise
+            if err.reason == "RELEASE_PENDING":
+                if settle_until is None:
+                    settle_until = loop.time() + CARRY_SETTLE_S
+                    say(f"the owner of {spec.session_id} has ended; waiting up to {CARRY_SETTLE_S:g}s for it "
+                        "to upload its carried state and release")
+                await until_released(client, spec.session_id, settle_until - loop.time())
+                continue
             left = deadline - loop.time()
             if left <= 0:
                 if spec.force and err.reason != "RESERVED":

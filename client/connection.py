@@ -104,11 +104,12 @@ class Client:
     # --- owner calls ---------------------------------------------------------------------
     async def acquire(self, session_id: str, operation_id: str, *, provider: str = "", location: str = "",
                       wait_seconds: float = 0.0, takeover: bool = False, force: bool = False,
-                      live_on_commit: bool = True) -> tuple[Grant, pb.SessionRecord]:
+                      live_on_commit: bool = True,
+                      await_release: bool = False) -> tuple[Grant, pb.SessionRecord]:
         request = pb.AcquireRequest(
             session_id=session_id, provider=provider, location=location, operation_id=operation_id,
             host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,
-            takeover=takeover, force=force,
+            takeover=takeover, force=force, await_release=await_release,
         )
         # A replay with the same operation id returns the first grant, so the retry is safe.
         response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
@@ -179,6 +180,37 @@ class Client:
         response = await self._call(self.stub.RecordProviderHandle, request, grant.session_id, retry=False)
         same_cluster(grant, response.cluster_id)
         return response.record
+
+    # --- carried state (holdfast.client.carry packs and restores it) ----------------------
+    async def begin_carry(self, grant: Grant, total_bytes: int, chunks: int) -> int:
+        """Reserves space for a new copy beside the last good one; the slot to fill. Safe to retry:
+        a second try reserves the same slot afresh."""
+        request = pb.BeginCarryRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                       cluster_id=grant.cluster_id, total_bytes=total_bytes, chunks=chunks)
+        response = await self._call(self.stub.BeginCarry, request, grant.session_id)
+        same_cluster(grant, response.cluster_id)
+        return response.slot
+
+    async def put_carry_chunk(self, grant: Grant, slot: int, index: int, data: bytes) -> None:
+        request = pb.PutCarryChunkRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                          cluster_id=grant.cluster_id, slot=slot, index=index, data=data)
+        response = await self._call(self.stub.PutCarryChunk, request, grant.session_id)  # idempotent
+        same_cluster(grant, response.cluster_id)
+
+    async def commit_carry(self, grant: Grant, manifest: pb.CarryManifest) -> int:
+        request = pb.CommitCarryRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
+                                        cluster_id=grant.cluster_id, manifest=manifest)
+        # Not retried: a first try that landed leaves the slot named, and the retry would be refused.
+        response = await self._call(self.stub.CommitCarry, request, grant.session_id, retry=False)
+        same_cluster(grant, response.cluster_id)
+        return response.revision
+
+    async def get_carry(self, session_id: str, slot: int | None = None,
+                        index: int = 0) -> pb.GetCarryResponse:
+        """The session's carry manifest and the coordinator's cap; with `slot`, chunk `index` too."""
+        request = pb.GetCarryRequest(session_id=session_id, with_chunk=slot is not None, slot=slot or 0,
+                                     index=index)
+        return await self._call(self.stub.GetCarry, request, session_id)
 
     # --- reads and operator calls ----------------------------------------------------------
     async def fenced_get(self, session_id: str, key: str) -> pb.FencedGetResponse:

@@ -21,8 +21,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from holdfast.client import grantdir, guards
+from holdfast.client import carry, grantdir, guards
 from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_stderr, takeover_operation
+from holdfast.client.carry_rules import CarryRefused, check_cap, root_name
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import Gate
@@ -94,6 +95,67 @@ async def open_guards(urls: list[str]) -> list[Guard]:
     return opened
 
 
+async def check_carry(client: Client, spec: RunSpec, cwd: str) -> tuple[list[str], int]:
+    """The --carry roots as the manifest names them, and the coordinator's per-session cap, checked
+    before anything is asked of the session's owner: each root exists here or in the session's last
+    copy, and what this run would carry (the copy's roots restored, the rest as they are here) fits
+    the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
+    try:
+        names = list(dict.fromkeys(root_name(path) for path in spec.carry))
+    except CarryRefused as exc:
+        raise ClientError(Reason.INVALID_ARGUMENT, str(exc), spec.session_id) from None
+    if not names:
+        return [], 0
+    carried = await client.get_carry(spec.session_id)
+    in_copy = {root.path: 0 for root in carried.manifest.roots} if carried.found else {}
+    for entry in carried.manifest.entries if carried.found else ():
+        in_copy[carried.manifest.roots[entry.root].path] += entry.size
+    here = await asyncio.to_thread(carry.local_size, [n for n in names if n not in in_copy], cwd)
+    missing = [name for name, size in here.items() if size is None]
+    if missing and not await session_exists(client, spec.session_id):
+        # With an owner, the copy may yet come (a takeover's owner uploads as it lets go); with no
+        # record at all, nothing ever could.
+        raise ClientError(Reason.INVALID_ARGUMENT, f"--carry {', '.join(missing)}: no such file or directory "
+                          f"here (in {cwd}), and the session carries no copy of it; create it first. "
+                          "Nothing was asked of the session's owner", spec.session_id)
+    total = sum(in_copy.get(n, 0) for n in names) + sum(size or 0 for size in here.values())
+    try:
+        check_cap(total, carried.session_cap_bytes)
+    except CarryRefused as exc:
+        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; nothing was asked of the session's owner",
+                          spec.session_id) from None
+    return names, carried.session_cap_bytes
+
+
+async def session_exists(client: Client, session_id: str) -> bool:
+    try:
+        await client.get_session(session_id)
+    except ClientError as err:
+        if err.reason == "NOT_FOUND":
+            return False
+        raise
+    return True
+
+
+async def restore_carried(client: Client, grant: Grant, names: list[str], cwd: str, cap: int,
+                          say: Say) -> None:
+    """Between commit and exec: the session's last copy of the named roots put in place, then what
+    CMD would start with checked against the cap once more (the copy may have changed since)."""
+    found = await carry.download(client, grant.session_id)
+    if found is None:
+        say(f"no carried state for {grant.session_id} yet: CMD starts with {', '.join(names)} as here")
+    else:
+        for line in await asyncio.to_thread(carry.restore, *found, names, cwd):
+            say(line)
+    sizes = await asyncio.to_thread(carry.local_size, names, cwd)
+    for name in (n for n, size in sizes.items() if size is None):
+        say(f"--carry {name}: neither here nor in the session's copy; CMD starts without it")
+    try:
+        check_cap(sum(size or 0 for size in sizes.values()), cap)
+    except CarryRefused as exc:
+        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; CMD did not run", grant.session_id) from None
+
+
 async def bump_guards(opened: list[Guard], grant: Grant) -> None:
     try:
         await asyncio.to_thread(guards.bump_all, opened, grant.session_id, grant.fence)
@@ -132,24 +194,29 @@ class Owner:
     """A committed owner: the gate released, CMD running in its own process group."""
 
     def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
-                 workdir: str, record: pb.SessionRecord, say: Say, terminal: int | None = None) -> None:
+                 workdir: str, record: pb.SessionRecord, say: Say, terminal: int | None = None,
+                 carried: Sequence[str] = ()) -> None:
         self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
         self.workdir, self.record, self.say, self.terminal = workdir, record, say, terminal
+        self.carried = list(carried)  # --carry roots, as the manifest names them
         self.ended_by = ""   # "", "handoff" or "lost"
+        self.carry_error: ClientError | None = None  # the last upload's failure, if it failed
 
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
+        carried = await check_carry(client, spec, spec.cwd or os.getcwd())  # likewise
         guards = await open_guards(spec.guards)  # likewise: an unreachable store asks nothing of anyone
         try:
-            return await cls._start(client, spec, say, guards)
+            return await cls._start(client, spec, say, guards, carried)
         finally:
             for guard in guards:
                 with contextlib.suppress(Exception):
                     guard.close()
 
     @classmethod
-    async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard]) -> Owner:
+    async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
+                     carried: tuple[list[str], int]) -> Owner:
         if spec.takeover:
             operation_id, kept = takeover_operation(spec.session_id, client.host_id)
             if kept is None:
@@ -172,6 +239,8 @@ class Owner:
             record = await client.commit(grant, gate.pid)
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
+            if carried[0]:
+                await restore_carried(client, grant, carried[0], spec.cwd or os.getcwd(), carried[1], say)
         except BaseException:
             if gate is not None:
                 gate.abort()
@@ -189,7 +258,7 @@ class Owner:
         if not owner.cgroup.path:
             say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
                 "is proven by its spawn token alone, and a process that drops it is not found")
-        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal)
+        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal, carried[0])
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
@@ -234,6 +303,8 @@ class Owner:
         exited = loop.create_future()
         loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
         watcher = asyncio.create_task(self._watch())
+        checkpoints = (asyncio.create_task(self._checkpoints()) if self.carried and self.spec.carry_every
+                       else None)
         try:
             await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if watcher.done():
@@ -244,6 +315,10 @@ class Owner:
             await exited
         finally:
             watcher.cancel()
+            if checkpoints is not None:
+                checkpoints.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await checkpoints
             loop.remove_reader(pidfd)
             os.close(pidfd)
             if forward_signals:
@@ -256,11 +331,45 @@ class Owner:
             self.cleanup()
         return status
 
+    async def upload_carried(self, reason: str) -> bool:
+        """Packs and uploads the --carry roots under this grant; says what failed (the session's last
+        good copy then stands) and returns whether the new copy was committed."""
+        cwd = self.spec.cwd or os.getcwd()
+        try:
+            packed = await asyncio.to_thread(carry.pack, self.carried, cwd, self.grant.session_id)
+            for line in packed.skipped:
+                self.say(f"not carried: {line}")
+            await carry.upload(self.client, self.grant, packed, reason)
+        except ClientError as err:
+            self.carry_error = err
+            self.say(f"carried state not uploaded ({err.reason}): {err.message}; the session keeps its last "
+                     "good copy")
+            return False
+        self.carry_error = None
+        if reason != "checkpoint":
+            self.say(f"carried {', '.join(self.carried)} ({packed.manifest.total_bytes} bytes) at fence "
+                     f"{self.grant.fence}")
+        return True
+
+    async def _checkpoints(self) -> None:
+        """--carry-every: a copy of the roots every so often while CMD runs, so an owner that dies
+        without releasing (a host lost) leaves a recent copy. Files being written at that moment
+        may be caught mid-write: a file seen changing is refused and the next checkpoint tries again."""
+        while True:
+            await asyncio.sleep(self.spec.carry_every)
+            await self.upload_carried("checkpoint")
+
     async def finish(self) -> None:
-        """End what is left of the tree, then Release; a fence already moved on needs no release."""
+        """End what is left of the tree, upload the carried state, then Release; a fence already
+        moved on needs no release (and could store nothing)."""
         if not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
             self.say("processes of the session's tree survived SIGKILL; not releasing")
             return
+        if self.carried and self.ended_by == "lost":
+            self.say(f"carried state not uploaded: fence {self.grant.fence} is no longer the session's; the "
+                     "session keeps the copy its owners last committed")
+        elif self.carried:
+            await self.upload_carried("handoff" if self.ended_by == "handoff" else "release")
         deadline = asyncio.get_running_loop().time() + RELEASE_RETRY_S
         delay = 0.1
         while True:

@@ -69,6 +69,12 @@ class Reason(StrEnum):
     OWNER_ALIVE = "OWNER_ALIVE"                # `recover` refused by the CLI itself: the owner is alive
     GUARD_UNREACHABLE = "GUARD_UNREACHABLE"    # a --guard store failed before any call: nothing was asked
     GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
+    CARRY_FAILED = "CARRY_FAILED"              # carried state could not be packed or restored here
+    # Carried state (`run --carry`), refused by the coordinator: nothing of the new copy is kept.
+    CARRY_TOO_LARGE = "CARRY_TOO_LARGE"
+    CARRY_BUDGET_EXHAUSTED = "CARRY_BUDGET_EXHAUSTED"
+    CARRY_CORRUPT = "CARRY_CORRUPT"
+    RELEASE_PENDING = "RELEASE_PENDING"  # asked for with await_release: the owner ended, not yet released
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,27 @@ TABLE: dict[Reason, Meaning] = {
         "CMD did not run and the grant was released: a guarded store could not take fence {fence} (it "
         "is down, or has seen a newer fence — another holdfast cluster or a restored etcd); check it, "
         "then retry"),
+    Reason.RELEASE_PENDING: Meaning(
+        F, EX_TEMPFAIL,
+        "the owner's CMD has ended and its `run` has not released yet (it may be uploading carried "
+        "state); `run --carry` waits for that by itself — retry, or drop --carry to take the session now",
+        waitable=True),
+    Reason.CARRY_FAILED: Meaning(
+        None, EX_TEMPFAIL,
+        "the carried state named by --carry could not be packed or restored (the message says which "
+        "file and why); the session's last good copy is kept: fix the path, then retry"),
+    Reason.CARRY_TOO_LARGE: Meaning(
+        F, EX_USAGE,
+        "carry less (a smaller --carry PATH), raise the coordinator's carry_session_cap_bytes, or keep "
+        "large state on a shared home or a blob store (docs/carry.md); the last good copy is kept"),
+    Reason.CARRY_BUDGET_EXHAUSTED: Meaning(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, EX_TEMPFAIL,
+        "the cluster's carried state has reached carry_budget_bytes: archive finished sessions "
+        "(`holdfast archive`), or raise the budget with etcd's quota; the last good copy is kept"),
+    Reason.CARRY_CORRUPT: Meaning(
+        F, EX_TEMPFAIL,
+        "the uploaded chunks do not match their manifest (a chunk lost or changed in flight); retry the "
+        "upload — the last good copy is kept"),
 }
 UNKNOWN = Meaning(None, EX_FAILURE, "see the coordinator's log")  # a newer peer's reason, or none
 

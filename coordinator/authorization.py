@@ -17,11 +17,11 @@ from holdfast.common.tls import Role
 from holdfast.v1 import coordinator_pb2 as pb
 
 READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "FencedGet", "ProbeSession",
-                   "GetArchivedSession"})
+                   "GetArchivedSession", "GetCarry"})
 # A runtime's calls. The operator may make them too (e.g. a forced takeover on a runtime's behalf,
 # docs/design.md §5); whether `force` is honoured is the service's decision, not this gate's.
 SESSION_WRITES = frozenset({"Acquire", "CommitOwner", "RecordProviderHandle", "Release", "RequestHandoff",
-                            "FencedPut"})
+                            "FencedPut", "BeginCarry", "PutCarryChunk", "CommitCarry"})
 # Override evidence (Recover, RecoverHost, RestoreEpoch) or act on sessions that are not the
 # caller's (ArchiveSession, DrainHost): operator only.
 OPERATOR_CALLS = frozenset({"Recover", "RecoverHost", "RestoreEpoch", "ArchiveSession", "DrainHost"})

@@ -11,7 +11,9 @@ import hashlib
 import hmac
 import secrets
 
+from holdfast.common import identifiers
 from holdfast.common.names import claim_name
+from holdfast.coordinator.errors import CoordinatorError
 from holdfast.v1 import coordinator_pb2 as pb
 
 
@@ -49,3 +51,18 @@ def fence_value_of(record: pb.SessionRecord) -> str:
 def expected_fence_value(fence: int, claim_status: int, secret: str) -> str:
     """What `fence/<id>` must hold for a write carrying this grant to be admitted."""
     return fence_value(fence, claim_status, hash_secret(secret))
+
+
+def check_grant(record: pb.SessionRecord, fence: int, secret: str) -> None:
+    """Fence first, then secret (docs/design.md §3): STALE_FENCE or PERMISSION_DENIED, else None."""
+    identifiers.check_fence(fence)
+    if fence != record.lease.fence:
+        raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")
+    if not secret_matches(secret, record.lease.grant_secret_hash):
+        raise CoordinatorError("PERMISSION_DENIED", "grant secret does not match this fence")
+
+
+def owner_fence_values(fence: int, secret: str) -> tuple[str, str]:
+    """What `fence/<id>` holds while this grant's owner is committed, or live: an owner's own writes
+    that need no provider handle (its carried state) are admitted in either."""
+    return expected_fence_value(fence, pb.COMMITTED, secret), expected_fence_value(fence, pb.LIVE, secret)

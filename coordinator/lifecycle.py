@@ -19,6 +19,7 @@ import grpc
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
 from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records, registry
+from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import KILL_WAIT_S, Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, unchanged
@@ -37,8 +38,9 @@ def _operator_text(operator: str, reason: str) -> str:
 
 
 class Lifecycle:
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, carried: CarryStore) -> None:
         self.sessions = sessions
+        self.carried = carried
         self.store = sessions.store
 
     # --- archive ---------------------------------------------------------------------------
@@ -61,14 +63,26 @@ class Lifecycle:
         puts = [Put(self.store.key("archive", sid, "record"), records.encode(archived))]
         puts += [Put(self.store.key("archive", sid, "history", e.key.rsplit("/", 1)[1]), e.value)
                  for e in history]
-        # Fenced data goes with the session (retention ends with it); history stays readable under
-        # archive/, and the archived fence is the floor of any later session of the same id.
-        ok, _ = await self.store.txn(
-            unchanged([Seen(self.sessions.key(sid), entry), *reads]), puts,
-            [self.sessions.key(sid), self.store.key("fence", sid)],
-            [self.store.key(kind, sid, "") for kind in ("history", "data", "ops")])
-        if not ok:
-            raise CoordinatorError("STALE_FENCE", "the record changed while archiving; nothing was archived")
+        # Fenced data and carried state go with the session (retention ends with it, and the carry
+        # budget gets its bytes back); history stays readable under archive/, and the archived fence
+        # is the floor of any later session of the same id.
+        for _ in range(BUDGET_RETRIES):
+            carry_reads, carry_puts = await self.carried.discard(sid)
+            ok, _ = await self.store.txn(
+                unchanged([Seen(self.sessions.key(sid), entry), *reads, *carry_reads]), [*puts, *carry_puts],
+                [self.sessions.key(sid), self.store.key("fence", sid)],
+                [*(self.store.key(kind, sid, "") for kind in ("history", "data", "ops")),
+                 self.carried.prefix(sid)])
+            if ok:
+                break
+            # Another session's upload may have moved the shared carry budget: that alone is retried.
+            decided_on = [Seen(self.sessions.key(sid), entry), *reads]
+            now = await asyncio.gather(*(self.store.get(seen.key) for seen in decided_on))
+            if any(seen.entry != current for seen, current in zip(decided_on, now, strict=True)):
+                raise CoordinatorError("STALE_FENCE", "the record changed while archiving; nothing was "
+                                       "archived")
+        else:
+            raise CoordinatorError("UNAVAILABLE", "the carry budget kept changing while archiving; retry")
         return pb.ArchiveSessionResponse(record=archived, history_archived=len(history),
                                          verdict=verdict.reason.value)
 

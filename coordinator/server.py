@@ -19,7 +19,7 @@ from holdfast.common.authorization import RoleGate
 from holdfast.common.reasons import DOMAIN
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
-from holdfast.coordinator import enrollment, metrics
+from holdfast.coordinator import carry, enrollment, metrics
 from holdfast.coordinator.authorization import coordinator_rule
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
@@ -44,14 +44,16 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                 tls_dir: Path | None = None, etcd_tls_dir: Path | None = None, metrics_listen: str = "",
                 census_seconds: float = 15.0, health_listen: str = "",
                 commit_window_seconds: float = 30.0,
-                issuer: tuple[str, enrollment.Issuer] | None = None) -> None:
+                issuer: tuple[str, enrollment.Issuer] | None = None,
+                carry_limits: tuple[int, int] = (carry.DEFAULT_SESSION_CAP, carry.DEFAULT_BUDGET)) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
     if tls_dir is not None and etcd_tls_dir is None:
         etcd_tls_dir = tls_dir / ETCD_SUBDIR
     store = Store.connect(etcd, etcd_credentials(etcd, etcd_tls_dir), prefix=prefix)
-    service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000))
+    service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000),
+                                 carry_session_cap=carry_limits[0], carry_budget=carry_limits[1])
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 
 from holdfast.common import identifiers, reasons, tls
-from holdfast.coordinator import adjudication, fencing, lifecycle, metrics, records
+from holdfast.coordinator import adjudication, carry, fencing, lifecycle, metrics, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
@@ -88,13 +88,15 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None,
-                 commit_window_ms: int = COMMIT_WINDOW_MS) -> None:
+                 commit_window_ms: int = COMMIT_WINDOW_MS, carry_session_cap: int = carry.DEFAULT_SESSION_CAP,
+                 carry_budget: int = carry.DEFAULT_BUDGET) -> None:
         self.store = store
         self.commit_window_ms = commit_window_ms
         self.registry = Registry(store)
         self.router = Router(agent_tls_dir)
         self.sessions = Sessions(store, self.registry, self.router)
-        self.lifecycle = lifecycle.Lifecycle(self.sessions)
+        self.carried = carry.CarryStore(self.sessions, carry_session_cap, carry_budget)
+        self.lifecycle = lifecycle.Lifecycle(self.sessions, self.carried)
         self.replays = ReplayLease(store)
         self.cluster = ClusterIdentity(store)
 
@@ -107,14 +109,6 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                    f"{cluster_id[:64]!r}; this coordinator serves {ours!r}. Nothing was "
                                    "written")
         return ours
-
-    def _check_grant(self, record: pb.SessionRecord, fence: int, secret: str) -> None:
-        """Fence first, then secret (docs/design.md §3)."""
-        identifiers.check_fence(fence)
-        if fence != record.lease.fence:
-            raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")
-        if not fencing.secret_matches(secret, record.lease.grant_secret_hash):
-            raise CoordinatorError("PERMISSION_DENIED", "grant secret does not match this fence")
 
     # --- acquisition ---------------------------------------------------------------------
     @_handler
@@ -182,6 +176,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
+            if (request.await_release and verdict.reason is adjudication.Reason.OWNER_DEAD
+                    and record is not None and record.lease.claim_status in (pb.COMMITTED, pb.LIVE)):
+                # Decided on the record as read: a release landing after this read is the next call's.
+                raise CoordinatorError("RELEASE_PENDING", f"the owner at fence {record.lease.fence} has "
+                                       f"ended ({verdict.detail}) but has not released; nothing was granted")
             response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads)
             if response is not None:
                 if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
@@ -280,7 +279,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.CommitOwnerResponse:
         cluster = await self._check_cluster(request.cluster_id)
         entry, record = await self.sessions.require(request.session_id)
-        self._check_grant(record, request.fence, request.secret)
+        fencing.check_grant(record, request.fence, request.secret)
         lease = record.lease
         if lease.claim_status != pb.RESERVED:
             raise CoordinatorError("STALE_FENCE", "this grant is no longer a reservation")
@@ -310,7 +309,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         cluster = await self._check_cluster(request.cluster_id)
         identifiers.check_text("handle", request.handle, records.MAX_HANDLE_CHARS)
         entry, record = await self.sessions.require(request.session_id)
-        self._check_grant(record, request.fence, request.secret)
+        fencing.check_grant(record, request.fence, request.secret)
         if record.lease.claim_status not in (pb.COMMITTED, pb.LIVE):
             raise CoordinatorError("NOT_LIVE", "a provider handle needs a committed owner")
         if len(record.provider_handle_chain) >= MAX_CHAIN:
@@ -329,7 +328,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.ReleaseResponse:
         cluster = await self._check_cluster(request.cluster_id)
         entry, record = await self.sessions.require(request.session_id)
-        self._check_grant(record, request.fence, request.secret)
+        fencing.check_grant(record, request.fence, request.secret)
         lease = record.lease
         reads: list[Seen] = []
         if lease.claim_status in (pb.COMMITTED, pb.LIVE):
@@ -370,7 +369,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if ok:
             return pb.FencedPutResponse(revision=revision, cluster_id=cluster)
         _, record = await self.sessions.require(sid)  # classify the refusal: nothing was written
-        self._check_grant(record, request.fence, request.secret)
+        fencing.check_grant(record, request.fence, request.secret)
         raise CoordinatorError("NOT_LIVE", "fenced writes need a live owner")
 
     @_handler
@@ -382,6 +381,31 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if entry is None:
             return pb.FencedGetResponse(found=False)
         return pb.FencedGetResponse(found=True, value=entry.value, revision=entry.mod_revision)
+
+    # --- carried state (coordinator/carry.py) -------------------------------------------
+    @_handler
+    async def BeginCarry(self, request: pb.BeginCarryRequest,
+                         context: grpc.aio.ServicerContext) -> pb.BeginCarryResponse:
+        cluster = await self._check_cluster(request.cluster_id)
+        return pb.BeginCarryResponse(slot=await self.carried.begin(request), cluster_id=cluster)
+
+    @_handler
+    async def PutCarryChunk(self, request: pb.PutCarryChunkRequest,
+                            context: grpc.aio.ServicerContext) -> pb.PutCarryChunkResponse:
+        cluster = await self._check_cluster(request.cluster_id)
+        await self.carried.put_chunk(request)
+        return pb.PutCarryChunkResponse(cluster_id=cluster)
+
+    @_handler
+    async def CommitCarry(self, request: pb.CommitCarryRequest,
+                          context: grpc.aio.ServicerContext) -> pb.CommitCarryResponse:
+        cluster = await self._check_cluster(request.cluster_id)
+        return pb.CommitCarryResponse(revision=await self.carried.commit(request), cluster_id=cluster)
+
+    @_handler
+    async def GetCarry(self, request: pb.GetCarryRequest,
+                       context: grpc.aio.ServicerContext) -> pb.GetCarryResponse:
+        return await self.carried.get(request)
 
     # --- reads ---------------------------------------------------------------------------
     @_handler

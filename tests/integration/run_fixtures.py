@@ -86,7 +86,7 @@ class Cluster:
                 "HOLDFAST_COORDINATOR": self.coordinator.address, "HOLDFAST_RUN_CHILD": CHILD}
 
     def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None,
-            as_nobody: bool = False, env: dict[str, str] | None = None) -> Run:
+            as_nobody: bool = False, env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
         """`holdfast run --session S OPTIONS -- CMD` on `host` (CMD defaults to the overlap child),
         as root or, with `as_nobody`, as an unprivileged user with no capabilities."""
         cmd = cmd or self.child()
@@ -102,7 +102,7 @@ class Cluster:
         argv = [*prefix, python, "-m", "holdfast.cli", "run", "--session", session, *options,
                 "--", *cmd]
         with open(stderr, "wb") as err:
-            proc = host.spawn(argv, env=run_env, stdout=subprocess.DEVNULL, stderr=err, cwd="/")
+            proc = host.spawn(argv, env=run_env, stdout=subprocess.DEVNULL, stderr=err, cwd=str(cwd or "/"))
         run = Run(host, proc, stderr)
         self.runs.append(run)
         return run

@@ -110,7 +110,8 @@ CLIENT_METHOD = {
     "WatchSessions": "watch", "ProbeSession": "probe", "Recover": "recover", "ListHosts": "list_hosts",
     "ArchiveSession": "archive", "GetArchivedSession": "archived", "PurgeArchives": "purge_archives",
     "DrainHost": "drain", "RecoverHost": "recover_host", "RestoreEpoch": "restore_epoch",
-    "RegisterHost": None, "Heartbeat": None,
+    "BeginCarry": "begin_carry", "PutCarryChunk": "put_carry_chunk", "CommitCarry": "commit_carry",
+    "GetCarry": "get_carry", "RegisterHost": None, "Heartbeat": None,
 }
 
 

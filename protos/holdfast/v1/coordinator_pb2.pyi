@@ -147,7 +147,7 @@ class Grant(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., commit_deadline_unix_ms: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("session_id", "provider", "location", "expected_fence", "has_expected_fence", "operation_id", "host_id", "live_on_commit", "wait_seconds", "force", "takeover")
+    __slots__ = ("session_id", "provider", "location", "expected_fence", "has_expected_fence", "operation_id", "host_id", "live_on_commit", "wait_seconds", "force", "takeover", "await_release")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class AcquireRequest(_message.Message):
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     TAKEOVER_FIELD_NUMBER: _ClassVar[int]
+    AWAIT_RELEASE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     provider: str
     location: str
@@ -170,7 +171,8 @@ class AcquireRequest(_message.Message):
     wait_seconds: float
     force: bool
     takeover: bool
-    def __init__(self, session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., expected_fence: _Optional[int] = ..., has_expected_fence: _Optional[bool] = ..., operation_id: _Optional[str] = ..., host_id: _Optional[str] = ..., live_on_commit: _Optional[bool] = ..., wait_seconds: _Optional[float] = ..., force: _Optional[bool] = ..., takeover: _Optional[bool] = ...) -> None: ...
+    await_release: bool
+    def __init__(self, session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., expected_fence: _Optional[int] = ..., has_expected_fence: _Optional[bool] = ..., operation_id: _Optional[str] = ..., host_id: _Optional[str] = ..., live_on_commit: _Optional[bool] = ..., wait_seconds: _Optional[float] = ..., force: _Optional[bool] = ..., takeover: _Optional[bool] = ..., await_release: _Optional[bool] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("grant", "record")
@@ -601,3 +603,149 @@ class RestoreEpochResponse(_message.Message):
     hosts: _containers.RepeatedCompositeFieldContainer[RestoreEpochHost]
     grants_reopened: bool
     def __init__(self, sessions: _Optional[_Iterable[_Union[RestoreEpochSession, _Mapping]]] = ..., hosts: _Optional[_Iterable[_Union[RestoreEpochHost, _Mapping]]] = ..., grants_reopened: _Optional[bool] = ...) -> None: ...
+
+class CarryEntry(_message.Message):
+    __slots__ = ("root", "path", "kind", "mode", "size", "sha256", "link_target")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    LINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    root: int
+    path: str
+    kind: str
+    mode: int
+    size: int
+    sha256: str
+    link_target: str
+    def __init__(self, root: _Optional[int] = ..., path: _Optional[str] = ..., kind: _Optional[str] = ..., mode: _Optional[int] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., link_target: _Optional[str] = ...) -> None: ...
+
+class CarryRoot(_message.Message):
+    __slots__ = ("path", "kind")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    kind: str
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class CarryManifest(_message.Message):
+    __slots__ = ("schema_version", "session_id", "fence", "host_id", "slot", "written_at_unix_ms", "total_bytes", "chunk_sha256", "roots", "entries", "reason")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ROOTS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    session_id: str
+    fence: int
+    host_id: str
+    slot: int
+    written_at_unix_ms: int
+    total_bytes: int
+    chunk_sha256: _containers.RepeatedScalarFieldContainer[str]
+    roots: _containers.RepeatedCompositeFieldContainer[CarryRoot]
+    entries: _containers.RepeatedCompositeFieldContainer[CarryEntry]
+    reason: str
+    def __init__(self, schema_version: _Optional[int] = ..., session_id: _Optional[str] = ..., fence: _Optional[int] = ..., host_id: _Optional[str] = ..., slot: _Optional[int] = ..., written_at_unix_ms: _Optional[int] = ..., total_bytes: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[str]] = ..., roots: _Optional[_Iterable[_Union[CarryRoot, _Mapping]]] = ..., entries: _Optional[_Iterable[_Union[CarryEntry, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BeginCarryRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "cluster_id", "total_bytes", "chunks")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    cluster_id: str
+    total_bytes: int
+    chunks: int
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class BeginCarryResponse(_message.Message):
+    __slots__ = ("slot", "cluster_id")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    cluster_id: str
+    def __init__(self, slot: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+
+class PutCarryChunkRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "cluster_id", "slot", "index", "data")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    cluster_id: str
+    slot: int
+    index: int
+    data: bytes
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ..., slot: _Optional[int] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PutCarryChunkResponse(_message.Message):
+    __slots__ = ("cluster_id",)
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    def __init__(self, cluster_id: _Optional[str] = ...) -> None: ...
+
+class CommitCarryRequest(_message.Message):
+    __slots__ = ("session_id", "fence", "secret", "cluster_id", "manifest")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    fence: int
+    secret: str
+    cluster_id: str
+    manifest: CarryManifest
+    def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ..., manifest: _Optional[_Union[CarryManifest, _Mapping]] = ...) -> None: ...
+
+class CommitCarryResponse(_message.Message):
+    __slots__ = ("revision", "cluster_id")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    cluster_id: str
+    def __init__(self, revision: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+
+class GetCarryRequest(_message.Message):
+    __slots__ = ("session_id", "with_chunk", "slot", "index")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    with_chunk: bool
+    slot: int
+    index: int
+    def __init__(self, session_id: _Optional[str] = ..., with_chunk: _Optional[bool] = ..., slot: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class GetCarryResponse(_message.Message):
+    __slots__ = ("found", "manifest", "chunk", "session_cap_bytes")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    manifest: CarryManifest
+    chunk: bytes
+    session_cap_bytes: int
+    def __init__(self, found: _Optional[bool] = ..., manifest: _Optional[_Union[CarryManifest, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_cap_bytes: _Optional[int] = ...) -> None: ...

@@ -69,6 +69,26 @@ class CoordinatorStub:
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.FencedGetRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.FencedGetResponse.FromString,
                 _registered_method=True)
+        self.BeginCarry = channel.unary_unary(
+                '/holdfast.v1.Coordinator/BeginCarry',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.BeginCarryRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.BeginCarryResponse.FromString,
+                _registered_method=True)
+        self.PutCarryChunk = channel.unary_unary(
+                '/holdfast.v1.Coordinator/PutCarryChunk',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.PutCarryChunkRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.PutCarryChunkResponse.FromString,
+                _registered_method=True)
+        self.CommitCarry = channel.unary_unary(
+                '/holdfast.v1.Coordinator/CommitCarry',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.CommitCarryRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.CommitCarryResponse.FromString,
+                _registered_method=True)
+        self.GetCarry = channel.unary_unary(
+                '/holdfast.v1.Coordinator/GetCarry',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetCarryRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.GetCarryResponse.FromString,
+                _registered_method=True)
         self.GetSession = channel.unary_unary(
                 '/holdfast.v1.Coordinator/GetSession',
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetSessionRequest.SerializeToString,
@@ -181,6 +201,30 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FencedGet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginCarry(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutCarryChunk(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitCarry(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCarry(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -307,6 +351,26 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.FencedGet,
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.FencedGetRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_coordinator__pb2.FencedGetResponse.SerializeToString,
+            ),
+            'BeginCarry': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginCarry,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.BeginCarryRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.BeginCarryResponse.SerializeToString,
+            ),
+            'PutCarryChunk': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCarryChunk,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.PutCarryChunkRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.PutCarryChunkResponse.SerializeToString,
+            ),
+            'CommitCarry': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitCarry,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.CommitCarryRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.CommitCarryResponse.SerializeToString,
+            ),
+            'GetCarry': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCarry,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.GetCarryRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.GetCarryResponse.SerializeToString,
             ),
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
@@ -568,6 +632,114 @@ class Coordinator:
             '/holdfast.v1.Coordinator/FencedGet',
             holdfast_dot_v1_dot_coordinator__pb2.FencedGetRequest.SerializeToString,
             holdfast_dot_v1_dot_coordinator__pb2.FencedGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginCarry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/BeginCarry',
+            holdfast_dot_v1_dot_coordinator__pb2.BeginCarryRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.BeginCarryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCarryChunk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/PutCarryChunk',
+            holdfast_dot_v1_dot_coordinator__pb2.PutCarryChunkRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.PutCarryChunkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitCarry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/CommitCarry',
+            holdfast_dot_v1_dot_coordinator__pb2.CommitCarryRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.CommitCarryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCarry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/GetCarry',
+            holdfast_dot_v1_dot_coordinator__pb2.GetCarryRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.GetCarryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,305 @@
+"""Carried state on the client's side (`run --carry PATH`, docs/carry.md): packing the named files
+and directories, uploading them under the owner's grant, and restoring the session's last copy
+before CMD runs.
+
+Guarantee: a restore writes nothing in place until the whole copy is downloaded, every chunk and
+every file matches its sha256, and every entry passed `carry_rules.check_entry`; it is built in a
+temporary directory beside its target and renamed into place, so a failed restore leaves the local
+files as they were. An upload reads each file once and refuses one that changed while it was read;
+the coordinator keeps the last committed copy until a whole new one is committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from holdfast.client.carry_rules import CarryRefused, age_text, check_entry, chunked, root_name
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
+from holdfast.common.reasons import Reason
+from holdfast.v1 import coordinator_pb2 as pb
+
+
+def failed(message: str, session: str = "") -> ClientError:
+    return ClientError(Reason.CARRY_FAILED, message, session)
+
+
+@dataclass
+class Packed:
+    """A copy ready to upload: its manifest (roots, entries, chunk hashes) and its chunks."""
+
+    manifest: pb.CarryManifest
+    chunks: list[bytes]
+    skipped: list[str] = field(default_factory=list)  # what was not carried, and why
+
+
+def _where(name: str, cwd: str) -> str:
+    return name if os.path.isabs(name) else os.path.join(cwd, name)
+
+
+def _read_whole(path: str, shown: str) -> tuple[bytes, os.stat_result]:
+    """The file's bytes, refused if it changed while it was read (size or modification time)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        before = os.fstat(fd)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if (len(data), before.st_mtime_ns) != (
+        after.st_size,
+        after.st_mtime_ns,
+    ) or before.st_size != after.st_size:
+        raise failed(
+            f"{shown} changed while it was read; nothing of this copy was kept (the last good copy stands)"
+        )
+    return data, before
+
+
+def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
+    """Bytes of regular files under each named root here; None for a root that does not exist."""
+    sizes: dict[str, int | None] = {}
+    for name in names:
+        path = _where(name, cwd)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            sizes[name] = None
+            continue
+        if stat.S_ISREG(st.st_mode):
+            sizes[name] = st.st_size
+            continue
+        total = 0
+        for top, dirs, files in os.walk(path):
+            dirs.sort()
+            for f in files:
+                with contextlib.suppress(OSError):
+                    s = os.lstat(os.path.join(top, f))
+                    if stat.S_ISREG(s.st_mode):
+                        total += s.st_size
+        sizes[name] = total
+    return sizes
+
+
+def pack(names: list[str], cwd: str, session_id: str) -> Packed:
+    """The named roots as one copy: files in walk order, a stream cut into chunks."""
+    manifest = pb.CarryManifest(session_id=session_id)
+    skipped: list[str] = []
+    stream: list[bytes] = []
+
+    def add_file(root: int, rel: str, path: str, shown: str) -> None:
+        data, st = _read_whole(path, shown)
+        manifest.entries.add(
+            root=root,
+            path=rel,
+            kind="file",
+            mode=stat.S_IMODE(st.st_mode) & 0o777,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        stream.append(data)
+
+    for index, name in enumerate(names):
+        path = _where(name, cwd)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise failed(f"--carry {name}: no such file or directory here (in {cwd})", session_id) from None
+        if stat.S_ISREG(st.st_mode):
+            manifest.roots.add(path=name, kind="file")
+            add_file(index, "", path, name)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise failed(
+                f"--carry {name}: not a regular file or a directory (name the file or directory "
+                "itself, not a link or a device)",
+                session_id,
+            )
+        manifest.roots.add(path=name, kind="dir")
+        manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
+        for top, dirs, files in os.walk(path):
+            dirs.sort()
+            for entry in sorted(dirs + files):
+                full = os.path.join(top, entry)
+                rel = os.path.relpath(full, path)
+                shown = os.path.join(name, rel)
+                s = os.lstat(full)
+                if stat.S_ISDIR(s.st_mode):
+                    manifest.entries.add(
+                        root=index, path=rel, kind="dir", mode=stat.S_IMODE(s.st_mode) & 0o777
+                    )
+                elif stat.S_ISREG(s.st_mode):
+                    add_file(index, rel, full, shown)
+                elif stat.S_ISLNK(s.st_mode):
+                    target = os.readlink(full)
+                    try:
+                        check_entry(rel, "symlink", 0o777, target)
+                    except CarryRefused as exc:
+                        skipped.append(f"{shown}: {exc}")
+                        continue
+                    manifest.entries.add(root=index, path=rel, kind="symlink", mode=0o777, link_target=target)
+                else:
+                    skipped.append(f"{shown}: not a file, directory or symlink; not carried")
+    data = b"".join(stream)
+    chunks = chunked(data)
+    manifest.total_bytes = len(data)
+    manifest.chunk_sha256.extend(hashlib.sha256(c).hexdigest() for c in chunks)
+    return Packed(manifest, chunks, skipped)
+
+
+async def upload(client: Client, grant: Grant, packed: Packed, reason: str) -> int:
+    """Begin, every chunk, commit — each under the grant; the manifest's revision."""
+    slot = await client.begin_carry(grant, packed.manifest.total_bytes, len(packed.chunks))
+    for index, chunk in enumerate(packed.chunks):
+        await client.put_carry_chunk(grant, slot, index, chunk)
+    manifest = pb.CarryManifest()
+    manifest.CopyFrom(packed.manifest)
+    manifest.fence, manifest.slot, manifest.host_id, manifest.reason = (
+        grant.fence,
+        slot,
+        client.host_id,
+        reason,
+    )
+    return await client.commit_carry(grant, manifest)
+
+
+# --- restore -------------------------------------------------------------------------------------
+async def download(client: Client, session_id: str) -> tuple[pb.CarryManifest, bytes] | None:
+    """The session's last committed copy, every chunk checked against the manifest; None if none."""
+    first = await client.get_carry(session_id)
+    if not first.found:
+        return None
+    manifest = first.manifest
+    parts = []
+    for index, want in enumerate(manifest.chunk_sha256):
+        got = await client.get_carry(session_id, manifest.slot, index)
+        if (got.manifest.fence, got.manifest.written_at_unix_ms) != (
+            manifest.fence,
+            manifest.written_at_unix_ms,
+        ):
+            raise failed("the session's carried state was replaced while it was read; retry", session_id)
+        if hashlib.sha256(got.chunk).hexdigest() != want:
+            raise failed(
+                f"chunk {index} of the carried state does not match its sha256: the copy is corrupt; "
+                "nothing was restored",
+                session_id,
+            )
+        parts.append(got.chunk)
+    data = b"".join(parts)
+    if len(data) != manifest.total_bytes:
+        raise failed(
+            f"the carried state holds {len(data)} bytes, its manifest says {manifest.total_bytes}; "
+            "nothing was restored",
+            session_id,
+        )
+    return manifest, data
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str) -> None:
+    """Writes the entries of one root into `tmp` (itself the root for a directory), refusing any
+    entry the rules refuse, any file whose bytes miss their sha256, any link that resolves out."""
+    dir_modes: list[tuple[str, int]] = []
+    links: list[str] = []
+    for entry, data in entries:
+        check_entry(entry.path, entry.kind, entry.mode, entry.link_target)
+        target = os.path.join(tmp, entry.path) if entry.path else tmp
+        parent = os.path.dirname(target)
+        if entry.path and not (os.path.isdir(parent) and not os.path.islink(parent)):
+            raise CarryRefused(f"carry entry {entry.path!r}: its directory is not a carried directory")
+        if hashlib.sha256(data).hexdigest() != entry.sha256 and entry.kind == "file":
+            raise CarryRefused(f"carry entry {entry.path or '(root)'!r} does not match its sha256")
+        if entry.kind == "dir":
+            if entry.path:
+                os.mkdir(target, 0o700)
+            dir_modes.append((target, entry.mode))
+        elif entry.kind == "symlink":
+            os.symlink(entry.link_target, target)
+            links.append(target)
+        else:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(target, entry.mode)
+    top = os.path.realpath(tmp)
+    for link in links:
+        if not _inside(os.path.realpath(link), top):
+            raise CarryRefused(
+                f"carry entry {os.path.relpath(link, tmp)!r}: its link resolves outside the carried directory"
+            )
+    for path, mode in reversed(dir_modes):  # deepest first, once everything is written
+        os.chmod(path, mode)
+
+
+def _put_in_place(tmp: str, path: str) -> None:
+    if os.path.isdir(tmp) and os.path.lexists(path):
+        old = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.holdfast-old-")
+        os.rename(path, os.path.join(old, "was"))
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str) -> list[str]:
+    """Puts each named root the copy holds in place; what it did, as lines to say."""
+    by_root: dict[int, list[tuple[pb.CarryEntry, bytes]]] = {}
+    offset = 0
+    for entry in manifest.entries:
+        size = entry.size if entry.kind == "file" else 0
+        by_root.setdefault(entry.root, []).append((entry, data[offset : offset + size]))
+        offset += size
+    said = []
+    age = age_text(max(time.time() - manifest.written_at_unix_ms / 1000, 0))
+    for index, root in enumerate(manifest.roots):
+        if root.path not in names:
+            said.append(f"carried {root.path} not restored: this run does not name it with --carry")
+            continue
+        root_name(root.path)  # a name no run could have given is refused, not written
+        path = _where(root.path, cwd)
+        parent = os.path.dirname(path) or "."
+        os.makedirs(parent, exist_ok=True)
+        base = os.path.basename(path)
+        entries = by_root.get(index, [])
+        tmp = tempfile.mkdtemp(dir=parent, prefix=f".{base}.holdfast-restore-")
+        build_in = tmp if root.kind == "dir" else os.path.join(tmp, "file")
+        try:
+            if root.kind == "dir":
+                _build(entries, build_in)
+            else:
+                if len(entries) != 1 or entries[0][0].kind != "file" or entries[0][0].path:
+                    raise CarryRefused(f"carried file {root.path} is not one file entry")
+                entry, body = entries[0]
+                check_entry("", "file", entry.mode)
+                if hashlib.sha256(body).hexdigest() != entry.sha256:
+                    raise CarryRefused(f"carried file {root.path} does not match its sha256")
+                fd = os.open(build_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(body)
+                os.chmod(build_in, entry.mode)
+            _put_in_place(build_in, path)
+        except (CarryRefused, OSError) as exc:
+            raise failed(
+                f"restoring {root.path}: {exc}; nothing of it was put in place", manifest.session_id
+            ) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        files = sum(1 for e, _ in entries if e.kind == "file")
+        size = sum(e.size for e, _ in entries if e.kind == "file")
+        said.append(
+            f"restored {root.path} ({files} files, {size} bytes) carried at fence {manifest.fence} from "
+            f"host {manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old"
+        )
+    return said

@@ -1,0 +1,307 @@
+"""`holdfast run --carry PATH` (issue 15) across simulated hosts, each with its own working
+directory standing in for its own disk: the session's files arrive on the next host before its CMD
+runs, a handoff carries the state the old owner left at its end, a superseded owner's upload is
+refused by the fence, and bad input — a path that does not exist, an over-cap directory, a corrupt
+chunk, a manifest naming what must never be written — is a clear error that keeps the last good copy
+and writes nothing in place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
+from holdfast.coordinator.store import Put, Store
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.conftest import descendants
+from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.run_fixtures import Cluster, until
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+CAP = 1 << 20
+
+
+@pytest.fixture
+def coordinator(etcd, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:  # type: ignore[no-untyped-def]
+    """This module's coordinator keeps carried state of at most 1 MiB a session."""
+    server = Coordinator(etcd.url, tmp_path, prefix, args=("--carry-session-cap-bytes", str(CAP))).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def homes(tmp_path: Path, *names: str) -> list[Path]:
+    made = []
+    for name in names:
+        (tmp_path / name).mkdir()
+        made.append(tmp_path / name)
+    return made
+
+
+def carry_of(cluster: Cluster, sid: str) -> pb.GetCarryResponse:
+    return cluster.stub.GetCarry(pb.GetCarryRequest(session_id=sid), timeout=10)
+
+
+def etcd_put(cluster: Cluster, key: str, value: bytes) -> None:
+    async def put() -> None:
+        store = Store.connect(cluster.coordinator.etcd_url, prefix=cluster.coordinator.prefix)
+        try:
+            assert (await store.txn([], [Put(store.key(key), value)]))[0]
+        finally:
+            await store.close()
+
+    asyncio.run(put())
+
+
+WRITE = (
+    "mkdir -p state/sub && printf v1 > state/notes && printf 'echo hi' > state/sub/run.sh && "
+    "chmod 750 state/sub/run.sh && ln -s sub/run.sh state/link"
+)
+READ = "{ cat state/notes; echo; stat -c %a state/sub/run.sh; readlink state/link; } > seen"
+
+
+def test_state_moves_to_the_next_host_before_its_cmd_runs(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    (home_a / "state").mkdir()
+    sid = "sess-carry-01"
+    first = cluster.run(a, sid, "--carry", "state", cmd=["sh", "-c", WRITE], cwd=home_a)
+    assert first.wait(30) == 0, first.err()
+    assert "carried state (9 bytes) at fence 1" in first.err()
+    manifest = carry_of(cluster, sid).manifest
+    assert (manifest.fence, manifest.host_id, manifest.reason) == (1, "host-a", "release")
+    second = cluster.run(b, sid, "--carry", "state", cmd=["sh", "-c", READ], cwd=home_b)
+    assert second.wait(30) == 0, second.err()
+    # CMD on host b read what host a's CMD wrote: restored before it ran, modes and links kept.
+    assert (home_b / "seen").read_text().split("\n") == ["v1", "750", "sub/run.sh", ""]
+    assert "restored state (2 files, 9 bytes) carried at fence 1 from host host-a on release" in second.err()
+    assert not [p for p in home_b.iterdir() if ".holdfast-" in p.name], "no temporary directory left behind"
+
+
+TAKEN_OVER = (
+    "trap 'printf final > state/notes; exit 0' TERM; printf started > state/notes; touch up; "
+    "while :; do sleep 1 & wait $!; done"
+)
+
+
+def test_a_takeover_restores_what_the_old_owner_left_at_its_end(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    (home_a / "state").mkdir()
+    sid = "sess-carry-02"
+    owner = cluster.run(a, sid, "--carry", "state", cmd=["sh", "-c", TAKEN_OVER], cwd=home_a)
+    until("the owner's CMD running", (home_a / "up").exists)
+    taker = cluster.run(
+        b, sid, "--takeover", "--carry", "state", cmd=["sh", "-c", "cat state/notes > seen"], cwd=home_b
+    )
+    assert taker.wait(60) == 0, taker.err()
+    assert owner.wait(30) == 0, owner.err()
+    # The old owner's tree ended, then it uploaded, then released: the taker waited for that rather
+    # than take the session while the upload was still on its way.
+    assert (home_b / "seen").read_text() == "final"
+    assert "on handoff" in taker.err()
+    lease = cluster.record(sid).record.lease
+    assert lease.fence == 2 and carry_of(cluster, sid).manifest.fence == 2
+
+
+def test_a_superseded_owner_cannot_upload(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    (home_a / "state").mkdir()
+    (home_a / "state" / "notes").write_text("from a")
+    sid = "sess-carry-03"
+    keep = 'cp "$HOLDFAST_GRANT_FILE" grant.json; touch up; exec sleep 300'
+    owner = cluster.run(a, sid, "--carry", "state", cmd=["sh", "-c", keep], cwd=home_a)
+    until("the owner's CMD running", (home_a / "up").exists)
+    cluster.run(b, sid, "--takeover", "--carry", "state", cmd=["sh", "-c", keep], cwd=home_b)
+    until("the taker's CMD running", (home_b / "up").exists)
+    assert owner.wait(30) == 128 + 15, owner.err()  # its sleep took the handoff's SIGTERM
+    old, new = Grant.from_file(home_a / "grant.json"), Grant.from_file(home_b / "grant.json")
+    assert (old.fence, new.fence) == (1, 2)
+
+    async def attempts() -> list[str]:
+        refused = []
+        async with Client(cluster.coordinator.address, "host-a") as client:
+            for call in (
+                lambda: client.begin_carry(old, 6, 1),
+                lambda: client.put_carry_chunk(old, 1, 0, b"stale!"),
+                lambda: client.begin_carry(Grant(sid, 2, old.secret, "", "", old.coordinator), 6, 1),
+            ):
+                with pytest.raises(ClientError) as caught:
+                    await call()
+                refused.append(caught.value.reason)
+        return refused
+
+    assert asyncio.run(attempts()) == ["STALE_FENCE", "STALE_FENCE", "PERMISSION_DENIED"]
+    manifest = carry_of(cluster, sid).manifest
+    assert (manifest.fence, manifest.reason) == (1, "handoff"), "the handed-over copy stands"
+
+
+def test_bad_paths_are_refused_before_anything_is_asked(cluster: Cluster, tmp_path: Path) -> None:
+    a = cluster.host("host-a")
+    (home,) = homes(tmp_path, "home-a")
+    (home / "big").mkdir()
+    (home / "big" / "blob").write_bytes(os.urandom(CAP + 1))
+    sid = "sess-carry-04"
+    missing = cluster.run(a, sid, "--carry", "nothing-here", cmd=["touch", "ran"], cwd=home)
+    assert missing.wait(30) == 2
+    assert "--carry nothing-here: no such file or directory" in missing.err()
+    over = cluster.run(a, sid, "--carry", "big", cmd=["touch", "ran"], cwd=home)
+    assert over.wait(30) == 2
+    assert "CARRY_TOO_LARGE" in over.err() and f"cap of {CAP} bytes" in over.err()
+    assert not (home / "ran").exists()
+    listing = cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10)
+    assert sid not in [r.session_id for r in listing.records], "nothing was asked: no record was made"
+
+
+def test_a_corrupt_chunk_is_refused_and_the_local_files_are_kept(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    (home_a / "state").mkdir()
+    (home_b / "state").mkdir()
+    (home_b / "state" / "notes").write_text("local")
+    sid = "sess-carry-05"
+    first = cluster.run(a, sid, "--carry", "state", cmd=["sh", "-c", WRITE], cwd=home_a)
+    assert first.wait(30) == 0, first.err()
+    manifest = carry_of(cluster, sid).manifest
+    etcd_put(cluster, f"carry/{sid}/chunk/{manifest.slot}/00000", b"tampered")
+    second = cluster.run(b, sid, "--carry", "state", cmd=["touch", "ran"], cwd=home_b)
+    assert second.wait(30) == 75
+    assert "CARRY_FAILED" in second.err() and "does not match its sha256" in second.err()
+    assert not (home_b / "ran").exists(), "CMD never ran on a copy it could not restore"
+    assert (home_b / "state" / "notes").read_text() == "local" and len(
+        list((home_b / "state").iterdir())
+    ) == 1
+    lease = cluster.record(sid).record.lease
+    assert (lease.fence, lease.claim_status) == (2, pb.RELEASED), "the grant was released"
+
+
+def _hostile(entries: list[dict[str, object]], stream: bytes, sid: str) -> bytes:
+    manifest = {
+        "schemaVersion": 1,
+        "sessionId": sid,
+        "fence": "1",
+        "hostId": "elsewhere",
+        "slot": 0,
+        "writtenAtUnixMs": "1",
+        "totalBytes": str(len(stream)),
+        "reason": "release",
+        "chunkSha256": [hashlib.sha256(stream).hexdigest()] if stream else [],
+        "roots": [{"path": "state", "kind": "dir"}],
+        "entries": [{"root": 0, "path": "", "kind": "dir", "mode": 0o755}, *entries],
+    }
+    return json.dumps(manifest).encode()
+
+
+def _file(path: str, body: bytes, mode: int = 0o644) -> dict[str, object]:
+    return {
+        "root": 0,
+        "path": path,
+        "kind": "file",
+        "mode": mode,
+        "size": str(len(body)),
+        "sha256": hashlib.sha256(body).hexdigest(),
+    }
+
+
+HOSTILE = {
+    "dot-dot": [_file("../escaped", b"x")],
+    "absolute-link": [
+        {"root": 0, "path": "passwd", "kind": "symlink", "mode": 0o777, "linkTarget": "/etc/passwd"}
+    ],
+    # Each link stays inside as written; followed on disk, d/s is d and d/l is the root's parent.
+    "link-chain": [
+        {"root": 0, "path": "d", "kind": "dir", "mode": 0o755},
+        {"root": 0, "path": "d/s", "kind": "symlink", "mode": 0o777, "linkTarget": "."},
+        {"root": 0, "path": "d/l", "kind": "symlink", "mode": 0o777, "linkTarget": "s/../.."},
+    ],
+    "setuid": [_file("tool", b"x", 0o4755)],
+    "device": [{"root": 0, "path": "null", "kind": "chardev", "mode": 0o666}],
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_manifest_naming_what_must_not_be_written_is_refused(
+    cluster: Cluster, tmp_path: Path, case: str
+) -> None:
+    b = cluster.host("host-b")
+    (home,) = homes(tmp_path, "home-b")
+    (home / "state").mkdir()
+    sid = f"sess-hostile-{case}"
+    entries = HOSTILE[case]
+    stream = b"".join(b"x" for e in entries if e["kind"] == "file")
+    etcd_put(cluster, f"carry/{sid}/chunk/0/00000", stream)
+    etcd_put(cluster, f"carry/{sid}/manifest", _hostile(entries, stream, sid))
+    run = cluster.run(b, sid, "--carry", "state", cmd=["touch", "ran"], cwd=home)
+    assert run.wait(30) == 75, run.err()
+    assert "CARRY_FAILED" in run.err() and "nothing of it was put in place" in run.err()
+    assert not (home / "ran").exists() and not (tmp_path / "escaped").exists()
+    assert list((home / "state").iterdir()) == [], "the local directory is as it was"
+    assert not [p for p in home.iterdir() if ".holdfast-" in p.name]
+
+
+def test_archive_takes_the_carried_state_and_returns_its_budget(cluster: Cluster, tmp_path: Path) -> None:
+    a = cluster.host("host-a")
+    (home,) = homes(tmp_path, "home-a")
+    (home / "state").mkdir()
+    sid = "sess-carry-06"
+    for _ in range(2):  # two copies: both slots hold one
+        run = cluster.run(a, sid, "--carry", "state", cmd=["sh", "-c", "printf x >> state/notes"], cwd=home)
+        assert run.wait(30) == 0, run.err()
+    assert carry_of(cluster, sid).manifest.total_bytes == 2
+    cluster.stub.ArchiveSession(
+        pb.ArchiveSessionRequest(session_id=sid, expected_fence=2, operator="test", reason="done"), timeout=30
+    )
+    assert not carry_of(cluster, sid).found
+
+    async def left() -> tuple[list[str], bytes | None]:
+        store = Store.connect(cluster.coordinator.etcd_url, prefix=cluster.coordinator.prefix)
+        try:
+            keys, _ = await store.list_prefix(store.key("carry", sid, ""))
+            budget = await store.get(store.key("carry-budget"))
+            return [k.key for k in keys], budget.value if budget else None
+        finally:
+            await store.close()
+
+    keys, budget = asyncio.run(left())
+    assert keys == [] and budget is not None and json.loads(budget) == {"reserved_bytes": 0}
+
+
+def test_an_owner_lost_without_release_leaves_its_last_checkpoint(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    (home_a / "state").mkdir()
+    sid = "sess-carry-07"
+    cmd = "printf one > state/notes; touch up; exec sleep 300"
+    lost = cluster.run(a, sid, "--carry", "state", "--carry-every", "0.2", cmd=["sh", "-c", cmd], cwd=home_a)
+    until("the owner's CMD running", (home_a / "up").exists)
+    until("a checkpoint", lambda: carry_of(cluster, sid).manifest.reason == "checkpoint")
+    # The host is lost: `run` and its CMD die together, nothing is released, nothing uploaded.
+    for pid in [*descendants(lost.proc.pid), lost.proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    lost.proc.wait(10)
+    (home_a / "state" / "notes").write_text("written after the checkpoint, never uploaded")
+    run = cluster.run(b, sid, "--carry", "state", cmd=["sh", "-c", "cat state/notes > seen"], cwd=home_b)
+    assert run.wait(60) == 0, run.err()
+    # The coordinator answered RELEASE_PENDING while the owner might still be uploading; once the
+    # settle time passed without a release, the last checkpoint is what arrived.
+    assert "has ended; waiting up to 10s for it to upload" in run.err()
+    assert "on checkpoint" in run.err() and (home_b / "seen").read_text() == "one"
+    assert cluster.record(sid).record.lease.fence == 2

@@ -1,0 +1,101 @@
+"""The carry rules refuse every entry a restore must not write; pack and restore round-trip a real
+directory (local files only, no coordinator) and refuse a file that changes while it is read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from holdfast.client import carry
+from holdfast.client.carry_rules import CHUNK_BYTES, CarryRefused, check_cap, check_entry, chunked, root_name
+from holdfast.client.errors import ClientError
+
+
+@pytest.mark.parametrize("path", ["a", "d/e/f.txt", ""])
+def test_relative_entries_and_the_root_are_accepted(path: str) -> None:
+    check_entry(path, "dir" if not path else "file", 0o644)
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../b", "./x", "a//b"])
+def test_escaping_or_unnormalised_paths_are_refused(path: str) -> None:
+    with pytest.raises(CarryRefused):
+        check_entry(path, "file", 0o644)
+
+
+@pytest.mark.parametrize(
+    "kind,mode", [("file", 0o4755), ("file", 0o2755), ("dir", 0o1777), ("chardev", 0o600), ("fifo", 0o600)]
+)
+def test_special_bits_and_kinds_are_refused(kind: str, mode: int) -> None:
+    with pytest.raises(CarryRefused):
+        check_entry("x", kind, mode)
+
+
+def test_symlinks_stay_inside_as_written() -> None:
+    check_entry("d/link", "symlink", 0o777, "../a")
+    check_entry("d/link", "symlink", 0o777, "e/../f")
+    for target in ("/etc/passwd", "../../a", "", "../d/../../x"):
+        with pytest.raises(CarryRefused):
+            check_entry("d/link", "symlink", 0o777, target)
+    with pytest.raises(CarryRefused):
+        check_entry("", "symlink", 0o777, "a")  # a root is a file or a directory
+
+
+def test_root_names_and_the_cap() -> None:
+    assert root_name("state/") == "state" and root_name("/abs/x/../y") == "/abs/y"
+    for bad in (".", "/", "..", "../up"):
+        with pytest.raises(CarryRefused):
+            root_name(bad)
+    check_cap(10, 10)
+    with pytest.raises(CarryRefused, match="over the coordinator's per-session cap of 10 bytes"):
+        check_cap(11, 10)
+    assert [len(c) for c in chunked(b"x" * (CHUNK_BYTES + 1))] == [CHUNK_BYTES, 1] and chunked(b"") == []
+
+
+def test_pack_and_restore_round_trip(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "state" / "sub").mkdir(parents=True)
+    (src / "state" / "a").write_bytes(os.urandom(CHUNK_BYTES + 10))
+    (src / "state" / "sub" / "b").write_text("bee")
+    os.chmod(src / "state" / "sub" / "b", 0o4640)  # the setuid bit is not carried
+    os.symlink("sub/b", src / "state" / "link")
+    os.symlink("/etc/passwd", src / "state" / "outside")
+    os.mkfifo(src / "state" / "pipe")
+    (src / "notes.txt").write_text("n")
+    packed = carry.pack(["state", "notes.txt"], str(src), "sess-unit-1")
+    assert len(packed.chunks) == 2 and packed.manifest.total_bytes == CHUNK_BYTES + 14
+    assert sorted(s.split(":")[0] for s in packed.skipped) == ["state/outside", "state/pipe"]
+    packed.manifest.written_at_unix_ms = 1
+    dst.mkdir()
+    (dst / "state").mkdir()
+    (dst / "state" / "stale").write_text("replaced")
+    said = carry.restore(packed.manifest, b"".join(packed.chunks), ["state", "notes.txt"], str(dst))
+    assert said[0].startswith("restored state (2 files,") and said[1].startswith(
+        "restored notes.txt (1 files"
+    )
+    assert (dst / "state" / "a").read_bytes() == (src / "state" / "a").read_bytes()
+    assert (dst / "state" / "sub" / "b").stat().st_mode & 0o7777 == 0o640
+    assert os.readlink(dst / "state" / "link") == "sub/b" and not (dst / "state" / "stale").exists()
+    assert (dst / "notes.txt").read_text() == "n"
+    assert sorted(p.name for p in dst.iterdir()) == ["notes.txt", "state"], "nothing temporary left"
+    # A root the run does not name is said, not written.
+    (dst / "notes.txt").unlink()
+    assert "not restored" in carry.restore(packed.manifest, b"".join(packed.chunks), ["state"], str(dst))[1]
+    assert not (dst / "notes.txt").exists()
+
+
+def test_a_file_changing_while_it_is_read_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "log").write_text("one")
+    real_read = carry.os.fdopen
+
+    def read_then_append(fd: int, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        handle = real_read(fd, *args, **kwargs)  # type: ignore[call-overload]
+        with open(tmp_path / "state" / "log", "a") as log:  # the writer, between open and read's end
+            log.write("two")
+        return handle
+
+    monkeypatch.setattr(carry.os, "fdopen", read_then_append)
+    with pytest.raises(ClientError, match="state/log changed while it was read"):
+        carry.pack(["state"], str(tmp_path), "sess-unit-2")
