@@ -176,7 +176,7 @@ class Lifecycle:
 
     async def _sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
         entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
-        return [(e, records.decode_record(e.value)) for e in entries]
+        return [(e, self.sessions.decode(e)) for e in entries]
 
     async def _host_known(self, host_id: str) -> bool:
         """Registered now, or named by a session (its agent may be down for the very maintenance the

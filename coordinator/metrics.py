@@ -14,15 +14,14 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
-from holdfast.coordinator import records
 from holdfast.coordinator.registry import Registry
-from holdfast.coordinator.store import Store, StoreUnavailable
+from holdfast.coordinator.store import Entry, Store, StoreUnavailable
 from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -85,14 +84,17 @@ def count_sessions(found: Iterable[pb.SessionRecord]) -> collections.Counter[tup
                                 pb.HandoffStage.Name(r.lease.handoff_stage).lower()) for r in found)
 
 
-async def census(store: Store, registry: Registry, seen_hosts: set[str]) -> None:
-    """One pass: count every session record (paged) and mark every registered host."""
+async def census(store: Store, registry: Registry, seen_hosts: set[str],
+                 decode: Callable[[Entry], pb.SessionRecord]) -> None:
+    """One pass: count every session record (paged; `decode` is the sessions' cached decoding: at
+    100k records, parsing every record's JSON each pass cost seconds of the event loop) and mark
+    every registered host."""
     prefix = store.key("sessions", "")
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     after = ""
     while True:
         entries, more = await store.list_prefix(prefix, after, CENSUS_PAGE)
-        counts += count_sessions(records.decode_record(e.value) for e in entries)
+        counts += count_sessions(decode(e) for e in entries)
         if not more or not entries:
             break
         after = entries[-1].key
@@ -105,11 +107,12 @@ async def census(store: Store, registry: Registry, seen_hosts: set[str]) -> None
     seen_hosts |= live
 
 
-async def census_loop(store: Store, registry: Registry, interval: float) -> None:
+async def census_loop(store: Store, registry: Registry, interval: float,
+                      decode: Callable[[Entry], pb.SessionRecord]) -> None:
     seen: set[str] = set()
     while True:
         try:
-            await census(store, registry, seen)
+            await census(store, registry, seen, decode)
         except StoreUnavailable as exc:
             ETCD_ERRORS.labels("census").inc()
             log.warning("census skipped: %s", exc)

@@ -64,8 +64,8 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     if issuer is not None and tls_dir is not None:
         enroll_serving = await enrollment.start(issuer[0], tls_dir, issuer[1])
     metrics_address = serving_.start_metrics(metrics_listen)
-    census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds)) \
-        if metrics_address else None
+    census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds,
+                                                     service.sessions.decode)) if metrics_address else None
     following = asyncio.create_task(service.registry.follow())
     log.info("coordinator serving", extra={"fields": {"address": serving.address, "etcd": etcd,
                                                       "prefix": prefix, "health": serving.health_address,

@@ -426,7 +426,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if request.page_token:
             after = self.sessions.key(identifiers.check_session_id(request.page_token))
         entries, more = await self.store.list_prefix(self.store.key("sessions", ""), after, size)
-        page = [records.decode_record(e.value) for e in entries]
+        page = [self.sessions.decode(e) for e in entries]
         return pb.ListSessionsResponse(
             records=page, next_page_token=page[-1].session_id if more and page else ""
         )
@@ -574,7 +574,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 entries, _ = await self.store.list_prefix(prefix)
                 for e in entries:
                     if key is None or e.key == key:
-                        yield pb.SessionEvent(record=records.decode_record(e.value), resync=True,
+                        yield pb.SessionEvent(record=self.sessions.decode(e), resync=True,
                                               cluster_id=cluster)
                 try:
                     async for change in self.store.watch_prefix(prefix, revision + 1):
@@ -584,7 +584,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                 yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
                                                       cluster_id=cluster)
                         elif key is None or change.key == key:
-                            yield pb.SessionEvent(record=records.decode_record(change.value),
+                            yield pb.SessionEvent(record=self.sessions.decode(change),
                                                   cluster_id=cluster)
                 except Compacted:
                     continue

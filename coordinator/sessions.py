@@ -19,6 +19,7 @@ from holdfast.common.logs import session_fields
 from holdfast.coordinator import adjudication, fencing, records
 from holdfast.coordinator.adjudication import AcquireAsk
 from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.record_cache import RecordCache
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.routing import Router
@@ -40,13 +41,17 @@ class Sessions:
         self.store = store
         self.registry = registry
         self.router = router
+        self.decoded = RecordCache()
 
     def key(self, session_id: str) -> str:
         return self.store.key("sessions", session_id)
 
     async def read(self, session_id: str) -> tuple[Entry | None, pb.SessionRecord | None]:
         entry = await self.store.get(self.key(session_id))
-        return entry, records.decode_record(entry.value) if entry else None
+        return entry, self.decode(entry) if entry else None
+
+    def decode(self, entry: Entry) -> pb.SessionRecord:
+        return self.decoded.decode(entry.key, entry.value)
 
     async def require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
         entry, record = await self.read(identifiers.check_session_id(session_id))
