@@ -23,6 +23,7 @@ from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.coordinator.store import Put, Store
 from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration import unprivileged
 from tests.integration.conftest import descendants
 from tests.integration.coordinator_fixtures import Coordinator
 from tests.integration.run_fixtures import Cluster, until
@@ -305,3 +306,27 @@ def test_an_owner_lost_without_release_leaves_its_last_checkpoint(cluster: Clust
     assert "has ended; waiting up to 10s for it to upload" in run.err()
     assert "on checkpoint" in run.err() and (home_b / "seen").read_text() == "one"
     assert cluster.record(sid).record.lease.fence == 2
+
+
+def test_an_unprivileged_user_carries_state_between_hosts(cluster: Cluster) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    homes_dir = unprivileged.shared_dir("holdfast-carry-nobody-")
+    cluster.shared.append(homes_dir)
+    home_a, home_b = homes_dir / "a", homes_dir / "b"
+    for home in (home_a, home_b):
+        home.mkdir(mode=0o777)
+        os.chmod(home, 0o777)
+    (home_a / "state").mkdir(mode=0o777)
+    os.chmod(home_a / "state", 0o777)
+    sid = "sess-carry-08"
+    first = cluster.run(
+        a, sid, "--carry", "state", cmd=["sh", "-c", "id -u > state/who"], cwd=home_a, as_nobody=True
+    )
+    assert first.wait(30) == 0, first.err()
+    second = cluster.run(
+        b, sid, "--carry", "state", cmd=["sh", "-c", "cat state/who > seen"], cwd=home_b, as_nobody=True
+    )
+    assert second.wait(30) == 0, second.err()
+    uid = (home_a / "state" / "who").read_text()
+    assert uid.strip() != "0" and (home_b / "seen").read_text() == uid
+    assert (home_b / "state").stat().st_uid == int(uid), "restored as the user who runs `run`"
