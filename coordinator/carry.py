@@ -1,9 +1,9 @@
 """Carried state in etcd (`holdfast run --carry`, docs/carry.md): an owner's files, uploaded under its
 own grant, for the next owner to restore before its CMD runs.
 
-Guarantee: every write is one etcd transaction that compares the writer's `fence/<id>` value (its
-fence, committed or live, and its secret's hash), so a superseded owner's upload is refused whole;
-the manifest names one of two slots and a new copy is written into the other, so the last
+Guarantee: every write is one etcd transaction that compares the writer's `fence/<id>` key as read,
+holding its fence (committed or live) and its secret's hash, so a superseded owner's upload is
+refused whole; the manifest names one of two slots and a new copy is written into the other, so the last
 committed copy stays readable until a whole new one — every chunk present and matching its sha256,
 checked here — is committed. Space is reserved against the cluster-wide budget (`carry-budget`)
 before any chunk is stored, in the transaction that also clears the slot, so carried state never
@@ -26,7 +26,7 @@ from holdfast.common import identifiers
 from holdfast.coordinator import fencing, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
-from holdfast.coordinator.store import Put, Seen, Store, unchanged, value_equals
+from holdfast.coordinator.store import Put, Seen, Store, unchanged
 from holdfast.v1 import coordinator_pb2 as pb
 
 CHUNK_BYTES = 512 * 1024  # one chunk and its transaction stay far below etcd's 1.5 MiB request
@@ -136,11 +136,6 @@ class CarryStore:
         fencing.check_grant(record, fence, secret)
         raise CoordinatorError("NOT_LIVE", "carried state is written by the session's committed owner only")
 
-    @staticmethod
-    def _fence_holds(seen: Seen) -> list:  # type: ignore[type-arg]
-        assert seen.entry is not None
-        return [value_equals(seen.key, seen.entry.value.decode())]
-
     # --- writes --------------------------------------------------------------------------------------
     async def begin(self, request: pb.BeginCarryRequest) -> int:
         """Reserves `total_bytes` in the slot the manifest does not name, clearing what it held; the slot."""
@@ -175,7 +170,7 @@ class CarryStore:
                 )
             reservation = Reservation(request.fence, request.total_bytes, request.chunks)
             ok, _ = await self.store.txn(
-                [*self._fence_holds(fence_seen), *unchanged([manifest_seen, budget_seen, slot_seen])],
+                unchanged([fence_seen, manifest_seen, budget_seen, slot_seen]),
                 [Put(slot_seen.key, reservation.encode()), Put(budget_seen.key, budget_value(used))],
                 delete_prefixes=[self._key(sid, "chunk", str(slot), "")],
             )
@@ -206,7 +201,7 @@ class CarryStore:
                 f"{reservation.reserved} bytes reserved"
             )
         ok, _ = await self.store.txn(
-            [*self._fence_holds(fence_seen), *unchanged([slot_seen])],
+            unchanged([fence_seen, slot_seen]),
             [Put(self._chunk_key(sid, request.slot, request.index), request.data)],
         )
         if not ok:
@@ -250,7 +245,7 @@ class CarryStore:
         manifest.written_at_unix_ms = now_ms()
         chunk_reads = [Seen(e.key, e) for e in stored]
         ok, revision = await self.store.txn(
-            [*self._fence_holds(fence_seen), *unchanged([manifest_seen, slot_seen, *chunk_reads])],
+            unchanged([fence_seen, manifest_seen, slot_seen, *chunk_reads]),
             [Put(manifest_seen.key, records.encode(manifest))],
         )
         if not ok:

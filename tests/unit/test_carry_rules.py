@@ -99,3 +99,9 @@ def test_a_file_changing_while_it_is_read_is_refused(tmp_path: Path, monkeypatch
     monkeypatch.setattr(carry.os, "fdopen", read_then_append)
     with pytest.raises(ClientError, match="state/log changed while it was read"):
         carry.pack(["state"], str(tmp_path), "sess-unit-2")
+
+
+def test_client_and_coordinator_cut_chunks_alike() -> None:
+    from holdfast.coordinator import carry as coordinator_carry
+
+    assert CHUNK_BYTES == coordinator_carry.CHUNK_BYTES
