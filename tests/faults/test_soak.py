@@ -60,4 +60,10 @@ def test_a_client_that_skips_the_gate_is_caught(tmp_path: Path) -> None:
     soak, violations = _soak(tmp_path, 20, max_ops=50, skip_gate=True)
     assert soak.ops["skip-gate"] > 0
     rules = {v.rule for v in violations}
-    assert rules & {"two trees held the session lock at once", "two trees alive at once"}, rules
+    # A gateless child is caught as a second tree when it overlaps another run, and always as a
+    # writer with no grant: its tree starts at fence 0, which is no new fence. Which of these a seed
+    # shows depends on timing (one gateless child, killed by a fault before any other run of its
+    # session, shows only the second); the checker must show at least one, and nothing else.
+    caught = {"two trees held the session lock at once", "two trees alive at once",
+              "fence did not strictly increase"}
+    assert rules and rules <= caught, rules
