@@ -29,6 +29,7 @@ from holdfast.cli.options import (
     seconds_arg,
     session_id_arg,
 )
+from holdfast.client import carry
 from holdfast.client.acquire import MAX_WAIT_S, RunSpec
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
@@ -231,12 +232,35 @@ async def _status_watch(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+async def _carried(client: Client, session: str) -> tuple[pb.GetCarryResponse | None, str]:
+    """The session's carried state, or why it is not known (a coordinator older than --carry)."""
+    try:
+        return await client.get_carry(session), ""
+    except ClientError as err:
+        return None, err.message
+
+
 async def _show(args: argparse.Namespace, client: Client) -> int:
     found = await client.get_session(args.session)
+    carried, unknown = await _carried(client, args.session)
+    manifest = carried.manifest if carried is not None and carried.found else None
     if args.json:
-        print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history]})
+        carry_doc: dict[str, object] | None = None
+        if manifest is not None:
+            carry_doc = {"fence": manifest.fence, "host_id": manifest.host_id, "reason": manifest.reason,
+                         "written_at_unix_ms": manifest.written_at_unix_ms,
+                         "total_bytes": manifest.total_bytes,
+                         "roots": [{"path": path, "files": files, "bytes": size}
+                                   for path, files, size in carry.root_sizes(manifest)]}
+        print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history],
+                    "carried": carry_doc, **({"carried_unknown": unknown} if unknown else {})})
         return 0
     print(table([session_row(found.record)], SESSION_HEADER) + "\n")
+    if manifest is not None:
+        for path, files, size in carry.root_sizes(manifest):
+            print(f"carried state: {carry.describe(manifest, path, files, size)}")
+    elif unknown:
+        print(f"carried state: unknown ({unknown})")
     lease = found.record.lease
     if lease.death_evidence.kind:
         ev = lease.death_evidence

@@ -27,6 +27,8 @@ from holdfast.client.grant import Grant
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
+NOT_A_ROOT = "not a regular file or a directory (name the file or directory itself, not a link or a device)"
+
 
 def failed(message: str, session: str = "") -> ClientError:
     return ClientError(Reason.CARRY_FAILED, message, session)
@@ -78,6 +80,10 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
         if stat.S_ISREG(st.st_mode):
             sizes[name] = st.st_size
             continue
+        if not stat.S_ISDIR(st.st_mode):
+            # Refused here, at the start, not only when the owner's upload would meet it at the end.
+            raise ClientError(Reason.INVALID_ARGUMENT, f"--carry {name}: {NOT_A_ROOT}; nothing was asked of "
+                              "the session's owner")
         total = 0
         for top, dirs, files in os.walk(path):
             dirs.sort()
@@ -119,11 +125,7 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
             add_file(index, "", path, name)
             continue
         if not stat.S_ISDIR(st.st_mode):
-            raise failed(
-                f"--carry {name}: not a regular file or a directory (name the file or directory "
-                "itself, not a link or a device)",
-                session_id,
-            )
+            raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
         manifest.roots.add(path=name, kind="dir")
         manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
         for top, dirs, files in os.walk(path):
@@ -154,6 +156,24 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
     manifest.total_bytes = len(data)
     manifest.chunk_sha256.extend(hashlib.sha256(c).hexdigest() for c in chunks)
     return Packed(manifest, chunks, skipped)
+
+
+def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
+    """Each carried root with its files and bytes, in the manifest's order."""
+    files = [0] * len(manifest.roots)
+    size = [0] * len(manifest.roots)
+    for entry in manifest.entries:
+        if entry.kind == "file" and entry.root < len(manifest.roots):
+            files[entry.root] += 1
+            size[entry.root] += entry.size
+    return [(root.path, files[i], size[i]) for i, root in enumerate(manifest.roots)]
+
+
+def describe(manifest: pb.CarryManifest, path: str, files: int, size: int) -> str:
+    """One root of a copy as a person reads it: what, written by which grant where, and how old."""
+    age = age_text(max(time.time() - manifest.written_at_unix_ms / 1000, 0))
+    return (f"{path} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
+            f"{manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old")
 
 
 async def upload(client: Client, grant: Grant, packed: Packed, reason: str) -> int:
@@ -262,7 +282,6 @@ def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str)
         by_root.setdefault(entry.root, []).append((entry, data[offset : offset + size]))
         offset += size
     said = []
-    age = age_text(max(time.time() - manifest.written_at_unix_ms / 1000, 0))
     for index, root in enumerate(manifest.roots):
         if root.path not in names:
             said.append(f"carried {root.path} not restored: this run does not name it with --carry")
@@ -298,8 +317,5 @@ def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str)
             shutil.rmtree(tmp, ignore_errors=True)
         files = sum(1 for e, _ in entries if e.kind == "file")
         size = sum(e.size for e, _ in entries if e.kind == "file")
-        said.append(
-            f"restored {root.path} ({files} files, {size} bytes) carried at fence {manifest.fence} from "
-            f"host {manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old"
-        )
+        said.append(f"restored {describe(manifest, root.path, files, size)}")
     return said

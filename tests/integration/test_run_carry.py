@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +95,15 @@ def test_state_moves_to_the_next_host_before_its_cmd_runs(cluster: Cluster, tmp_
     assert (home_b / "seen").read_text().split("\n") == ["v1", "750", "sub/run.sh", ""]
     assert "restored state (2 files, 9 bytes) carried at fence 1 from host host-a on release" in second.err()
     assert not [p for p in home_b.iterdir() if ".holdfast-" in p.name], "no temporary directory left behind"
+    # `holdfast show` says what the session carries, and which grant wrote it.
+    shown = subprocess.run([sys.executable, "-m", "holdfast.cli", "show", sid, "--json"], capture_output=True,
+                           env=cluster.env(b), check=True)
+    carried = json.loads(shown.stdout)["carried"]
+    assert (carried["fence"], carried["host_id"], carried["reason"]) == (2, "host-b", "release")
+    assert carried["roots"] == [{"path": "state", "files": 2, "bytes": 9}]
+    text = subprocess.run([sys.executable, "-m", "holdfast.cli", "show", sid], capture_output=True, text=True,
+                          env=cluster.env(b), check=True).stdout
+    assert "carried state: state (2 files, 9 bytes) carried at fence 2 from host host-b on release" in text
 
 
 TAKEN_OVER = (
@@ -163,6 +174,10 @@ def test_bad_paths_are_refused_before_anything_is_asked(cluster: Cluster, tmp_pa
     missing = cluster.run(a, sid, "--carry", "nothing-here", cmd=["touch", "ran"], cwd=home)
     assert missing.wait(30) == 2
     assert "--carry nothing-here: no such file or directory" in missing.err()
+    os.symlink("big", home / "link")
+    linked = cluster.run(a, sid, "--carry", "link", cmd=["touch", "ran"], cwd=home)
+    assert linked.wait(30) == 2
+    assert "--carry link: not a regular file or a directory" in linked.err()
     over = cluster.run(a, sid, "--carry", "big", cmd=["touch", "ran"], cwd=home)
     assert over.wait(30) == 2
     assert "CARRY_TOO_LARGE" in over.err() and f"cap of {CAP} bytes" in over.err()
