@@ -193,15 +193,16 @@ async def upload(client: Client, grant: Grant, packed: Packed, reason: str) -> i
 
 
 # --- restore -------------------------------------------------------------------------------------
-async def download(client: Client, session_id: str) -> tuple[pb.CarryManifest, bytes] | None:
+async def download(client: Client, grant: Grant) -> tuple[pb.CarryManifest, bytes] | None:
     """The session's last committed copy, every chunk checked against the manifest; None if none."""
+    session_id = grant.session_id
     first = await client.get_carry(session_id)
     if not first.found:
         return None
     manifest = first.manifest
     parts = []
     for index, want in enumerate(manifest.chunk_sha256):
-        got = await client.get_carry(session_id, manifest.slot, index)
+        got = await client.get_carry_chunk(grant, manifest.slot, index)
         if (got.manifest.fence, got.manifest.written_at_unix_ms) != (
             manifest.fence,
             manifest.written_at_unix_ms,

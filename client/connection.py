@@ -205,12 +205,15 @@ class Client:
         same_cluster(grant, response.cluster_id)
         return response.revision
 
-    async def get_carry(self, session_id: str, slot: int | None = None,
-                        index: int = 0) -> pb.GetCarryResponse:
-        """The session's carry manifest and the coordinator's cap; with `slot`, chunk `index` too."""
-        request = pb.GetCarryRequest(session_id=session_id, with_chunk=slot is not None, slot=slot or 0,
-                                     index=index)
-        return await self._call(self.stub.GetCarry, request, session_id)
+    async def get_carry(self, session_id: str) -> pb.GetCarryResponse:
+        """The session's carry manifest and the coordinator's per-session cap."""
+        return await self._call(self.stub.GetCarry, pb.GetCarryRequest(session_id=session_id), session_id)
+
+    async def get_carry_chunk(self, grant: Grant, slot: int, index: int) -> pb.GetCarryResponse:
+        """The manifest and chunk `index` of `slot`: the session's content, for its committed owner."""
+        request = pb.GetCarryRequest(session_id=grant.session_id, with_chunk=True, slot=slot, index=index,
+                                     fence=grant.fence, secret=grant.secret, cluster_id=grant.cluster_id)
+        return await self._call(self.stub.GetCarry, request, grant.session_id)
 
     # --- reads and operator calls ----------------------------------------------------------
     async def fenced_get(self, session_id: str, key: str) -> pb.FencedGetResponse:

@@ -141,7 +141,7 @@ async def restore_carried(client: Client, grant: Grant, names: list[str], cwd: s
                           say: Say) -> None:
     """Between commit and exec: the session's last copy of the named roots put in place, then what
     CMD would start with checked against the cap once more (the copy may have changed since)."""
-    found = await carry.download(client, grant.session_id)
+    found = await carry.download(client, grant)
     if found is None:
         say(f"no carried state for {grant.session_id} yet: CMD starts with {', '.join(names)} as here")
     else:

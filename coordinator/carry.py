@@ -256,8 +256,9 @@ class CarryStore:
 
     # --- reads ---------------------------------------------------------------------------------------
     async def get(self, request: pb.GetCarryRequest) -> pb.GetCarryResponse:
-        """The manifest, and one chunk of a slot. Not a snapshot across calls: the restoring client
-        checks every chunk against the manifest's hashes and the manifest did not change."""
+        """The manifest (any reader), and one chunk of a slot (the committed owner, with its grant).
+        Not a snapshot across calls: the restoring client checks every chunk against the manifest's
+        hashes and that the manifest did not change."""
         sid = identifiers.check_session_id(request.session_id)
         response = pb.GetCarryResponse(session_cap_bytes=self.session_cap)
         manifest = decode_manifest(await self.store.read(self._key(sid, "manifest")))
@@ -265,6 +266,9 @@ class CarryStore:
             response.found = True
             response.manifest.CopyFrom(manifest)
         if request.with_chunk:
+            # The files are the session's content, as private as its writer: another session's
+            # runtime, or this one's superseded owner, reads the manifest at most.
+            await self._owner_fence(sid, request.fence, request.secret)
             entry = await self.store.get(self._chunk_key(sid, request.slot, request.index))
             if entry is None:
                 raise CoordinatorError(

@@ -405,6 +405,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     @_handler
     async def GetCarry(self, request: pb.GetCarryRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetCarryResponse:
+        if request.with_chunk:
+            await self._check_cluster(request.cluster_id)
         return await self.carried.get(request)
 
     # --- reads ---------------------------------------------------------------------------

@@ -97,7 +97,8 @@ async def test_a_commit_checks_every_chunk_and_keeps_the_last_good_copy(
         with pytest.raises(CoordinatorError) as refused:
             await upload(b"next", b"nexT")  # a chunk changed in flight
         assert refused.value.reason == "CARRY_CORRUPT"
-        kept = await carried.get(pb.GetCarryRequest(session_id=sid, with_chunk=True, slot=good.slot))
+        kept = await carried.get(pb.GetCarryRequest(session_id=sid, with_chunk=True, slot=good.slot, fence=1,
+                                                    secret=SECRET))
         assert kept.manifest.slot == good.slot and kept.chunk == b"good", "the last good copy stands"
         with pytest.raises(CoordinatorError) as stale:
             await carried.begin(

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from holdfast.client.connection import Client
@@ -154,13 +155,21 @@ def test_a_superseded_owner_cannot_upload(cluster: Cluster, tmp_path: Path) -> N
                 lambda: client.begin_carry(old, 6, 1),
                 lambda: client.put_carry_chunk(old, 1, 0, b"stale!"),
                 lambda: client.begin_carry(Grant(sid, 2, old.secret, "", "", old.coordinator), 6, 1),
+                # The files themselves are the owner's only: not its predecessor's, not a reader's.
+                lambda: client.get_carry_chunk(old, 0, 0),
+                lambda: client.get_carry_chunk(Grant(sid, 2, old.secret, "", "", old.coordinator), 0, 0),
             ):
                 with pytest.raises(ClientError) as caught:
                     await call()
                 refused.append(caught.value.reason)
         return refused
 
-    assert asyncio.run(attempts()) == ["STALE_FENCE", "STALE_FENCE", "PERMISSION_DENIED"]
+    assert asyncio.run(attempts()) == ["STALE_FENCE", "STALE_FENCE", "PERMISSION_DENIED", "STALE_FENCE",
+                                       "PERMISSION_DENIED"]
+    with pytest.raises(grpc.RpcError) as no_grant:
+        cluster.stub.GetCarry(pb.GetCarryRequest(session_id=sid, with_chunk=True), timeout=10)
+    assert no_grant.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(carry_of(cluster, sid).manifest.chunk_sha256) == 1, "the manifest stays readable to any reader"
     manifest = carry_of(cluster, sid).manifest
     assert (manifest.fence, manifest.reason) == (1, "handoff"), "the handed-over copy stands"
 

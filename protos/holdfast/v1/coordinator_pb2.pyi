@@ -727,16 +727,22 @@ class CommitCarryResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class GetCarryRequest(_message.Message):
-    __slots__ = ("session_id", "with_chunk", "slot", "index")
+    __slots__ = ("session_id", "with_chunk", "slot", "index", "fence", "secret", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_CHUNK_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     with_chunk: bool
     slot: int
     index: int
-    def __init__(self, session_id: _Optional[str] = ..., with_chunk: _Optional[bool] = ..., slot: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    fence: int
+    secret: str
+    cluster_id: str
+    def __init__(self, session_id: _Optional[str] = ..., with_chunk: _Optional[bool] = ..., slot: _Optional[int] = ..., index: _Optional[int] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class GetCarryResponse(_message.Message):
     __slots__ = ("found", "manifest", "chunk", "session_cap_bytes")
