@@ -82,8 +82,10 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
             continue
         if not stat.S_ISDIR(st.st_mode):
             # Refused here, at the start, not only when the owner's upload would meet it at the end.
-            raise ClientError(Reason.INVALID_ARGUMENT, f"--carry {name}: {NOT_A_ROOT}; nothing was asked of "
-                              "the session's owner")
+            raise ClientError(
+                Reason.INVALID_ARGUMENT,
+                f"--carry {name}: {NOT_A_ROOT}; nothing was asked of the session's owner",
+            )
         total = 0
         for top, dirs, files in os.walk(path):
             dirs.sort()
@@ -172,8 +174,10 @@ def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
 def describe(manifest: pb.CarryManifest, path: str, files: int, size: int) -> str:
     """One root of a copy as a person reads it: what, written by which grant where, and how old."""
     age = age_text(max(time.time() - manifest.written_at_unix_ms / 1000, 0))
-    return (f"{path} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
-            f"{manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old")
+    return (
+        f"{path} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
+        f"{manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old"
+    )
 
 
 async def upload(client: Client, grant: Grant, packed: Packed, reason: str) -> int:
@@ -229,9 +233,26 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
-def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str) -> None:
-    """Writes the entries of one root into `tmp` (itself the root for a directory), refusing any
-    entry the rules refuse, any file whose bytes miss their sha256, any link that resolves out."""
+def _write_file(target: str, data: bytes, entry: pb.CarryEntry) -> None:
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CarryRefused(f"carry entry {entry.path or '(the carried file)'!r} does not match its sha256")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(target, entry.mode)
+
+
+def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str, kind: str) -> str:
+    """Writes one root's entries under `tmp` and returns what to put in place: `tmp` itself for a
+    directory, the one file inside it for a file. Refuses any entry the rules refuse, any file whose
+    bytes miss their sha256, any link that resolves out of the directory on disk."""
+    if kind != "dir":
+        if len(entries) != 1 or entries[0][0].kind != "file" or entries[0][0].path:
+            raise CarryRefused("a carried file is one file entry")
+        entry, data = entries[0]
+        check_entry("", "file", entry.mode)
+        _write_file(os.path.join(tmp, "file"), data, entry)
+        return os.path.join(tmp, "file")
     dir_modes: list[tuple[str, int]] = []
     links: list[str] = []
     for entry, data in entries:
@@ -240,8 +261,6 @@ def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str) -> None:
         parent = os.path.dirname(target)
         if entry.path and not (os.path.isdir(parent) and not os.path.islink(parent)):
             raise CarryRefused(f"carry entry {entry.path!r}: its directory is not a carried directory")
-        if hashlib.sha256(data).hexdigest() != entry.sha256 and entry.kind == "file":
-            raise CarryRefused(f"carry entry {entry.path or '(root)'!r} does not match its sha256")
         if entry.kind == "dir":
             if entry.path:
                 os.mkdir(target, 0o700)
@@ -250,10 +269,7 @@ def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str) -> None:
             os.symlink(entry.link_target, target)
             links.append(target)
         else:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(target, entry.mode)
+            _write_file(target, data, entry)
     top = os.path.realpath(tmp)
     for link in links:
         if not _inside(os.path.realpath(link), top):
@@ -262,6 +278,7 @@ def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str) -> None:
             )
     for path, mode in reversed(dir_modes):  # deepest first, once everything is written
         os.chmod(path, mode)
+    return tmp
 
 
 def _put_in_place(tmp: str, path: str) -> None:
@@ -282,41 +299,39 @@ def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str)
         size = entry.size if entry.kind == "file" else 0
         by_root.setdefault(entry.root, []).append((entry, data[offset : offset + size]))
         offset += size
-    said = []
-    for index, root in enumerate(manifest.roots):
-        if root.path not in names:
-            said.append(f"carried {root.path} not restored: this run does not name it with --carry")
-            continue
-        root_name(root.path)  # a name no run could have given is refused, not written
-        path = _where(root.path, cwd)
-        parent = os.path.dirname(path) or "."
-        os.makedirs(parent, exist_ok=True)
-        base = os.path.basename(path)
-        entries = by_root.get(index, [])
-        tmp = tempfile.mkdtemp(dir=parent, prefix=f".{base}.holdfast-restore-")
-        build_in = tmp if root.kind == "dir" else os.path.join(tmp, "file")
-        try:
-            if root.kind == "dir":
-                _build(entries, build_in)
-            else:
-                if len(entries) != 1 or entries[0][0].kind != "file" or entries[0][0].path:
-                    raise CarryRefused(f"carried file {root.path} is not one file entry")
-                entry, body = entries[0]
-                check_entry("", "file", entry.mode)
-                if hashlib.sha256(body).hexdigest() != entry.sha256:
-                    raise CarryRefused(f"carried file {root.path} does not match its sha256")
-                fd = os.open(build_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(body)
-                os.chmod(build_in, entry.mode)
-            _put_in_place(build_in, path)
-        except (CarryRefused, OSError) as exc:
-            raise failed(
-                f"restoring {root.path}: {exc}; nothing of it was put in place", manifest.session_id
-            ) from None
-        finally:
+    said: list[str] = []
+    temps: list[str] = []  # removed at the end, whatever happened
+    built: list[tuple[str, str, list[tuple[pb.CarryEntry, bytes]], str]] = []
+    try:
+        # Every named root built and checked first; only then is anything put in place.
+        for index, root in enumerate(manifest.roots):
+            if root.path not in names:
+                said.append(f"carried {root.path} not restored: this run does not name it with --carry")
+                continue
+            entries = by_root.get(index, [])
+            try:
+                root_name(root.path)  # a name no run could have given is refused, not written
+                path = _where(root.path, cwd)
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                tmp = tempfile.mkdtemp(
+                    dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.holdfast-restore-"
+                )
+                temps.append(tmp)
+                built.append((_build(entries, tmp, root.kind), path, entries, root.path))
+            except (CarryRefused, OSError) as exc:
+                raise failed(
+                    f"restoring {root.path}: {exc}; nothing of the carried state was put in place",
+                    manifest.session_id,
+                ) from None
+        for ready, path, entries, shown in built:
+            try:
+                _put_in_place(ready, path)
+            except OSError as exc:
+                raise failed(f"putting {shown} in place: {exc}", manifest.session_id) from None
+            files = sum(1 for e, _ in entries if e.kind == "file")
+            size = sum(e.size for e, _ in entries if e.kind == "file")
+            said.append(f"restored {describe(manifest, shown, files, size)}")
+    finally:
+        for tmp in temps:
             shutil.rmtree(tmp, ignore_errors=True)
-        files = sum(1 for e, _ in entries if e.kind == "file")
-        size = sum(e.size for e, _ in entries if e.kind == "file")
-        said.append(f"restored {describe(manifest, root.path, files, size)}")
     return said

@@ -275,7 +275,7 @@ def test_a_manifest_naming_what_must_not_be_written_is_refused(
     etcd_put(cluster, f"carry/{sid}/manifest", _hostile(entries, stream, sid))
     run = cluster.run(b, sid, "--carry", "state", cmd=["touch", "ran"], cwd=home)
     assert run.wait(30) == 75, run.err()
-    assert "CARRY_FAILED" in run.err() and "nothing of it was put in place" in run.err()
+    assert "CARRY_FAILED" in run.err() and "nothing of the carried state was put in place" in run.err()
     assert not (home / "ran").exists() and not (tmp_path / "escaped").exists()
     assert list((home / "state").iterdir()) == [], "the local directory is as it was"
     assert not [p for p in home.iterdir() if ".holdfast-" in p.name]

@@ -81,7 +81,8 @@ def test_pack_and_restore_round_trip(tmp_path: Path) -> None:
     assert sorted(p.name for p in dst.iterdir()) == ["notes.txt", "state"], "nothing temporary left"
     # A root the run does not name is said, not written.
     (dst / "notes.txt").unlink()
-    assert "not restored" in carry.restore(packed.manifest, b"".join(packed.chunks), ["state"], str(dst))[1]
+    said = carry.restore(packed.manifest, b"".join(packed.chunks), ["state"], str(dst))
+    assert said[0] == "carried notes.txt not restored: this run does not name it with --carry"
     assert not (dst / "notes.txt").exists()
 
 
@@ -105,3 +106,18 @@ def test_client_and_coordinator_cut_chunks_alike() -> None:
     from holdfast.coordinator import carry as coordinator_carry
 
     assert CHUNK_BYTES == coordinator_carry.CHUNK_BYTES
+
+
+def test_one_bad_root_means_no_root_is_put_in_place(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "first").mkdir(parents=True)
+    (src / "first" / "a").write_text("carried")
+    (src / "second").write_text("carried too")
+    packed = carry.pack(["first", "second"], str(src), "sess-unit-3")
+    packed.manifest.entries[-1].sha256 = "0" * 64  # the second root's file is corrupt
+    (dst / "first").mkdir(parents=True)
+    (dst / "first" / "a").write_text("local")
+    with pytest.raises(ClientError, match=r"restoring second: .* does not match its sha256"):
+        carry.restore(packed.manifest, b"".join(packed.chunks), ["first", "second"], str(dst))
+    assert (dst / "first" / "a").read_text() == "local", "the good first root was not put in place either"
+    assert sorted(p.name for p in dst.iterdir()) == ["first"], "nothing temporary left"
