@@ -46,18 +46,6 @@ def seconds(raw: Any) -> float:
     return value
 
 
-def byte_count(low: int, high: int) -> Any:
-    def parse(raw: Any) -> int:
-        try:
-            value = int(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"{raw!r} is not a number of bytes") from None
-        if not low <= value <= high:
-            raise ValueError(f"{value} is outside {low}..{high} bytes")
-        return value
-    return parse
-
-
 def lifetime_hours(raw: Any) -> float:
     try:
         value = float(raw)
@@ -85,9 +73,9 @@ SETTINGS = [
             "how long a grant stays reserved for its commit before another caller may supersede it "
             "(it can never run CMD uncommitted)", default=30.0),
     Setting("carry_session_cap_bytes", "HOLDFAST_CARRY_SESSION_CAP_BYTES",
-            byte_count(1, carry.MAX_SESSION_CAP), "largest carried state (`run --carry`) one session may "
-            "keep", default=carry.DEFAULT_SESSION_CAP),
-    Setting("carry_budget_bytes", "HOLDFAST_CARRY_BUDGET_BYTES", byte_count(0, 1 << 40),
+            config.integer_in(1, carry.MAX_SESSION_CAP),
+            "largest carried state (`run --carry`) one session may keep", default=carry.DEFAULT_SESSION_CAP),
+    Setting("carry_budget_bytes", "HOLDFAST_CARRY_BUDGET_BYTES", config.integer_in(0, 1 << 40),
             "carried state of all sessions together: keep it at most a quarter of etcd's "
             "--quota-backend-bytes "
             "(at its quota etcd refuses every write, heartbeats included)", default=carry.DEFAULT_BUDGET),
