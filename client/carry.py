@@ -11,6 +11,7 @@ the coordinator keeps the last committed copy until a whole new one is committed
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -18,9 +19,10 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from holdfast.client.carry_rules import CarryRefused, age_text, check_entry, chunked, root_name
+from holdfast.client.carry_rules import CarryRefused, age_text, check_cap, check_entry, chunked, root_name
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
@@ -335,3 +337,73 @@ def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str)
         for tmp in temps:
             shutil.rmtree(tmp, ignore_errors=True)
     return said
+
+
+# --- a run's carried state: checked at its start, restored between commit and exec ----------------
+async def check_at_start(
+    client: Client, session_id: str, paths: list[str], cwd: str
+) -> tuple[list[str], int]:
+    """The --carry roots as the manifest names them, and the coordinator's per-session cap, checked
+    before anything is asked of the session's owner: each root exists here or in the session's last
+    copy, and what this run would carry (the copy's roots restored, the rest as they are here) fits
+    the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
+    try:
+        names = list(dict.fromkeys(root_name(path) for path in paths))
+    except CarryRefused as exc:
+        raise ClientError(Reason.INVALID_ARGUMENT, str(exc), session_id) from None
+    if not names:
+        return [], 0
+    carried = await client.get_carry(session_id)
+    in_copy = {root.path: 0 for root in carried.manifest.roots} if carried.found else {}
+    for entry in carried.manifest.entries if carried.found else ():
+        in_copy[carried.manifest.roots[entry.root].path] += entry.size
+    here = await asyncio.to_thread(local_size, [n for n in names if n not in in_copy], cwd)
+    missing = [name for name, size in here.items() if size is None]
+    if missing and not await _session_exists(client, session_id):
+        # With an owner, the copy may yet come (a takeover's owner uploads as it lets go); with no
+        # record at all, nothing ever could.
+        raise ClientError(
+            Reason.INVALID_ARGUMENT,
+            f"--carry {', '.join(missing)}: no such file or directory "
+            f"here (in {cwd}), and the session carries no copy of it; create it first. "
+            "Nothing was asked of the session's owner",
+            session_id,
+        )
+    total = sum(in_copy.get(n, 0) for n in names) + sum(size or 0 for size in here.values())
+    try:
+        check_cap(total, carried.session_cap_bytes)
+    except CarryRefused as exc:
+        raise ClientError(
+            Reason.CARRY_TOO_LARGE, f"{exc}; nothing was asked of the session's owner", session_id
+        ) from None
+    return names, carried.session_cap_bytes
+
+
+async def _session_exists(client: Client, session_id: str) -> bool:
+    try:
+        await client.get_session(session_id)
+    except ClientError as err:
+        if err.reason == "NOT_FOUND":
+            return False
+        raise
+    return True
+
+
+async def restore_before_exec(
+    client: Client, grant: Grant, names: list[str], cwd: str, cap: int, say: Callable[[str], None]
+) -> None:
+    """Between commit and exec: the session's last copy of the named roots put in place, then what
+    CMD would start with checked against the cap once more (the copy may have changed since)."""
+    found = await download(client, grant)
+    if found is None:
+        say(f"no carried state for {grant.session_id} yet: CMD starts with {', '.join(names)} as here")
+    else:
+        for line in await asyncio.to_thread(restore, *found, names, cwd):
+            say(line)
+    sizes = await asyncio.to_thread(local_size, names, cwd)
+    for name in (n for n, size in sizes.items() if size is None):
+        say(f"--carry {name}: neither here nor in the session's copy; CMD starts without it")
+    try:
+        check_cap(sum(size or 0 for size in sizes.values()), cap)
+    except CarryRefused as exc:
+        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; CMD did not run", grant.session_id) from None

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from holdfast.client import carry, grantdir, guards
 from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_stderr, takeover_operation
-from holdfast.client.carry_rules import CarryRefused, check_cap, root_name
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import Gate
@@ -95,67 +94,6 @@ async def open_guards(urls: list[str]) -> list[Guard]:
     return opened
 
 
-async def check_carry(client: Client, spec: RunSpec, cwd: str) -> tuple[list[str], int]:
-    """The --carry roots as the manifest names them, and the coordinator's per-session cap, checked
-    before anything is asked of the session's owner: each root exists here or in the session's last
-    copy, and what this run would carry (the copy's roots restored, the rest as they are here) fits
-    the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
-    try:
-        names = list(dict.fromkeys(root_name(path) for path in spec.carry))
-    except CarryRefused as exc:
-        raise ClientError(Reason.INVALID_ARGUMENT, str(exc), spec.session_id) from None
-    if not names:
-        return [], 0
-    carried = await client.get_carry(spec.session_id)
-    in_copy = {root.path: 0 for root in carried.manifest.roots} if carried.found else {}
-    for entry in carried.manifest.entries if carried.found else ():
-        in_copy[carried.manifest.roots[entry.root].path] += entry.size
-    here = await asyncio.to_thread(carry.local_size, [n for n in names if n not in in_copy], cwd)
-    missing = [name for name, size in here.items() if size is None]
-    if missing and not await session_exists(client, spec.session_id):
-        # With an owner, the copy may yet come (a takeover's owner uploads as it lets go); with no
-        # record at all, nothing ever could.
-        raise ClientError(Reason.INVALID_ARGUMENT, f"--carry {', '.join(missing)}: no such file or directory "
-                          f"here (in {cwd}), and the session carries no copy of it; create it first. "
-                          "Nothing was asked of the session's owner", spec.session_id)
-    total = sum(in_copy.get(n, 0) for n in names) + sum(size or 0 for size in here.values())
-    try:
-        check_cap(total, carried.session_cap_bytes)
-    except CarryRefused as exc:
-        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; nothing was asked of the session's owner",
-                          spec.session_id) from None
-    return names, carried.session_cap_bytes
-
-
-async def session_exists(client: Client, session_id: str) -> bool:
-    try:
-        await client.get_session(session_id)
-    except ClientError as err:
-        if err.reason == "NOT_FOUND":
-            return False
-        raise
-    return True
-
-
-async def restore_carried(client: Client, grant: Grant, names: list[str], cwd: str, cap: int,
-                          say: Say) -> None:
-    """Between commit and exec: the session's last copy of the named roots put in place, then what
-    CMD would start with checked against the cap once more (the copy may have changed since)."""
-    found = await carry.download(client, grant)
-    if found is None:
-        say(f"no carried state for {grant.session_id} yet: CMD starts with {', '.join(names)} as here")
-    else:
-        for line in await asyncio.to_thread(carry.restore, *found, names, cwd):
-            say(line)
-    sizes = await asyncio.to_thread(carry.local_size, names, cwd)
-    for name in (n for n, size in sizes.items() if size is None):
-        say(f"--carry {name}: neither here nor in the session's copy; CMD starts without it")
-    try:
-        check_cap(sum(size or 0 for size in sizes.values()), cap)
-    except CarryRefused as exc:
-        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; CMD did not run", grant.session_id) from None
-
-
 async def bump_guards(opened: list[Guard], grant: Grant) -> None:
     try:
         await asyncio.to_thread(guards.bump_all, opened, grant.session_id, grant.fence)
@@ -205,7 +143,7 @@ class Owner:
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
-        carried = await check_carry(client, spec, spec.cwd or os.getcwd())  # likewise
+        carried = await carry.check_at_start(client, spec.session_id, spec.carry, spec.cwd or os.getcwd())
         guards = await open_guards(spec.guards)  # likewise: an unreachable store asks nothing of anyone
         try:
             return await cls._start(client, spec, say, guards, carried)
@@ -239,8 +177,9 @@ class Owner:
             record = await client.commit(grant, gate.pid)
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
-            if carried[0]:
-                await restore_carried(client, grant, carried[0], spec.cwd or os.getcwd(), carried[1], say)
+            names, cap = carried
+            if names:
+                await carry.restore_before_exec(client, grant, names, spec.cwd or os.getcwd(), cap, say)
         except BaseException:
             if gate is not None:
                 gate.abort()
