@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -121,7 +122,9 @@ def main() -> None:
         out["coordinator_cpu_percent_at_rest"] = 100 * (cpu_seconds(coord.pid) - cpu0[coord.pid]) / window
         out["etcd_cpu_percent_at_rest"] = 100 * (cpu_seconds(etcd_pid) - cpu0[etcd_pid]) / window
         out["coordinator_rss_mb"] = rss_mb(coord.pid)
-        agent_rss = [sum(rss_mb(pid) for pid in _tree(reaper)) for reaper in agents]
+        # A host's reaper, its agent and what the agent runs.
+        roots = [psutil.Process(reaper) for reaper in agents]
+        agent_rss = [sum(rss_mb(p.pid) for p in [root, *root.children(recursive=True)]) for root in roots]
         out["agent_rss_mb_median"] = statistics.median(agent_rss)
         out["agents_rss_mb_total"] = sum(agent_rss)
         progress(f"{args.rounds} rounds of cycles: on one host, and over all {args.hosts}")
@@ -141,22 +144,6 @@ def main() -> None:
         return
     for name, value in out.items():
         print(f"{name}: {value:.2f}" if isinstance(value, float) else f"{name}: {value}")
-
-
-def _tree(pid: int) -> list[int]:
-    """pid and its descendants (a host's reaper, its agent and what the agent runs)."""
-    found, frontier = [pid], [pid]
-    while frontier:
-        children = []
-        for p in frontier:
-            try:
-                text = Path(f"/proc/{p}/task/{p}/children").read_text()
-            except OSError:
-                continue
-            children += [int(c) for c in text.split()]
-        found += children
-        frontier = children
-    return found
 
 
 if __name__ == "__main__":
