@@ -24,11 +24,12 @@ import pytest
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
+from holdfast.common.reasons import reason_of
 from holdfast.coordinator.store import Put, Store
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration import unprivileged
 from tests.integration.conftest import descendants
-from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.coordinator_fixtures import Coordinator, snapshot
 from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -322,6 +323,16 @@ def test_an_owner_lost_without_release_leaves_its_last_checkpoint(cluster: Clust
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     lost.proc.wait(10)
+    # Asked not to grant over an owner that may still be uploading, the coordinator refuses, and the
+    # refusal writes nothing.
+    probe = pb.ProbeSessionRequest(session_id=sid)
+    until("the owner proven gone", lambda: cluster.stub.ProbeSession(probe, timeout=10).verdict == "grant")
+    before = snapshot(cluster.coordinator.etcd_url, cluster.coordinator.prefix)
+    ask = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id="0" * 32, await_release=True)
+    with pytest.raises(grpc.RpcError) as pending:
+        cluster.stub.Acquire(ask, timeout=30)
+    assert reason_of(pending.value) == "RELEASE_PENDING"  # type: ignore[arg-type]
+    assert snapshot(cluster.coordinator.etcd_url, cluster.coordinator.prefix) == before
     (home_a / "state" / "notes").write_text("written after the checkpoint, never uploaded")
     run = cluster.run(b, sid, "--carry", "state", cmd=["sh", "-c", "cat state/notes > seen"], cwd=home_b)
     assert run.wait(60) == 0, run.err()
