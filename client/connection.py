@@ -1,6 +1,6 @@
 """One connection to a coordinator, with a public method for every Coordinator RPC.
 
-Guarantee: calls are retried with tenacity only where a retry is safe — Acquire replays by
+Guarantee: calls are retried (holdfast.common.retry) only where a retry is safe — Acquire replays by
 operation id; a retried commit or release that finds its own effect already applied counts as
 done; a call whose first try may have landed is never retried (RecordProviderHandle, archive,
 recover-host, restore-epoch). Every answer to an owner's call is checked to come from its grant's
@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from holdfast.client.errors import ClientError, classify, refused, transient
 from holdfast.client.grant import Grant, same_cluster
 from holdfast.common import tls, upstate
 from holdfast.common.reasons import Reason, reason_of
+from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
@@ -84,22 +84,22 @@ class Client:
         """One RPC, retried while nothing answers (`retry` only for calls that are safe to repeat).
         A ClientError says whether an earlier try was sent, whose effect may have landed."""
         tries = 0
+
+        async def attempt():  # type: ignore[no-untyped-def]
+            nonlocal tries
+            tries += 1
+            return await method(request, timeout=timeout)
+
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(self._retryable if retry else lambda _exc: False), reraise=True,
-                stop=stop_after_delay(RETRY_BUDGET_S), wait=wait_exponential(multiplier=0.05, max=1.0),
-            ):
-                with attempt:
-                    tries += 1
-                    response = await method(request, timeout=timeout)
-                    self.answered = True
-                    return response
+            response = await retrying(attempt, self._retryable if retry else lambda _exc: False,
+                                      budget_s=RETRY_BUDGET_S)
         except grpc.aio.AioRpcError as exc:
             self.answered = self.answered or bool(reason_of(exc))
             error = classify(exc, session, self.address, plaintext=self.tls_dir is None)
             error.retried = tries > 1
             raise error from None
-        raise AssertionError("unreachable: tenacity reraises")
+        self.answered = True
+        return response
 
     # --- owner calls ---------------------------------------------------------------------
     async def acquire(self, session_id: str, operation_id: str, *, provider: str = "", location: str = "",

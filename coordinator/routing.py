@@ -1,7 +1,7 @@
 """Calls to the owner host's agent (docs/design.md §4): only coordinators call agents.
 
 Guarantee: a host without registration, an unreachable agent or a timeout yields an INDETERMINATE
-probe result naming that reason — after bounded tenacity retries — never a proof of death. Each call
+probe result naming that reason — after bounded retries — never a proof of death. Each call
 goes to the address of the registration its caller read and compares in its decision's
 transaction, never to one read again here: the agent that answered is the one the decision names,
 and a probe costs no etcd read of its own.
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from holdfast.common import reloading, tls
+from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
 from holdfast.coordinator import metrics
 from holdfast.v1 import agent_pb2 as apb
@@ -74,15 +74,8 @@ class Router:
         return agent_pb2_grpc.HostAgentStub(channel)
 
     async def _call(self, method, request, timeout: float = CALL_TIMEOUT_S):  # type: ignore[no-untyped-def]
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_retryable),
-            reraise=True,
-            stop=stop_after_attempt(4) | stop_after_delay(RETRY_BUDGET_S),
-            wait=wait_exponential(multiplier=0.05, max=0.5),
-        ):
-            with attempt:
-                return await method(request, timeout=timeout)
-        raise AssertionError("unreachable: tenacity reraises")
+        return await retrying(lambda: method(request, timeout=timeout), _retryable,
+                              budget_s=RETRY_BUDGET_S, attempts=4, max_wait_s=0.5)
 
     async def probe(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
                     check_tree: bool = True) -> apb.ProbeResult:

@@ -21,7 +21,7 @@ from pathlib import Path
 NOBODY = 65534
 # setpriv (util-linux): drop to nobody with no groups and no capabilities, as a plain user's shell.
 DROP = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all", "--"]
-_RUNTIME = ("grpc", "grpc_status", "grpc_health", "grpc_reflection", "google", "aetcd", "tenacity",
+_RUNTIME = ("grpc", "grpc_status", "grpc_health", "grpc_reflection", "google", "aetcd",
             "prometheus_client", "cryptography", "cffi", "_cffi_backend", "typing_extensions")
 _HOLDFAST = {"agent": "agent", "coordinator": "coordinator", "v1": "protos/holdfast/v1"}
 
