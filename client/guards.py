@@ -28,7 +28,6 @@ import fcntl
 import os
 import re
 import shutil
-import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -65,6 +64,8 @@ def open_guard(url: str, connect_timeout: float = 5.0) -> Guard:
     scheme = urlsplit(check_url(url)).scheme
     try:
         if scheme == "sqlite":
+            import sqlite3  # here, not at the top: `run` without a guard never pays for it
+
             # Opened and bumped from worker threads (never two at once): not tied to one thread.
             return SqlGuard(sqlite3.connect(urlsplit(url).path, timeout=30.0, check_same_thread=False), url)
         if scheme == "postgresql":
@@ -105,7 +106,7 @@ class Guard(ABC):
 
 # --- SQL ----------------------------------------------------------------------------------------
 def _sqlite(conn: Any) -> bool:
-    return isinstance(conn, sqlite3.Connection)
+    return type(conn).__module__ == "sqlite3"
 
 
 def _sql(conn: Any, statement: str) -> str:

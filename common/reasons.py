@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 DOMAIN = "holdfast.dev"
 EX_FAILURE = 1
@@ -276,6 +274,10 @@ def on_the_wire() -> dict[Reason, grpc.StatusCode]:
 
 def reason_of(error: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a call's failure, '' when it carries none."""
+    # Imported here: only a failed call reads them, and `run` reaches CMD without one (~4 ms).
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
     status = rpc_status.from_call(error)  # type: ignore[arg-type]
     for detail in status.details if status else ():
         info = error_details_pb2.ErrorInfo()

@@ -16,7 +16,6 @@ namespace, the same namespace recorded — else nothing is known.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import secrets
@@ -59,6 +58,8 @@ def cgroup_namespace() -> int:
 def join_node_namespace() -> str:
     """Moves this process into PID 1's cgroup namespace (the node's, under hostPID); "" on success,
     else why not. Called before any thread starts. Python 3.11 has no os.setns."""
+    import ctypes  # only an agent joins; `run` imports this module for paths and never pays for ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     try:
         fd = os.open("/proc/1/ns/cgroup", os.O_RDONLY | os.O_CLOEXEC)

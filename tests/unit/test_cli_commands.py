@@ -1,10 +1,14 @@
 """cli.main.COMMANDS, the map that lets `holdfast run` import only its own module, stays equal to
 what each module registers: a command missing from it would vanish from the fast path, and one
-mapped to the wrong module would fail to parse."""
+mapped to the wrong module would fail to parse. And `run`'s import set stays free of what only
+other parts, or only a failure, need (each was milliseconds of every start: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 
 from holdfast.cli import main
 
@@ -27,3 +31,20 @@ def test_a_known_command_parses_the_same_on_the_fast_path() -> None:
     assert vars(fast).keys() == vars(full).keys()
     assert {k: v for k, v in vars(fast).items() if k not in ("handler", "parser")} == \
         {k: v for k, v in vars(full).items() if k not in ("handler", "parser")}
+
+
+# Only the coordinator (aetcd), the agent (prometheus_client, ctypes), a server's certificate check
+# (cryptography), a failed call (grpc_status) or a --guard (sqlite3) needs these.
+NOT_ON_RUNS_PATH = ("aetcd", "prometheus_client", "cryptography", "ctypes", "grpc_status", "sqlite3",
+                    "tenacity", "platform", "google.protobuf.json_format", "holdfast.agent",
+                    "holdfast.coordinator", "holdfast.localstack")
+
+
+def test_run_imports_nothing_it_does_not_need_before_cmd_runs() -> None:
+    program = ("import json, sys; import holdfast.cli.main, holdfast.cli.run_commands; "
+               "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", program], check=True, capture_output=True,
+                                       text=True).stdout)
+    assert "holdfast.client.owner" in loaded  # the probe imported what `run` runs
+    heavy = [name for name in loaded if name.startswith(NOT_ON_RUNS_PATH)]
+    assert heavy == []
