@@ -137,10 +137,14 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             seen = probe_rules.Observation()  # judged on host id / incarnation alone
         result = probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
         if tree is not None:
-            observed = observe_tree(identity, tree, self.cgroups)
-            gone, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
-            result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
+            self.judge_tree(identity, tree, result)
         return self._stamp(result)
+
+    def judge_tree(self, identity: agent_pb2.ProcessIdentity, tree: Scan,
+                   result: agent_pb2.ProbeResult) -> None:
+        observed = observe_tree(identity, tree, self.cgroups)
+        gone, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
+        result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
 
     def identity_of(self, pid: int, token: str) -> agent_pb2.ProcessIdentity | None:
         """The full identity of a live pid, taken through a pidfd so it cannot name a reused pid."""
@@ -278,8 +282,18 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidRequest as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         started = time.monotonic()
-        tree = await scan_off_loop(self.variable, tokens_of(request.owners)) if request.check_tree else None
-        results = [self.probe(o, tree) for o in request.owners]
+        results = [self.probe(o, None) for o in request.owners]
+        # The tree is read only for roots not proven alive. A live root is its session held whatever
+        # its tree does, and no rule reads a tree then (a dead root's and an unused reservation's are
+        # read): so a probe of a held session — `holdfast probe`, a waiting Acquire, a handoff
+        # request — reads no process list. Reading the tree after its root was judged (it was read
+        # before) changes nothing: a root proven dead stays dead, and the scan is the tree's own proof.
+        unproven = [(o, r) for o, r in zip(request.owners, results, strict=True)
+                    if r.outcome != P.IDENTITY_MATCHED]
+        if request.check_tree and unproven:
+            tree = await scan_off_loop(self.variable, tokens_of(o for o, _ in unproven))
+            for owner, result in unproven:
+                self.judge_tree(owner, tree, result)
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
         return agent_pb2.ProbeOwnersResponse(results=results)
 

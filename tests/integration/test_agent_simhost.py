@@ -304,5 +304,33 @@ def test_kill_owner_ends_descendants_that_outlived_their_root(simhosts, children
     tree.wait(5)
     dead_root = probe(stub, identity, check_tree=True)
     assert dead_root.outcome == P.PID_ABSENT and not dead_root.tree_gone  # orphans still carry it
+    assert dead_root.tree_checked and "carry the token" in dead_root.tree_reason
     killed = stub.KillOwner(agent_pb2.KillOwnerRequest(owner=identity, wait_seconds=5), timeout=10)
     assert killed.signalled == 2 and killed.result.tree_gone, killed.result.tree_reason
+
+
+def test_a_tree_is_read_only_for_roots_not_proven_alive(simhosts, children) -> None:
+    """One batch: a live root's tree is not read (it holds its session whatever the tree does); a
+    dead root whose orphans run on is judged not gone; a tree wholly gone is judged gone."""
+    host = simhosts("sim-batch")
+    stub = host_stub(host)
+    owners = []
+    for shape in ("sleep 300", "sleep 300 & sleep 300 & wait", "sleep 300"):
+        token = mint_token()
+        tree = host.spawn(["sh", "-c", shape], env={VAR: token, "PATH": "/usr/bin:/bin"})
+        children.append(tree)
+        wait_carrier(stub, token, want=1 + shape.count("&"))
+        owners.append((attest(stub, token), tree))
+    (alive, _), (orphaned, orphaned_tree), (ended, ended_tree) = owners
+    os.kill(descendants(orphaned_tree.pid)[0], signal.SIGKILL)
+    orphaned_tree.wait(5)
+    for pid in descendants(ended_tree.pid):
+        os.kill(pid, signal.SIGKILL)
+    ended_tree.wait(5)
+    request = agent_pb2.ProbeOwnersRequest(owners=[alive, orphaned, ended], check_tree=True)
+    live, dead_root, gone = stub.ProbeOwners(request, timeout=10).results
+    assert live.outcome == P.IDENTITY_MATCHED and not live.tree_checked
+    assert dead_root.outcome in (P.PID_ABSENT, P.EXIT_OBSERVED)
+    assert dead_root.tree_checked and not dead_root.tree_gone, dead_root.tree_reason
+    assert gone.outcome in (P.PID_ABSENT, P.EXIT_OBSERVED)
+    assert gone.tree_checked and gone.tree_gone, gone.tree_reason

@@ -79,9 +79,8 @@ def test_counters_move_with_real_traffic_and_logs_name_the_session(cluster: Clus
     seen = scrape(agent)
     assert value(seen, "holdfast_agent_probes_total", host="host-m", outcome="identity_matched") >= 1
     assert value(seen, "holdfast_agent_probe_seconds_count", host="host-m") >= 1
-    assert value(seen, "holdfast_agent_scans_total", complete="true") >= 1  # a simulated host scans whole
-    assert value(seen, "holdfast_agent_scan_seconds_count") >= 1
-    assert value(seen, "holdfast_agent_scan_unreadable_processes") == 0
+    # Probes of a live owner read no tree (agent.service.ProbeOwners): no scan yet.
+    assert value(seen, "holdfast_agent_scan_seconds_count") == 0
     assert value(seen, "holdfast_agent_registered", host="host-m") == 1
 
     # A takeover: the owner lets go, and the taker's Acquire is timed from its call to its grant.
@@ -90,6 +89,11 @@ def test_counters_move_with_real_traffic_and_logs_name_the_session(cluster: Clus
     until("the child at fence 2", lambda: [e for e in cluster.events("start") if e[1] == "2"])
     took = scrape(coordinator.metrics)
     assert sum(v for (name, _), v in took.items() if name == "holdfast_takeover_seconds_count") == 1
+    # The release before it was proven by the owner's tree, gone: a scan of the whole simulated host.
+    scanned = scrape(agent)
+    assert value(scanned, "holdfast_agent_scans_total", complete="true") >= 1
+    assert value(scanned, "holdfast_agent_scan_seconds_count") >= 1
+    assert value(scanned, "holdfast_agent_scan_unreadable_processes") == 0
 
     # The owner's host goes away: asking about the session is now indeterminate, and the gauge says so.
     host.stop()
