@@ -1,7 +1,8 @@
 """Takeover latency with one live owner on the owner's host, then with many: what the stable scan
 of the owner host's processes (part of every proof that a tree is gone) costs as a node fills up.
 A waiting Acquire from the second host is answered when the owner's carrier exits; measured from
-the exit (the carrier's stdin closed) to the grant. Prints numbers; asserts nothing.
+the exit (the carrier's stdin closed) to the grant. Beside it, ProbeSession of a live owner, which
+reads no process list, alone and in the crowd. Prints numbers; asserts nothing.
 Run as root: .venv/bin/python bench/bench_takeover_load.py [--owners N] [--samples K]
 """
 
@@ -60,6 +61,18 @@ async def takeovers(address: str, owner_host: SimulatedHost, taker: SimulatedHos
     return out
 
 
+async def probe_p50(address: str, session: str, calls: int = 100) -> float:
+    """ms, median of ProbeSession on `session` (a live owner: HELD)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        coord = coordinator_pb2_grpc.CoordinatorStub(channel)
+        out = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            await coord.ProbeSession(pb.ProbeSessionRequest(session_id=session))
+            out.append((time.perf_counter() - t) * 1000)
+    return statistics.median(out)
+
+
 async def measure(address: str, owner_host: SimulatedHost, taker: SimulatedHost, owners: int,
                   samples: int) -> None:
     alone = await takeovers(address, owner_host, taker, "alone", samples)
@@ -67,10 +80,17 @@ async def measure(address: str, owner_host: SimulatedHost, taker: SimulatedHost,
     started = time.perf_counter()
     async with grpc.aio.insecure_channel(address) as channel:
         coord = coordinator_pb2_grpc.CoordinatorStub(channel)
-        fillers = [await own(coord, owner_host, f"load-filler-{i:05d}") for i in range(owners - 1)]
+        first = await own(coord, owner_host, "load-filler-00000")
+        probe_alone = await probe_p50(address, "load-filler-00000")
+        print(f"ProbeSession of a live owner, 1 live owner on its host: p50 {probe_alone:.2f} ms", flush=True)
+        fillers = [first]
+        fillers += [await own(coord, owner_host, f"load-filler-{i:05d}") for i in range(1, owners - 1)]
     try:
         print(f"{len(fillers)} more live owners committed on {owner_host.host_id} in "
               f"{time.perf_counter() - started:.1f} s", flush=True)
+        probe_crowd = await probe_p50(address, "load-filler-00000")
+        print(f"ProbeSession of a live owner, {owners - 1} live owners on its host: p50 {probe_crowd:.2f} ms "
+              f"({probe_crowd / probe_alone:.2f}x)", flush=True)
         crowded = await takeovers(address, owner_host, taker, "crowded", samples)
         print(f"takeover with {owners} live owners on its host: p50 {statistics.median(crowded):.2f} ms "
               f"({statistics.median(crowded) / statistics.median(alone):.2f}x)")
