@@ -121,13 +121,21 @@ class Lifecycle:
         """The gates of a grant to `host_id`, each refused with its reason (nothing written): no
         restore pending, the host registered, the host not draining. Returns the registration and
         the three reads, which the grant's (and a force-pending's) transaction compares."""
-        return judge_grant_gates(host_id, await self.read_grant_gates(host_id))
+        gates, _ = await self.read_grant_gates(host_id)
+        return judge_grant_gates(host_id, gates)
 
-    async def read_grant_gates(self, host_id: str) -> list[Seen]:
-        """What `judge_grant_gates` decides on, read together: a grant is on every client's start path."""
-        return list(await asyncio.gather(
-            self.sessions.registry.seen(host_id), self.store.read(self._drain_key(host_id)),
-            self.store.read(self.store.key(lifecycle_rules.RESTORE_PENDING_KEY))))
+    async def read_grant_gates(self, host_id: str, *also: str) -> tuple[list[Seen], list[Seen]]:
+        """What `judge_grant_gates` decides on, and the keys `also`, in one round trip: a grant is on
+        every client's start path. The registration comes from the followed cache when it holds it."""
+        registry = self.sessions.registry
+        cached = registry.cached(host_id)
+        keys = [*also, self._drain_key(host_id), self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)]
+        if cached is None:
+            keys.append(registry.key_of(host_id))
+        read = await self.store.read_all(keys)
+        drain, restore = read[len(also)], read[len(also) + 1]
+        registration = cached if cached is not None else read[-1]
+        return [registration, drain, restore], read[: len(also)]
 
     def _floor_key(self) -> str:
         return self.store.key("new-session-floor")

@@ -57,7 +57,7 @@ class Registry:
                 self.following.clear()
             await asyncio.sleep(REFOLLOW_S)
 
-    def _key(self, host_id: str) -> str:
+    def key_of(self, host_id: str) -> str:
         return self.store.key("hosts", host_id)
 
     async def register(self, reg: pb.HostRegistration, ttl: int) -> tuple[int, int]:
@@ -71,9 +71,8 @@ class Registry:
         stored.CopyFrom(reg)
         stored.registered_at_unix_ms = int(time.time() * 1000)
         stored.lease_id = lease_id
-        ok, _ = await self.store.txn(
-            [absent(self._key(reg.host_id))], [Put(self._key(reg.host_id), records.encode(stored), lease_id)]
-        )
+        key = self.key_of(reg.host_id)
+        ok, _ = await self.store.txn([absent(key)], [Put(key, records.encode(stored), lease_id)])
         if not ok:
             await self.store.revoke_lease(lease_id)
             log.warning(
@@ -86,7 +85,7 @@ class Registry:
 
     async def heartbeat(self, host_id: str, lease_id: int) -> int:
         identifiers.check_host_id(host_id)
-        entry = await self.store.get(self._key(host_id))
+        entry = await self.store.get(self.key_of(host_id))
         if entry is None or entry.lease != lease_id:
             raise CoordinatorError("NOT_FOUND", f"no live registration of {host_id} under that lease")
         ttl = await self.store.refresh_lease(lease_id)
@@ -99,9 +98,14 @@ class Registry:
 
     async def seen(self, host_id: str) -> Seen:
         """The registration as a decision reads it, to be compared in that decision's transaction."""
-        key = self._key(host_id)
+        return self.cached(host_id) or await self.store.read(self.key_of(host_id))
+
+    def cached(self, host_id: str) -> Seen | None:
+        """The registration from the followed cache; None when the cache does not hold it (then it is
+        read from etcd, never taken as absent)."""
+        key = self.key_of(host_id)
         cached = self._cache.get(key) if self._cache is not None else None
-        return Seen(key, cached) if cached is not None else await self.store.read(key)
+        return Seen(key, cached) if cached is not None else None
 
     async def list(self) -> list[pb.HostRegistration]:
         entries, _ = await self.store.list_prefix(self.store.key("hosts", ""))

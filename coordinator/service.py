@@ -9,7 +9,6 @@ that compares every precondition of the grant); indeterminate never grants.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -126,16 +125,6 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise identifiers.InvalidInput("wait_seconds must be in 0..3600")
         ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
         ops_key = self.store.key("ops", sid, ohash)
-        # Everything a first decision reads, in one round trip's wait: the replay, the record and
-        # the grant's gates (compared in the grant's transaction like every other read).
-        replay, first_read, first_gates = await asyncio.gather(
-            self.store.get(ops_key), self.sessions.read(sid),
-            self.lifecycle.read_grant_gates(request.host_id))
-        if replay is not None:
-            stored = records.json_format.Parse(replay.value, pb.AcquireResponse())
-            if not adjudication.replay_still_valid(stored.grant.fence, first_read[1]):
-                raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
-            return stored
         ask = AcquireAsk(
             request.expected_fence if request.has_expected_fence else None, handoff_hash(request.operation_id)
         )
@@ -145,13 +134,20 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            if attempts == 1:
-                (entry, record), gate_reads = first_read, first_gates
-            else:
-                (entry, record), gate_reads = await asyncio.gather(
-                    self.sessions.read(sid), self.lifecycle.read_grant_gates(request.host_id))
+            # Everything a decision reads, in one round trip at one revision: this operation's replay,
+            # the record and the grant's gates, each compared in the grant's transaction.
+            gate_reads, (replay, record_read) = await self.lifecycle.read_grant_gates(
+                request.host_id, ops_key, self.sessions.key(sid))
+            entry = record_read.entry
+            record = self.sessions.decode(entry) if entry is not None else None
+            if replay.entry is not None:
+                # This operation was granted already (an earlier try, or the same call racing itself).
+                stored = records.json_format.Parse(replay.entry.value, pb.AcquireResponse())
+                if not adjudication.replay_still_valid(stored.grant.fence, record):
+                    raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
+                return stored
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
-            reads: list[Seen] = []
+            reads: list[Seen] = [replay]
             if verdict.action is Action.PROBE and record is not None:
                 if request.force:
                     # The kill is authorised only by a force-pending transaction comparing every

@@ -21,6 +21,7 @@ from holdfast.common import tls
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 DEFAULT_PREFIX = "/holdfast/v1/"
 CALL_TIMEOUT_S = 5.0
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 
 
 class StoreUnavailable(Exception):
@@ -170,6 +171,17 @@ class Store:
     async def read(self, key: str) -> Seen:
         """A read a decision depends on: compare it with `unchanged` in the decision's transaction."""
         return Seen(key, await self.get(key))
+
+    async def read_all(self, keys: Sequence[str]) -> list[Seen]:
+        """Several reads a decision depends on, in one round trip and at one revision: a transaction
+        of ranges only, which etcd serves as a linearizable read without a write through raft. Each
+        is still compared on its own in the decision's transaction."""
+        if len(keys) > MAX_TXN_OPS:
+            raise ValueError(f"{len(keys)} reads in one transaction; etcd takes at most {MAX_TXN_OPS}")
+        ops = [rpc.RequestOp(request_range=rpc.RangeRequest(key=k.encode())) for k in keys]
+        resp = await self._call(self._kv.Txn, rpc.TxnRequest(success=ops))
+        return [Seen(k, _entry(r.response_range.kvs[0]) if r.response_range.kvs else None)
+                for k, r in zip(keys, resp.responses, strict=True)]
 
     async def list_prefix(
         self, prefix: str, start_after: str = "", limit: int = 0

@@ -8,6 +8,7 @@ import pytest
 
 from holdfast.coordinator import fencing
 from holdfast.coordinator.store import (
+    MAX_TXN_OPS,
     Put,
     Store,
     StoreUnavailable,
@@ -66,6 +67,24 @@ async def test_32_racing_compare_and_swaps_one_wins(etcd: EtcdServer, prefix: st
         race = [store.txn(same, [Put(key, str(i).encode())]) for i in range(32)]
         results = await asyncio.gather(*race)
         assert sum(ok for ok, _ in results) == 1
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_read_all_is_each_key_as_read_alone_in_one_round_trip(etcd: EtcdServer, prefix: str) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        keys = [store.key("read-all", name) for name in ("b", "absent", "a")]
+        await store.txn([], [Put(keys[0], b"B"), Put(keys[2], b"A")])
+        await store.txn([], [Put(keys[0], b"B2")])  # a second revision of one key
+        together = await store.read_all(keys)
+        alone = [await store.read(key) for key in keys]
+        assert together == alone  # same order, same entries (values and mod revisions), absent as None
+        assert [s.entry.value if s.entry else None for s in together] == [b"B2", None, b"A"]
+        assert await store.read_all([]) == []
+        with pytest.raises(ValueError, match="at most"):
+            await store.read_all([keys[0]] * (MAX_TXN_OPS + 1))
     finally:
         await store.close()
 

@@ -121,6 +121,34 @@ async def test_grant_loses_to_a_change_of_any_key_it_read(
         await p.close()
 
 
+@run_async
+async def test_an_operation_granted_meanwhile_is_replayed_not_granted_twice(
+        etcd: EtcdServer, prefix: str) -> None:
+    """The grant compares this operation's replay key, read absent, with the record. When the same
+    operation is granted on another replica between the reads and the transaction (a retry racing
+    its first try), the transaction loses, and the re-read finds the replay: the caller gets that
+    grant, at the same fence with the same secret — one grant, not a refusal and not a second."""
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-replay-race"
+        operation = secrets.token_hex(16)
+        await register(p.other, HOST)
+        elsewhere: list[pb.AcquireResponse] = []
+
+        async def same_operation_on_the_other_replica() -> None:
+            elsewhere.append(await acquire(p.other, p.ctx, sid, HOST, operation_id=operation))
+
+        p.store.arm(writes(session_key(p, sid)), same_operation_on_the_other_replica)
+        got = await acquire(p.victim, p.ctx, sid, HOST, operation_id=operation)
+        assert [e.grant.fence for e in elsewhere] == [1]
+        assert got.grant.fence == 1 and got.grant.secret == elsewhere[0].grant.secret
+        record = await record_of(p.other, sid)
+        assert record is not None and record.lease.fence == 1
+        await first_write_lost(p, sid)
+    finally:
+        await p.close()
+
+
 # --- transitions without an agent: release of a reservation, handoff request, archive, recover-host
 @run_async
 async def test_release_handoff_and_archive_lose_to_a_change_of_the_record(
