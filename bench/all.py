@@ -1,7 +1,11 @@
 """Every headline figure of docs/benchmarks.md in one run, each held against a floor measured in the
 same run on the same machine (absolute times on a shared machine move; the ratio to the floor
 measured beside it does not). Prints one table, or `--json`; asserts nothing, never fails on a
-missed goal. Run: bench/all [--runs N] [--json]
+missed goal. Run: bench/all [--runs N] [--json] [--quick]
+
+With the scale figures (skipped by --quick), each scale bench runs in its own process with its own
+stack: bench_scale.py (100,000 records), bench_takeover_load.py (1,000 owners), bench_hosts.py (50
+simulated hosts), and each figure is held against the same measure at small scale.
 
 Floors (docs/benchmarks.md, *Floors*): an etcd write (one put, fsync on, data on disk), a gRPC unary
 (grpc.health.v1 Check on an agent), a fork/exec of `sh -c true`, an interpreter that imports grpc
@@ -38,6 +42,10 @@ from holdfast.v1 import coordinator_pb2_grpc
 
 LIST_RECORDS = 10_000
 PAGE = 500
+SCALE_RECORDS = 100_000
+RSS_GOAL_MB = 200
+BENCH = Path(__file__).resolve().parent
+MET = {True: "yes", False: "**no**", None: "-"}
 
 
 @dataclass
@@ -47,7 +55,7 @@ class Figure:
     unit: str
     floor_name: str
     floor: float
-    goal_ratio: float
+    goal_ratio: float | None  # None: measured and shown, with no goal set for it
     higher_is_better: bool = False
 
     @property
@@ -56,10 +64,14 @@ class Figure:
 
     @property
     def goal(self) -> str:
+        if self.goal_ratio is None:
+            return "-"
         return f"{'>=' if self.higher_is_better else '<='} {self.goal_ratio:g}x"
 
     @property
-    def met(self) -> bool:
+    def met(self) -> bool | None:
+        if self.goal_ratio is None:
+            return None
         return self.ratio >= self.goal_ratio if self.higher_is_better else self.ratio <= self.goal_ratio
 
 
@@ -201,6 +213,37 @@ def measure(runs: int) -> tuple[dict[str, float], list[Figure]]:
     return floors, figures
 
 
+def run_bench(script: str, *args: str) -> dict[str, float]:
+    """One of the scale benches, in its own process (each starts its own etcd, coordinator and
+    simulated hosts), read back from its --json."""
+    progress(f"{script} {' '.join(args)}")
+    done = subprocess.run([sys.executable, str(BENCH / script), *args, "--json"], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout)
+
+
+def scale_figures() -> list[Figure]:
+    """The scale goals of issue 16, each against the same measure at small scale (or the goal)."""
+    scale = run_bench("bench_scale.py", "--records", str(SCALE_RECORDS))
+    load = run_bench("bench_takeover_load.py", "--owners", "1000", "--samples", "10")
+    hosts = run_bench("bench_hosts.py", "--hosts", "50")
+    records = f"{SCALE_RECORDS:,} records"
+    return [
+        Figure(f"Acquire p50 at {records}", scale["acquire_p50_ms_at_n"], "ms", "the same at 10 records",
+               scale["acquire_p50_ms_at_10"], 1.2),
+        Figure(f"coordinator RSS after listing {records}", scale["rss_mb_large"], "MB", "the goal itself",
+               RSS_GOAL_MB, 1),
+        Figure("WatchSessions p99 until 100 watchers of one session have a change", scale["watch_p99_ms_100"],
+               "ms", "the same for 1 watcher", scale["watch_p99_ms_1"], 10),
+        Figure("takeover p50, 1,000 live owners on the owner's host", load["takeover_p50_ms_crowded"], "ms",
+               "the same with 1 live owner", load["takeover_p50_ms_alone"], 1.2),
+        Figure("ProbeSession p50 of a live owner among 999 on its host", load["probe_p50_ms_crowded"], "ms",
+               "the same with 1 live owner", load["probe_p50_ms_alone"], None),
+        Figure("cycle p50 visiting each of 50 hosts in turn", hosts["cycle_p50_ms_every_host"], "ms",
+               "the same on one host", hosts["cycle_p50_ms_one_host"], None),
+    ]
+
+
 def table(floors: dict[str, float], figures: list[Figure]) -> str:
     lines = ["| floor | measured |", "|---|---|"]
     lines += [f"| {name} | {value:.2f} {'/s' if name.endswith('/s') or '/s,' in name else 'ms'} |"
@@ -208,7 +251,7 @@ def table(floors: dict[str, float], figures: list[Figure]) -> str:
     lines += ["", "| figure | value | floor | floor value | ratio | goal | met |",
               "|---|---|---|---|---|---|---|"]
     lines += [f"| {f.figure} | {f.value:.2f} {f.unit} | {f.floor_name} | {f.floor:.2f} {f.unit} | "
-              f"{f.ratio:.2f}x | {f.goal} | {'yes' if f.met else '**no**'} |" for f in figures]
+              f"{f.ratio:.2f}x | {f.goal} | {MET[f.met]} |" for f in figures]
     return "\n".join(lines)
 
 
@@ -216,9 +259,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="takeovers and handoffs to measure (default 15)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    parser.add_argument("--quick", action="store_true",
+                        help="skip the scale figures (100,000 records, 1,000 owners, 50 hosts)")
     args = parser.parse_args()
     started = time.monotonic()
     floors, figures = measure(args.runs)
+    if not args.quick:
+        figures += scale_figures()
     if args.json:
         rows = [{**asdict(f), "ratio": f.ratio, "goal": f.goal, "met": f.met} for f in figures]
         print(json.dumps({"floors": floors, "seconds": round(time.monotonic() - started, 1), "figures": rows},

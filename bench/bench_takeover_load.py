@@ -3,13 +3,14 @@ of the owner host's processes (part of every proof that a tree is gone) costs as
 A waiting Acquire from the second host is answered when the owner's carrier exits; measured from
 the exit (the carrier's stdin closed) to the grant. Beside it, ProbeSession of a live owner, which
 reads no process list, alone and in the crowd. Prints numbers; asserts nothing.
-Run as root: .venv/bin/python bench/bench_takeover_load.py [--owners N] [--samples K]
+Run as root: .venv/bin/python bench/bench_takeover_load.py [--owners N] [--samples K] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import secrets
 import shutil
 import statistics
@@ -74,35 +75,41 @@ async def probe_p50(address: str, session: str, calls: int = 100) -> float:
 
 
 async def measure(address: str, owner_host: SimulatedHost, taker: SimulatedHost, owners: int,
-                  samples: int) -> None:
+                  samples: int) -> dict[str, float]:
+    out: dict[str, float] = {"owners": owners}
     alone = await takeovers(address, owner_host, taker, "alone", samples)
-    print(f"takeover with 1 live owner on its host: p50 {statistics.median(alone):.2f} ms", flush=True)
+    out["takeover_p50_ms_alone"] = statistics.median(alone)
+    progress(f"takeover with 1 live owner on its host: p50 {out['takeover_p50_ms_alone']:.2f} ms")
     started = time.perf_counter()
     async with grpc.aio.insecure_channel(address) as channel:
         coord = coordinator_pb2_grpc.CoordinatorStub(channel)
         first = await own(coord, owner_host, "load-filler-00000")
-        probe_alone = await probe_p50(address, "load-filler-00000")
-        print(f"ProbeSession of a live owner, 1 live owner on its host: p50 {probe_alone:.2f} ms", flush=True)
+        out["probe_p50_ms_alone"] = await probe_p50(address, "load-filler-00000")
         fillers = [first]
         fillers += [await own(coord, owner_host, f"load-filler-{i:05d}") for i in range(1, owners - 1)]
     try:
-        print(f"{len(fillers)} more live owners committed on {owner_host.host_id} in "
-              f"{time.perf_counter() - started:.1f} s", flush=True)
-        probe_crowd = await probe_p50(address, "load-filler-00000")
-        print(f"ProbeSession of a live owner, {owners - 1} live owners on its host: p50 {probe_crowd:.2f} ms "
-              f"({probe_crowd / probe_alone:.2f}x)", flush=True)
+        progress(f"{len(fillers)} more live owners committed on {owner_host.host_id} in "
+                 f"{time.perf_counter() - started:.1f} s")
+        out["probe_p50_ms_crowded"] = await probe_p50(address, "load-filler-00000")
+        out["probe_ratio"] = out["probe_p50_ms_crowded"] / out["probe_p50_ms_alone"]
         crowded = await takeovers(address, owner_host, taker, "crowded", samples)
-        print(f"takeover with {owners} live owners on its host: p50 {statistics.median(crowded):.2f} ms "
-              f"({statistics.median(crowded) / statistics.median(alone):.2f}x)")
+        out["takeover_p50_ms_crowded"] = statistics.median(crowded)
+        out["takeover_ratio"] = out["takeover_p50_ms_crowded"] / out["takeover_p50_ms_alone"]
     finally:
         for child in fillers:
             await end_owner(child)
+    return out
+
+
+def progress(message: str) -> None:
+    print(f"[bench_takeover_load {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--owners", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="holdfast-bench-load-"))
     etcd = EtcdServer(root / "etcd", fast_election=True).start()
@@ -115,7 +122,7 @@ def main() -> None:
                                root / "coord.json")
         for host in hosts:
             register_host(address, host)
-        asyncio.run(measure(address, hosts[0], hosts[1], args.owners, args.samples))
+        out = asyncio.run(measure(address, hosts[0], hosts[1], args.owners, args.samples))
     finally:
         for host in hosts:
             host.stop()
@@ -124,6 +131,14 @@ def main() -> None:
             coord.wait(20)
         etcd.stop()
         shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"takeover with 1 live owner on its host: p50 {out['takeover_p50_ms_alone']:.2f} ms")
+    print(f"ProbeSession of a live owner, alone: p50 {out['probe_p50_ms_alone']:.2f} ms; "
+          f"among {args.owners - 1}: p50 {out['probe_p50_ms_crowded']:.2f} ms ({out['probe_ratio']:.2f}x)")
+    print(f"takeover with {args.owners} live owners on its host: p50 {out['takeover_p50_ms_crowded']:.2f} ms "
+          f"({out['takeover_ratio']:.2f}x)")
 
 
 if __name__ == "__main__":
