@@ -30,6 +30,15 @@ from holdfast.v1 import coordinator_pb2 as pb
 CYCLES_PER_CLIENT = 20
 
 
+def report(out: dict[str, float | int], as_json: bool) -> None:
+    """A scale bench's numbers: one JSON object (what bench/all reads), or one `name: value` a line."""
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    for name, value in out.items():
+        print(f"{name}: {value:.2f}" if isinstance(value, float) else f"{name}: {value}")
+
+
 def start(argv: list[str], ready: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "holdfast.cli", *argv, "--ready-file", str(ready)],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import secrets
 import shutil
@@ -27,7 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_coordinator import end_owner, spawn_owner, start
+from bench_coordinator import end_owner, report, spawn_owner, start
 from bench_coordinator_list import rss_mb
 
 from holdfast.localstack.etcd_server import EtcdServer
@@ -139,11 +138,7 @@ def main() -> None:
         coord.wait(20)
         etcd.stop()
         shutil.rmtree(root, ignore_errors=True)
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for name, value in out.items():
-        print(f"{name}: {value:.2f}" if isinstance(value, float) else f"{name}: {value}")
+    report(out, args.json)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import secrets
 import signal
@@ -23,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_coordinator import start
+from bench_coordinator import report, start
 from bench_coordinator_list import populate, rss_mb
 
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store
@@ -185,11 +184,7 @@ def main() -> None:
             os.kill(coord.pid, signal.SIGTERM)
             coord.wait(20)
             etcd.stop()
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for name, value in out.items():
-        print(f"{name}: {value:.2f}" if isinstance(value, float) else f"{name}: {value}")
+    report(out, args.json)
 
 
 if __name__ == "__main__":

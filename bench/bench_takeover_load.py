@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import secrets
 import shutil
 import statistics
@@ -23,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_coordinator import end_owner, register_host, spawn_owner, start
+from bench_coordinator import end_owner, register_host, report, spawn_owner, start
 
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.localstack.simhost import SimulatedHost
@@ -60,6 +59,10 @@ async def takeovers(address: str, owner_host: SimulatedHost, taker: SimulatedHos
             await waiting
             out.append((time.perf_counter() - t) * 1000)
     return out
+
+
+def progress(message: str) -> None:
+    print(f"[bench_takeover_load {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 async def probe_p50(address: str, session: str, calls: int = 100) -> float:
@@ -101,10 +104,6 @@ async def measure(address: str, owner_host: SimulatedHost, taker: SimulatedHost,
     return out
 
 
-def progress(message: str) -> None:
-    print(f"[bench_takeover_load {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--owners", type=int, default=1000)
@@ -132,7 +131,7 @@ def main() -> None:
         etcd.stop()
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
-        print(json.dumps(out, indent=2))
+        report(out, as_json=True)
         return
     print(f"takeover with 1 live owner on its host: p50 {out['takeover_p50_ms_alone']:.2f} ms")
     print(f"ProbeSession of a live owner, alone: p50 {out['probe_p50_ms_alone']:.2f} ms; "
