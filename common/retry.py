@@ -29,7 +29,7 @@ async def retrying(call: Callable[[], Awaitable[T]], retryable: Callable[[BaseEx
         try:
             return await call()
         except Exception as exc:
-            out_of_tries = attempts and tried >= attempts
+            out_of_tries = attempts > 0 and tried >= attempts
             if out_of_tries or not retryable(exc) or time.monotonic() - started >= budget_s:
                 raise
         await asyncio.sleep(wait)
