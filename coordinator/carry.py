@@ -20,10 +20,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from google.protobuf import json_format
-
 from holdfast.common import identifiers
-from holdfast.coordinator import fencing, records
+from holdfast.coordinator import fencing, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Put, Seen, Store, unchanged
@@ -69,7 +67,7 @@ def budget_value(used: int) -> bytes:
 
 
 def decode_manifest(seen: Seen) -> pb.CarryManifest | None:
-    return json_format.Parse(seen.entry.value, pb.CarryManifest()) if seen.entry is not None else None
+    return protojson.parse(seen.entry.value, pb.CarryManifest) if seen.entry is not None else None
 
 
 def check_manifest_shape(manifest: pb.CarryManifest, reservation: Reservation) -> None:

@@ -18,7 +18,7 @@ import grpc
 
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
-from holdfast.coordinator import adjudication, fencing, lifecycle_rules, records, registry
+from holdfast.coordinator import adjudication, fencing, lifecycle_rules, protojson, records, registry
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import KILL_WAIT_S, Sessions, now_ms
@@ -96,7 +96,7 @@ class Lifecycle:
         history, _ = await self.store.list_prefix(self.store.key("archive", sid, "history", ""))
         return pb.GetArchivedSessionResponse(
             record=records.decode_record(entry.value),
-            history=[records.json_format.Parse(e.value, pb.HistoryEntry()) for e in history])
+            history=[protojson.parse(e.value, pb.HistoryEntry) for e in history])
 
     async def revived(
         self, session_id: str, provider: str, location: str

@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from holdfast.common.identifiers import InvalidInput
+from holdfast.coordinator import protojson
 from holdfast.v1 import coordinator_pb2 as pb
 
 SCHEMA_VERSION = 1
@@ -42,7 +43,7 @@ def encode(message: Message) -> bytes:
 
 
 def decode_record(raw: bytes) -> pb.SessionRecord:
-    record = json_format.Parse(raw, pb.SessionRecord())
+    record = protojson.parse(raw, pb.SessionRecord)
     if record.schema_version != SCHEMA_VERSION:
         raise ValueError(f"record schema {record.schema_version} is not {SCHEMA_VERSION}")
     owner = record.lease.owner

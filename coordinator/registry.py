@@ -20,7 +20,7 @@ import time
 import grpc
 
 from holdfast.common import identifiers
-from holdfast.coordinator import records
+from holdfast.coordinator import protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, StoreUnavailable, absent
 from holdfast.v1 import coordinator_pb2 as pb
@@ -109,8 +109,8 @@ class Registry:
 
     async def list(self) -> list[pb.HostRegistration]:
         entries, _ = await self.store.list_prefix(self.store.key("hosts", ""))
-        return [records.json_format.Parse(e.value, pb.HostRegistration()) for e in entries]
+        return [protojson.parse(e.value, pb.HostRegistration) for e in entries]
 
 
 def decode(seen: Seen) -> pb.HostRegistration | None:
-    return records.json_format.Parse(seen.entry.value, pb.HostRegistration()) if seen.entry else None
+    return protojson.parse(seen.entry.value, pb.HostRegistration) if seen.entry else None

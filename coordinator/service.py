@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 
 from holdfast.common import identifiers, reasons, tls
-from holdfast.coordinator import adjudication, carry, fencing, lifecycle, metrics, records
+from holdfast.coordinator import adjudication, carry, fencing, lifecycle, metrics, protojson, records
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
@@ -142,7 +142,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             record = self.sessions.decode(entry) if entry is not None else None
             if replay.entry is not None:
                 # This operation was granted already (an earlier try, or the same call racing itself).
-                stored = records.json_format.Parse(replay.entry.value, pb.AcquireResponse())
+                stored = protojson.parse(replay.entry.value, pb.AcquireResponse)
                 if not adjudication.replay_still_valid(stored.grant.fence, record):
                     raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
                 return stored
@@ -412,7 +412,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.GetSessionResponse:
         _, record = await self.sessions.require(request.session_id)
         entries, _ = await self.store.list_prefix(self.store.key("history", record.session_id, ""))
-        history = [records.json_format.Parse(e.value, pb.HistoryEntry()) for e in entries]
+        history = [protojson.parse(e.value, pb.HistoryEntry) for e in entries]
         return pb.GetSessionResponse(record=record, history=history)
 
     @_handler
