@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from google.protobuf import any_pb2
@@ -44,23 +44,27 @@ class InvalidRequest(ValueError):
     pass
 
 
-def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None) -> Scan:
+def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, born_since: int = 0) -> Scan:
     """One stable scan, timed and counted for the metrics endpoint."""
     started = time.monotonic()
-    result = scan_.scan(variable, token)
+    result = scan_.scan(variable, token, born_since=born_since)
     metrics.observe_scan(result, time.monotonic() - started)
     return result
 
 
-async def scan_off_loop(variable: bytes, token: bytes | frozenset[bytes] | None = None) -> Scan:
+async def scan_off_loop(variable: bytes, token: bytes | frozenset[bytes] | None = None,
+                        born_since: int = 0) -> Scan:
     # A scan reads every process, several passes on a busy host: never on the event loop, which
     # also carries the exit watches and every other call.
-    return await asyncio.to_thread(scan, variable, token)
+    return await asyncio.to_thread(scan, variable, token, born_since)
 
 
-def tokens_of(owners: Iterable[agent_pb2.ProcessIdentity]) -> frozenset[bytes]:
-    """The tokens a tree check of these owners looks for (others' churn then settles a pass)."""
-    return frozenset(o.spawn_token.encode() for o in owners if o.spawn_token)
+async def scan_trees(variable: bytes, owners: Sequence[agent_pb2.ProcessIdentity]) -> Scan:
+    """The scan a tree check of these owners needs: their tokens only (others' churn then settles
+    a pass), and no environ of a process older than every one of their roots (proc/scan.py)."""
+    tokens = frozenset(o.spawn_token.encode() for o in owners if o.spawn_token)
+    born_since = min((o.start_ticks for o in owners), default=0)  # 0, an unknown start: read all
+    return await scan_off_loop(variable, tokens, born_since)
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
@@ -291,7 +295,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         unproven = [(o, r) for o, r in zip(request.owners, results, strict=True)
                     if r.outcome != P.IDENTITY_MATCHED]
         if request.check_tree and unproven:
-            tree = await scan_off_loop(self.variable, tokens_of(o for o, _ in unproven))
+            tree = await scan_trees(self.variable, [o for o, _ in unproven])
             for owner, result in unproven:
                 self.judge_tree(owner, tree, result)
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
@@ -341,7 +345,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            tree = await scan_off_loop(self.variable, tokens_of([owner]))
+            tree = await scan_trees(self.variable, [owner])
             return agent_pb2.KillOwnerResponse(result=self.probe(owner, tree))
         watch = self.watcher.watch(owner)
         sent = await asyncio.to_thread(kill_tree, owner, self.variable, matched, self.cgroups)
@@ -352,7 +356,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
         deadline = time.monotonic() + (request.wait_seconds or 5.0)
         while True:
-            result = self.probe(owner, await scan_off_loop(self.variable, tokens_of([owner])))
+            result = self.probe(owner, await scan_trees(self.variable, [owner]))
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

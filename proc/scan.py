@@ -9,6 +9,14 @@ unchanged since the pass before (same start ticks, and then it carried nothing: 
 process read as a non-carrier). Passes repeat until one is settled, within a bound of passes and
 time; past it the scan is not complete, and a caller may claim nothing from it. A process whose
 environ may not be read (EACCES/EPERM/EIO) is counted unreadable: never "carries nothing".
+
+A scan for trees whose roots started at or after some tick (`born_since`) does not read the
+environ of a process that started earlier, and takes it as carrying nothing. A descendant is born
+after its root, so an older process is never of the tree: it could carry the token only by being
+handed it (then re-exec'ing with it, or writing it into its memory), and a process a tree recruits
+that way could as well drop the token. That is outside what the token proves either way (docs/
+design.md §2: the tree is the root's descendants), and on a full node it was most of a proof's
+cost: a takeover among 1,000 live owners read 1,000 environs twice.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ class Scan:
     stable: bool = False  # the last pass was settled: every listed pid accounted for
     passes: int = 0
     scanned: int = 0
+    older: int = 0  # started before `born_since`: environ not read
     unreadable: int = 0
     carriers: list[Carrier] = field(default_factory=list)
     # Start ticks of each unreadable process, None where its stat could not be read either.
@@ -109,7 +118,7 @@ def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:
 
 
 def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], listed_at: int,
-              before: _Seen) -> tuple[Scan, _Seen]:
+              before: _Seen, born_since: int) -> tuple[Scan, _Seen]:
     result = Scan(enumerable=True)
     listed = set(entries)
     seen: _Seen = {}
@@ -135,6 +144,10 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
         if stat.start_ticks > listed_at + _TICK_SLACK:
             # Born after the listing: the listed process is gone and its pid taken by another.
             unsettled += 1
+            continue
+        if stat.start_ticks < born_since:
+            seen[pid] = (stat.start_ticks, None)  # older than every root looked for: see above
+            result.older += 1
             continue
         try:
             block = read_environ(entry, proc)
@@ -187,10 +200,12 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
 
 
 def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
-         max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS) -> Scan:
+         max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0) -> Scan:
     """Carriers of `variable` (only those whose value is `token`, or one of a set, when given),
     roots marked, from the first settled pass; or the last pass, not stable, when none settled
-    within the bounds. Naming the tokens wanted lets another session's churn settle a pass."""
+    within the bounds. Naming the tokens wanted lets another session's churn settle a pass;
+    `born_since` (the earliest start ticks of the roots whose tokens are wanted; 0: none known)
+    spares the environ reads of every older process."""
     wanted: Wanted = frozenset((token,)) if isinstance(token, bytes) else token
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
@@ -202,7 +217,7 @@ def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: s
         except OSError:
             return Scan(enumerable=False, passes=passes)
         passes += 1
-        result, before = _one_pass(variable, wanted, proc, entries, listed_at, before)
+        result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since)
         result.passes = passes
         if result.stable or passes >= max_passes or time.monotonic() >= deadline:
             return result

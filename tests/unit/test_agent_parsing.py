@@ -180,3 +180,20 @@ def test_a_process_started_without_environ_is_known_to_carry_nothing(tmp_path: P
     assert scan(V, b"t1", proc=str(tmp_path)).passes == 1
     fake_proc(tmp_path, 31, 1, b"", env_at=(0, 0))
     assert not scan(V, b"t1", proc=str(tmp_path), max_passes=3).stable
+
+
+def test_a_tree_scan_reads_no_process_older_than_its_roots(tmp_path: Path) -> None:
+    """A process that started before every root looked for cannot be a descendant: its environ is
+    not read (unreadable, it leaves the scan complete) and it is never reported; one started in
+    the root's tick or later is read as before."""
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0", start_ticks=10)
+    fake_proc(tmp_path, 20, 1, b"HOLDFAST_SPAWN_TOKEN=t1\0", start_ticks=299)  # older, handed the token
+    fake_proc(tmp_path, 21, 1, None, start_ticks=100)                          # older, unreadable
+    fake_proc(tmp_path, 30, 1, b"HOLDFAST_SPAWN_TOKEN=t1\0", start_ticks=300)  # the root, same tick
+    fake_proc(tmp_path, 31, 30, b"HOLDFAST_SPAWN_TOKEN=t1\0", start_ticks=450)
+    fake_proc(tmp_path, 40, 1, b"HOLDFAST_SPAWN_TOKEN=t1\0", start_ticks=500)  # started beside it
+    tree = scan(V, b"t1", proc=str(tmp_path), born_since=300)
+    assert sorted(c.pid for c in tree.carriers) == [30, 31, 40]
+    assert tree.complete and tree.older == 3 and tree.scanned == 3
+    everything = scan(V, b"t1", proc=str(tmp_path))
+    assert sorted(c.pid for c in everything.carriers) == [20, 30, 31, 40] and not everything.complete
