@@ -165,3 +165,32 @@ def test_a_tree_whose_run_and_root_died_is_not_granted_away(cluster: Cluster, sh
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):
             tree.end()
+
+
+def test_a_carrier_an_older_process_starts_for_the_tree_keeps_its_session(cluster: Cluster,
+                                                                          shared: Path) -> None:
+    """A tree scan reads no environ of a process older than the tree's root (proc/scan.py). A
+    process that an older one starts *for* the tree — outside its cgroup, like a `systemd-run
+    --user` — is younger than the root, is read, and keeps the session held once the root is gone."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = f"hostile-recruit-{secrets.token_hex(4)}"
+    requests, started, go = shared / "requests", shared / "started", shared / "go"
+    for fifo in (requests, started, go):
+        os.mkfifo(fifo, 0o666)
+    # Older than the session: starts a carrier of whatever token the tree hands it.
+    script = f'read tok < "{requests}"; {VAR}="$tok" sleep 600 & echo up > "{started}"; wait'
+    helper = a.spawn(["sh", "-c", script], start_new_session=True)
+    try:
+        owner = cluster.run(a, sid, cmd=["sh", "-c", f'echo "${VAR}" > "{requests}"; read x < "{go}"'])
+        assert started.read_text().strip() == "up"  # blocks until the helper has started the carrier
+        os.kill(owner.run_pid, 9)  # its `run` dies, so nothing ends the tree but the takeover's proof
+        owner.wait(30)
+        go.write_text("end\n")     # the tree's root exits: its cgroup is empty, its carrier lives on
+        waited = cluster.run(b, sid, "--wait", "3", cmd=["true"])
+        assert waited.wait(60) == 75, waited.err()
+        assert "carry the token" in waited.err()
+        lease = cluster.record(sid).record.lease
+        assert lease.fence == 1 and lease.claim_status == pb.LIVE  # a refusal wrote nothing
+    finally:
+        os.killpg(helper.pid, 9)
+        helper.wait(10)
