@@ -12,11 +12,11 @@ import asyncio
 import json
 import sys
 
-from holdfast.common import config
+from holdfast.common import config, spawn_tokens
 from holdfast.common.config import Setting
 from holdfast.common.reasons import EX_NOPERM
 
-DEFAULT_SPAWN_TOKEN_ENV = "HOLDFAST_SPAWN_TOKEN"
+DEFAULT_SPAWN_TOKEN_ENV = spawn_tokens.DEFAULT_VARIABLE
 EX_USAGE = 2
 TABLE = "agent"
 
@@ -40,7 +40,7 @@ SERVE_SETTINGS = [
     Setting("listen", "HOLDFAST_AGENT_LISTEN", config.address,
             "host:port, e.g. 127.0.0.1:7601 (port 0 picks one)", required=True),
     Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "this host's id (the node name)", required=True),
-    Setting("spawn_token_env", "HOLDFAST_SPAWN_TOKEN_ENV", config.env_name,
+    Setting("spawn_token_env", spawn_tokens.VARIABLE_ENV, config.env_name,
             "environment variable that carries spawn tokens", default=DEFAULT_SPAWN_TOKEN_ENV),
     COORDINATOR,
     REGISTRATION_TTL,

@@ -17,12 +17,20 @@ from pathlib import Path
 import grpc
 
 from holdfast.common import identifiers, reasons, tls
-from holdfast.coordinator import adjudication, carry, fencing, lifecycle, metrics, protojson, records
+from holdfast.coordinator import (
+    adjudication,
+    attestation,
+    carry,
+    fencing,
+    lifecycle,
+    metrics,
+    protojson,
+    records,
+)
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import Registry
-from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.replays import ReplayLease
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
@@ -123,6 +131,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise identifiers.InvalidInput("expected fence out of range")
         if not 0 <= request.wait_seconds <= 3600:
             raise identifiers.InvalidInput("wait_seconds must be in 0..3600")
+        gate_token = attestation.check_gate(request.gate) if request.HasField("gate") else ""
+        attested: attestation.Attested | None = None
         ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
         ops_key = self.store.key("ops", sid, ohash)
         ask = AcquireAsk(
@@ -147,6 +157,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
                 return stored
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
+            if gate_token and attested is None and verdict.action in (Action.GRANT, Action.PROBE):
+                # Before anything is decided, written or signalled: a gate that cannot be attested
+                # refuses here with nothing done, never after a force-pending write or a kill.
+                attested = await self._attest_gate(request, gate_token, record, gate_reads)
             reads: list[Seen] = [replay]
             if verdict.action is Action.PROBE and record is not None:
                 if request.force:
@@ -177,7 +191,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 # Decided on the record as read: a release landing after this read is the next call's.
                 raise CoordinatorError("RELEASE_PENDING", f"the owner at fence {record.lease.fence} has "
                                        f"ended ({verdict.detail}) but has not released; nothing was granted")
-            response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads)
+            response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads,
+                                         gate_token, attested)
             if response is not None:
                 if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
                     metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - started)
@@ -185,6 +200,19 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if held is not None:
             raise CoordinatorError(held.reason.value, held.detail)
         raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
+
+    async def _attest_gate(self, request: pb.AcquireRequest, token: str, record: pb.SessionRecord | None,
+                           gate_reads: list[Seen]) -> attestation.Attested | None:
+        """The caller's gate attested by its host's agent, in a session cgroup named for the fence
+        the grant would have now; None when the gate's token is not under the variable that host's
+        agent reads (the grant is then a reservation, committed by CommitOwner as before)."""
+        host, _ = lifecycle.judge_grant_gates(request.host_id, gate_reads)
+        if host.spawn_token_env != request.gate.spawn_token_env:
+            return None
+        fence = fencing.next_fence(record.lease.fence, record.lease.minimum_next_fence) if record else 1
+        return await attestation.attest(self.router, request.host_id, gate_reads[0], token,
+                                        host.spawn_token_env, request.gate.pid_hint, request.session_id,
+                                        fence)
 
     async def _grant(
         self,
@@ -195,10 +223,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         ops_key: str,
         gate_reads: list[Seen],
         reads: Sequence[Seen] = (),
+        gate_token: str = "",
+        attested: attestation.Attested | None = None,
     ) -> pb.AcquireResponse | None:
         """The grant transaction, comparing the record, what the verdict read (the owner host's
         registration when probed), the grant's gates and, for an id with no record, the archive
-        record and floor its first fence came from. None when it lost a race."""
+        record and floor its first fence came from. With an attested gate whose registration is
+        still the one read, the gate is the owner in the same transaction (commit at grant); else
+        the grant is a reservation. None when it lost a race."""
         host, gates = lifecycle.judge_grant_gates(request.host_id, gate_reads)
         reads = [*reads, *gates]
         if record is None:
@@ -206,7 +238,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                                           request.location)
             reads += floors
         old = record.lease
-        secret, token, at = fencing.mint_secret(), fencing.mint_spawn_token(), now_ms()
+        secret, at = fencing.mint_secret(), now_ms()
+        # A gate's token is its own (its run minted the secret it derives from); else a fresh one.
+        token = gate_token or fencing.mint_spawn_token()
         lease = pb.Lease(
             fence=fencing.next_fence(old.fence, old.minimum_next_fence),
             minimum_next_fence=old.minimum_next_fence,
@@ -222,6 +256,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             last_proven_alive_at_unix_ms=old.last_proven_alive_at_unix_ms,
         )
         lease.death_evidence.CopyFrom(verdict.evidence or old.death_evidence)
+        detail = verdict.reason.value
+        if attested is not None and attested.current(gates[0]):
+            attestation.commit(lease, attested.identity, at)
+            detail += f"; committed pid {attested.identity.pid} on {attested.identity.host_id}"
         record.lease.CopyFrom(lease)
         grant = pb.Grant(
             session_id=record.session_id,
@@ -236,8 +274,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         replay_lease = await self.replays.current()
         stored = Put(ops_key, records.encode(response), replay_lease)
         try:
-            ok = await self.sessions.transition(entry, record, "grant", verdict.reason.value, (stored,),
-                                                reads)
+            ok = await self.sessions.transition(entry, record, "grant", detail, (stored,), reads)
         except grpc.aio.AioRpcError as exc:
             if not self.replays.lost(exc, replay_lease):
                 raise
@@ -281,20 +318,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise CoordinatorError("STALE_FENCE", "this grant is no longer a reservation")
         # The attestation is the reserved host's registered agent's: compared, so an agent that
         # re-registered meanwhile (another incarnation, another token variable) makes it retry.
-        registration = await self.registry.seen(lease.reserved_host_id)
-        identity = await self.router.attest(
-            lease.reserved_host_id, decode_registration(registration), lease.reserved_spawn_token,
-            request.pid_hint, record.session_id, lease.fence)
-        if isinstance(identity, str):
-            raise CoordinatorError("ATTESTATION_FAILED", identity)
-        if (identity.spawn_token != lease.reserved_spawn_token or identity.host_id != lease.reserved_host_id
-                or identity.spawn_token_env != lease.spawn_token_env):
-            raise CoordinatorError("ATTESTATION_FAILED", "the attested identity is not the reserved token's")
-        lease.owner.CopyFrom(identity)
-        lease.claim_status = pb.LIVE if lease.live_on_commit else pb.COMMITTED
-        lease.owner_since_unix_ms = lease.last_proven_alive_at_unix_ms = now_ms()
+        attested = await attestation.attest(
+            self.router, lease.reserved_host_id, await self.registry.seen(lease.reserved_host_id),
+            lease.reserved_spawn_token, lease.spawn_token_env, request.pid_hint, record.session_id,
+            lease.fence)
+        identity = attested.identity
+        attestation.commit(lease, identity, now_ms())
         committed = f"pid {identity.pid} on {identity.host_id}"
-        if not await self.sessions.transition(entry, record, "commit", committed, reads=[registration]):
+        if not await self.sessions.transition(entry, record, "commit", committed,
+                                              reads=[attested.registration]):
             raise CoordinatorError("STALE_FENCE", "the record changed during commit")
         return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 

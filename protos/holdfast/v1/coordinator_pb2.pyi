@@ -147,7 +147,7 @@ class Grant(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., commit_deadline_unix_ms: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("session_id", "provider", "location", "expected_fence", "has_expected_fence", "operation_id", "host_id", "live_on_commit", "wait_seconds", "force", "takeover", "await_release")
+    __slots__ = ("session_id", "provider", "location", "expected_fence", "has_expected_fence", "operation_id", "host_id", "live_on_commit", "wait_seconds", "force", "takeover", "await_release", "gate")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,7 @@ class AcquireRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     TAKEOVER_FIELD_NUMBER: _ClassVar[int]
     AWAIT_RELEASE_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     provider: str
     location: str
@@ -172,7 +173,18 @@ class AcquireRequest(_message.Message):
     force: bool
     takeover: bool
     await_release: bool
-    def __init__(self, session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., expected_fence: _Optional[int] = ..., has_expected_fence: _Optional[bool] = ..., operation_id: _Optional[str] = ..., host_id: _Optional[str] = ..., live_on_commit: _Optional[bool] = ..., wait_seconds: _Optional[float] = ..., force: _Optional[bool] = ..., takeover: _Optional[bool] = ..., await_release: _Optional[bool] = ...) -> None: ...
+    gate: GateSpawn
+    def __init__(self, session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., expected_fence: _Optional[int] = ..., has_expected_fence: _Optional[bool] = ..., operation_id: _Optional[str] = ..., host_id: _Optional[str] = ..., live_on_commit: _Optional[bool] = ..., wait_seconds: _Optional[float] = ..., force: _Optional[bool] = ..., takeover: _Optional[bool] = ..., await_release: _Optional[bool] = ..., gate: _Optional[_Union[GateSpawn, _Mapping]] = ...) -> None: ...
+
+class GateSpawn(_message.Message):
+    __slots__ = ("pid_hint", "token_secret", "spawn_token_env")
+    PID_HINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_SECRET_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TOKEN_ENV_FIELD_NUMBER: _ClassVar[int]
+    pid_hint: int
+    token_secret: str
+    spawn_token_env: str
+    def __init__(self, pid_hint: _Optional[int] = ..., token_secret: _Optional[str] = ..., spawn_token_env: _Optional[str] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("grant", "record")
