@@ -161,11 +161,11 @@ async def until_released(client: Client, session_id: str, timeout: float) -> Non
         await asyncio.wait_for(released(), max(timeout, 0.0))
 
 
-async def obtain(client: Client, spec: RunSpec, operation_id: str,
-                 say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+async def obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = say_stderr,
+                 gate: pb.GateSpawn | None = None) -> tuple[Grant, pb.SessionRecord]:
     """`_obtain`, with a refusal's next step fitted to this run: what it tried, the fence it met."""
     try:
-        return await _obtain(client, spec, operation_id, say)
+        return await _obtain(client, spec, operation_id, say, gate)
     except ClientError as err:
         if err.reason == "HELD":
             err.hint = held_hint(spec)
@@ -175,8 +175,8 @@ async def obtain(client: Client, spec: RunSpec, operation_id: str,
         raise
 
 
-async def _obtain(client: Client, spec: RunSpec, operation_id: str,
-                  say: Say = say_stderr) -> tuple[Grant, pb.SessionRecord]:
+async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = say_stderr,
+                  gate: pb.GateSpawn | None = None) -> tuple[Grant, pb.SessionRecord]:
     """Acquire as the spec says: once; or waiting (`--wait`, the coordinator holds the call on the
     owner's exit); or as a takeover that asks the owner to let go, then — with force — has the
     owner's agent end it. Waiting between calls is on record changes, never on a polling timer."""
@@ -196,7 +196,8 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str,
             return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
                                         location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
                                         takeover=spec.takeover, await_release=bool(spec.carry) and (
-                                            settle_until is None or loop.time() < settle_until))
+                                            settle_until is None or loop.time() < settle_until),
+                                        gate=gate)
         except ClientError as err:
             if not reasons.waitable(err.reason):
                 raise
@@ -216,4 +217,4 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str,
             await client.next_change(spec.session_id, left)
     say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it")
     return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
-                                location=spec.location, takeover=True, force=True)
+                                location=spec.location, takeover=True, force=True, gate=gate)

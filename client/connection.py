@@ -104,12 +104,14 @@ class Client:
     # --- owner calls ---------------------------------------------------------------------
     async def acquire(self, session_id: str, operation_id: str, *, provider: str = "", location: str = "",
                       wait_seconds: float = 0.0, takeover: bool = False, force: bool = False,
-                      live_on_commit: bool = True,
-                      await_release: bool = False) -> tuple[Grant, pb.SessionRecord]:
+                      live_on_commit: bool = True, await_release: bool = False,
+                      gate: pb.GateSpawn | None = None) -> tuple[Grant, pb.SessionRecord]:
+        """The grant, and the record as granted: with `gate`, its owner already that gate when the
+        coordinator could attest it (commit at grant), else a reservation for `commit`."""
         request = pb.AcquireRequest(
             session_id=session_id, provider=provider, location=location, operation_id=operation_id,
             host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,
-            takeover=takeover, force=force, await_release=await_release,
+            takeover=takeover, force=force, await_release=await_release, gate=gate,
         )
         # A replay with the same operation id returns the first grant, so the retry is safe.
         response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)

@@ -6,40 +6,58 @@ token inherited) only when it reads exactly "committed"; any other outcome — `
 pipe because this process died, a stray line — ends it without running CMD. Spawning is
 fork+exec through `subprocess` with `pass_fds` only: no `preexec_fn`, no multiprocessing, so it
 is safe beside gRPC's threads.
+
+A gate spawned before its grant (commit at grant) cannot have CMD's fence in its environment: it
+is given an `env_file`, which `release` writes (mode 0600, created exclusively, values quoted for
+the shell) before the word, and which the gate sources after reading it and before the exec; a
+file that does not source cleanly ends the gate without running CMD.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 
 COMMITTED = b"committed\n"
 
 
-def gate_argv(read_fd: int, argv: Sequence[str]) -> list[str]:
-    """The shell program: read one line from `read_fd`, exec CMD only if it says committed.
+def gate_argv(read_fd: int, argv: Sequence[str], env_file: str | None = None) -> list[str]:
+    """The shell program: read one line from `read_fd`, exec CMD only if it says committed (after
+    sourcing `env_file`, when given: `$1`, shifted off before the exec).
 
     The pipe is read through `/dev/fd/N` because dash (Debian's /bin/sh) parses only one-digit
     descriptors in `<&N`, and a process running gRPC holds fds 3..12 already. So CMD inherits
     that read end, drained and at EOF once the parent closed its write end: harmless.
     """
-    script = f'IFS= read -r go </dev/fd/{read_fd} && [ "$go" = committed ] && exec "$@"'
-    return ["/bin/sh", "-c", script, "holdfast-gate", *argv]
+    committed = f'IFS= read -r go </dev/fd/{read_fd} && [ "$go" = committed ]'
+    if env_file is None:
+        return ["/bin/sh", "-c", f'{committed} && exec "$@"', "holdfast-gate", *argv]
+    return ["/bin/sh", "-c", f'{committed} && . "$1" && shift && exec "$@"', "holdfast-gate", env_file, *argv]
+
+
+def env_file_text(values: Mapping[str, str]) -> str:
+    """`export NAME='value'` lines for the shell to source: every value quoted, whatever it holds."""
+    for name in values:
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ValueError(f"{name!r} is not a shell variable name")
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 
 
 class Gate:
     """One gated child. The write end of its pipe never leaves this process (it is close-on-exec)."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
-                 process_group: int | None = None) -> None:
+                 process_group: int | None = None, env_file: str | None = None) -> None:
         if not argv:
             raise ValueError("a gate needs a command to run")
+        self.env_file = env_file
         read_fd, self._write_fd = os.pipe()  # both non-inheritable; pass_fds opens only the read end
         try:
             self.process = subprocess.Popen(
-                gate_argv(read_fd, argv), env=dict(env), cwd=cwd, pass_fds=(read_fd,),
+                gate_argv(read_fd, argv, env_file), env=dict(env), cwd=cwd, pass_fds=(read_fd,),
                 process_group=process_group, close_fds=True,
             )
         except BaseException:
@@ -52,9 +70,16 @@ class Gate:
     def pid(self) -> int:
         return self.process.pid
 
-    def release(self) -> None:
-        """Let the gate exec CMD. Call only after the commit succeeded."""
+    def release(self, grant_env: Mapping[str, str] | None = None) -> None:
+        """Let the gate exec CMD, with `grant_env` added to its environment (a gate with an env
+        file only). Call only after the commit succeeded."""
         try:
+            if self.env_file is not None:
+                fd = os.open(self.env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(env_file_text(grant_env or {}))
+            elif grant_env:
+                raise ValueError("this gate's environment was fixed at its spawn")
             os.write(self._write_fd, COMMITTED)
         finally:
             self._close()

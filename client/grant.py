@@ -16,6 +16,8 @@ from pathlib import Path
 
 from holdfast.client.errors import ClientError
 
+GRANT_FILE = "grant.json"
+
 
 @dataclass(frozen=True)
 class Grant:
@@ -40,7 +42,7 @@ class Grant:
     def write(self, directory: str, resume: Mapping[str, object] | None = None) -> str:
         """A mode-0600 file the child can read to make fenced writes, and with `resume` what it
         needs to resume the provider's session (`holdfast.client.owner.resume_of`)."""
-        path = os.path.join(directory, "grant.json")
+        path = os.path.join(directory, GRANT_FILE)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({**asdict(self), **({"resume": dict(resume)} if resume is not None else {})}, f)

@@ -1,9 +1,13 @@
-"""Being a session's writer: `Owner.start` acquires, spawns the gate, commits and only then lets CMD
-run; `Owner.supervise` watches the record and ends the whole tree when asked to let go.
+"""Being a session's writer: `Owner.start` spawns the gate, acquires (the grant committing the gate
+as owner), and only then lets CMD run; `Owner.supervise` watches the record and ends the whole tree
+when asked to let go.
 
-Guarantee: CMD runs only after its CommitOwner succeeded — the gate is spawned with the spawn token
-in its environment, the coordinator has the host's agent attest it (and move it into its session
-cgroup), and only then is it released; any failure before that ends the gate unrun. While CMD runs
+Guarantee: CMD runs only after its commit succeeded — the gate is spawned with the spawn token in
+its environment (the hash of a secret only this process holds), the coordinator has the host's
+agent attest it (and move it into its session cgroup) before it decides anything, and writes it
+as the owner in the grant's own transaction; where it could not (another token variable on this
+host, an agent re-registered meanwhile) the grant is a reservation and CommitOwner commits the
+gate, as before. Only then is the gate released; any failure before that ends it unrun. While CMD runs
 the owner watches its record: a requested handoff, a force-pending takeover or a lost fence ends
 the whole tree (SIGTERM, grace, stop, SIGKILL), and Release is sent with the grant once the tree
 is gone.
@@ -26,10 +30,10 @@ from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_s
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import Gate
-from holdfast.client.grant import Grant
+from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.guards import Guard
 from holdfast.client.tree import Tree, end_tree
-from holdfast.common import tls
+from holdfast.common import spawn_tokens, tls
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -56,28 +60,45 @@ def resume_of(record: pb.SessionRecord) -> dict[str, object]:
                                       for link in record.provider_handle_chain]}
 
 
-def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
-                      tls_dir: Path | None = None, record: pb.SessionRecord | None = None,
+def spawn_environment(session_id: str, coordinator: str, token_env: str, token: str, grant_file: str,
+                      base: dict[str, str] | None = None, tls_dir: Path | None = None,
                       guarded: Sequence[str] = ()) -> dict[str, str]:
-    """CMD's environment: its grant, the provider's newest handle to resume, and the guarded stores
-    (one URL a line) whose marker holds its fence (always set, empty when there is none, so a
-    value inherited from an enclosing run never leaks into this one)."""
+    """CMD's environment as far as it is known before the grant: the token, the session, where the
+    grant file will be, the guarded stores (one URL a line). What only the grant tells is set
+    empty, so a value inherited from an enclosing run never leaks into this one."""
     env = dict(os.environ if base is None else base)
     env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
         env[tls.TLS_DIR_ENV] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
     env.update({
-        grant.spawn_token_env: grant.spawn_token,
-        "HOLDFAST_SESSION": grant.session_id,
-        "HOLDFAST_FENCE": str(grant.fence),
-        "HOLDFAST_COORDINATOR": grant.coordinator,
+        token_env: token,
+        "HOLDFAST_SESSION": session_id,
+        "HOLDFAST_COORDINATOR": coordinator,
         "HOLDFAST_GRANT_FILE": grant_file,
+        "HOLDFAST_GUARDS": "\n".join(guarded),
+        **grant_environment(None, None),
+    })
+    return env
+
+
+def grant_environment(grant: Grant | None, record: pb.SessionRecord | None) -> dict[str, str]:
+    """What CMD's environment takes from its grant: the fence, and the provider's newest handle to
+    resume (empty when there is none)."""
+    return {
+        "HOLDFAST_FENCE": str(grant.fence) if grant is not None else "",
         "HOLDFAST_PROVIDER": record.provider if record is not None else "",
         "HOLDFAST_PROVIDER_HANDLE": record.provider_handle_chain[-1].handle
         if record is not None and record.provider_handle_chain else "",
-        "HOLDFAST_GUARDS": "\n".join(guarded),
-    })
-    return env
+    }
+
+
+def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
+                      tls_dir: Path | None = None, record: pb.SessionRecord | None = None,
+                      guarded: Sequence[str] = ()) -> dict[str, str]:
+    """CMD's whole environment, for a gate spawned after its grant (the library's step-by-step use)."""
+    return {**spawn_environment(grant.session_id, grant.coordinator, grant.spawn_token_env, grant.spawn_token,
+                                grant_file, base, tls_dir, guarded),
+            **grant_environment(grant, record)}
 
 
 async def open_guards(urls: list[str]) -> list[Guard]:
@@ -153,28 +174,56 @@ class Owner:
                     guard.close()
 
     @classmethod
+    async def _obtain(cls, client: Client, spec: RunSpec, say: Say,
+                      gate: pb.GateSpawn) -> tuple[Grant, pb.SessionRecord]:
+        if not spec.takeover:
+            return await obtain(client, spec, secrets.token_hex(16), say, gate)
+        operation_id, kept = takeover_operation(spec.session_id, client.host_id)
+        if kept is None:
+            say("the takeover's operation id cannot be kept (no writable state directory): a retry "
+                "from another process would not continue this request")
+        granted = await obtain(client, spec, operation_id, say, gate)
+        if kept is not None:
+            kept.unlink(missing_ok=True)
+        return granted
+
+    @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
                      carried: tuple[list[str], int]) -> Owner:
-        if spec.takeover:
-            operation_id, kept = takeover_operation(spec.session_id, client.host_id)
-            if kept is None:
-                say("the takeover's operation id cannot be kept (no writable state directory): a retry "
-                    "from another process would not continue this request")
-            grant, granted = await obtain(client, spec, operation_id, say)
-            if kept is not None:
-                kept.unlink(missing_ok=True)
-        else:
-            grant, granted = await obtain(client, spec, secrets.token_hex(16), say)
         workdir = grantdir.make()  # mode 0700; a dead run's is removed by the next one
+        grant_file = os.path.join(workdir, GRANT_FILE)
+        secret = spawn_tokens.mint_secret()
+        token, token_env = spawn_tokens.spawn_token_for(secret), spawn_tokens.expected_variable()
+        guarded = [guard.url for guard in guards]
         gate: Gate | None = None
+        grant: Grant | None = None
         try:
-            grant_file = grant.write(workdir, resume_of(granted))
-            env = child_environment(grant, grant_file, tls_dir=client.tls_dir, record=granted,
-                                    guarded=[guard.url for guard in guards])
-            gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0)
-            # The commit has the host's agent attest the gate and move it, still blocked on its
-            # pipe, into a session cgroup of the agent's making: every descendant is born in it.
-            record = await client.commit(grant, gate.pid)
+            # Spawned before the Acquire, still blocked on its pipe, so that the coordinator can have
+            # the host's agent attest it (and move it into a session cgroup of the agent's making:
+            # every descendant is born in it) before deciding, and commit it with the grant.
+            env = spawn_environment(spec.session_id, client.address, token_env, token, grant_file,
+                                    tls_dir=client.tls_dir, guarded=guarded)
+            gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
+            grant, granted = await cls._obtain(client, spec, say, pb.GateSpawn(
+                pid_hint=gate.pid, token_secret=secret, spawn_token_env=token_env))
+            if granted.lease.claim_status in OWNED:
+                if granted.lease.owner.spawn_token != token:
+                    raise ClientError(Reason.STALE_FENCE, f"this takeover's operation was granted at fence "
+                                      f"{grant.fence} to an earlier `run` (its gate, pid "
+                                      f"{granted.lease.owner.pid}); run again", spec.session_id)
+                record = granted
+            else:
+                if (grant.spawn_token, grant.spawn_token_env) != (token, token_env):
+                    # This host's agent reads another variable (or this is an earlier run's grant,
+                    # replayed): a gate with the grant's token, under the agent's variable, instead.
+                    gate.abort()
+                    await asyncio.to_thread(gate.process.wait)
+                    env = spawn_environment(spec.session_id, client.address, grant.spawn_token_env,
+                                            grant.spawn_token, grant_file, tls_dir=client.tls_dir,
+                                            guarded=guarded)
+                    gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
+                record = await client.commit(grant, gate.pid)
+            grant.write(workdir, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
             names, cap = carried
@@ -184,13 +233,14 @@ class Owner:
             if gate is not None:
                 gate.abort()
                 await asyncio.to_thread(gate.process.wait)
-            with contextlib.suppress(ClientError):
-                await client.release(grant)  # a reservation: lets the next caller in at once
+            if grant is not None:
+                with contextlib.suppress(ClientError):
+                    await client.release(grant)  # its gate ended unrun: lets the next caller in at once
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         tree = Tree.of_gate(grant.spawn_token_env, grant.spawn_token, gate.pid)  # before CMD can move
         terminal = hand_terminal(gate.pid)
-        gate.release()
+        gate.release(grant_environment(grant, granted))
         owner = record.lease.owner
         say(f"session {grant.session_id} fence {grant.fence}: running on host {owner.host_id} "
             f"as pid {owner.pid}")

@@ -231,3 +231,28 @@ def test_end_tree_never_signals_a_process_that_is_not_a_member() -> None:
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_gate_spawned_before_its_grant_runs_cmd_with_the_grants_environment(tmp_path: Path) -> None:
+    """A gate spawned before its grant is handed CMD's fence and handle through its env file at
+    release: every value reaches CMD exactly, whatever it holds, and the token stays inherited."""
+    token = secrets.token_hex(16)
+    handed = {"HOLDFAST_FENCE": "7", "HOLDFAST_PROVIDER": "codex",
+              "HOLDFAST_PROVIDER_HANDLE": "it's \"quoted\" $HOME `id` \\ and\na second line"}
+    dump = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+    out = tmp_path / "env.json"
+    gate = Gate([sys.executable, "-c", dump, str(out)], {**os.environ, VAR: token, "HOLDFAST_FENCE": ""},
+                env_file=str(tmp_path / "grant.env"))
+    gate.release(handed)
+    assert gate.process.wait(30) == 0
+    seen = json.loads(out.read_text())
+    assert {name: seen[name] for name in handed} == handed and seen[VAR] == token
+
+
+def test_a_gate_whose_env_file_cannot_be_written_never_runs_cmd(tmp_path: Path) -> None:
+    marker, env_file = tmp_path / "ran", tmp_path / "grant.env"
+    env_file.write_text("export HOLDFAST_FENCE=999\n")  # not this run's: created exclusively, so refused
+    gate = Gate(["touch", str(marker)], dict(os.environ), env_file=str(env_file))
+    with pytest.raises(FileExistsError):
+        gate.release({"HOLDFAST_FENCE": "7"})
+    assert gate.process.wait(30) != 0 and not marker.exists()
