@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from holdfast.common import spawn_tokens
 from holdfast.coordinator.store import Put, Store, absent, mod_equals
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.localstack.simhost import SimulatedHost
@@ -87,8 +88,10 @@ def register_host(coordinator: str, host: SimulatedHost) -> None:
     )
 
 
-async def spawn_owner(host: SimulatedHost, g: pb.Grant) -> tuple[asyncio.subprocess.Process, int]:
-    """A token carrier inside the simulated host that exits when its stdin closes."""
+async def spawn_owner(host: SimulatedHost) -> tuple[asyncio.subprocess.Process, pb.GateSpawn]:
+    """A gate as `run` spawns it before its Acquire: a token carrier inside the simulated host
+    (exits when its stdin closes), and what an Acquire that commits it at its grant carries."""
+    secret = spawn_tokens.mint_secret()
     child = await asyncio.create_subprocess_exec(
         "nsenter",
         "--target",
@@ -101,10 +104,20 @@ async def spawn_owner(host: SimulatedHost, g: pb.Grant) -> tuple[asyncio.subproc
         "echo $$; read x",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env={g.spawn_token_env: g.spawn_token, "PATH": os.environ["PATH"]},
+        env={host.spawn_token_env: spawn_tokens.spawn_token_for(secret), "PATH": os.environ["PATH"]},
     )
     # The carrier prints its pid inside the host: it runs now, and the pid is the attestation hint.
-    return child, int(await child.stdout.readline())  # type: ignore[union-attr]
+    pid = int(await child.stdout.readline())  # type: ignore[union-attr]
+    return child, pb.GateSpawn(pid_hint=pid, token_secret=secret, spawn_token_env=host.spawn_token_env)
+
+
+async def own(coord: coordinator_pb2_grpc.CoordinatorStub, host: SimulatedHost,
+              sid: str) -> tuple[asyncio.subprocess.Process, pb.Grant]:
+    """A live owner of `sid` on `host`: its gate spawned, then committed by its grant."""
+    child, gate = await spawn_owner(host)
+    g = (await coord.Acquire(pb.AcquireRequest(session_id=sid, host_id=host.host_id, live_on_commit=True,
+                                               operation_id=secrets.token_hex(16), gate=gate))).grant
+    return child, g
 
 
 async def end_owner(child: asyncio.subprocess.Process) -> None:
@@ -113,39 +126,27 @@ async def end_owner(child: asyncio.subprocess.Process) -> None:
 
 
 async def cycles(address: str, clients: int, host: SimulatedHost) -> tuple[float, dict[str, float]]:
-    split = {"acquire": 0.0, "commit": 0.0, "release": 0.0}
+    """Full cycles as `run` makes them: Acquire (committing its gate at the grant), then Release once
+    the gate has exited. The gate's spawn and exit are the client's own work, not timed."""
+    split = {"acquire and commit": 0.0, "release": 0.0}
     async with grpc.aio.insecure_channel(address) as channel:
         coord = coordinator_pb2_grpc.CoordinatorStub(channel)
 
         async def client(i: int) -> None:
             sid = f"bench-{clients}-{i:04d}"
             for _ in range(CYCLES_PER_CLIENT):
+                child, gate = await spawn_owner(host)
                 t0 = time.perf_counter()
-                g = (
-                    await coord.Acquire(
-                        pb.AcquireRequest(
-                            session_id=sid,
-                            host_id=host.host_id,
-                            live_on_commit=True,
-                            operation_id=secrets.token_hex(16),
-                        )
-                    )
-                ).grant
+                g = (await coord.Acquire(pb.AcquireRequest(session_id=sid, host_id=host.host_id,
+                                                           live_on_commit=True, gate=gate,
+                                                           operation_id=secrets.token_hex(16)))).grant
                 t1 = time.perf_counter()
-                child, host_pid = await spawn_owner(host, g)
-                t2 = time.perf_counter()
-                await coord.CommitOwner(
-                    pb.CommitOwnerRequest(session_id=sid, fence=g.fence, secret=g.secret, pid_hint=host_pid)
-                )
-                t3 = time.perf_counter()
                 await end_owner(child)
-                t4 = time.perf_counter()
+                t2 = time.perf_counter()
                 await coord.Release(pb.ReleaseRequest(session_id=sid, fence=g.fence, secret=g.secret))
-                t5 = time.perf_counter()
-                # The carrier's spawn and exit are the client's own work, not the coordinator's.
-                split["acquire"] += t1 - t0
-                split["commit"] += t3 - t2
-                split["release"] += t5 - t4
+                t3 = time.perf_counter()
+                split["acquire and commit"] += t1 - t0
+                split["release"] += t3 - t2
 
         t = time.perf_counter()
         await asyncio.gather(*(client(i) for i in range(clients)))
@@ -157,25 +158,11 @@ async def cycles(address: str, clients: int, host: SimulatedHost) -> tuple[float
 async def probe_latency(address: str, host: SimulatedHost, n: int = 500) -> tuple[float, float]:
     async with grpc.aio.insecure_channel(address) as channel:
         coord = coordinator_pb2_grpc.CoordinatorStub(channel)
-        sid = "bench-probe-1"
-        g = (
-            await coord.Acquire(
-                pb.AcquireRequest(
-                    session_id=sid,
-                    host_id=host.host_id,
-                    live_on_commit=True,
-                    operation_id=secrets.token_hex(16),
-                )
-            )
-        ).grant
-        child, host_pid = await spawn_owner(host, g)
-        await coord.CommitOwner(
-            pb.CommitOwnerRequest(session_id=sid, fence=g.fence, secret=g.secret, pid_hint=host_pid)
-        )
+        child, _ = await own(coord, host, "bench-probe-1")
         samples = []
         for _ in range(n):
             t = time.perf_counter()
-            await coord.ProbeSession(pb.ProbeSessionRequest(session_id=sid))
+            await coord.ProbeSession(pb.ProbeSessionRequest(session_id="bench-probe-1"))
             samples.append((time.perf_counter() - t) * 1000)
         await end_owner(child)
     samples.sort()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
 import shutil
 import signal
 import statistics
@@ -26,7 +25,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_coordinator import end_owner, report, spawn_owner, start
+from bench_coordinator import end_owner, own, report, start
 from bench_coordinator_list import rss_mb
 
 from holdfast.localstack.etcd_server import EtcdServer
@@ -59,11 +58,7 @@ def renewals(etcd_url: str) -> float:
 
 async def cycle(stub: coordinator_pb2_grpc.CoordinatorStub, host: SimulatedHost, sid: str) -> float:
     t = time.perf_counter()
-    g = (await stub.Acquire(pb.AcquireRequest(session_id=sid, host_id=host.host_id, live_on_commit=True,
-                                              operation_id=secrets.token_hex(16)))).grant
-    child, host_pid = await spawn_owner(host, g)
-    await stub.CommitOwner(pb.CommitOwnerRequest(session_id=sid, fence=g.fence, secret=g.secret,
-                                                 pid_hint=host_pid))
+    child, g = await own(stub, host, sid)
     await end_owner(child)
     await stub.Release(pb.ReleaseRequest(session_id=sid, fence=g.fence, secret=g.secret))
     return (time.perf_counter() - t) * 1000

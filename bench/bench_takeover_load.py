@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_coordinator import end_owner, register_host, report, spawn_owner, start
+from bench_coordinator import end_owner, own, register_host, report, start
 
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.localstack.simhost import SimulatedHost
@@ -30,16 +30,6 @@ from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
 WAIT_SETTLE_S = 0.2  # for the waiting Acquire to reach the owner's agent: no event says so
-
-
-async def own(coord: coordinator_pb2_grpc.CoordinatorStub, host: SimulatedHost,
-              sid: str) -> asyncio.subprocess.Process:
-    g = (await coord.Acquire(pb.AcquireRequest(session_id=sid, host_id=host.host_id, live_on_commit=True,
-                                               operation_id=secrets.token_hex(16)))).grant
-    child, host_pid = await spawn_owner(host, g)
-    await coord.CommitOwner(pb.CommitOwnerRequest(session_id=sid, fence=g.fence, secret=g.secret,
-                                                  pid_hint=host_pid))
-    return child
 
 
 async def takeovers(address: str, owner_host: SimulatedHost, taker: SimulatedHost, tag: str,
@@ -50,7 +40,7 @@ async def takeovers(address: str, owner_host: SimulatedHost, taker: SimulatedHos
         coord = coordinator_pb2_grpc.CoordinatorStub(channel)
         for i in range(samples):
             sid = f"load-{tag}-{i:04d}"
-            child = await own(coord, owner_host, sid)
+            child, _ = await own(coord, owner_host, sid)
             waiting = asyncio.ensure_future(coord.Acquire(pb.AcquireRequest(
                 session_id=sid, host_id=taker.host_id, wait_seconds=30, operation_id=secrets.token_hex(16))))
             await asyncio.sleep(WAIT_SETTLE_S)
@@ -86,10 +76,10 @@ async def measure(address: str, owner_host: SimulatedHost, taker: SimulatedHost,
     started = time.perf_counter()
     async with grpc.aio.insecure_channel(address) as channel:
         coord = coordinator_pb2_grpc.CoordinatorStub(channel)
-        first = await own(coord, owner_host, "load-filler-00000")
+        first, _ = await own(coord, owner_host, "load-filler-00000")
         out["probe_p50_ms_alone"] = await probe_p50(address, "load-filler-00000")
         fillers = [first]
-        fillers += [await own(coord, owner_host, f"load-filler-{i:05d}") for i in range(1, owners - 1)]
+        fillers += [(await own(coord, owner_host, f"load-filler-{i:05d}"))[0] for i in range(1, owners - 1)]
     try:
         progress(f"{len(fillers)} more live owners committed on {owner_host.host_id} in "
                  f"{time.perf_counter() - started:.1f} s")

@@ -54,7 +54,7 @@ def test_every_read_command_json_parses(cluster: Cluster) -> None:
     assert code == 0 and hosts["hosts"][0]["address"] == a.agent_address
     code, shown = cli(cluster, "show", sid, "--json")
     assert code == 0 and shown["record"]["lease"]["claim_status"] == "RELEASED"
-    assert [h["transition"] for h in shown["history"]] == ["grant", "commit", "provider-handle", "release"]
+    assert [h["transition"] for h in shown["history"]] == ["grant", "provider-handle", "release"]
     code, probed = cli(cluster, "probe", sid, "--json")
     assert code == 0 and probed["verdict"] == "free"
     code, recovered = cli(cluster, "recover", sid, "--fence", "1", "--reason", "test", "--json")
@@ -129,16 +129,14 @@ def test_status_watch_lists_then_streams_each_change_until_interrupted(cluster: 
         assert header.split()[:3] == ["SESSION", "HOST", "INCARNATION"], (header, table.poll(),
                                                                           table_err.read_text())
         assert table.stdout.readline().split()[0] == "sess-watch-001"
-        # Each transition of a new run arrives as it happens: grant (reserved), commit (live), release.
+        # Each transition of a new run arrives as it happens: its grant (committing it: live), release.
         second = cluster.run(a, "sess-watch-002", cmd=["true"])
         assert second.wait(30) == 0, second.err()
-        seen = [json.loads(watch.stdout.readline()) for _ in range(3)]
+        seen = [json.loads(watch.stdout.readline()) for _ in range(2)]
         assert [(e["event"], e["session_id"], e["record"]["lease"]["claim_status"]) for e in seen] == [
-            ("changed", "sess-watch-002", "RESERVED"), ("changed", "sess-watch-002", "LIVE"),
-            ("changed", "sess-watch-002", "RELEASED")]
-        rows = [table.stdout.readline().split() for _ in range(3)]
-        assert [(r[0], r[5]) for r in rows] == [("sess-watch-002", "reserved"), ("sess-watch-002", "live"),
-                                               ("sess-watch-002", "released")]
+            ("changed", "sess-watch-002", "LIVE"), ("changed", "sess-watch-002", "RELEASED")]
+        rows = [table.stdout.readline().split() for _ in range(2)]
+        assert [(r[0], r[5]) for r in rows] == [("sess-watch-002", "live"), ("sess-watch-002", "released")]
         for proc in (watch, table):
             proc.send_signal(signal.SIGINT)  # Ctrl-C ends a watch quietly, with 0
             assert proc.wait(30) == 0

@@ -69,8 +69,10 @@ def test_second_host_refused_while_first_lives_then_granted_on_the_agents_proof(
     # Granted only by host-a's agent's proof of death (exit or absence of the recorded root).
     assert lease.death_evidence.kind in ("exit-observed", "pid-absent")
     assert lease.death_evidence.owner_fence == 1
-    assert [(h.transition, h.fence, h.detail) for h in found.history if h.transition == "grant"] == [
+    # Each `run` committed by its grant, which names the gate it committed.
+    assert [(h.transition, h.fence, h.detail.split(";")[0]) for h in found.history] == [
         ("grant", 1, "FREE"), ("grant", 2, "OWNER_DEAD")]
+    assert found.history[-1].detail == f"OWNER_DEAD; committed pid {lease.owner.pid} on host-b"
     # SIGTERM to `run` is forwarded; the child exits 0 and `run` exits with its status.
     os.kill(second.run_pid, signal.SIGTERM)
     assert second.wait(30) == 0

@@ -1,0 +1,123 @@
+"""Commit at grant (docs/design.md §2), with real agents in simulated hosts, a real coordinator and
+etcd: a `run` spawns its gate first and its grant commits it; a process is attested only for the
+caller holding the secret of the token it carries; a gate that cannot be attested refuses the
+Acquire before anything is written or signalled; a run guessing the wrong token variable falls
+back to a reservation and CommitOwner."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from holdfast.common import spawn_tokens
+from holdfast.common.reasons import reason_of
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.run_fixtures import Cluster
+from tests.integration.test_run_sessions import child_pids, gone, started
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+VAR = spawn_tokens.DEFAULT_VARIABLE
+
+
+def transitions(cluster: Cluster, sid: str) -> list[str]:
+    return [entry.transition for entry in cluster.record(sid).history]
+
+
+def refused(cluster: Cluster, request: pb.AcquireRequest) -> str:
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.stub.Acquire(request, timeout=30)
+    return reason_of(err.value)  # type: ignore[arg-type]
+
+
+def test_a_run_is_committed_by_its_grant(cluster: Cluster) -> None:
+    a = cluster.host("host-a")
+    sid = "sess-commit-at-grant"
+    run = cluster.run(a, sid)
+    started(cluster, 1)
+    lease = cluster.record(sid).record.lease
+    assert lease.claim_status == pb.LIVE and lease.owner.cgroup.path, "attested into a session cgroup"
+    assert lease.reserved_spawn_token == lease.owner.spawn_token
+    assert "grant" in transitions(cluster, sid) and "commit" not in transitions(cluster, sid)
+    os.kill(run.run_pid, signal.SIGTERM)
+    assert run.wait(30) == 0
+
+
+def test_a_run_guessing_another_token_variable_commits_a_reservation(cluster: Cluster) -> None:
+    a = cluster.host("host-a")
+    sid = "sess-other-variable"
+    run = cluster.run(a, sid, env={spawn_tokens.VARIABLE_ENV: "NOT_THE_AGENTS_VARIABLE"})
+    started(cluster, 1)
+    lease = cluster.record(sid).record.lease
+    assert lease.claim_status == pb.LIVE and lease.owner.spawn_token_env == VAR
+    assert transitions(cluster, sid)[-2:] == ["grant", "commit"]
+    os.kill(run.run_pid, signal.SIGTERM)
+    assert run.wait(30) == 0
+
+
+def test_a_process_is_attested_only_for_the_secret_of_its_token(cluster: Cluster) -> None:
+    """Any process of a user can read another's token in its environ; the secret it derives from
+    is in no environ. Naming a process with the token as a secret, or any other secret, is refused,
+    writes nothing and leaves the process in its cgroup; only its own secret makes it an owner."""
+    a = cluster.host("host-a")
+    sid = "sess-named-gate"
+    secret = spawn_tokens.mint_secret()
+    token = spawn_tokens.spawn_token_for(secret)
+    victim = a.spawn(["sleep", "600"], env={**os.environ, VAR: token})
+    try:
+        pid, outer = a.host_pid(victim), a.outer_pid(victim)
+        before = Path(f"/proc/{outer}/cgroup").read_text()
+        for guess in (spawn_tokens.mint_secret(), token + token):
+            gate = pb.GateSpawn(pid_hint=pid, token_secret=guess, spawn_token_env=VAR)
+            request = pb.AcquireRequest(session_id=sid, host_id="host-a", operation_id=secrets.token_hex(16),
+                                        live_on_commit=True, gate=gate)
+            assert refused(cluster, request) == "ATTESTATION_FAILED"
+            assert Path(f"/proc/{outer}/cgroup").read_text() == before, "a refused gate was moved"
+        with pytest.raises(grpc.RpcError) as missing:
+            cluster.stub.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10)
+        assert reason_of(missing.value) == "NOT_FOUND"  # type: ignore[arg-type]
+        gate = pb.GateSpawn(pid_hint=pid, token_secret=secret, spawn_token_env=VAR)
+        granted = cluster.stub.Acquire(pb.AcquireRequest(
+            session_id=sid, host_id="host-a", operation_id=secrets.token_hex(16), live_on_commit=True,
+            gate=gate), timeout=30)
+        assert granted.record.lease.owner.pid == pid and granted.grant.spawn_token == token
+        assert Path(f"/proc/{outer}/cgroup").read_text() != before  # now in its session cgroup
+    finally:
+        victim.kill()
+        victim.wait(10)
+
+
+def test_a_forced_takeover_whose_gate_cannot_be_attested_kills_nothing_and_writes_nothing(
+        cluster: Cluster) -> None:
+    a, _ = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-force-bad-gate"
+    first = cluster.run(a, sid)
+    started(cluster, 1)
+    child = child_pids(first)[0]
+    os.kill(first.run_pid, signal.SIGSTOP)  # A's run cannot react to the handoff request
+    try:
+        operation = secrets.token_hex(16)
+        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
+                                                             host_id="host-b"), timeout=30)
+        before = cluster.record(sid)
+        # A gate pid carrying no token of this secret: the force is honoured for this operation,
+        # and would kill A's tree, but the gate is attested first.
+        gate = pb.GateSpawn(pid_hint=1, token_secret=spawn_tokens.mint_secret(), spawn_token_env=VAR)
+        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
+                                    force=True, live_on_commit=True, gate=gate)
+        assert refused(cluster, request) == "ATTESTATION_FAILED"
+        assert not gone(child), "a refused force killed the owner"
+        assert cluster.record(sid) == before, "a refused force wrote something"
+    finally:
+        os.kill(first.run_pid, signal.SIGCONT)
+        os.kill(first.proc.pid, signal.SIGCONT)
+    first.wait(30)  # A's run wakes to the handoff request standing, and ends its tree
