@@ -198,7 +198,7 @@ def measure(runs: int) -> tuple[dict[str, float], list[Figure]]:
                "F = interpreter + grpc + 2 unaries", start_floor, 1.4),
         Figure("cooperative handoff, p50 (run --takeover start → CMD running)", p50_ms(coop), "ms",
                "the free start", p50_ms(free), 1.05),
-        Figure("full cycle, 1 client (acquire + commit + release RPCs)", sum(split.values()), "ms",
+        Figure("full cycle, 1 client (Acquire committing its gate, then Release)", sum(split.values()), "ms",
                "3 bare get+CAS + 2 bare unaries", cycle_floor, 2),
         Figure("full cycles, 32 clients on distinct sessions", rate32, "/s",
                "bare get+CAS/s, 32 tasks on 32 keys", floors["get+CAS/s, 32 tasks on 32 keys"], 0.1,

@@ -174,18 +174,28 @@ class Owner:
                     guard.close()
 
     @classmethod
-    async def _obtain(cls, client: Client, spec: RunSpec, say: Say,
-                      gate: pb.GateSpawn) -> tuple[Grant, pb.SessionRecord]:
+    async def _obtain(cls, client: Client, spec: RunSpec, say: Say, gate: pb.GateSpawn,
+                      token: str) -> tuple[Grant, pb.SessionRecord]:
+        """The grant, committed to `gate` unless it is a reservation. A takeover keeps its operation
+        id until granted, so it may replay an earlier `run`'s grant, committed to that run's gate:
+        that grant is released (refused while the earlier gate or its tree lives) and the same
+        operation asked again, which a released grant is not replayed to."""
         if not spec.takeover:
             return await obtain(client, spec, secrets.token_hex(16), say, gate)
         operation_id, kept = takeover_operation(spec.session_id, client.host_id)
         if kept is None:
             say("the takeover's operation id cannot be kept (no writable state directory): a retry "
                 "from another process would not continue this request")
-        granted = await obtain(client, spec, operation_id, say, gate)
+        grant, granted = await obtain(client, spec, operation_id, say, gate)
+        owner = granted.lease.owner
+        if granted.lease.claim_status in OWNED and owner.spawn_token != token:
+            say(f"this takeover's operation was granted at fence {grant.fence} to an earlier `run` (its "
+                f"gate, pid {owner.pid}); releasing that grant and asking again")
+            await client.release(grant)
+            grant, granted = await obtain(client, spec, operation_id, say, gate)
         if kept is not None:
             kept.unlink(missing_ok=True)
-        return granted
+        return grant, granted
 
     @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
@@ -205,12 +215,12 @@ class Owner:
                                     tls_dir=client.tls_dir, guarded=guarded)
             gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
             grant, granted = await cls._obtain(client, spec, say, pb.GateSpawn(
-                pid_hint=gate.pid, token_secret=secret, spawn_token_env=token_env))
+                pid_hint=gate.pid, token_secret=secret, spawn_token_env=token_env), token)
             if granted.lease.claim_status in OWNED:
-                if granted.lease.owner.spawn_token != token:
-                    raise ClientError(Reason.STALE_FENCE, f"this takeover's operation was granted at fence "
-                                      f"{grant.fence} to an earlier `run` (its gate, pid "
-                                      f"{granted.lease.owner.pid}); run again", spec.session_id)
+                if granted.lease.owner.spawn_token != token:  # not ours: never released, nothing runs
+                    other = granted.lease.owner.pid
+                    raise ClientError(Reason.STALE_FENCE, f"fence {grant.fence} was committed to another "
+                                      f"gate (pid {other}), not this run's", spec.session_id)
                 record = granted
             else:
                 if (grant.spawn_token, grant.spawn_token_env) != (token, token_env):

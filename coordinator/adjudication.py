@@ -135,6 +135,15 @@ def replay_still_valid(stored_fence: int, record: pb.SessionRecord | None) -> bo
         pb.RESERVED, pb.COMMITTED, pb.LIVE)
 
 
+def replay_released(stored_fence: int, record: pb.SessionRecord | None) -> bool:
+    """The operation's grant was released at its own fence: it is over, and the operation is decided
+    afresh (a `run` that replayed an earlier run's grant, committed to that run's gate, releases it
+    once the gate is proven gone and asks again). Only the grant's holder can release it, so no lost
+    answer is granted twice: the first grant has no owner left."""
+    return (record is not None and record.lease.fence == stored_fence
+            and record.lease.claim_status == pb.RELEASED)
+
+
 def _evidence(kind: str, detail: str, observed_at_ms: int, owner_fence: int) -> pb.DeathEvidence:
     return pb.DeathEvidence(
         kind=kind, detail=detail, observed_at_unix_ms=observed_at_ms, owner_fence=owner_fence

@@ -153,9 +153,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if replay.entry is not None:
                 # This operation was granted already (an earlier try, or the same call racing itself).
                 stored = protojson.parse(replay.entry.value, pb.AcquireResponse)
-                if not adjudication.replay_still_valid(stored.grant.fence, record):
+                if adjudication.replay_still_valid(stored.grant.fence, record):
+                    return stored
+                if not adjudication.replay_released(stored.grant.fence, record):
                     raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
-                return stored
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
             if gate_token and attested is None and verdict.action in (Action.GRANT, Action.PROBE):
                 # Before anything is decided, written or signalled: a gate that cannot be attested

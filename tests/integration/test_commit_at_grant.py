@@ -121,3 +121,39 @@ def test_a_forced_takeover_whose_gate_cannot_be_attested_kills_nothing_and_write
         os.kill(first.run_pid, signal.SIGCONT)
         os.kill(first.proc.pid, signal.SIGCONT)
     first.wait(30)  # A's run wakes to the handoff request standing, and ends its tree
+
+
+def test_a_takeover_replaying_an_earlier_runs_grant_releases_it_and_is_granted_afresh(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A takeover keeps its operation id until granted, so a `run` that died right after its grant
+    leaves the id for the next one, whose Acquire then replays that grant: committed to the dead
+    run's gate, not to the new one. The new run never releases its own gate under it: it releases
+    that grant (the old gate proven gone) and asks again under the same operation, granted afresh."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-replayed-grant"
+    first = cluster.run(a, sid, cmd=["true"])
+    assert first.wait(30) == 0, first.err()  # a record, released
+    state = tmp_path / "state"
+    operation = secrets.token_hex(16)
+    (state / "holdfast" / "takeovers").mkdir(parents=True, mode=0o700)
+    (state / "holdfast" / "takeovers" / f"host-b.{sid}").write_text(operation)
+    # The earlier run: its gate committed by its grant under that operation id, then gone with it.
+    secret = spawn_tokens.mint_secret()
+    earlier = b.spawn(["sleep", "600"], env={**os.environ, VAR: spawn_tokens.spawn_token_for(secret)})
+    gate = pb.GateSpawn(pid_hint=b.host_pid(earlier), token_secret=secret, spawn_token_env=VAR)
+    granted = cluster.stub.Acquire(pb.AcquireRequest(
+        session_id=sid, host_id="host-b", operation_id=operation, takeover=True, live_on_commit=True,
+        gate=gate), timeout=30)
+    assert granted.record.lease.owner.spawn_token == spawn_tokens.spawn_token_for(secret)
+    os.kill(b.outer_pid(earlier), signal.SIGKILL)  # the gate itself, not the nsenter around it
+    earlier.wait(10)
+    marker = tmp_path / "ran"
+    kept = {"XDG_STATE_HOME": str(state)}
+    replayed = cluster.run(b, sid, "--takeover", cmd=["touch", str(marker)], env=kept)
+    assert replayed.wait(60) == 0, replayed.err()
+    assert "granted at fence 2 to an earlier `run`" in replayed.err()
+    assert marker.exists()
+    found = cluster.record(sid)
+    assert found.record.lease.fence == 3 and found.record.lease.owner.spawn_token != granted.grant.spawn_token
+    # The earlier grant released once its gate was proven gone, then this run's, which ran and ended.
+    assert [h.transition for h in found.history][-4:] == ["handoff-requested", "release", "grant", "release"]

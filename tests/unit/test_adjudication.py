@@ -10,6 +10,7 @@ from holdfast.coordinator.adjudication import (
     Reason,
     adjudicate,
     release_allowed,
+    replay_released,
     replay_still_valid,
 )
 from holdfast.coordinator.fencing import next_fence
@@ -110,14 +111,16 @@ def test_grant_is_exactly_the_next_fence_and_respects_the_floor(fence, floor, ex
     assert next_fence(fence, floor) == expected
 
 
-@pytest.mark.parametrize(("stored", "rec", "valid"), [
-    (3, owned(), True),
-    (3, owned(fence=4), False),              # a replayed grant whose fence moved is stale
-    (3, record(claim_status=pb.RELEASED), False),
-    (3, None, False),
+@pytest.mark.parametrize(("stored", "rec", "valid", "released"), [
+    (3, owned(), True, False),
+    (3, owned(fence=4), False, False),              # a replayed grant whose fence moved is stale
+    (3, record(claim_status=pb.RELEASED), False, True),  # over: the operation is decided afresh
+    (3, record(fence=4, claim_status=pb.RELEASED), False, False),
+    (3, None, False, False),
 ])
-def test_replayed_grant(stored, rec, valid) -> None:
+def test_replayed_grant(stored, rec, valid, released) -> None:
     assert replay_still_valid(stored, rec) is valid
+    assert replay_released(stored, rec) is released
 
 
 @pytest.mark.parametrize(("result", "allowed"), [
