@@ -18,7 +18,7 @@ from holdfast.common import spawn_tokens
 from holdfast.common.reasons import reason_of
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.run_fixtures import Cluster
-from tests.integration.test_run_sessions import child_pids, gone, started
+from tests.integration.test_run_sessions import frozen_owner, gone, started
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -100,11 +100,7 @@ def test_a_forced_takeover_whose_gate_cannot_be_attested_kills_nothing_and_write
         cluster: Cluster) -> None:
     a, _ = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-force-bad-gate"
-    first = cluster.run(a, sid)
-    started(cluster, 1)
-    child = child_pids(first)[0]
-    os.kill(first.run_pid, signal.SIGSTOP)  # A's run cannot react to the handoff request
-    try:
+    with frozen_owner(cluster, a, sid) as (first, child):
         operation = secrets.token_hex(16)
         cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
                                                              host_id="host-b"), timeout=30)
@@ -117,9 +113,6 @@ def test_a_forced_takeover_whose_gate_cannot_be_attested_kills_nothing_and_write
         assert refused(cluster, request) == "ATTESTATION_FAILED"
         assert not gone(child), "a refused force killed the owner"
         assert cluster.record(sid) == before, "a refused force wrote something"
-    finally:
-        os.kill(first.run_pid, signal.SIGCONT)
-        os.kill(first.proc.pid, signal.SIGCONT)
     first.wait(30)  # A's run wakes to the handoff request standing, and ends its tree
 
 

@@ -4,15 +4,18 @@ tables, never by holdfast's own word."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+from collections.abc import Iterator
 
 import pytest
 
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
-from tests.integration.run_fixtures import Cluster, until
+from tests.integration.run_fixtures import Cluster, Run, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -41,6 +44,22 @@ def started(cluster: Cluster, fence: int, timeout: float = 20.0) -> list[str]:
 
 def child_pids(run) -> list[int]:  # type: ignore[no-untyped-def]
     return descendants(run.run_pid)
+
+
+@contextlib.contextmanager
+def frozen_owner(cluster: Cluster, host: SimulatedHost, sid: str) -> Iterator[tuple[Run, int]]:
+    """A live owner of `sid` on `host` whose `run` is stopped, so it cannot react to a handoff
+    request: its run and its CMD's pid; continued on leaving."""
+    first = cluster.run(host, sid)
+    started(cluster, 1)
+    child = child_pids(first)[0]
+    os.kill(first.run_pid, signal.SIGSTOP)
+    try:
+        yield first, child
+    finally:
+        # nsenter stops itself when its child stops (job control): continue both.
+        os.kill(first.run_pid, signal.SIGCONT)
+        os.kill(first.proc.pid, signal.SIGCONT)
 
 
 def test_second_host_refused_while_first_lives_then_granted_on_the_agents_proof(cluster: Cluster) -> None:
@@ -114,11 +133,7 @@ def test_cooperative_handoff_waits_for_the_whole_old_tree(cluster: Cluster) -> N
 def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluster) -> None:
     a, b = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-frozen-001"
-    first = cluster.run(a, sid)
-    started(cluster, 1)
-    child = child_pids(first)[0]
-    os.kill(first.run_pid, signal.SIGSTOP)  # A's run cannot react to the handoff request
-    try:
+    with frozen_owner(cluster, a, sid) as (first, child):
         refused = cluster.run(b, sid, "--takeover", "--handoff-timeout", "1")
         assert refused.wait(30) == 75
         assert "HELD" in refused.err()
@@ -130,10 +145,6 @@ def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluste
         assert gone(child)  # A's agent killed A's tree before B was granted
         lease = cluster.record(sid).record.lease
         assert lease.fence == 2 and lease.owner.host_id == "host-b"
-    finally:
-        # nsenter stops itself when its child stops (job control): continue both.
-        os.kill(first.run_pid, signal.SIGCONT)
-        os.kill(first.proc.pid, signal.SIGCONT)
     # A's run wakes to a dead child and a fence that moved on: it has nothing to release.
     assert first.wait(30) == 128 + signal.SIGKILL
     assert "moved past fence 1" in first.err()
