@@ -26,6 +26,8 @@ REQUESTS = st.one_of(
         expected_fence=fences,
         has_expected_fence=st.booleans(),
         wait_seconds=st.floats(-1e9, 1e9, allow_nan=False),
+        gate=st.none() | st.builds(pb.GateSpawn, pid_hint=st.integers(0, 2**32 - 1), token_secret=text,
+                                   spawn_token_env=text),
     ),
     st.builds(
         pb.CommitOwnerRequest, session_id=st.sampled_from([SID, "x"]) | text, fence=fences, secret=text
