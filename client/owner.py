@@ -193,7 +193,14 @@ class Owner:
         if granted.lease.claim_status in OWNED and owner.spawn_token != token:
             say(f"this takeover's operation was granted at fence {grant.fence} to an earlier `run` (its "
                 f"gate, pid {owner.pid}); releasing that grant and asking again")
-            await client.release(grant)
+            try:
+                await client.release(grant)
+            except ClientError as err:
+                if err.reason == "TREE_ALIVE":
+                    err.message = (f"fence {grant.fence} was granted to this takeover's operation for an "
+                                   f"earlier `run`, whose CMD (pid {owner.pid} on {owner.host_id}) still "
+                                   f"runs; end it, or remove {kept or 'the kept operation id'} to ask anew")
+                raise
             grant, granted = await obtain(client, spec, operation_id, say, gate)
         if kept is not None:
             kept.unlink(missing_ok=True)

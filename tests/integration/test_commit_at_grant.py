@@ -120,8 +120,9 @@ def test_a_takeover_replaying_an_earlier_runs_grant_releases_it_and_is_granted_a
         cluster: Cluster, tmp_path: Path) -> None:
     """A takeover keeps its operation id until granted, so a `run` that died right after its grant
     leaves the id for the next one, whose Acquire then replays that grant: committed to the dead
-    run's gate, not to the new one. The new run never releases its own gate under it: it releases
-    that grant (the old gate proven gone) and asks again under the same operation, granted afresh."""
+    run's gate, not to the new one. The new run never releases its own gate under it: while the old
+    gate lives it says so and changes nothing; once it is gone, it releases that grant and asks again
+    under the same operation, granted afresh."""
     a, b = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-replayed-grant"
     first = cluster.run(a, sid, cmd=["true"])
@@ -138,10 +139,14 @@ def test_a_takeover_replaying_an_earlier_runs_grant_releases_it_and_is_granted_a
         session_id=sid, host_id="host-b", operation_id=operation, takeover=True, live_on_commit=True,
         gate=gate), timeout=30)
     assert granted.record.lease.owner.spawn_token == spawn_tokens.spawn_token_for(secret)
-    os.kill(b.outer_pid(earlier), signal.SIGKILL)  # the gate itself, not the nsenter around it
-    earlier.wait(10)
     marker = tmp_path / "ran"
     kept = {"XDG_STATE_HOME": str(state)}
+    # While the earlier run's gate lives it holds fence 2: nothing is released, nothing runs.
+    held = cluster.run(b, sid, "--takeover", cmd=["touch", str(marker)], env=kept)
+    assert held.wait(60) != 0 and "still runs; end it, or remove" in held.err(), held.err()
+    assert not marker.exists() and cluster.record(sid).record.lease.claim_status == pb.LIVE
+    os.kill(b.outer_pid(earlier), signal.SIGKILL)  # the gate itself, not the nsenter around it
+    earlier.wait(10)
     replayed = cluster.run(b, sid, "--takeover", cmd=["touch", str(marker)], env=kept)
     assert replayed.wait(60) == 0, replayed.err()
     assert "granted at fence 2 to an earlier `run`" in replayed.err()
