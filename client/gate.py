@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 
 COMMITTED = b"committed\n"
+SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def gate_argv(read_fd: int, argv: Sequence[str], env_file: str | None = None) -> list[str]:
@@ -41,7 +43,7 @@ def gate_argv(read_fd: int, argv: Sequence[str], env_file: str | None = None) ->
 def env_file_text(values: Mapping[str, str]) -> str:
     """`export NAME='value'` lines for the shell to source: every value quoted, whatever it holds."""
     for name in values:
-        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+        if not SHELL_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a shell variable name")
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
 

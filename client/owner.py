@@ -216,13 +216,17 @@ class Owner:
         guarded = [guard.url for guard in guards]
         gate: Gate | None = None
         grant: Grant | None = None
+
+        def spawn(variable: str, value: str) -> Gate:
+            env = spawn_environment(spec.session_id, client.address, variable, value, grant_file,
+                                    tls_dir=client.tls_dir, guarded=guarded)
+            return Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
+
         try:
             # Spawned before the Acquire, still blocked on its pipe, so that the coordinator can have
             # the host's agent attest it (and move it into a session cgroup of the agent's making:
             # every descendant is born in it) before deciding, and commit it with the grant.
-            env = spawn_environment(spec.session_id, client.address, token_env, token, grant_file,
-                                    tls_dir=client.tls_dir, guarded=guarded)
-            gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
+            gate = spawn(token_env, token)
             grant, granted = await cls._obtain(client, spec, say, pb.GateSpawn(
                 pid_hint=gate.pid, token_secret=secret, spawn_token_env=token_env), token)
             if granted.lease.claim_status in OWNED:
@@ -237,10 +241,7 @@ class Owner:
                     # replayed): a gate with the grant's token, under the agent's variable, instead.
                     gate.abort()
                     await asyncio.to_thread(gate.process.wait)
-                    env = spawn_environment(spec.session_id, client.address, grant.spawn_token_env,
-                                            grant.spawn_token, grant_file, tls_dir=client.tls_dir,
-                                            guarded=guarded)
-                    gate = Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
+                    gate = spawn(grant.spawn_token_env, grant.spawn_token)
                 record = await client.commit(grant, gate.pid)
             grant.write(workdir, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
