@@ -98,24 +98,10 @@ class Lifecycle:
             record=records.decode_record(entry.value),
             history=[protojson.parse(e.value, pb.HistoryEntry) for e in history])
 
-    async def revived(
-        self, session_id: str, provider: str, location: str
-    ) -> tuple[pb.SessionRecord, list[Seen]]:
-        """A new record: above the archived fence and history when the id was archived before, and
-        above the restore epoch's floor for sessions the restored etcd never saw; with both reads,
-        which the grant compares (a re-archive or a new floor meanwhile would reuse a fence)."""
-        record = records.new_record(session_id, provider, location)
-        archived, floor_read = await asyncio.gather(
-            self.store.read(self.store.key("archive", session_id, "record")),
-            self.store.read(self._floor_key()))
-        epoch_floor = _floor(floor_read)
-        record.lease.minimum_next_fence = epoch_floor
-        if archived.entry is not None:
-            old = records.decode_record(archived.entry.value)
-            floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
-            record.lease.minimum_next_fence = max(floor, epoch_floor)
-            record.history_seq = old.history_seq
-        return record, [archived, floor_read]
+    def revival_keys(self, session_id: str) -> list[str]:
+        """The reads `revived` needs for an id with no record: its archive record and the restore
+        epoch's floor. Read with the record, in the Acquire's one round trip."""
+        return [self.store.key("archive", session_id, "record"), self._floor_key()]
 
     async def grant_gates(self, host_id: str) -> tuple[pb.HostRegistration, list[Seen]]:
         """The gates of a grant to `host_id`, each refused with its reason (nothing written): no
@@ -368,6 +354,22 @@ class Lifecycle:
             (row.orphans_stopped if stopped else row.orphans_not_stopped).append(
                 f"pid {identity.pid}" + ("" if stopped else f": {result.tree_reason or result.reason}"))
         return row
+
+
+def revived(session_id: str, provider: str, location: str, archived: Seen,
+            floor_read: Seen) -> pb.SessionRecord:
+    """A new record: above the archived fence and history when the id was archived before, and
+    above the restore epoch's floor for sessions the restored etcd never saw. The grant compares
+    both reads (a re-archive or a new floor meanwhile would reuse a fence)."""
+    record = records.new_record(session_id, provider, location)
+    epoch_floor = _floor(floor_read)
+    record.lease.minimum_next_fence = epoch_floor
+    if archived.entry is not None:
+        old = records.decode_record(archived.entry.value)
+        floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
+        record.lease.minimum_next_fence = max(floor, epoch_floor)
+        record.history_seq = old.history_seq
+    return record
 
 
 def judge_grant_gates(host_id: str, reads: list[Seen]) -> tuple[pb.HostRegistration, list[Seen]]:

@@ -145,9 +145,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         while attempts < RACE_RETRIES:
             attempts += 1
             # Everything a decision reads, in one round trip at one revision: this operation's replay,
-            # the record and the grant's gates, each compared in the grant's transaction.
-            gate_reads, (replay, record_read) = await self.lifecycle.read_grant_gates(
-                request.host_id, ops_key, self.sessions.key(sid))
+            # the record, what a new record's first fence rests on, and the grant's gates, each
+            # compared in the grant's transaction.
+            gate_reads, (replay, record_read, *revival) = await self.lifecycle.read_grant_gates(
+                request.host_id, ops_key, self.sessions.key(sid), *self.lifecycle.revival_keys(sid))
             entry = record_read.entry
             record = self.sessions.decode(entry) if entry is not None else None
             if replay.entry is not None:
@@ -193,7 +194,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 raise CoordinatorError("RELEASE_PENDING", f"the owner at fence {record.lease.fence} has "
                                        f"ended ({verdict.detail}) but has not released; nothing was granted")
             response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads,
-                                         gate_token, attested)
+                                         revival, gate_token, attested)
             if response is not None:
                 if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
                     metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - started)
@@ -223,21 +224,21 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         verdict: adjudication.Verdict,
         ops_key: str,
         gate_reads: list[Seen],
-        reads: Sequence[Seen] = (),
+        reads: Sequence[Seen],
+        revival: list[Seen],
         gate_token: str = "",
         attested: attestation.Attested | None = None,
     ) -> pb.AcquireResponse | None:
         """The grant transaction, comparing the record, what the verdict read (the owner host's
         registration when probed), the grant's gates and, for an id with no record, the archive
-        record and floor its first fence came from. With an attested gate whose registration is
-        still the one read, the gate is the owner in the same transaction (commit at grant); else
-        the grant is a reservation. None when it lost a race."""
+        record and floor its first fence came from (`revival`, read with the record). With an
+        attested gate whose registration is still the one read, the gate is the owner in the same
+        transaction (commit at grant); else the grant is a reservation. None when it lost a race."""
         host, gates = lifecycle.judge_grant_gates(request.host_id, gate_reads)
         reads = [*reads, *gates]
         if record is None:
-            record, floors = await self.lifecycle.revived(request.session_id, request.provider,
-                                                          request.location)
-            reads += floors
+            record = lifecycle.revived(request.session_id, request.provider, request.location, *revival)
+            reads += revival
         old = record.lease
         secret, at = fencing.mint_secret(), now_ms()
         # A gate's token is its own (its run minted the secret it derives from); else a fresh one.
