@@ -4,7 +4,9 @@ owner to let go and then, with `--force`, has the owner's agent end it.
 Guarantee: CMD is resolved (PATH, executable bit) before anything is asked of the coordinator, so a
 typo never ends an owner; a takeover keeps its operation id (mode 0600, per host and session) until
 granted, so a retry continues the same request; waiting between calls is on record changes, never
-on a polling timer; `--force` is sent only with the handoff request it continues.
+on a polling timer; the owner is asked to let go by the takeover's Acquire itself, only once this
+run's gate is attested and the grant's gates are open; `--force` is sent only with the handoff
+request it continues.
 """
 
 from __future__ import annotations
@@ -188,8 +190,11 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
     # upload. The coordinator is asked not to (RELEASE_PENDING) until CARRY_SETTLE_S after it first
     # said so; then the copy that owner last committed is what this run restores.
     settle_until: float | None = None
-    if spec.takeover and await client.request_handoff(spec.session_id, operation_id) is not None:
-        say(f"handoff of {spec.session_id} requested; waiting up to {budget:g}s for the owner to let go")
+    if spec.takeover:
+        # The Acquire asks the owner itself, once this run's gate is attested: no RequestHandoff
+        # round trip first, and a takeover refused before that asks nothing of the owner.
+        say(f"takeover of {spec.session_id}: asking its owner, if any, to let go; waiting up to "
+            f"{budget:g}s")
     while True:
         left = max(deadline - loop.time(), 0.0)
         try:

@@ -123,6 +123,18 @@ def force_allowed(lease: pb.Lease, ask: AcquireAsk, operator: bool) -> bool:
     return requested or operator
 
 
+def ask_owner(lease: pb.Lease, operation_hash: str, host_id: str) -> bool:
+    """Marks `lease` handoff-requested by this operation (a drain's request, which names none, is
+    taken over); False when this operation's request is already the record's: nothing to write.
+    Another operation's request is refused before this is reached (OPERATION_CONFLICT)."""
+    if lease.handoff_stage in HANDOFF_STAGES and lease.handoff_operation_hash == operation_hash:
+        return False
+    lease.handoff_stage = pb.HANDOFF_REQUESTED
+    lease.handoff_operation_hash = operation_hash
+    lease.handoff_requested_by_host = host_id
+    return True
+
+
 def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:
     """Release needs the whole tree proven gone by the owner's own host (docs/design.md §2)."""
     return (probe.answered_by_host_id == lease.owner.host_id and probe.tree_checked and probe.tree_gone

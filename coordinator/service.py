@@ -171,6 +171,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     entry = await self._force_pending(entry, record, request, ask, context)
                     if entry is None:
                         continue  # the record or a precondition changed: re-read, re-decide
+                elif request.takeover:
+                    # The owner is asked to let go by the takeover itself, once its gate is attested
+                    # and every gate of the grant is open: a takeover refused up to here asked
+                    # nothing of anyone, and the owner's ending overlaps no second round trip.
+                    entry = await self._ask_owner(entry, record, request, ask, gate_reads)
+                    if entry is None:
+                        continue
                 probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
@@ -284,6 +291,17 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if ok:
             metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None
+
+    async def _ask_owner(self, entry: Entry | None, record: pb.SessionRecord, request: pb.AcquireRequest,
+                         ask: AcquireAsk, gate_reads: list[Seen]) -> Entry | None:
+        """A takeover's handoff request, written unless it is the record's already, comparing the
+        record and the grant's gates; returns the record's entry as it now is, None when the
+        transaction lost. Refuses (writing nothing) when a gate of the grant is closed."""
+        lifecycle.judge_grant_gates(request.host_id, gate_reads)
+        if not adjudication.ask_owner(record.lease, ask.operation_hash, request.host_id):
+            return entry
+        return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
+                                                 reads=gate_reads)
 
     async def _force_pending(
         self,
@@ -501,14 +519,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             lease = record.lease
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
-            if lease.handoff_stage in adjudication.HANDOFF_STAGES:
-                if lease.handoff_operation_hash and lease.handoff_operation_hash != requested:
-                    raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
-                if lease.handoff_operation_hash:
-                    return pb.RequestHandoffResponse(record=record)
-            lease.handoff_stage = pb.HANDOFF_REQUESTED
-            lease.handoff_operation_hash = requested
-            lease.handoff_requested_by_host = request.host_id
+            if (lease.handoff_stage in adjudication.HANDOFF_STAGES and lease.handoff_operation_hash
+                    and lease.handoff_operation_hash != requested):
+                raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
+            if not adjudication.ask_owner(lease, requested, request.host_id):
+                return pb.RequestHandoffResponse(record=record)
             if await self.sessions.transition(entry, record, "handoff-requested", request.host_id):
                 return pb.RequestHandoffResponse(record=record)
         raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")

@@ -1,7 +1,7 @@
 """Commit at grant (docs/design.md §2), with real agents in simulated hosts, a real coordinator and
 etcd: a `run` spawns its gate first and its grant commits it; a process is attested only for the
 caller holding the secret of the token it carries; a gate that cannot be attested refuses the
-Acquire before anything is written or signalled; a run guessing the wrong token variable falls
+Acquire before anything is written, signalled or asked of an owner; a run guessing the wrong token variable falls
 back to a reservation and CommitOwner."""
 
 from __future__ import annotations
@@ -96,6 +96,23 @@ def test_a_process_is_attested_only_for_the_secret_of_its_token(cluster: Cluster
         victim.wait(10)
 
 
+def test_a_takeover_whose_gate_cannot_be_attested_asks_nothing_of_the_owner(cluster: Cluster) -> None:
+    """The takeover's Acquire is what asks the owner to let go, and only after its gate is attested:
+    refused there, the owner is not asked, so its `run` keeps its CMD running."""
+    a, _ = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-takeover-bad-gate"
+    with frozen_owner(cluster, a, sid) as (first, child):
+        before = cluster.record(sid)
+        gate = pb.GateSpawn(pid_hint=1, token_secret=spawn_tokens.mint_secret(), spawn_token_env=VAR)
+        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=secrets.token_hex(16),
+                                    takeover=True, wait_seconds=5, live_on_commit=True, gate=gate)
+        assert refused(cluster, request) == "ATTESTATION_FAILED"
+        assert cluster.record(sid) == before, "a refused takeover asked the owner to let go"
+        assert not gone(child) and first.proc.poll() is None
+    os.kill(first.run_pid, signal.SIGTERM)  # never asked, it would run on: ended here
+    assert first.wait(30) == 0, first.err()
+
+
 def test_a_forced_takeover_whose_gate_cannot_be_attested_kills_nothing_and_writes_nothing(
         cluster: Cluster) -> None:
     a, _ = cluster.host("host-a"), cluster.host("host-b")
@@ -154,4 +171,5 @@ def test_a_takeover_replaying_an_earlier_runs_grant_releases_it_and_is_granted_a
     found = cluster.record(sid)
     assert found.record.lease.fence == 3 and found.record.lease.owner.spawn_token != granted.grant.spawn_token
     # The earlier grant released once its gate was proven gone, then this run's, which ran and ended.
-    assert [h.transition for h in found.history][-4:] == ["handoff-requested", "release", "grant", "release"]
+    # Its own operation's grant was replayed before anything was asked of that owner: no request.
+    assert [h.transition for h in found.history][-4:] == ["grant", "release", "grant", "release"]

@@ -343,6 +343,34 @@ async def test_force_pending_loses_to_a_changed_precondition_and_then_kills_noth
         await p.close()
 
 
+@pytest.mark.parametrize("changed", list(FORCE_CHANGES))
+@run_async
+async def test_a_takeovers_handoff_request_loses_to_a_changed_precondition_and_asks_nothing(
+        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str) -> None:
+    """A takeover's Acquire asks the owner to let go itself, in a transaction comparing the record
+    and the grant's gates: a gate closed between its reads and that write leaves the owner unasked."""
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-ask-row"
+        grant, pid = await reserve_on_agent(p, local_agent, sid, owners)
+        await p.other.CommitOwner(commit_request(grant, pid), p.ctx)
+        await register(p.other, TAKER)
+        before = await record_of(p.other, sid)
+        key_of, then = FORCE_CHANGES[changed]
+        key = key_of(p)
+        change = (lambda: delete(p.other.store, key)) if changed == "registration-gone" else (
+            lambda: create(p.other.store, key))
+        p.store.arm(writes(session_key(p, sid)), change)
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, p.ctx, sid, TAKER, takeover=True)
+        assert refused.value.reason == then
+        await first_write_lost(p, sid)
+        assert owners[0].poll() is None
+        assert await record_of(p.other, sid) == before, "a refused takeover asked the owner to let go"
+    finally:
+        await p.close()
+
+
 @run_async
 async def test_release_loses_to_a_change_of_the_owner_hosts_registration(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list) -> None:
