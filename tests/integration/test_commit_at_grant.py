@@ -1,8 +1,8 @@
 """Commit at grant (docs/design.md §2), with real agents in simulated hosts, a real coordinator and
 etcd: a `run` spawns its gate first and its grant commits it; a process is attested only for the
 caller holding the secret of the token it carries; a gate that cannot be attested refuses the
-Acquire before anything is written, signalled or asked of an owner; a run guessing the wrong token variable falls
-back to a reservation and CommitOwner."""
+Acquire before anything is written, signalled or asked of an owner; a run guessing the wrong token
+variable falls back to a reservation and CommitOwner."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from holdfast.coordinator.adjudication import (
     Action,
     Reason,
     adjudicate,
+    ask_owner,
     release_allowed,
     replay_released,
     replay_still_valid,
@@ -151,3 +152,21 @@ def test_no_answer_is_unknown_and_names_the_router_reason() -> None:
     # Even a result that claims death is no evidence when no agent answered for the owner's host.
     assert (verdict.action, verdict.reason) == (Action.REFUSE, Reason.OWNERSHIP_UNKNOWN)
     assert verdict.detail == f"no answer from host 'host-a': {why}"
+
+
+@pytest.mark.parametrize("stage, by, writes", [
+    (pb.NONE, "", True),                   # not asked yet
+    (pb.HANDOFF_REQUESTED, "", True),      # a drain's request, naming no operation: taken over
+    (pb.HANDOFF_REQUESTED, "op-a", False),  # this operation's request already: nothing to write
+    (pb.FORCE_PENDING, "op-a", False),     # its force already authorised: never stepped back
+])
+def test_asking_the_owner_writes_only_what_is_not_the_records_already(stage, by, writes) -> None:
+    lease = pb.Lease(fence=3, claim_status=pb.LIVE, handoff_stage=stage, handoff_operation_hash=by)
+    before = pb.Lease()
+    before.CopyFrom(lease)
+    assert ask_owner(lease, "op-a", "host-b") is writes
+    if writes:
+        assert (lease.handoff_stage, lease.handoff_operation_hash, lease.handoff_requested_by_host) == (
+            pb.HANDOFF_REQUESTED, "op-a", "host-b")
+    else:
+        assert lease == before
