@@ -43,6 +43,7 @@ from holdfast.coordinator.store import (
     StoreUnavailable,
     value_equals,
 )
+from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -171,12 +172,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     entry = await self._force_pending(entry, record, request, ask, context)
                     if entry is None:
                         continue  # the record or a precondition changed: re-read, re-decide
-                elif request.takeover:
+                elif request.takeover and adjudication.ask_owner(record.lease, ask.operation_hash,
+                                                                 request.host_id):
                     # The owner is asked to let go by the takeover itself, once its gate is attested
                     # and every gate of the grant is open: a takeover refused up to here asked
                     # nothing of anyone, and the owner's ending overlaps no second round trip.
-                    entry = await self._ask_owner(entry, record, request, ask, gate_reads)
+                    entry = await self._ask_owner(entry, record, request, gate_reads)
                     if entry is None:
+                        continue
+                    if (remaining := deadline - time.monotonic()) > 0:
+                        # Just asked, it is ending: a probe now would find it alive. Its exit is
+                        # waited for instead, and the next pass re-reads and probes afresh.
+                        await self._wait_exit(record.lease.owner, remaining)
                         continue
                 probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
@@ -190,8 +197,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 held = verdict
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
-                owner = record.lease.owner
-                await self.router.wait_exit(owner, await self.registry.get(owner.host_id), remaining)
+                await self._wait_exit(record.lease.owner, remaining)
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
@@ -293,15 +299,17 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return response if ok else None
 
     async def _ask_owner(self, entry: Entry | None, record: pb.SessionRecord, request: pb.AcquireRequest,
-                         ask: AcquireAsk, gate_reads: list[Seen]) -> Entry | None:
-        """A takeover's handoff request, written unless it is the record's already, comparing the
-        record and the grant's gates; returns the record's entry as it now is, None when the
+                         gate_reads: list[Seen]) -> Entry | None:
+        """Writes a takeover's handoff request (`record` marked by `adjudication.ask_owner`),
+        comparing the record and the grant's gates; returns the record's new entry, None when the
         transaction lost. Refuses (writing nothing) when a gate of the grant is closed."""
         lifecycle.judge_grant_gates(request.host_id, gate_reads)
-        if not adjudication.ask_owner(record.lease, ask.operation_hash, request.host_id):
-            return entry
         return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
                                                  reads=gate_reads)
+
+    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> None:
+        """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing."""
+        await self.router.wait_exit(owner, await self.registry.get(owner.host_id), seconds)
 
     async def _force_pending(
         self,
