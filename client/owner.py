@@ -320,7 +320,10 @@ class Owner:
                 if watcher.exception() is not None:
                     self.say(f"stopped watching the record ({watcher.exception()}); CMD keeps running")
                 elif self.ended_by:
-                    await asyncio.to_thread(end_tree, self.tree, self.spec.grace)
+                    # The cgroup's members get SIGTERM from here, not once a worker thread has
+                    # started (~1 ms of every handoff); end_tree sends it to any other carrier.
+                    termed = self.tree.signal(signal.SIGTERM, self.tree.cgroup_members())
+                    await asyncio.to_thread(end_tree, self.tree, self.spec.grace, termed)
             await exited
         finally:
             watcher.cancel()

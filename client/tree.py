@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 
 from holdfast.proc.cgroups import cgroup2_root, is_session_cgroup
@@ -64,7 +65,8 @@ class Tree:
         except OSError:
             return False
 
-    def _cgroup_pids(self) -> set[int]:
+    def cgroup_members(self) -> set[int]:
+        """The session cgroup's processes (none without one); a read of one file, no scan."""
         if not self.cgroup:
             return set()
         try:
@@ -74,7 +76,7 @@ class Tree:
             return set()
 
     def members(self) -> set[int]:
-        pids = self._cgroup_pids()
+        pids = self.cgroup_members()
         pids.update(c.pid for c in scan(self.variable.encode(), self.token.encode()).carriers)
         return pids
 
@@ -153,10 +155,11 @@ def stop_all(tree: Tree) -> set[int]:
     return stopped
 
 
-def end_tree(tree: Tree, grace: float) -> bool:
-    """SIGTERM the whole tree, give it `grace` seconds, then stop and SIGKILL what is left. True if gone."""
+def end_tree(tree: Tree, grace: float, termed: Set[int] = frozenset()) -> bool:
+    """SIGTERM the whole tree (but the pids in `termed`, sent it already), give it `grace` seconds,
+    then stop and SIGKILL what is left. True if gone."""
     deadline = time.monotonic() + grace
-    tree.signal(signal.SIGTERM)
+    tree.signal(signal.SIGTERM, tree.members() - termed)
     while (left := deadline - time.monotonic()) > 0 and not tree.gone():
         # Re-read the members each round: a process may fork while it shuts down.
         wait_exits(tree.members(), left)
