@@ -9,6 +9,7 @@ that compares every precondition of the grant); indeterminate never grants.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -142,14 +143,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         started = time.monotonic()
         deadline = started + request.wait_seconds
         held: adjudication.Verdict | None = None
+        exited: apb.ProcessIdentity | None = None  # the owner whose exit event ended the last wait
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            # Everything a decision reads, in one round trip at one revision: this operation's replay,
-            # the record, what a new record's first fence rests on, and the grant's gates, each
-            # compared in the grant's transaction.
-            gate_reads, (replay, record_read, *revival) = await self.lifecycle.read_grant_gates(
-                request.host_id, ops_key, self.sessions.key(sid), *self.lifecycle.revival_keys(sid))
+            gate_reads, (replay, record_read, *revival), early = await self._read_for_grant(
+                request, ops_key, exited)
+            exited = None
             entry = record_read.entry
             record = self.sessions.decode(entry) if entry is not None else None
             if replay.entry is not None:
@@ -183,9 +183,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     if (remaining := deadline - time.monotonic()) > 0:
                         # Just asked, it is ending: a probe now would find it alive. Its exit is
                         # waited for instead, and the next pass re-reads and probes afresh.
-                        await self._wait_exit(record.lease.owner, remaining)
+                        exited = await self._wait_exit(record.lease.owner, remaining)
                         continue
-                probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
+                if early is not None and early[0] == record.lease.owner:
+                    probe, registration = early[1]
+                else:
+                    probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
             metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
@@ -197,7 +200,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 held = verdict
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
-                await self._wait_exit(record.lease.owner, remaining)
+                exited = await self._wait_exit(record.lease.owner, remaining)
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
@@ -307,9 +310,28 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
                                                  reads=gate_reads)
 
-    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> None:
-        """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing."""
+    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> apb.ProcessIdentity:
+        """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing.
+        Returns the owner, for the next pass to probe beside its re-read."""
         await self.router.wait_exit(owner, await self.registry.get(owner.host_id), seconds)
+        return owner
+
+    async def _read_for_grant(
+        self, request: pb.AcquireRequest, ops_key: str, exited: apb.ProcessIdentity | None
+    ) -> tuple[list[Seen], list[Seen], tuple[apb.ProcessIdentity, tuple[apb.ProbeResult, Seen]] | None]:
+        """Everything a decision reads, in one round trip at one revision: the grant's gates, then
+        this operation's replay, the record and what a new record's first fence rests on, each
+        compared in the grant's transaction. After a wait ended by `exited`'s exit event, that owner
+        is probed beside the read (never with a kill): the proof is the same whichever lands first,
+        the grant still follows both, and it is used only if the record still names that owner."""
+        sid = request.session_id
+        reading = self.lifecycle.read_grant_gates(request.host_id, ops_key, self.sessions.key(sid),
+                                                  *self.lifecycle.revival_keys(sid))
+        if exited is None or request.force:
+            gate_reads, also = await reading
+            return gate_reads, also, None
+        (gate_reads, also), early = await asyncio.gather(reading, self.sessions.probe(exited))
+        return gate_reads, also, (exited, early)
 
     async def _force_pending(
         self,
