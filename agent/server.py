@@ -9,8 +9,10 @@ process renews it itself (holdfast.agent.rotation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import resource
 from pathlib import Path
 
 from holdfast.agent import hostinfo, rotation
@@ -26,10 +28,20 @@ DRAIN_SECONDS = 5.0
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["HostAgent"].full_name
 
 
+def raise_open_file_limit() -> None:
+    """The soft open-file limit up to the hard one: a pidfd per known process (proc/ages.py) and
+    one per watched owner are this agent's, as many as the node runs processes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None,
                 tls_dir: Path | None = None, metrics_listen: str = "", health_listen: str = "",
                 enroller: rotation.Enroller | None = None) -> None:
     log = logging.getLogger("holdfast.agent")
+    raise_open_file_limit()  # before the service sizes its pidfd budget from it
     service = HostAgentService(host_id, hostinfo.gather(), spawn_token_env)
     add_service = functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service)
     credentials, gates, reloading = None, [], None

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import re
+import resource
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -25,6 +26,7 @@ from holdfast.agent.observe import observe, observe_tree, pidfd_exited
 from holdfast.common.version import VERSION
 from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
+from holdfast.proc.ages import ProcessAges
 from holdfast.proc.environ import read_proc_file, read_value
 from holdfast.proc.procstat import StatParseError, parse_stat
 from holdfast.proc.scan import Scan
@@ -44,27 +46,36 @@ class InvalidRequest(ValueError):
     pass
 
 
-def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, born_since: int = 0) -> Scan:
+def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, born_since: int = 0,
+         ages: ProcessAges | None = None) -> Scan:
     """One stable scan, timed and counted for the metrics endpoint."""
     started = time.monotonic()
-    result = scan_.scan(variable, token, born_since=born_since)
+    result = scan_.scan(variable, token, born_since=born_since, ages=ages)
     metrics.observe_scan(result, time.monotonic() - started)
     return result
 
 
 async def scan_off_loop(variable: bytes, token: bytes | frozenset[bytes] | None = None,
-                        born_since: int = 0) -> Scan:
+                        born_since: int = 0, ages: ProcessAges | None = None) -> Scan:
     # A scan reads every process, several passes on a busy host: never on the event loop, which
     # also carries the exit watches and every other call.
-    return await asyncio.to_thread(scan, variable, token, born_since)
+    return await asyncio.to_thread(scan, variable, token, born_since, ages)
 
 
-async def scan_trees(variable: bytes, owners: Sequence[agent_pb2.ProcessIdentity]) -> Scan:
+async def scan_trees(variable: bytes, owners: Sequence[agent_pb2.ProcessIdentity],
+                     ages: ProcessAges) -> Scan:
     """The scan a tree check of these owners needs: their tokens only (others' churn then settles
-    a pass), and no environ of a process older than every one of their roots (proc/scan.py)."""
+    a pass), and no environ of a process older than every one of their roots, nor the stat of one
+    whose age `ages` holds (proc/scan.py, proc/ages.py)."""
     tokens = frozenset(o.spawn_token.encode() for o in owners if o.spawn_token)
     born_since = min((o.start_ticks for o in owners), default=0)  # 0, an unknown start: read all
-    return await scan_off_loop(variable, tokens, born_since)
+    return await scan_off_loop(variable, tokens, born_since, ages)
+
+
+def pidfd_budget() -> int:
+    """How many pidfds the process ages may hold: half the open-file limit, the rest left to
+    sockets and the exit watches (the agent's start raises the limit to its hard maximum)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
@@ -120,6 +131,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         self.variable = spawn_token_env.encode()
         self.cgroups = facts.cgroups
         self.watcher = ExitWatcher(self.probe_proc)
+        self.ages = ProcessAges(pidfd_budget())
 
     # -- judging ---------------------------------------------------------------------------------
     def _stamp(self, result: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
@@ -295,7 +307,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         unproven = [(o, r) for o, r in zip(request.owners, results, strict=True)
                     if r.outcome != P.IDENTITY_MATCHED]
         if request.check_tree and unproven:
-            tree = await scan_trees(self.variable, [o for o, _ in unproven])
+            tree = await scan_trees(self.variable, [o for o, _ in unproven], self.ages)
             for owner, result in unproven:
                 self.judge_tree(owner, tree, result)
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
@@ -345,7 +357,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            tree = await scan_trees(self.variable, [owner])
+            tree = await scan_trees(self.variable, [owner], self.ages)
             return agent_pb2.KillOwnerResponse(result=self.probe(owner, tree))
         watch = self.watcher.watch(owner)
         sent = await asyncio.to_thread(kill_tree, owner, self.variable, matched, self.cgroups)
@@ -356,7 +368,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
         deadline = time.monotonic() + (request.wait_seconds or 5.0)
         while True:
-            result = self.probe(owner, await scan_trees(self.variable, [owner]))
+            result = self.probe(owner, await scan_trees(self.variable, [owner], self.ages))
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

@@ -16,7 +16,10 @@ after its root, so an older process is never of the tree: it could carry the tok
 handed it (then re-exec'ing with it, or writing it into its memory), and a process a tree recruits
 that way could as well drop the token. That is outside what the token proves either way (docs/
 design.md §2: the tree is the root's descendants), and on a full node it was most of a proof's
-cost: a takeover among 1,000 live owners read 1,000 environs twice.
+cost: a takeover among 1,000 live owners read 1,000 environs twice. Given `ages`
+(proc/ages.py), such a scan takes the age of a process it has read before, still alive, from
+there instead of its stat: every listed process is still accounted for, by a stat read now or one
+read before from the very same process.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from holdfast.proc.ages import ProcessAges
 from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
-from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
 
 # A pass settles only if no listed process exits between the listing and its read, and none is
 # caught in the middle of an execve, so on a host with steady churn each pass settles by chance
@@ -117,8 +121,26 @@ def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:
     return any(k.decode() not in listed for k in kids)
 
 
+def _stat_of(proc: str, entry: str, ages: ProcessAges | None) -> ProcStat:
+    """The process's stat, its age then kept in `ages` under a pidfd opened before the read."""
+    if ages is None:
+        return parse_stat(read_proc_file(f"{proc}/{entry}/stat"))
+    pidfd = ages.opened(int(entry))
+    try:
+        stat = parse_stat(read_proc_file(f"{proc}/{entry}/stat"))
+    except BaseException:
+        if pidfd is not None:
+            ages.forget(pidfd)
+        raise
+    if pidfd is not None:
+        ages.learn(int(entry), pidfd, stat.start_ticks)
+    return stat
+
+
 def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], listed_at: int,
-              before: _Seen, born_since: int) -> tuple[Scan, _Seen]:
+              before: _Seen, born_since: int, ages: ProcessAges | None,
+              known: dict[int, int]) -> tuple[Scan, _Seen]:
+    """One pass over the listed `entries`; `known` is `ages.alive()` as of after the listing."""
     result = Scan(enumerable=True)
     listed = set(entries)
     seen: _Seen = {}
@@ -128,8 +150,12 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
         if not entry.isdigit():
             continue
         pid = int(entry)
+        if known.get(pid, born_since) < born_since:
+            seen[pid] = (known[pid], None)  # older than every root looked for, alive since read
+            result.older += 1
+            continue
         try:
-            stat = parse_stat(read_proc_file(f"{proc}/{entry}/stat"))
+            stat = _stat_of(proc, entry, ages)
         except FileNotFoundError:
             unsettled += 1  # listed, gone before it was read: it may have forked after the listing
             continue
@@ -200,12 +226,14 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
 
 
 def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
-         max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0) -> Scan:
+         max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0,
+         ages: ProcessAges | None = None) -> Scan:
     """Carriers of `variable` (only those whose value is `token`, or one of a set, when given),
     roots marked, from the first settled pass; or the last pass, not stable, when none settled
     within the bounds. Naming the tokens wanted lets another session's churn settle a pass;
     `born_since` (the earliest start ticks of the roots whose tokens are wanted; 0: none known)
-    spares the environ reads of every older process."""
+    spares the environ reads of every older process, and with `ages` (of this process's own pid
+    namespace, whose /proc `proc` must be) the stat reads of those read before."""
     wanted: Wanted = frozenset((token,)) if isinstance(token, bytes) else token
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
@@ -217,7 +245,9 @@ def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: s
         except OSError:
             return Scan(enumerable=False, passes=passes)
         passes += 1
-        result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since)
+        known = ages.alive() if ages is not None and born_since > 0 else {}  # after the listing
+        result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since,
+                                   ages, known)
         result.passes = passes
         if result.stable or passes >= max_passes or time.monotonic() >= deadline:
             return result
