@@ -1,14 +1,18 @@
-"""Protobuf JSON parsed without json_format's per-field Python walk, for messages of plain fields.
+"""Protobuf JSON parsed and written without json_format's per-field Python walk, for messages of
+plain fields.
 
 Guarantee: `parse(raw, cls)` returns exactly what `json_format.Parse(raw, cls())` returns, or
-raises what it raises. The fast path takes only what holdfast's own encoder writes — a UTF-8 JSON
-object with no repeated key, each key a field's JSON name, each value of its field's own JSON type
-(an integer as a number or a plain decimal string, an enum by name, a bool, a string, an object,
-an array of objects) — and builds the message in one constructor call. Anything else (a proto
-field name, a null, a float, an enum number, a duplicate key, bytes that are not UTF-8, a message
-type with maps, oneofs, floats or bytes) is handed to json_format whole, so its answer, or its
-error, is the one given. Why: json_format spent ~50 to 80 µs a record and a listing of 10,000
-records parsed every one (docs/benchmarks.md); this path takes ~18 µs.
+raises what it raises; `dumps(message)` returns exactly what `json_format.MessageToJson(message,
+indent=None, sort_keys=True)` (holdfast's stored form) returns. The fast parse takes only what
+holdfast's own encoder writes — a UTF-8 JSON object with no repeated key, each key a field's JSON
+name, each value of its field's own JSON type (an integer as a number or a plain decimal string, an
+enum by name, a bool, a string, an object, an array of objects) — and builds the message in one
+constructor call. Anything else (a proto field name, a null, a float, an enum number, a duplicate
+key, bytes that are not UTF-8, a message type with maps, oneofs, floats or bytes) is handed to
+json_format whole, so its answer, or its error, is the one given; `dumps` likewise hands over any
+message whose type has a field of another kind, or a well-known type. Why: json_format spent ~50
+to 80 µs a record each way, a listing of 10,000 records parsed every one, and every transition
+writes three (docs/benchmarks.md); this path takes ~18 µs to parse.
 """
 
 from __future__ import annotations
@@ -145,3 +149,56 @@ def parse(raw: bytes | str, cls: type[M]) -> M:
         except (NotPlain, ValueError, TypeError):
             pass  # UnicodeDecodeError and JSONDecodeError are ValueErrors; so is an out-of-range int
     return json_format.Parse(raw, cls())
+
+
+# --- writing ----------------------------------------------------------------------------------
+_writers: dict[FieldDescriptor, Convert] = {}
+INT64_CPP_TYPES = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
+
+
+def _writer(field: FieldDescriptor) -> Convert:
+    """The field's value as json_format writes it; NotPlain for a kind it writes otherwise."""
+    found = _writers.get(field)
+    if found is None:
+        found = _writers[field] = _compile_writer(field)
+    return found
+
+
+def _compile_writer(field: FieldDescriptor) -> Convert:
+    one = _compile_one_writer(field)
+    return (lambda values: [one(value) for value in values]) if field.is_repeated else one
+
+
+def _compile_one_writer(field: FieldDescriptor) -> Convert:
+    if field.is_extension:
+        raise NotPlain  # written under its "[full.name]"
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        kind = field.message_type
+        if kind.GetOptions().map_entry or kind.full_name.startswith("google.protobuf."):
+            raise NotPlain  # a map, or a well-known type with its own JSON form
+        return _json_object
+    if field.type in INTEGER_TYPES:
+        return str if field.cpp_type in INT64_CPP_TYPES else int
+    if field.type == FieldDescriptor.TYPE_STRING:
+        return str
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        return bool
+    if field.type == FieldDescriptor.TYPE_ENUM and not field.enum_type.is_closed:
+        names = {value.number: value.name for value in field.enum_type.values}
+        if any(value.GetOptions().ListFields() for value in field.enum_type.values):
+            raise NotPlain  # an option (e.g. a JSON name) json_format may honour
+        return lambda number: names.get(number, number)  # an open enum's unknown value: its number
+    raise NotPlain
+
+
+def _json_object(message: Message) -> dict[str, Any]:
+    return {field.json_name: _writer(field)(value) for field, value in message.ListFields()}
+
+
+def dumps(message: Message) -> str:
+    try:
+        if message.DESCRIPTOR.full_name.startswith("google.protobuf."):
+            raise NotPlain
+        return json.dumps(_json_object(message), sort_keys=True)
+    except NotPlain:
+        return json_format.MessageToJson(message, indent=None, sort_keys=True)

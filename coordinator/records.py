@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from holdfast.common.identifiers import InvalidInput
@@ -39,7 +38,7 @@ def check_value(value: bytes) -> bytes:
 
 
 def encode(message: Message) -> bytes:
-    return json_format.MessageToJson(message, indent=None, sort_keys=True).encode()
+    return protojson.dumps(message).encode()
 
 
 def decode_record(raw: bytes) -> pb.SessionRecord:

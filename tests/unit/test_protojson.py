@@ -119,3 +119,29 @@ def test_an_integer_is_taken_as_a_number_or_a_decimal_string() -> None:
     as_number = json.dumps({"lease": {"fence": 12, "minimumNextFence": "13"}})
     assert protojson.parse(as_number, pb.SessionRecord).lease.fence == 12
     assert protojson.parse(as_number, pb.SessionRecord).lease.minimum_next_fence == 13
+
+
+WRITTEN = (*STORED, pb.CarryManifest, pb.ListSessionsResponse, pb.GetArchivedSessionResponse)
+
+
+@pytest.mark.parametrize("cls", WRITTEN, ids=lambda cls: cls.__name__)
+def test_what_holdfast_writes_is_what_json_format_writes(cls: type[Message]) -> None:
+    rng = random.Random(f"dumps-{cls.__name__}")
+    for _ in range(300):
+        message = cls()
+        fill(message, rng)
+        assert protojson.dumps(message) == json_format.MessageToJson(message, indent=None, sort_keys=True)
+
+
+def test_an_unknown_enum_number_is_written_as_json_format_writes_it() -> None:
+    record = pb.SessionRecord(session_id="sess-unknown-enum")
+    record.lease.claim_status = 99  # an open enum keeps a number it has no name for
+    assert protojson.dumps(record) == json_format.MessageToJson(record, indent=None, sort_keys=True)
+    assert '"claimStatus": 99' in protojson.dumps(record)
+
+
+def test_a_type_with_another_kind_of_field_is_written_by_json_format() -> None:
+    request = pb.AcquireRequest(session_id="sess-float", wait_seconds=2.5)  # a double
+    fields = pb.FencedPutRequest(session_id="sess-bytes", value=b"\xff\x00")  # bytes
+    for message in (request, fields):
+        assert protojson.dumps(message) == json_format.MessageToJson(message, indent=None, sort_keys=True)
