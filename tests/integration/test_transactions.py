@@ -4,6 +4,7 @@ transaction, and the transaction must lose — the caller re-reads and re-decide
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -367,6 +368,49 @@ async def test_a_takeovers_handoff_request_loses_to_a_changed_precondition_and_a
         await first_write_lost(p, sid)
         assert owners[0].poll() is None
         assert await record_of(p.other, sid) == before, "a refused takeover asked the owner to let go"
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_an_exit_events_early_probe_proves_nothing_about_another_owner(
+        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list) -> None:
+    """After an owner's exit event a waiting Acquire probes that owner beside its re-read. When the
+    re-read record names another owner (another replica granted it meanwhile), that probe is not
+    used: the waiting Acquire is refused while the new owner lives, never granted over it."""
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-early-probe"
+        grant, first = await reserve_on_agent(p, local_agent, sid, owners)
+        await p.other.CommitOwner(commit_request(grant, first), p.ctx)
+        await register(p.other, TAKER)
+        seconds: list[int] = []
+        waiting_on_first = asyncio.Event()
+        wait_exit = p.victim.router.wait_exit
+
+        async def then_another_owner(owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                                     timeout: float) -> None:
+            if owner.pid != first:
+                return await wait_exit(owner, reg, timeout)
+            waiting_on_first.set()
+            await wait_exit(owner, reg, timeout)
+            # The first owner's exit was seen: another replica grants the session to a second.
+            again = (await acquire(p.other, p.ctx, sid, AGENT_HOST, live_on_commit=True)).grant
+            owners.append(subprocess.Popen(["sleep", "300"],
+                                           env={**os.environ, again.spawn_token_env: again.spawn_token}))
+            await p.other.CommitOwner(commit_request(again, owners[-1].pid), p.ctx)
+            seconds.append(owners[-1].pid)
+
+        p.victim.router.wait_exit = then_another_owner  # type: ignore[method-assign]
+        waiting = asyncio.create_task(acquire(p.victim, p.ctx, sid, TAKER, wait_seconds=2))
+        await waiting_on_first.wait()
+        os.kill(first, signal.SIGKILL)
+        owners[0].wait(5)
+        with pytest.raises(Refused) as refused:
+            await waiting
+        assert refused.value.reason == "HELD", "granted over a live owner on the first owner's proof"
+        record = await record_of(p.other, sid)
+        assert record is not None and record.lease.fence == 2 and record.lease.owner.pid == seconds[0]
     finally:
         await p.close()
 
