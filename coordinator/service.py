@@ -177,7 +177,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     # The owner is asked to let go by the takeover itself, once its gate is attested
                     # and every gate of the grant is open: a takeover refused up to here asked
                     # nothing of anyone, and the owner's ending overlaps no second round trip.
-                    entry = await self._ask_owner(entry, record, request, gate_reads)
+                    entry = await self._ask_owner(entry, record, request, gate_reads, replay)
                     if entry is None:
                         continue
                     if (remaining := deadline - time.monotonic()) > 0:
@@ -302,13 +302,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return response if ok else None
 
     async def _ask_owner(self, entry: Entry | None, record: pb.SessionRecord, request: pb.AcquireRequest,
-                         gate_reads: list[Seen]) -> Entry | None:
+                         gate_reads: list[Seen], replay: Seen) -> Entry | None:
         """Writes a takeover's handoff request (`record` marked by `adjudication.ask_owner`),
-        comparing the record and the grant's gates; returns the record's new entry, None when the
-        transaction lost. Refuses (writing nothing) when a gate of the grant is closed."""
+        comparing the record, the grant's gates and this operation's replay key (read absent: a
+        grant of this very operation meanwhile must not be asked to end); returns the record's new
+        entry, None when the transaction lost. Refuses (writing nothing) when a gate is closed."""
         lifecycle.judge_grant_gates(request.host_id, gate_reads)
         return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
-                                                 reads=gate_reads)
+                                                 reads=[replay, *gate_reads])
 
     async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> apb.ProcessIdentity:
         """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing.
