@@ -312,6 +312,7 @@ class Owner:
         exited = loop.create_future()
         loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
         watcher = asyncio.create_task(self._watch())
+        ended = False  # the tree proven gone by the handoff's end_tree: nothing of it can come back
         checkpoints = (asyncio.create_task(self._checkpoints()) if self.carried and self.spec.carry_every
                        else None)
         try:
@@ -323,7 +324,7 @@ class Owner:
                     # The cgroup's members get SIGTERM from here, not once a worker thread has
                     # started (~1 ms of every handoff); end_tree sends it to any other carrier.
                     termed = self.tree.signal(signal.SIGTERM, self.tree.cgroup_members())
-                    await asyncio.to_thread(end_tree, self.tree, self.spec.grace, termed)
+                    ended = await asyncio.to_thread(end_tree, self.tree, self.spec.grace, termed)
             await exited
         finally:
             watcher.cancel()
@@ -338,7 +339,7 @@ class Owner:
                     loop.remove_signal_handler(sig)
         status = status_of(self.gate.process.wait())
         try:
-            await self.finish()
+            await self.finish(ended)
         finally:
             self.cleanup()
         return status
@@ -371,10 +372,11 @@ class Owner:
             await asyncio.sleep(self.spec.carry_every)
             await self.upload_carried("checkpoint")
 
-    async def finish(self) -> None:
-        """End what is left of the tree, upload the carried state, then Release; a fence already
-        moved on needs no release (and could store nothing)."""
-        if not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
+    async def finish(self, ended: bool = False) -> None:
+        """End what is left of the tree (unless `ended`: proven gone already, so no member is left
+        to fork another), upload the carried state, then Release; a fence already moved on needs
+        no release (and could store nothing)."""
+        if not ended and not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
             self.say("processes of the session's tree survived SIGKILL; not releasing")
             return
         if self.carried and self.ended_by == "lost":

@@ -8,8 +8,9 @@ own pidfd, to be members of that cgroup or carriers of the spawn token (so a reu
 hit), and returns True only when the cgroup is empty and a stable scan shows no carrier. Before the
 final kill every member is stopped, until a round finds none new: a tree that keeps forking cannot
 outrun it. Waiting is on pidfds becoming readable, not on a timer. The scan is the agent's
-(`holdfast.proc.scan`), so client and agent agree on what "carries the token" means; the agent,
-not this, proves the tree gone before a Release is accepted.
+(`holdfast.proc.scan`), with the agent's bound (no process older than the gate is of its tree),
+so client and agent agree on what "carries the token" means; the agent, not this, proves the tree
+gone before a Release is accepted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 
 from holdfast.proc.cgroups import cgroup2_root, is_session_cgroup
 from holdfast.proc.environ import read_proc_file, read_value
-from holdfast.proc.scan import scan
+from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import Scan, scan
 
 KILL_WAIT_S = 5.0
 STOP_ROUNDS = 32
@@ -46,16 +48,24 @@ class Tree:
     token: str
     cgroup: str = ""  # absolute, in this process's view; "" when the agent made none
     relative: str = ""  # as /proc/<pid>/cgroup names it here ("0::<relative>")
+    born_since: int = 0  # the gate's start ticks: every member is born at or after them (0: unknown)
 
     @classmethod
     def of_gate(cls, variable: str, token: str, gate_pid: int) -> Tree:
         """The tree of a gate the agent has attested (and so moved into its session cgroup)."""
         root, relative = cgroup2_root(), _cgroup_line(gate_pid)
+        try:
+            born_since = parse_stat(read_proc_file(f"/proc/{gate_pid}/stat")).start_ticks
+        except (OSError, StatParseError):
+            born_since = 0
         if root and relative and relative.startswith("/"):
             path = os.path.normpath(root + relative)
             if is_session_cgroup(path, root):
-                return cls(variable, token, path, relative)
-        return cls(variable, token)
+                return cls(variable, token, path, relative, born_since)
+        return cls(variable, token, born_since=born_since)
+
+    def _scan(self) -> Scan:
+        return scan(self.variable.encode(), self.token.encode(), born_since=self.born_since)
 
     def _member(self, pid: int) -> bool:
         if self.relative and _cgroup_line(pid) == self.relative:
@@ -77,7 +87,7 @@ class Tree:
 
     def members(self) -> set[int]:
         pids = self.cgroup_members()
-        pids.update(c.pid for c in scan(self.variable.encode(), self.token.encode()).carriers)
+        pids.update(c.pid for c in self._scan().carriers)
         return pids
 
     def signal(self, sig: int, pids: set[int] | None = None) -> set[int]:
@@ -118,7 +128,7 @@ class Tree:
     def gone(self) -> bool:
         if self.populated():
             return False
-        found = scan(self.variable.encode(), self.token.encode())
+        found = self._scan()
         return found.stable and not found.carriers
 
 

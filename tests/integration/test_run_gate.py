@@ -233,6 +233,30 @@ def test_end_tree_never_signals_a_process_that_is_not_a_member() -> None:
         stranger.wait()
 
 
+def test_end_tree_bounds_its_scans_as_the_agent_does_by_the_gates_start() -> None:
+    """A carrier of the token older than the gate cannot be of its tree (design §2): the client's
+    scans skip it as the agent's proof does, so ending the tree neither waits on it nor signals it,
+    while a carrier the gate started is ended."""
+    token = secrets.token_hex(16)
+    older = subprocess.Popen(["sleep", "30"], env={**os.environ, VAR: token})
+    try:
+        ticks = Tree.of_gate(VAR, token, older.pid).born_since  # the older process's own start
+        clock_tick = os.sysconf("SC_CLK_TCK")
+        for _ in range(10_000_000):  # a bounded wait on the clock itself: the gate starts a tick later
+            if int(time.clock_gettime(time.CLOCK_BOOTTIME) * clock_tick) > ticks:
+                break
+        gate = Gate(["sleep", "30"], {**os.environ, VAR: token}, process_group=0)
+        tree = Tree.of_gate(VAR, token, gate.pid)
+        assert tree.born_since > ticks
+        assert older.pid not in tree.members() and gate.pid in tree.members()
+        gate.release()
+        assert end_tree(tree, grace=5)
+        assert gate.process.wait(5) != 0 and older.poll() is None
+    finally:
+        older.kill()
+        older.wait()
+
+
 def test_a_gate_spawned_before_its_grant_runs_cmd_with_the_grants_environment(tmp_path: Path) -> None:
     """A gate spawned before its grant is handed CMD's fence and handle through its env file at
     release: every value reaches CMD exactly, whatever it holds, and the token stays inherited."""
