@@ -328,7 +328,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                 answered.append(agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None)))
         yield agent_pb2.ExitEvent(armed=True)
         for event in answered:
-            yield event
+            yield await self._with_tree(event, request.check_tree)
         while pending:
             # shield: a watch is shared by every stream on the same identity; one cancel must not end it.
             await asyncio.wait([asyncio.shield(f) for f in pending], return_when=asyncio.FIRST_COMPLETED)
@@ -336,7 +336,16 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                 owner = pending.pop(fut)
                 result = fut.result() if not fut.cancelled() else agent_pb2.ProbeResult(
                     outcome=P.INDETERMINATE, reason="the agent stopped watching this owner")
-                yield agent_pb2.ExitEvent(identity=owner, result=self._stamp(result))
+                yield await self._with_tree(agent_pb2.ExitEvent(identity=owner, result=self._stamp(result)),
+                                            request.check_tree)
+
+    async def _with_tree(self, event: agent_pb2.ExitEvent, check_tree: bool) -> agent_pb2.ExitEvent:
+        """With `check_tree`, a root not proven alive has its tree judged as ProbeOwners judges it
+        (the tree read after the root was: a root proven dead stays dead)."""
+        if check_tree and event.result.outcome != P.IDENTITY_MATCHED:
+            tree = await scan_trees(self.variable, [event.identity], self.ages)
+            self.judge_tree(event.identity, tree, event.result)
+        return event
 
     async def KillOwner(self, request, context):
         try:

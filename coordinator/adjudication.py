@@ -135,6 +135,13 @@ def ask_owner(lease: pb.Lease, operation_hash: str, host_id: str) -> bool:
     return True
 
 
+def proves_gone(probe: apb.ProbeResult) -> bool:
+    """A result that proves its owner's root dead and its tree gone: what OWNER_DEAD rests on
+    (whose host answered is the adjudication's to check against the record)."""
+    return (probe.outcome in PROVEN_DEAD and probe.tree_checked and probe.tree_gone
+            and not probe.contradiction)
+
+
 def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:
     """Release needs the whole tree proven gone by the owner's own host (docs/design.md §2)."""
     return (probe.answered_by_host_id == lease.owner.host_id and probe.tree_checked and probe.tree_gone

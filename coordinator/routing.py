@@ -123,23 +123,23 @@ class Router:
         return resp.result
 
     async def wait_exit(self, owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
-                        seconds: float) -> None:
-        """Returns at the owner's first exit event from its agent, or when `seconds` pass.
-
-        It proves nothing by itself: the caller re-reads and re-adjudicates with a fresh probe.
-        """
+                        seconds: float) -> apb.ProbeResult | None:
+        """The owner's first exit event from its agent, its tree checked there; None when `seconds`
+        pass first or no agent answers. The caller re-reads and re-adjudicates: the event's result is
+        a probe of the owner as of the exit, never a grant by itself."""
         stub = self.agent(reg)
         if stub is None:
-            return
-        call = stub.WatchExits(apb.WatchExitsRequest(owners=[owner]), timeout=seconds)
+            return None
+        call = stub.WatchExits(apb.WatchExitsRequest(owners=[owner], check_tree=True), timeout=seconds)
         try:
             async for event in call:
                 if not event.armed:
-                    return
+                    return event.result
         except grpc.aio.AioRpcError:
-            return  # deadline or agent gone: the re-adjudication decides, never this
+            return None  # deadline or agent gone: the re-adjudication decides, never this
         finally:
             call.cancel()
+        return None
 
     async def attest(self, host_id: str, reg: pb.HostRegistration | None, token: str, pid_hint: int,
                      session_id: str, fence: int) -> apb.ProcessIdentity | str:

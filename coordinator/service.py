@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -95,6 +96,16 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
     return wrapped
 
 
+@dataclass(frozen=True)
+class Exited:
+    """An owner whose exit event ended a wait: the event's result (None: no event came) and the
+    registration of the agent it came from."""
+
+    owner: apb.ProcessIdentity
+    result: apb.ProbeResult | None
+    registration: Seen
+
+
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None,
                  commit_window_ms: int = COMMIT_WINDOW_MS, carry_session_cap: int = carry.DEFAULT_SESSION_CAP,
@@ -143,7 +154,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         started = time.monotonic()
         deadline = started + request.wait_seconds
         held: adjudication.Verdict | None = None
-        exited: apb.ProcessIdentity | None = None  # the owner whose exit event ended the last wait
+        exited: Exited | None = None  # the owner whose exit event ended the last wait
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
@@ -311,28 +322,32 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
                                                  reads=[replay, *gate_reads])
 
-    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> apb.ProcessIdentity:
-        """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing.
-        Returns the owner, for the next pass to probe beside its re-read."""
-        await self.router.wait_exit(owner, await self.registry.get(owner.host_id), seconds)
-        return owner
+    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> Exited:
+        """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing
+        by itself. Returns the owner and the event, for the next pass beside its re-read."""
+        return Exited(owner, *await self.sessions.wait_exit(owner, seconds))
 
     async def _read_for_grant(
-        self, request: pb.AcquireRequest, ops_key: str, exited: apb.ProcessIdentity | None
+        self, request: pb.AcquireRequest, ops_key: str, exited: Exited | None
     ) -> tuple[list[Seen], list[Seen], tuple[apb.ProcessIdentity, tuple[apb.ProbeResult, Seen]] | None]:
         """Everything a decision reads, in one round trip at one revision: the grant's gates, then
         this operation's replay, the record and what a new record's first fence rests on, each
-        compared in the grant's transaction. After a wait ended by `exited`'s exit event, that owner
-        is probed beside the read (never with a kill): the proof is the same whichever lands first,
-        the grant still follows both, and it is used only if the record still names that owner."""
+        compared in the grant's transaction. After a wait ended by an owner's exit event, that
+        owner's proof comes with the read: the event's own when its agent proved the tree gone with
+        it, else a probe beside the read (never a kill). Either proves the same whichever lands
+        first, the grant still follows both, and it is used only if the record still names that
+        owner."""
         sid = request.session_id
         reading = self.lifecycle.read_grant_gates(request.host_id, ops_key, self.sessions.key(sid),
                                                   *self.lifecycle.revival_keys(sid))
         if exited is None or request.force:
             gate_reads, also = await reading
             return gate_reads, also, None
-        (gate_reads, also), early = await asyncio.gather(reading, self.sessions.probe(exited))
-        return gate_reads, also, (exited, early)
+        if exited.result is not None and adjudication.proves_gone(exited.result):
+            gate_reads, also = await reading
+            return gate_reads, also, (exited.owner, (exited.result, exited.registration))
+        (gate_reads, also), early = await asyncio.gather(reading, self.sessions.probe(exited.owner))
+        return gate_reads, also, (exited.owner, early)
 
     async def _force_pending(
         self,

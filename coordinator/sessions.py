@@ -118,6 +118,13 @@ class Sessions:
             return await self.router.kill(owner, reg, KILL_WAIT_S), registration
         return await self.router.probe(owner, reg, check_tree=True), registration
 
+    async def wait_exit(self, owner: apb.ProcessIdentity,
+                        seconds: float) -> tuple[apb.ProbeResult | None, Seen]:
+        """The owner's exit event with its tree checked (None: none within `seconds`), with the
+        registration of the agent it came from, as read first: a decision on it compares it."""
+        registration = await self.registry.seen(owner.host_id)
+        return await self.router.wait_exit(owner, decode_registration(registration), seconds), registration
+
     async def judge_probed(
         self, record: pb.SessionRecord
     ) -> tuple[adjudication.Verdict, apb.ProbeResult | None, list[Seen]]:

@@ -217,6 +217,32 @@ def test_watch_exits_delivers_kill_9_and_remembers_it(agent: AgentProcess, child
     assert probe(agent.stub, identity).outcome == P.EXIT_OBSERVED
 
 
+def test_an_exit_asked_with_its_tree_comes_with_the_trees_proof(agent: AgentProcess, children: list) -> None:
+    """WatchExits with check_tree: the exit event's result carries the tree check ProbeOwners would
+    give — gone for a lone root, not gone while a descendant carrying the token lives."""
+    def exit_event(argv: list[str], stdout: int | None = None) -> tuple[agent_pb2.ExitEvent, int]:
+        token = mint_token()
+        root = spawn(children, argv, token, stdout=stdout)
+        said = root.stdout.readline() if stdout is not None else b""  # the child runs: it said so
+        identity = attest(agent.stub, token, root.pid)
+        stream = agent.stub.WatchExits(agent_pb2.WatchExitsRequest(owners=[identity], check_tree=True),
+                                       timeout=10)
+        assert next(stream).armed
+        os.kill(root.pid, signal.SIGKILL)
+        event = next(stream)
+        root.wait()
+        return event, int(said) if said else 0
+
+    lone, _ = exit_event(["sleep", "300"])
+    assert lone.result.outcome == P.EXIT_OBSERVED and lone.result.tree_checked and lone.result.tree_gone
+    parent, child = exit_event(["sh", "-c", "sleep 300 & echo $!; wait"], stdout=subprocess.PIPE)
+    try:
+        assert parent.result.outcome == P.EXIT_OBSERVED
+        assert parent.result.tree_checked and not parent.result.tree_gone, parent.result
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_misrouted_and_other_pid_namespace_are_indeterminate(agent: AgentProcess, children: list) -> None:
     token = mint_token()
     child = spawn(children, ["sleep", "300"], token)

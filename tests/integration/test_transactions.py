@@ -375,9 +375,10 @@ async def test_a_takeovers_handoff_request_loses_to_a_changed_precondition_and_a
 @run_async
 async def test_an_exit_events_early_probe_proves_nothing_about_another_owner(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list) -> None:
-    """After an owner's exit event a waiting Acquire probes that owner beside its re-read. When the
-    re-read record names another owner (another replica granted it meanwhile), that probe is not
-    used: the waiting Acquire is refused while the new owner lives, never granted over it."""
+    """After an owner's exit event a waiting Acquire has that owner's proof (the event's) with its
+    re-read. When the re-read record names another owner (another replica granted it meanwhile),
+    that proof is not used: the waiting Acquire is refused while the new owner lives, never
+    granted over it."""
     p = pair(etcd, prefix)
     try:
         sid = "sess-early-probe"
@@ -389,17 +390,19 @@ async def test_an_exit_events_early_probe_proves_nothing_about_another_owner(
         wait_exit = p.victim.router.wait_exit
 
         async def then_another_owner(owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
-                                     timeout: float) -> None:
+                                     timeout: float) -> apb.ProbeResult | None:
             if owner.pid != first:
                 return await wait_exit(owner, reg, timeout)
             waiting_on_first.set()
-            await wait_exit(owner, reg, timeout)
+            exited = await wait_exit(owner, reg, timeout)  # the first owner's proof, tree and all
+            assert exited is not None and exited.tree_gone
             # The first owner's exit was seen: another replica grants the session to a second.
             again = (await acquire(p.other, p.ctx, sid, AGENT_HOST, live_on_commit=True)).grant
             owners.append(subprocess.Popen(["sleep", "300"],
                                            env={**os.environ, again.spawn_token_env: again.spawn_token}))
             await p.other.CommitOwner(commit_request(again, owners[-1].pid), p.ctx)
             seconds.append(owners[-1].pid)
+            return exited
 
         p.victim.router.wait_exit = then_another_owner  # type: ignore[method-assign]
         waiting = asyncio.create_task(acquire(p.victim, p.ctx, sid, TAKER, wait_seconds=2))

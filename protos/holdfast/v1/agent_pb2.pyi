@@ -224,10 +224,12 @@ class ProbeOwnersResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ...) -> None: ...
 
 class WatchExitsRequest(_message.Message):
-    __slots__ = ("owners",)
+    __slots__ = ("owners", "check_tree")
     OWNERS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_TREE_FIELD_NUMBER: _ClassVar[int]
     owners: _containers.RepeatedCompositeFieldContainer[ProcessIdentity]
-    def __init__(self, owners: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
+    check_tree: bool
+    def __init__(self, owners: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ..., check_tree: _Optional[bool] = ...) -> None: ...
 
 class ExitEvent(_message.Message):
     __slots__ = ("identity", "result", "armed")
