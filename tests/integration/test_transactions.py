@@ -313,49 +313,25 @@ FORCE_CHANGES: dict[str, tuple[Callable[[Pair], str], str]] = {
 }
 
 
+@pytest.mark.parametrize("how", ["ask", "force"])
 @pytest.mark.parametrize("changed", list(FORCE_CHANGES))
 @run_async
-async def test_force_pending_loses_to_a_changed_precondition_and_then_kills_nothing(
-        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str) -> None:
+async def test_a_takeover_loses_to_a_changed_precondition_and_neither_asks_nor_kills(
+        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str,
+        how: str) -> None:
     """The demonstrated window of docs/design.md §5: a drain (or a restore gate, or the taker's
-    registration gone) between the check and the kill must not get the owner killed."""
+    registration gone) between the check and the write must not get the owner asked to let go (a
+    takeover's own request) nor killed (force-pending, after the request the record holds)."""
     p = pair(etcd, prefix)
     try:
-        sid = "sess-force-row"
+        sid = f"sess-{how}-row"
         grant, pid = await reserve_on_agent(p, local_agent, sid, owners)
         await p.other.CommitOwner(commit_request(grant, pid), p.ctx)
         await register(p.other, TAKER)
         op = secrets.token_hex(16)
-        await p.other.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=op,
-                                                              host_id=TAKER), p.ctx)
-        requested = await record_of(p.other, sid)
-        key_of, then = FORCE_CHANGES[changed]
-        key = key_of(p)
-        change = (lambda: delete(p.other.store, key)) if changed == "registration-gone" else (
-            lambda: create(p.other.store, key))
-        p.store.arm(writes(session_key(p, sid)), change)
-        with pytest.raises(Refused) as refused:
-            await acquire(p.victim, p.ctx, sid, TAKER, operation_id=op, force=True)
-        assert refused.value.reason == then
-        await first_write_lost(p, sid)
-        assert owners[0].poll() is None, "the owner was killed for a refused force"
-        assert await record_of(p.other, sid) == requested
-    finally:
-        await p.close()
-
-
-@pytest.mark.parametrize("changed", list(FORCE_CHANGES))
-@run_async
-async def test_a_takeovers_handoff_request_loses_to_a_changed_precondition_and_asks_nothing(
-        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str) -> None:
-    """A takeover's Acquire asks the owner to let go itself, in a transaction comparing the record
-    and the grant's gates: a gate closed between its reads and that write leaves the owner unasked."""
-    p = pair(etcd, prefix)
-    try:
-        sid = "sess-ask-row"
-        grant, pid = await reserve_on_agent(p, local_agent, sid, owners)
-        await p.other.CommitOwner(commit_request(grant, pid), p.ctx)
-        await register(p.other, TAKER)
+        if how == "force":
+            await p.other.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=op,
+                                                                  host_id=TAKER), p.ctx)
         before = await record_of(p.other, sid)
         key_of, then = FORCE_CHANGES[changed]
         key = key_of(p)
@@ -363,11 +339,11 @@ async def test_a_takeovers_handoff_request_loses_to_a_changed_precondition_and_a
             lambda: create(p.other.store, key))
         p.store.arm(writes(session_key(p, sid)), change)
         with pytest.raises(Refused) as refused:
-            await acquire(p.victim, p.ctx, sid, TAKER, takeover=True)
+            await acquire(p.victim, p.ctx, sid, TAKER, operation_id=op, takeover=True, force=how == "force")
         assert refused.value.reason == then
         await first_write_lost(p, sid)
-        assert owners[0].poll() is None
-        assert await record_of(p.other, sid) == before, "a refused takeover asked the owner to let go"
+        assert owners[0].poll() is None, "the owner was killed for a refused takeover"
+        assert await record_of(p.other, sid) == before, "a refused takeover changed the record"
     finally:
         await p.close()
 
