@@ -10,6 +10,7 @@ from holdfast.coordinator.adjudication import (
     Reason,
     adjudicate,
     ask_owner,
+    proves_gone,
     release_allowed,
     replay_released,
     replay_still_valid,
@@ -170,3 +171,20 @@ def test_asking_the_owner_writes_only_what_is_not_the_records_already(stage, by,
             pb.HANDOFF_REQUESTED, "op-a", "host-b")
     else:
         assert lease == before
+
+
+@pytest.mark.parametrize("outcome, checked, gone, contradiction, proven", [
+    (apb.EXIT_OBSERVED, True, True, False, True),
+    (apb.PID_ABSENT, True, True, False, True),
+    (apb.IDENTITY_MISMATCH, True, True, False, True),
+    (apb.EXIT_OBSERVED, True, False, False, False),   # the root is gone, a descendant is not
+    (apb.EXIT_OBSERVED, False, False, False, False),  # an older agent: the tree was not read
+    (apb.EXIT_OBSERVED, True, True, True, False),     # contradictory evidence proves nothing
+    (apb.INDETERMINATE, True, True, False, False),    # e.g. misrouted: no scan here proves it
+    (apb.IDENTITY_MATCHED, True, True, False, False),
+])
+def test_an_exit_events_result_stands_for_a_probe_only_when_it_proves_the_tree_gone(
+        outcome, checked, gone, contradiction, proven) -> None:
+    result = apb.ProbeResult(outcome=outcome, tree_checked=checked, tree_gone=gone,
+                             contradiction=contradiction)
+    assert proves_gone(result) is proven
