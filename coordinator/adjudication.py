@@ -57,9 +57,7 @@ def adjudicate(
                        f"current {lease.fence}")
     if lease.claim_status == pb.CONFLICTED or lease.handoff_stage == pb.MANUAL_RECOVERY:
         return Verdict(Action.REFUSE, Reason.MANUAL_RECOVERY, "session is in manual recovery; use Recover")
-    # A drain's request names no operation (empty hash): it asks the owner to let go, reserves nothing.
-    if (lease.handoff_stage in HANDOFF_STAGES and lease.handoff_operation_hash
-            and lease.handoff_operation_hash != ask.operation_hash):
+    if requested_by_another(lease, ask.operation_hash):
         return Verdict(Action.REFUSE, Reason.OPERATION_CONFLICT,
                        f"a handoff was requested by host {lease.handoff_requested_by_host}")
     if not _has_claim(lease):
@@ -121,6 +119,13 @@ def force_allowed(lease: pb.Lease, ask: AcquireAsk, operator: bool) -> bool:
     requested = (lease.handoff_stage in HANDOFF_STAGES and bool(lease.handoff_operation_hash)
                  and lease.handoff_operation_hash == ask.operation_hash)
     return requested or operator
+
+
+def requested_by_another(lease: pb.Lease, operation_hash: str) -> bool:
+    """A handoff is in progress for another operation. A drain's request names no operation (empty
+    hash): it asks the owner to let go and reserves nothing, so it conflicts with no one."""
+    return (lease.handoff_stage in HANDOFF_STAGES and bool(lease.handoff_operation_hash)
+            and lease.handoff_operation_hash != operation_hash)
 
 
 def ask_owner(lease: pb.Lease, operation_hash: str, host_id: str) -> bool:

@@ -98,8 +98,9 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 
 @dataclass(frozen=True)
 class Exited:
-    """An owner whose exit event ended a wait: the event's result (None: no event came) and the
-    registration of the agent it came from."""
+    """An owner whose exit event ended a wait, with what its agent answered (the event's result, or
+    a probe's; None: no event came) and the registration of that agent, compared by a decision
+    that uses the answer."""
 
     owner: apb.ProcessIdentity
     result: apb.ProbeResult | None
@@ -196,8 +197,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                         # waited for instead, and the next pass re-reads and probes afresh.
                         exited = await self._wait_exit(record.lease.owner, remaining)
                         continue
-                if early is not None and early[0] == record.lease.owner:
-                    probe, registration = early[1]
+                if early is not None and early.result is not None and early.owner == record.lease.owner:
+                    probe, registration = early.result, early.registration
                 else:
                     probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
@@ -329,7 +330,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def _read_for_grant(
         self, request: pb.AcquireRequest, ops_key: str, exited: Exited | None
-    ) -> tuple[list[Seen], list[Seen], tuple[apb.ProcessIdentity, tuple[apb.ProbeResult, Seen]] | None]:
+    ) -> tuple[list[Seen], list[Seen], Exited | None]:
         """Everything a decision reads, in one round trip at one revision: the grant's gates, then
         this operation's replay, the record and what a new record's first fence rests on, each
         compared in the grant's transaction. After a wait ended by an owner's exit event, that
@@ -345,9 +346,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             return gate_reads, also, None
         if exited.result is not None and adjudication.proves_gone(exited.result):
             gate_reads, also = await reading
-            return gate_reads, also, (exited.owner, (exited.result, exited.registration))
-        (gate_reads, also), early = await asyncio.gather(reading, self.sessions.probe(exited.owner))
-        return gate_reads, also, (exited.owner, early)
+            return gate_reads, also, exited
+        (gate_reads, also), (probe, registration) = await asyncio.gather(
+            reading, self.sessions.probe(exited.owner))
+        return gate_reads, also, Exited(exited.owner, probe, registration)
 
     async def _force_pending(
         self,
@@ -565,8 +567,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             lease = record.lease
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
                 raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
-            if (lease.handoff_stage in adjudication.HANDOFF_STAGES and lease.handoff_operation_hash
-                    and lease.handoff_operation_hash != requested):
+            if adjudication.requested_by_another(lease, requested):
                 raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
             if not adjudication.ask_owner(lease, requested, request.host_id):
                 return pb.RequestHandoffResponse(record=record)
