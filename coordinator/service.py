@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -100,11 +100,14 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 class Exited:
     """An owner whose exit event ended a wait, with what its agent answered (the event's result, or
     a probe's; None: no event came) and the registration of that agent, compared by a decision
-    that uses the answer."""
+    that uses the answer. `held`: the reads the wait began on (the grant's gates, then the replay,
+    the record as read or as this call wrote it, the revival keys), which a grant on the event's
+    proof may rest on instead of a re-read."""
 
     owner: apb.ProcessIdentity
     result: apb.ProbeResult | None
     registration: Seen
+    held: tuple[list[Seen], list[Seen]] | None = None
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
@@ -194,8 +197,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                         continue
                     if (remaining := deadline - time.monotonic()) > 0:
                         # Just asked, it is ending: a probe now would find it alive. Its exit is
-                        # waited for instead, and the next pass re-reads and probes afresh.
-                        exited = await self._wait_exit(record.lease.owner, remaining)
+                        # waited for instead, on the record as this transaction wrote it.
+                        exited = await self._wait_exit(record.lease.owner, remaining, gate_reads,
+                                                       [replay, Seen(record_read.key, entry), *revival])
                         continue
                 if early is not None and early.result is not None and early.owner == record.lease.owner:
                     probe, registration = early.result, early.registration
@@ -203,6 +207,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     probe, registration = await self.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+            if early is not None and early.held is not None and (
+                    verdict.action is not Action.GRANT or request.await_release):
+                # Decided on the reads held over the wait: only a grant may rest on them (its
+                # transaction compares each one). Anything else is decided again on a fresh read.
+                exited = replace(early, held=None)
+                continue
             metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
             if verdict.action is Action.TO_MANUAL and record is not None:
                 record.lease.handoff_stage = pb.MANUAL_RECOVERY
@@ -212,7 +222,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 held = verdict
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
-                exited = await self._wait_exit(record.lease.owner, remaining)
+                exited = await self._wait_exit(record.lease.owner, remaining, gate_reads,
+                                               [replay, Seen(record_read.key, entry), *revival])
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
@@ -323,10 +334,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
                                                  reads=[replay, *gate_reads])
 
-    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float) -> Exited:
+    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float, gate_reads: list[Seen],
+                         also: list[Seen]) -> Exited:
         """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing
-        by itself. Returns the owner and the event, for the next pass beside its re-read."""
-        return Exited(owner, *await self.sessions.wait_exit(owner, seconds))
+        by itself. Returns the owner and the event, with the reads the wait began on."""
+        return Exited(owner, *await self.sessions.wait_exit(owner, seconds), held=(gate_reads, also))
 
     async def _read_for_grant(
         self, request: pb.AcquireRequest, ops_key: str, exited: Exited | None
@@ -337,19 +349,27 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         owner's proof comes with the read: the event's own when its agent proved the tree gone with
         it, else a probe beside the read (never a kill). Either proves the same whichever lands
         first, the grant still follows both, and it is used only if the record still names that
-        owner."""
-        sid = request.session_id
-        reading = self.lifecycle.read_grant_gates(request.host_id, ops_key, self.sessions.key(sid),
-                                                  *self.lifecycle.revival_keys(sid))
+        owner. With the event's own proof, the reads are those the wait began on, no round trip:
+        a grant may rest on them, nothing else (Acquire decides anything else on a fresh read)."""
         if exited is None or request.force:
-            gate_reads, also = await reading
+            gate_reads, also = await self._read(request, ops_key)
             return gate_reads, also, None
         if exited.result is not None and adjudication.proves_gone(exited.result):
-            gate_reads, also = await reading
+            if exited.held is not None:
+                # No round trip: the grant that may follow compares every one of these keys in its
+                # transaction, so a change since they were read makes it lose (and the next pass
+                # reads afresh); it can grant nothing a fresh read would refuse.
+                return *exited.held, exited
+            gate_reads, also = await self._read(request, ops_key)
             return gate_reads, also, exited
         (gate_reads, also), (probe, registration) = await asyncio.gather(
-            reading, self.sessions.probe(exited.owner))
+            self._read(request, ops_key), self.sessions.probe(exited.owner))
         return gate_reads, also, Exited(exited.owner, probe, registration)
+
+    async def _read(self, request: pb.AcquireRequest, ops_key: str) -> tuple[list[Seen], list[Seen]]:
+        sid = request.session_id
+        return await self.lifecycle.read_grant_gates(request.host_id, ops_key, self.sessions.key(sid),
+                                                     *self.lifecycle.revival_keys(sid))
 
     async def _force_pending(
         self,

@@ -394,6 +394,51 @@ async def test_an_exit_events_early_probe_proves_nothing_about_another_owner(
         await p.close()
 
 
+@pytest.mark.parametrize("how", ["wait", "takeover"])
+@pytest.mark.parametrize("changed", list(FORCE_CHANGES))
+@run_async
+async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
+        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str,
+        how: str) -> None:
+    """After the owner's exit event proved its tree gone, a waiting Acquire (`--wait`, or a takeover
+    that asked) grants on the reads its wait began on, without reading again. A gate that closed
+    during the wait makes that grant's transaction lose; decided again on a fresh read, the Acquire
+    is refused with the gate's reason and nothing is granted."""
+    p = pair(etcd, prefix)
+    try:
+        sid = f"sess-held-{how}"
+        grant, first = await reserve_on_agent(p, local_agent, sid, owners)
+        await p.other.CommitOwner(commit_request(grant, first), p.ctx)
+        await register(p.other, TAKER)
+        key_of, then = FORCE_CHANGES[changed]
+        key = key_of(p)
+        waiting_on_first = asyncio.Event()
+        wait_exit = p.victim.router.wait_exit
+
+        async def then_a_gate_closes(owner: apb.ProcessIdentity, reg: pb.HostRegistration | None,
+                                     timeout: float) -> apb.ProbeResult | None:
+            waiting_on_first.set()
+            exited = await wait_exit(owner, reg, timeout)
+            assert exited is not None and exited.tree_gone
+            await (delete(p.other.store, key) if changed == "registration-gone" else create(p.other.store, key))
+            return exited
+
+        p.victim.router.wait_exit = then_a_gate_closes  # type: ignore[method-assign]
+        waiting = asyncio.create_task(acquire(p.victim, p.ctx, sid, TAKER, wait_seconds=20,
+                                              takeover=how == "takeover"))
+        await waiting_on_first.wait()
+        os.kill(first, signal.SIGKILL)
+        owners[0].wait(5)
+        with pytest.raises(Refused) as refused:
+            await waiting
+        assert refused.value.reason == then
+        assert p.store.outcomes_for(session_key(p, sid))[-1] is False, "the grant did not rest on the held reads"
+        record = await record_of(p.other, sid)
+        assert record is not None and record.lease.fence == 1 and record.lease.owner.pid == first
+    finally:
+        await p.close()
+
+
 @run_async
 async def test_release_loses_to_a_change_of_the_owner_hosts_registration(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list) -> None:
