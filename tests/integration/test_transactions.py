@@ -420,7 +420,8 @@ async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
             waiting_on_first.set()
             exited = await wait_exit(owner, reg, timeout)
             assert exited is not None and exited.tree_gone
-            await (delete(p.other.store, key) if changed == "registration-gone" else create(p.other.store, key))
+            closing = delete if changed == "registration-gone" else create
+            await closing(p.other.store, key)
             return exited
 
         p.victim.router.wait_exit = then_a_gate_closes  # type: ignore[method-assign]
@@ -432,7 +433,8 @@ async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
         with pytest.raises(Refused) as refused:
             await waiting
         assert refused.value.reason == then
-        assert p.store.outcomes_for(session_key(p, sid))[-1] is False, "the grant did not rest on the held reads"
+        written = p.store.outcomes_for(session_key(p, sid))
+        assert written[-1] is False, "the grant did not rest on the reads held over the wait"
         record = await record_of(p.other, sid)
         assert record is not None and record.lease.fence == 1 and record.lease.owner.pid == first
     finally:
