@@ -268,6 +268,15 @@ def commit_request(grant: pb.Grant, pid: int) -> pb.CommitOwnerRequest:
                                  pid_hint=pid)
 
 
+async def owned_with_a_taker(p: Pair, agent: AgentProcess, sid: str,
+                             owners: list[subprocess.Popen[bytes]]) -> int:
+    """A committed owner of `sid` on the agent's host, and TAKER registered; the owner's pid."""
+    grant, pid = await reserve_on_agent(p, agent, sid, owners)
+    await p.other.CommitOwner(commit_request(grant, pid), p.ctx)
+    await register(p.other, TAKER)
+    return pid
+
+
 @pytest.mark.parametrize("changed", ["record", "registration"])
 @run_async
 async def test_commit_loses_to_a_change_of_the_record_or_the_reserved_hosts_registration(
@@ -305,8 +314,8 @@ async def test_drains_handoff_request_loses_to_an_undo_of_the_drain(
         await p.close()
 
 
-FORCE_CHANGES: dict[str, tuple[Callable[[Pair], str], str]] = {
-    # the key changed between the forced Acquire's reads and its force-pending transaction
+GATE_CLOSINGS: dict[str, tuple[Callable[[Pair], str], str]] = {
+    # a gate of the grant closed by another replica after it was read: the key, and the refusal
     "drain-flag-absent": (lambda p: p.key("draining", TAKER), "HOST_DRAINING"),
     "restore-gate-absent": (lambda p: p.key("restore-pending"), "RESTORE_PENDING"),
     "registration-gone": (lambda p: p.key("hosts", TAKER), "HOST_NOT_REGISTERED"),
@@ -314,7 +323,7 @@ FORCE_CHANGES: dict[str, tuple[Callable[[Pair], str], str]] = {
 
 
 @pytest.mark.parametrize("how", ["ask", "force"])
-@pytest.mark.parametrize("changed", list(FORCE_CHANGES))
+@pytest.mark.parametrize("changed", list(GATE_CLOSINGS))
 @run_async
 async def test_a_takeover_loses_to_a_changed_precondition_and_neither_asks_nor_kills(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str,
@@ -325,15 +334,13 @@ async def test_a_takeover_loses_to_a_changed_precondition_and_neither_asks_nor_k
     p = pair(etcd, prefix)
     try:
         sid = f"sess-{how}-row"
-        grant, pid = await reserve_on_agent(p, local_agent, sid, owners)
-        await p.other.CommitOwner(commit_request(grant, pid), p.ctx)
-        await register(p.other, TAKER)
+        await owned_with_a_taker(p, local_agent, sid, owners)
         op = secrets.token_hex(16)
         if how == "force":
             await p.other.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=op,
                                                                   host_id=TAKER), p.ctx)
         before = await record_of(p.other, sid)
-        key_of, then = FORCE_CHANGES[changed]
+        key_of, then = GATE_CLOSINGS[changed]
         key = key_of(p)
         change = (lambda: delete(p.other.store, key)) if changed == "registration-gone" else (
             lambda: create(p.other.store, key))
@@ -358,9 +365,7 @@ async def test_an_exit_events_early_probe_proves_nothing_about_another_owner(
     p = pair(etcd, prefix)
     try:
         sid = "sess-early-probe"
-        grant, first = await reserve_on_agent(p, local_agent, sid, owners)
-        await p.other.CommitOwner(commit_request(grant, first), p.ctx)
-        await register(p.other, TAKER)
+        first = await owned_with_a_taker(p, local_agent, sid, owners)
         seconds: list[int] = []
         waiting_on_first = asyncio.Event()
         wait_exit = p.victim.router.wait_exit
@@ -395,7 +400,7 @@ async def test_an_exit_events_early_probe_proves_nothing_about_another_owner(
 
 
 @pytest.mark.parametrize("how", ["wait", "takeover"])
-@pytest.mark.parametrize("changed", list(FORCE_CHANGES))
+@pytest.mark.parametrize("changed", list(GATE_CLOSINGS))
 @run_async
 async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str,
@@ -407,10 +412,8 @@ async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
     p = pair(etcd, prefix)
     try:
         sid = f"sess-held-{how}"
-        grant, first = await reserve_on_agent(p, local_agent, sid, owners)
-        await p.other.CommitOwner(commit_request(grant, first), p.ctx)
-        await register(p.other, TAKER)
-        key_of, then = FORCE_CHANGES[changed]
+        first = await owned_with_a_taker(p, local_agent, sid, owners)
+        key_of, then = GATE_CLOSINGS[changed]
         key = key_of(p)
         waiting_on_first = asyncio.Event()
         wait_exit = p.victim.router.wait_exit
