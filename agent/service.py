@@ -47,29 +47,34 @@ class InvalidRequest(ValueError):
 
 
 def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, born_since: int = 0,
-         ages: ProcessAges | None = None) -> Scan:
+         ages: ProcessAges | None = None, dead: scan_.Dead | None = None) -> Scan:
     """One stable scan, timed and counted for the metrics endpoint."""
     started = time.monotonic()
-    result = scan_.scan(variable, token, born_since=born_since, ages=ages)
+    result = scan_.scan(variable, token, born_since=born_since, ages=ages, dead=dead)
     metrics.observe_scan(result, time.monotonic() - started)
     return result
 
 
 async def scan_off_loop(variable: bytes, token: bytes | frozenset[bytes] | None = None,
-                        born_since: int = 0, ages: ProcessAges | None = None) -> Scan:
+                        born_since: int = 0, ages: ProcessAges | None = None,
+                        dead: scan_.Dead | None = None) -> Scan:
     # A scan reads every process, several passes on a busy host: never on the event loop, which
     # also carries the exit watches and every other call.
-    return await asyncio.to_thread(scan, variable, token, born_since, ages)
+    return await asyncio.to_thread(scan, variable, token, born_since, ages, dead)
 
 
-async def scan_trees(variable: bytes, owners: Sequence[agent_pb2.ProcessIdentity],
+async def scan_trees(variable: bytes,
+                     judged: Sequence[tuple[agent_pb2.ProcessIdentity, agent_pb2.ProbeResult]],
                      ages: ProcessAges) -> Scan:
-    """The scan a tree check of these owners needs: their tokens only (others' churn then settles
-    a pass), and no environ of a process older than every one of their roots, nor the stat of one
-    whose age `ages` holds (proc/scan.py, proc/ages.py)."""
+    """The scan a tree check of these owners (each with its root's verdict) needs: their tokens
+    only (others' churn then settles a pass), no environ of a process older than every one of
+    their roots, nor the stat of one whose age `ages` holds, and a root whose exit was observed
+    (its pidfd, before this scan) settling as a zombie at once (proc/scan.py, proc/ages.py)."""
+    owners = [owner for owner, _ in judged]
     tokens = frozenset(o.spawn_token.encode() for o in owners if o.spawn_token)
     born_since = min((o.start_ticks for o in owners), default=0)  # 0, an unknown start: read all
-    return await scan_off_loop(variable, tokens, born_since, ages)
+    dead = {o.pid: (o.start_ticks, o.pidfd_ino) for o, r in judged if r.outcome == P.EXIT_OBSERVED}
+    return await scan_off_loop(variable, tokens, born_since, ages, dead)
 
 
 def pidfd_budget() -> int:
@@ -307,7 +312,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         unproven = [(o, r) for o, r in zip(request.owners, results, strict=True)
                     if r.outcome != P.IDENTITY_MATCHED]
         if request.check_tree and unproven:
-            tree = await scan_trees(self.variable, [o for o, _ in unproven], self.ages)
+            tree = await scan_trees(self.variable, unproven, self.ages)
             for owner, result in unproven:
                 self.judge_tree(owner, tree, result)
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
@@ -343,7 +348,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         """With `check_tree`, a root not proven alive has its tree judged as ProbeOwners judges it
         (the tree read after the root was: a root proven dead stays dead)."""
         if check_tree and event.result.outcome != P.IDENTITY_MATCHED:
-            tree = await scan_trees(self.variable, [event.identity], self.ages)
+            tree = await scan_trees(self.variable, [(event.identity, event.result)], self.ages)
             self.judge_tree(event.identity, tree, event.result)
         return event
 
@@ -366,7 +371,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            tree = await scan_trees(self.variable, [owner], self.ages)
+            tree = await scan_trees(self.variable, [(owner, before)], self.ages)
             return agent_pb2.KillOwnerResponse(result=self.probe(owner, tree))
         watch = self.watcher.watch(owner)
         sent = await asyncio.to_thread(kill_tree, owner, self.variable, matched, self.cgroups)
@@ -377,7 +382,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
         deadline = time.monotonic() + (request.wait_seconds or 5.0)
         while True:
-            result = self.probe(owner, await scan_trees(self.variable, [owner], self.ages))
+            result = self.probe(owner, await scan_trees(self.variable, [(owner, before)], self.ages))
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

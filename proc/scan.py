@@ -20,12 +20,20 @@ cost: a takeover among 1,000 live owners read 1,000 environs twice. Given `ages`
 (proc/ages.py), such a scan takes the age of a process it has read before, still alive, from
 there instead of its stat: every listed process is still accounted for, by a stat read now or one
 read before from the very same process.
+
+A zombie settles a pass only when seen unchanged in the pass before, since it may have been alive
+after the listing. A zombie the caller proved dead before the scan began (`dead`: a root whose exit
+its pidfd reported) cannot have been, so it settles at once when it is that very process: the same
+start ticks and the same pidfs inode, never by start ticks alone (a pid reused within a tick looks
+the same). A tree proof right after its root's death otherwise listed /proc twice, the root still
+a zombie awaiting its parent.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from holdfast.proc.ages import ProcessAges
@@ -98,6 +106,8 @@ def _boot_ticks() -> int:
 
 # The tokens a scan looks for; None: every value of the variable.
 Wanted = frozenset[bytes] | None
+# Processes proven dead before a scan began: pid -> (start ticks, pidfs inode).
+Dead = Mapping[int, tuple[int, int]]
 
 
 def _settled(before: _Seen, pid: int, start_ticks: int, wanted: Wanted) -> bool:
@@ -109,6 +119,22 @@ def _settled(before: _Seen, pid: int, start_ticks: int, wanted: Wanted) -> bool:
     ticks, value = before[pid]
     known = value != EMPTY
     return ticks == start_ticks and known and (value is None or (wanted is not None and value not in wanted))
+
+
+def _dead_before_listing(pid: int, start_ticks: int, dead: Dead) -> bool:
+    """Whether this zombie is a process proven dead before the scan began: its pidfd (opened now,
+    a zombie still has one) has the recorded pidfs inode. Without one (0), nothing is proven."""
+    ticks, inode = dead.get(pid, (0, 0))
+    if not inode or ticks != start_ticks:
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        return os.fstat(fd).st_ino == inode
+    finally:
+        os.close(fd)
 
 
 def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:
@@ -139,7 +165,7 @@ def _stat_of(proc: str, entry: str, ages: ProcessAges | None) -> ProcStat:
 
 def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], listed_at: int,
               before: _Seen, born_since: int, ages: ProcessAges | None,
-              known: dict[int, int]) -> tuple[Scan, _Seen]:
+              known: dict[int, int], dead: Dead) -> tuple[Scan, _Seen]:
     """One pass over the listed `entries`; `known` is `ages.alive()` as of after the listing."""
     result = Scan(enumerable=True)
     listed = set(entries)
@@ -190,10 +216,11 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             continue  # a kernel thread: no environ, never a carrier, never a tree's
         if block is None:
             # A zombie: nothing of it runs now, but if it was alive after the listing it may have
-            # forked a child the listing missed. Settled only once seen unchanged (then it was dead
-            # before this pass's listing, and forked nothing since).
+            # forked a child the listing missed. Settled once seen unchanged (then it was dead
+            # before this pass's listing, and forked nothing since), or proven dead before the scan.
             seen[pid] = (stat.start_ticks, None)
-            unsettled += not _settled(before, pid, stat.start_ticks, wanted)
+            unsettled += not (_settled(before, pid, stat.start_ticks, wanted)
+                              or _dead_before_listing(pid, stat.start_ticks, dead))
             continue
         if not block and not stat.kernel_thread and not stat.started_without_environ:
             # An empty environ of a live user process that was not started with an empty one. A
@@ -227,13 +254,14 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
 
 def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
          max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0,
-         ages: ProcessAges | None = None) -> Scan:
+         ages: ProcessAges | None = None, dead: Dead | None = None) -> Scan:
     """Carriers of `variable` (only those whose value is `token`, or one of a set, when given),
     roots marked, from the first settled pass; or the last pass, not stable, when none settled
     within the bounds. Naming the tokens wanted lets another session's churn settle a pass;
     `born_since` (the earliest start ticks of the roots whose tokens are wanted; 0: none known)
     spares the environ reads of every older process, and with `ages` (of this process's own pid
-    namespace, whose /proc `proc` must be) the stat reads of those read before."""
+    namespace, whose /proc `proc` must be) the stat reads of those read before; a zombie in `dead`
+    (same namespace) settles the first pass it is seen in."""
     wanted: Wanted = frozenset((token,)) if isinstance(token, bytes) else token
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
@@ -247,7 +275,7 @@ def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: s
         passes += 1
         known = ages.alive() if ages is not None and born_since > 0 else {}  # after the listing
         result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since,
-                                   ages, known)
+                                   ages, known, dead or {})
         result.passes = passes
         if result.stable or passes >= max_passes or time.monotonic() >= deadline:
             return result

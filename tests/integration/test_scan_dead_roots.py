@@ -1,0 +1,63 @@
+"""proc/scan.py: a zombie proven dead before the scan began settles the first pass it is seen in,
+but only when it is that very process (same start ticks and pidfs inode); any other zombie needs
+the second pass that shows it unchanged. Run in a private pid namespace, where the only processes
+are the scanning interpreter and its zombie, so the pass counts are exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(60)]
+
+SCRIPT = r"""
+import json, os, select
+from holdfast.proc.procstat import parse_stat
+from holdfast.proc.scan import scan
+
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(w)
+    os.read(r, 1)  # exits once told, then stays a zombie: its parent never reaps it
+    os._exit(0)
+os.close(r)
+pidfd = os.pidfd_open(child)
+inode = os.fstat(pidfd).st_ino
+with open(f"/proc/{child}/stat", "rb") as f:
+    ticks = parse_stat(f.read()).start_ticks
+os.close(w)
+assert select.select([pidfd], [], [], 10)[0], "the child did not exit"
+claims = {
+    "nothing proven": {},
+    "that very process": {child: (ticks, inode)},
+    "another inode": {child: (ticks, inode + 1)},
+    "other start ticks": {child: (ticks + 1, inode)},
+    "no pidfs inode": {child: (ticks, 0)},
+}
+found = {}
+for name, dead in claims.items():
+    result = scan(b"HOLDFAST_TEST_DEAD_ROOT", b"t" * 32, dead=dead)
+    found[name] = [result.passes, result.stable]
+print(json.dumps(found))
+"""
+
+
+def test_only_the_zombie_proven_dead_before_the_scan_settles_its_first_pass() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a private pid namespace needs root")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", SCRIPT],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found == {
+        "nothing proven": [2, True],
+        "that very process": [1, True],
+        "another inode": [2, True],
+        "other start ticks": [2, True],
+        "no pidfs inode": [2, True],
+    }
