@@ -75,6 +75,19 @@ class Figure:
         return self.ratio >= self.goal_ratio if self.higher_is_better else self.ratio <= self.goal_ratio
 
 
+def cpu_pressure_avg60() -> float | None:
+    """The share of the last minute some task waited for a CPU (`/proc/pressure/cpu`, `some
+    avg60`, percent), read before the run: on a shared machine the figures move with it, so a
+    run's table says what the machine was doing (None: no PSI here)."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = next(line for line in f if line.startswith("some "))
+    except (OSError, StopIteration):
+        return None
+    fields = dict(part.split("=", 1) for part in some.split()[1:])
+    return float(fields["avg60"])
+
+
 def progress(message: str) -> None:
     print(f"[bench/all {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -263,16 +276,19 @@ def main() -> None:
                         help="skip the scale figures (100,000 records, 1,000 owners, 50 hosts)")
     args = parser.parse_args()
     started = time.monotonic()
+    pressure = cpu_pressure_avg60()
     floors, figures = measure(args.runs)
     if not args.quick:
         figures += scale_figures()
     if args.json:
         rows = [{**asdict(f), "ratio": f.ratio, "goal": f.goal, "met": f.met} for f in figures]
-        print(json.dumps({"floors": floors, "seconds": round(time.monotonic() - started, 1), "figures": rows},
-                         indent=2))
+        print(json.dumps({"floors": floors, "seconds": round(time.monotonic() - started, 1),
+                          "cpu_pressure_avg60_before": pressure, "figures": rows}, indent=2))
     else:
         print(table(floors, figures))
-        print(f"\n(bench/all took {time.monotonic() - started:.0f} s)")
+        before = "unknown" if pressure is None else f"{pressure:.1f}%"
+        print(f"\n(bench/all took {time.monotonic() - started:.0f} s; CPU pressure before it, some avg60: "
+              f"{before})")
 
 
 if __name__ == "__main__":
