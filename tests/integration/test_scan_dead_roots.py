@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,54 @@ def test_only_the_zombie_proven_dead_before_the_scan_settles_its_first_pass() ->
         "other start ticks": [2, True],
         "no pidfs inode": [2, True],
     }
+
+
+HOPPING = r"""
+import json, os, select, sys, time
+from holdfast.proc.procstat import parse_stat
+from holdfast.proc.scan import scan
+
+VARIABLE, TOKEN = "HOLDFAST_TEST_DEAD_ROOT", "h" * 32
+ROOT = '''
+import os, sys, time
+r, stop = int(sys.argv[1]), sys.argv[2]
+if os.fork() == 0:  # the hopper: forks, and the parent exits, over and over, carrying the token
+    os.close(r)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        if os.fork():
+            os._exit(0)
+    os._exit(0)
+os.read(r, 1)  # the root exits once told, and stays a zombie: its parent never reaps it
+'''
+r, w = os.pipe()
+os.set_inheritable(r, True)
+root = os.fork()
+if root == 0:
+    os.close(w)
+    os.execve(sys.executable, [sys.executable, "-c", ROOT, str(r), sys.argv[1]], {VARIABLE: TOKEN})
+os.close(r)
+pidfd = os.pidfd_open(root)
+inode = os.fstat(pidfd).st_ino
+with open(f"/proc/{root}/stat", "rb") as f:
+    ticks = parse_stat(f.read()).start_ticks
+os.close(w)
+assert select.select([pidfd], [], [], 10)[0], "the root did not exit"
+claimed_gone = 0
+for _ in range(12):  # the hopper hops on until STOP: every scan here runs beside it
+    result = scan(VARIABLE.encode(), TOKEN.encode(), born_since=ticks, dead={root: (ticks, inode)})
+    claimed_gone += result.stable and not result.carriers
+open(sys.argv[1], "w").close()
+print(json.dumps({"claimed_gone": claimed_gone}))
+"""
+
+
+def test_a_dead_root_settling_at_once_never_hides_its_hopping_tree(tmp_path: Path) -> None:
+    """The root is proven dead (and settles at once); its descendant hops (forks, the parent exits,
+    again and again) carrying the token. No scan may call that tree gone."""
+    if os.geteuid() != 0:
+        pytest.skip("a private pid namespace needs root")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
+                           "-c", HOPPING, str(tmp_path / "stop")], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"claimed_gone": 0}
