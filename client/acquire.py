@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import shutil
 import stat
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
-from holdfast.common import identifiers, reasons
+from holdfast.common import identifiers, reasons, spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -99,7 +98,7 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]
             kept = path.read_text().strip()
             if identifiers.OPERATION_ID.fullmatch(kept):
                 return kept, path
-        operation_id = secrets.token_hex(16)
+        operation_id = spawn_tokens.random_hex(16)
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -112,7 +111,7 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]
         return operation_id, path
     # Nowhere to keep it: this takeover goes on under a fresh id; a retry by another process would
     # be refused OPERATION_CONFLICT until this request is granted or recovered, never granted twice.
-    return secrets.token_hex(16), None
+    return spawn_tokens.random_hex(16), None
 
 
 def _private_to_us(base: Path) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -183,7 +182,7 @@ class Owner:
         that grant is released (refused while the earlier gate or its tree lives) and the same
         operation asked again, which a released grant is not replayed to."""
         if not spec.takeover:
-            return await obtain(client, spec, secrets.token_hex(16), say, gate)
+            return await obtain(client, spec, spawn_tokens.random_hex(16), say, gate)
         operation_id, kept = takeover_operation(spec.session_id, client.host_id)
         if kept is None:
             say("the takeover's operation id cannot be kept (no writable state directory): a retry "

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -160,7 +159,7 @@ def make_session_cgroup(pid: int, session_id: str, fence: int,
         kind = f.read().strip()
         if kind != "domain":
             return None, f"the gate's cgroup {parent} is {kind}: a session cgroup cannot be nested there"
-    path = os.path.join(parent, f"{PREFIX}{session_id}-{fence}-{secrets.token_hex(4)}")
+    path = os.path.join(parent, f"{PREFIX}{session_id}-{fence}-{os.urandom(4).hex()}")
     with _lock:
         try:
             os.mkdir(path)

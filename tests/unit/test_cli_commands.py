@@ -34,10 +34,12 @@ def test_a_known_command_parses_the_same_on_the_fast_path() -> None:
 
 
 # Only the coordinator (aetcd), the agent (prometheus_client, ctypes), a server's certificate check
-# (cryptography), a failed call (grpc_status) or a --guard (sqlite3) needs these.
+# (cryptography), a failed call (grpc_status), a --guard (sqlite3) or the tree's end (the /proc
+# scan) needs these; random hex is os.urandom's, not `secrets`' (which brings hmac).
 NOT_ON_RUNS_PATH = ("aetcd", "prometheus_client", "cryptography", "ctypes", "grpc_status", "sqlite3",
                     "tenacity", "platform", "google.protobuf.json_format", "holdfast.agent",
-                    "holdfast.coordinator", "holdfast.localstack")
+                    "holdfast.coordinator", "holdfast.localstack", "holdfast.proc.scan", "secrets",
+                    "hmac")
 
 
 def test_run_imports_nothing_it_does_not_need_before_cmd_runs() -> None:
