@@ -206,8 +206,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                         if watch is not None:
                             # Just asked, it is ending: a probe now would find it alive. Its exit is
                             # waited for instead, on the record as this transaction wrote it.
-                            exited = Exited(record.lease.owner, *await watch, held=(
-                                gate_reads, [replay, Seen(record_read.key, entry), *revival]))
+                            exited = await self._wait_exit(record.lease.owner, watch, gate_reads,
+                                                           [replay, Seen(record_read.key, entry), *revival])
                             continue
                     finally:
                         if watch is not None:
@@ -233,8 +233,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 held = verdict
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
-                exited = await self._wait_exit(record.lease.owner, remaining, gate_reads,
-                                               [replay, Seen(record_read.key, entry), *revival])
+                exited = await self._wait_exit(record.lease.owner,
+                                               self.sessions.wait_exit(record.lease.owner, remaining),
+                                               gate_reads, [replay, Seen(record_read.key, entry), *revival])
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason.value, verdict.detail)
@@ -345,11 +346,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
                                                  reads=[replay, *gate_reads])
 
-    async def _wait_exit(self, owner: apb.ProcessIdentity, seconds: float, gate_reads: list[Seen],
+    async def _wait_exit(self, owner: apb.ProcessIdentity,
+                         waiting: Awaitable[tuple[apb.ProbeResult | None, Seen]], gate_reads: list[Seen],
                          also: list[Seen]) -> Exited:
-        """Until the owner's first exit event from its host's agent, or `seconds`; proves nothing
-        by itself. Returns the owner and the event, with the reads the wait began on."""
-        return Exited(owner, *await self.sessions.wait_exit(owner, seconds), held=(gate_reads, also))
+        """Until `waiting` (the owner's exit stream, `sessions.wait_exit`, begun by the caller) has
+        the owner's first exit event or runs out; proves nothing by itself. Returns the owner and
+        the event, with the reads the wait began on."""
+        return Exited(owner, *await waiting, held=(gate_reads, also))
 
     async def _read_for_grant(
         self, request: pb.AcquireRequest, ops_key: str, exited: Exited | None
