@@ -15,11 +15,25 @@ import pytest
 
 pytestmark = [pytest.mark.timeout(60)]
 
-SCRIPT = r"""
-import json, os, select
+# What both scripts share: a process seen dead as the agent sees it, its start ticks and pidfs inode
+# taken while it lives, then told to exit (its pipe closed) and its exit seen on its pidfd.
+PRELUDE = r"""
+import json, os, select, sys, time
 from holdfast.proc.procstat import parse_stat
 from holdfast.proc.scan import scan
 
+
+def seen_dead(pid, tell):
+    pidfd = os.pidfd_open(pid)
+    inode = os.fstat(pidfd).st_ino
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        ticks = parse_stat(f.read()).start_ticks
+    os.close(tell)
+    assert select.select([pidfd], [], [], 10)[0], f"{pid} did not exit"
+    return ticks, inode
+"""
+
+SCRIPT = PRELUDE + r"""
 r, w = os.pipe()
 child = os.fork()
 if child == 0:
@@ -27,12 +41,7 @@ if child == 0:
     os.read(r, 1)  # exits once told, then stays a zombie: its parent never reaps it
     os._exit(0)
 os.close(r)
-pidfd = os.pidfd_open(child)
-inode = os.fstat(pidfd).st_ino
-with open(f"/proc/{child}/stat", "rb") as f:
-    ticks = parse_stat(f.read()).start_ticks
-os.close(w)
-assert select.select([pidfd], [], [], 10)[0], "the child did not exit"
+ticks, inode = seen_dead(child, w)
 claims = {
     "nothing proven": {},
     "that very process": {child: (ticks, inode)},
@@ -64,11 +73,7 @@ def test_only_the_zombie_proven_dead_before_the_scan_settles_its_first_pass() ->
     }
 
 
-HOPPING = r"""
-import json, os, select, sys, time
-from holdfast.proc.procstat import parse_stat
-from holdfast.proc.scan import scan
-
+HOPPING = PRELUDE + r"""
 VARIABLE, TOKEN = "HOLDFAST_TEST_DEAD_ROOT", "h" * 32
 ROOT = '''
 import os, sys, time
@@ -89,12 +94,7 @@ if root == 0:
     os.close(w)
     os.execve(sys.executable, [sys.executable, "-c", ROOT, str(r), sys.argv[1]], {VARIABLE: TOKEN})
 os.close(r)
-pidfd = os.pidfd_open(root)
-inode = os.fstat(pidfd).st_ino
-with open(f"/proc/{root}/stat", "rb") as f:
-    ticks = parse_stat(f.read()).start_ticks
-os.close(w)
-assert select.select([pidfd], [], [], 10)[0], "the root did not exit"
+ticks, inode = seen_dead(root, w)
 claimed_gone = 0
 for _ in range(12):  # the hopper hops on until STOP: every scan here runs beside it
     result = scan(VARIABLE.encode(), TOKEN.encode(), born_since=ticks, dead={root: (ticks, inode)})

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
+from holdfast.coordinator.store import Store
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -314,11 +315,12 @@ async def test_drains_handoff_request_loses_to_an_undo_of_the_drain(
         await p.close()
 
 
-GATE_CLOSINGS: dict[str, tuple[Callable[[Pair], str], str]] = {
-    # a gate of the grant closed by another replica after it was read: the key, and the refusal
-    "drain-flag-absent": (lambda p: p.key("draining", TAKER), "HOST_DRAINING"),
-    "restore-gate-absent": (lambda p: p.key("restore-pending"), "RESTORE_PENDING"),
-    "registration-gone": (lambda p: p.key("hosts", TAKER), "HOST_NOT_REGISTERED"),
+GATE_CLOSINGS: dict[str, tuple[Callable[[Pair], str], Callable[[Store, str], Awaitable[None]], str]] = {
+    # a gate of the grant closed by another replica after it was read: the key, how another
+    # replica's store closes it there, and the refusal
+    "drain-flag-absent": (lambda p: p.key("draining", TAKER), create, "HOST_DRAINING"),
+    "restore-gate-absent": (lambda p: p.key("restore-pending"), create, "RESTORE_PENDING"),
+    "registration-gone": (lambda p: p.key("hosts", TAKER), delete, "HOST_NOT_REGISTERED"),
 }
 
 
@@ -340,11 +342,9 @@ async def test_a_takeover_loses_to_a_changed_precondition_and_neither_asks_nor_k
             await p.other.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=op,
                                                                   host_id=TAKER), p.ctx)
         before = await record_of(p.other, sid)
-        key_of, then = GATE_CLOSINGS[changed]
+        key_of, close, then = GATE_CLOSINGS[changed]
         key = key_of(p)
-        change = (lambda: delete(p.other.store, key)) if changed == "registration-gone" else (
-            lambda: create(p.other.store, key))
-        p.store.arm(writes(session_key(p, sid)), change)
+        p.store.arm(writes(session_key(p, sid)), lambda: close(p.other.store, key))
         with pytest.raises(Refused) as refused:
             await acquire(p.victim, p.ctx, sid, TAKER, operation_id=op, takeover=True, force=how == "force")
         assert refused.value.reason == then
@@ -413,7 +413,7 @@ async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
     try:
         sid = f"sess-held-{how}"
         first = await owned_with_a_taker(p, local_agent, sid, owners)
-        key_of, then = GATE_CLOSINGS[changed]
+        key_of, close, then = GATE_CLOSINGS[changed]
         key = key_of(p)
         waiting_on_first = asyncio.Event()
         wait_exit = p.victim.router.wait_exit
@@ -423,8 +423,7 @@ async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
             waiting_on_first.set()
             exited = await wait_exit(owner, reg, timeout)
             assert exited is not None and exited.tree_gone
-            closing = delete if changed == "registration-gone" else create
-            await closing(p.other.store, key)
+            await close(p.other.store, key)
             return exited
 
         p.victim.router.wait_exit = then_a_gate_closes  # type: ignore[method-assign]
