@@ -56,13 +56,16 @@ class Seen:
 
 
 def unchanged(seen: Iterable[Seen]) -> list[rpc.Compare]:
-    """The compares that every key is still as it was read; one per key. The first reading is kept:
-    if a decision read one key twice and it changed in between, that compare fails, as it should.
-    """
-    by_key: dict[str, Seen] = {}
+    """The compares that every key is still as each of its readings found it. A key read twice
+    alike is compared once. A key that changed between two readings is compared against both, so
+    the transaction cannot apply: whichever reading the decision rested on, the other contradicts
+    it. Why both: keeping one reading per key kept whichever came first in the list, not in time,
+    and let a grant rest on a gate's read of its host's registration while comparing only the
+    probe's later read of it (the owner's host being the taker's)."""
+    readings: dict[tuple[str, int | None], Seen] = {}
     for s in seen:
-        by_key.setdefault(s.key, s)
-    return [s.unchanged() for s in by_key.values()]
+        readings.setdefault((s.key, s.entry.mod_revision if s.entry is not None else None), s)
+    return [s.unchanged() for s in readings.values()]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from holdfast.coordinator.store import Store
+from holdfast.common import spawn_tokens
+from holdfast.coordinator.store import Seen, Store
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -439,6 +440,49 @@ async def test_a_grant_on_the_reads_held_over_a_wait_loses_to_a_change_of_any(
         assert written[-1] is False, "the grant did not rest on the reads held over the wait"
         record = await record_of(p.other, sid)
         assert record is not None and record.lease.fence == 1 and record.lease.owner.pid == first
+    finally:
+        await p.close()
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@run_async
+async def test_a_grant_compares_both_readings_of_a_registration_it_read_twice(
+        etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, gated: bool) -> None:
+    """The taker's host is the dead owner's: the grant reads that host's registration as its gate,
+    then again for the probe. Rewritten between the two readings (by the agent re-registering, here
+    another replica), the grant's transaction compares both and loses; decided again on one reading,
+    a gate attested under the first is not committed as the owner (a reservation instead)."""
+    p = pair(etcd, prefix)
+    try:
+        sid = f"sess-read-twice-{gated}"
+        grant, pid = await reserve_on_agent(p, local_agent, sid, owners)
+        await p.other.CommitOwner(commit_request(grant, pid), p.ctx)
+        os.kill(pid, signal.SIGKILL)
+        owners[0].wait(5)
+        gate = None
+        if gated:
+            secret = spawn_tokens.mint_secret()
+            owners.append(subprocess.Popen(["sleep", "300"], env={
+                **os.environ, grant.spawn_token_env: spawn_tokens.spawn_token_for(secret)}))
+            gate = pb.GateSpawn(pid_hint=owners[-1].pid, token_secret=secret,
+                                spawn_token_env=grant.spawn_token_env)
+        probe = p.victim.sessions.probe
+        rewritten: list[bool] = []
+
+        async def after_a_reregistration(owner: apb.ProcessIdentity,
+                                         kill: bool = False) -> tuple[apb.ProbeResult, Seen]:
+            if not rewritten:
+                rewritten.append(True)
+                await touch(p.other.store, p.key("hosts", AGENT_HOST))
+            return await probe(owner, kill)
+
+        p.victim.sessions.probe = after_a_reregistration  # type: ignore[method-assign]
+        got = await acquire(p.victim, p.ctx, sid, AGENT_HOST, gate=gate)
+        assert rewritten
+        await first_write_lost(p, sid)
+        assert got.grant.fence == 2
+        assert got.record.lease.claim_status == pb.RESERVED and got.record.lease.owner.pid == 0, \
+            "committed under a registration the grant did not compare"
     finally:
         await p.close()
 
