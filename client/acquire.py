@@ -140,7 +140,9 @@ def held_hint(spec: RunSpec) -> str:
     hint suggested --takeover, after --wait ran out it suggested --wait)."""
     if spec.takeover and not spec.force:
         return (f"the owner did not let go within --handoff-timeout {spec.handoff_timeout:g}s; add `--force` "
-                "to have its host's agent end its tree, or allow longer with --handoff-timeout")
+                "to have its host's agent end its tree, or allow longer with --handoff-timeout (it was "
+                "asked, and its `run` may still end its tree after its own --grace, leaving the session "
+                "free)")
     if spec.wait and not spec.takeover:
         return (f"still held after --wait {spec.wait:g}s; wait longer, or ask for it with `--takeover` "
                 "(add `--force` to have its host's agent end the old tree)")

@@ -140,6 +140,10 @@ def test_frozen_owner_is_refused_then_force_has_its_agent_end_it(cluster: Cluste
         # The hint fits what was tried: --takeover did not suffice, so --force, not --takeover again.
         assert "did not let go within --handoff-timeout 1s; add `--force`" in refused.err()
         assert not gone(child)  # still A's live child, still the only tree
+        # The one refusal that wrote (docs/guarantees.md 3): the request it delivered stands, and
+        # the hint says so, since A's run may yet end its tree on it.
+        assert cluster.record(sid).record.lease.handoff_stage == pb.HANDOFF_REQUESTED
+        assert "it was asked" in refused.err()
         forced = cluster.run(b, sid, "--takeover", "--force", "--handoff-timeout", "1")
         started(cluster, 2)
         assert gone(child)  # A's agent killed A's tree before B was granted
