@@ -3,7 +3,8 @@ of the one table of reasons (holdfast.common.reasons).
 
 Guarantee: a call nobody answered is UNREACHABLE (nothing listens, or no answer in time) or
 TLS_HANDSHAKE_FAILED (a certificate problem, never retried), never a refusal; only UNAVAILABLE
-without a failed handshake is transient, and retrying it is safe because nothing was written.
+without a failed handshake is transient: nothing was written, or the coordinator's transaction went
+unanswered and may have landed, so only calls safe to repeat retry it (holdfast.client.connection).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: b
 
 
 def transient(exc: BaseException) -> bool:
-    # UNAVAILABLE is both "no coordinator" and "the coordinator cannot reach etcd": nothing was written.
+    # UNAVAILABLE is both "no coordinator" and "the coordinator cannot reach etcd": nothing was written,
+    # or a transaction went unanswered and may have landed, which only calls safe to repeat retry.
     # A failed handshake is the certificates', and does not heal by retrying.
     return (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
             and not handshake_failed(exc))

@@ -86,7 +86,10 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
             error = CoordinatorError("INVALID_ARGUMENT", str(exc))
         except StoreUnavailable as exc:
             metrics.ETCD_ERRORS.labels(fn.__name__).inc()
-            error = CoordinatorError("UNAVAILABLE", f"{exc}; nothing was written")
+            error = CoordinatorError("UNAVAILABLE", f"{exc}; " + (
+                "a transaction went unanswered and may have been applied: check the session "
+                "(`holdfast show`) before repeating a call that is not safe to repeat"
+                if exc.outcome_unknown else "nothing was written"))
         except CoordinatorError as exc:
             error = exc
         metrics.REFUSALS.labels(fn.__name__, error.reason).inc()

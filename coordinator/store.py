@@ -25,7 +25,13 @@ MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 
 
 class StoreUnavailable(Exception):
-    """etcd could not be reached; nothing was written."""
+    """etcd could not be reached or did not answer. Nothing was written, unless `outcome_unknown`:
+    a transaction sent but not answered (its deadline passed, its connection dropped) may still
+    have been applied."""
+
+    def __init__(self, message: str, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
 
 
 class Compacted(Exception):
@@ -213,7 +219,10 @@ class Store:
         ops += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
         ops += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
             key=k.encode(), range_end=_range_end(k.encode()))) for k in delete_prefixes]
-        resp = await self._call(self._kv.Txn, rpc.TxnRequest(compare=list(compares), success=ops))
+        try:
+            resp = await self._call(self._kv.Txn, rpc.TxnRequest(compare=list(compares), success=ops))
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(str(exc), outcome_unknown=True) from exc
         return bool(resp.succeeded), int(resp.header.revision)
 
     async def grant_lease(self, ttl_seconds: int) -> int:

@@ -133,8 +133,11 @@ async def test_outage_is_unavailable_and_writes_nothing(tmp_path, prefix: str) -
     try:
         server_port = server.client_port
         server.stop()
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(StoreUnavailable) as written:
             await store.txn([], [Put(store.key("sessions", "x"), b"x")])
+        # A transaction etcd did not answer is never said to have written nothing: from here it
+        # cannot be told from one applied just before the answer was lost.
+        assert written.value.outcome_unknown
         server.client_port = server_port
         server.start()
         assert await store.get(store.key("sessions", "x")) is None
