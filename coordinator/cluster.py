@@ -7,8 +7,8 @@ race to create it reads the winner's. Grants carry it, so a grant minted by one 
 by another's coordinators (WRONG_CLUSTER) and a client notices when one run's calls reach two
 clusters (issue 17: two `holdfast up` on one port). etcd's own cluster id is not used: it is derived
 from the member configuration, so identically configured clusters share it, and it cannot tell two
-prefixes of one etcd apart (docs/decisions.md). Only coordinator start-up and a grant create it:
-a refused call never writes, not even the identity.
+prefixes of one etcd apart (docs/decisions.md). Only coordinator start-up and a grant's own
+transaction create it: a refused call never writes, not even the identity.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import asyncio
 import re
 import secrets
 
-from holdfast.coordinator.store import Put, Store, StoreUnavailable, absent
+from holdfast.coordinator.store import Put, Seen, Store, StoreUnavailable, absent
 
 KEY = "cluster-id"
 _VALID = re.compile(r"^[0-9a-f]{32}$")
@@ -49,6 +49,16 @@ class ClusterIdentity:
                 # The loser of a race to create it reads the winner's on the next pass.
                 await self.store.txn([absent(self._key)], [Put(self._key, secrets.token_hex(16).encode())])
         raise StoreUnavailable(f"{self._key} could neither be read nor created")
+
+    async def for_grant(self) -> tuple[str, list[Seen], list[Put]]:
+        """The identity a grant carries, and what the grant's transaction adds for it: nothing when
+        the keyspace has one; else a fresh one, compared absent and created by that transaction, so
+        a grant that loses its race or is refused creates none (the start-up could not, etcd being
+        down then), and two grants minting at once cannot both apply."""
+        if known := await self.current():
+            return known, [], []
+        value = secrets.token_hex(16)
+        return value, [Seen(self._key, None)], [Put(self._key, value.encode())]
 
     @property
     def _key(self) -> str:

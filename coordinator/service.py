@@ -289,7 +289,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         attested gate whose registration is still the one read, the gate is the owner in the same
         transaction (commit at grant); else the grant is a reservation. None when it lost a race."""
         host, gates = lifecycle.judge_grant_gates(request.host_id, gate_reads)
-        reads = [*reads, *gates]
+        cluster_id, cluster_reads, cluster_puts = await self.cluster.for_grant()
+        reads = [*reads, *gates, *cluster_reads]
         if record is None:
             record = lifecycle.revived(request.session_id, request.provider, request.location, *revival)
             reads += revival
@@ -324,13 +325,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             spawn_token=token,
             spawn_token_env=lease.spawn_token_env,
             commit_deadline_unix_ms=lease.commit_deadline_unix_ms,
-            cluster_id=await self.cluster.ensure(),
+            cluster_id=cluster_id,
         )
         response = pb.AcquireResponse(grant=grant, record=record)
         replay_lease = await self.replays.current()
         stored = Put(ops_key, records.encode(response), replay_lease)
         try:
-            ok = await self.sessions.transition(entry, record, "grant", detail, (stored,), reads)
+            ok = await self.sessions.transition(entry, record, "grant", detail, (stored, *cluster_puts),
+                                                reads)
         except grpc.aio.AioRpcError as exc:
             if not self.replays.lost(exc, replay_lease):
                 raise

@@ -124,6 +124,39 @@ async def test_grant_loses_to_a_change_of_any_key_it_read(
         await p.close()
 
 
+@pytest.mark.parametrize("meanwhile", ["a drain", "another grant"])
+@run_async
+async def test_a_first_grant_creates_the_cluster_identity_in_its_own_transaction(
+        etcd: EtcdServer, prefix: str, meanwhile: str) -> None:
+    """In a keyspace with no identity yet (the coordinator's start-up could not make one), the first
+    grant creates it in its own transaction, compared absent: a grant refused after losing its race
+    leaves none behind, and one that lost to another grant's identity carries the winner's."""
+    p = pair(etcd, prefix)
+    try:
+        await register(p.other, HOST)
+        sid, key = "sess-first-identity", p.key("cluster-id")
+        if meanwhile == "a drain":
+            p.store.arm(writes(session_key(p, sid)), lambda: create(p.other.store, p.key("draining", HOST)))
+            with pytest.raises(Refused) as refused:
+                await acquire(p.victim, p.ctx, sid, HOST)
+            assert refused.value.reason == "HOST_DRAINING"
+            assert await p.other.store.get(key) is None, "a refused grant created the cluster identity"
+        else:
+            won: list[pb.AcquireResponse] = []
+
+            async def another_grant() -> None:
+                won.append(await acquire(p.other, p.ctx, "sess-other-identity", HOST))
+
+            p.store.arm(writes(session_key(p, sid)), another_grant)
+            got = await acquire(p.victim, p.ctx, sid, HOST)
+            stored = await p.other.store.get(key)
+            assert stored is not None
+            assert got.grant.cluster_id == won[0].grant.cluster_id == stored.value.decode()
+        await first_write_lost(p, sid)
+    finally:
+        await p.close()
+
+
 @run_async
 async def test_an_operation_granted_meanwhile_is_replayed_not_granted_twice(
         etcd: EtcdServer, prefix: str) -> None:
