@@ -29,6 +29,7 @@ CGROUP_MOUNTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 PREFIX = "holdfast-"
 # Session ids are [A-Za-z0-9_-]{8,128}; the fence and the random part are parsed from the right.
 _NAME = re.compile(r"^holdfast-[A-Za-z0-9_-]{8,128}-[0-9]{1,20}-[0-9a-f]{8}$")
+_RANDOM = re.compile(r"[0-9a-f]{8}")  # the name's last part, os.urandom(4).hex()
 # Records of earlier versions name cgroups that `run` (as root) made at <root>/holdfast/<name>.
 LEGACY_PARENT = "holdfast"
 SWEEP_GRACE_S = 60.0
@@ -142,6 +143,22 @@ def _move(pid: int, path: str) -> None:
         f.write(str(pid))
 
 
+def _made_for(path: str, session_id: str, fence: int) -> bool:
+    """Whether `path` is a session cgroup made by this agent's user for exactly this session and
+    fence. The whole name is compared: by its prefix alone, session `build-ci-1`'s cgroup
+    `holdfast-build-ci-1-3-…` passed for session `build-ci` at fence 1, so a `holdfast run` started
+    inside the one tree was attested in it, and a kill of the inner session ended the outer. The
+    owner too: the owner of a delegated subtree (a systemd user manager's) can make a cgroup of
+    any name, and one it made is not the agent's."""
+    name, prefix = os.path.basename(path), f"{PREFIX}{session_id}-{fence}-"
+    if not (name.startswith(prefix) and _RANDOM.fullmatch(name[len(prefix):])):
+        return False
+    try:
+        return os.stat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
 def make_session_cgroup(pid: int, session_id: str, fence: int,
                         cap: Capability) -> tuple[agent_pb2.CgroupRef | None, str]:
     """(the cgroup pid is now in, "") or (None, why not). Idempotent: a gate already in one of
@@ -149,7 +166,7 @@ def make_session_cgroup(pid: int, session_id: str, fence: int,
     if not cap.able:
         return None, cap.reason
     current = session_cgroup_of(pid, cap.root, cap.namespace)
-    if current is not None and os.path.basename(current.path).startswith(f"{PREFIX}{session_id}-{fence}-"):
+    if current is not None and _made_for(current.path, session_id, fence):
         return current, ""
     relative = _relative_cgroup(pid)
     if relative is None or not relative.startswith("/"):

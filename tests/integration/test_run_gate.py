@@ -206,6 +206,44 @@ def test_session_cgroups_are_nested_idempotent_and_swept_only_when_empty() -> No
         cgroups.sweep(cap, grace=0)
 
 
+@pytest.mark.root
+@needs_cgroups
+def test_a_gate_born_in_another_sessions_cgroup_gets_its_own() -> None:
+    """Session `<s>-1`'s cgroup is `holdfast-<s>-1-<fence>-<hex>`, whose name starts as session
+    `<s>`'s at fence 1 would. A gate of `<s>` born inside it (a `holdfast run` started from that
+    tree) gets a cgroup of its own nested there, and ending it ends nothing of the outer tree;
+    likewise for a cgroup of the right name that the agent's user did not make."""
+    cap = cgroups.capability()
+    session = f"nested-test-{secrets.token_hex(4)}"
+    outer_gate = subprocess.Popen(["sleep", "60"])
+    inner_gate = subprocess.Popen(["sleep", "60"])
+    outer, why = cgroups.make_session_cgroup(outer_gate.pid, f"{session}-1", 3, cap)
+    try:
+        assert outer is not None, why
+        Path(outer.path, "cgroup.procs").write_text(str(inner_gate.pid))  # born in the outer tree
+        inner, why = cgroups.make_session_cgroup(inner_gate.pid, session, 1, cap)
+        assert inner is not None, why
+        assert inner.path != outer.path and os.path.dirname(inner.path) == outer.path
+        assert cgroups.kill(inner, cap)
+        assert inner_gate.wait(5) == -signal.SIGKILL
+        assert outer_gate.poll() is None, "ending the inner session ended the outer session's gate"
+        # Named exactly as this session's would be, but not made by the agent's user.
+        foreign = Path(outer.path) / f"{cgroups.PREFIX}{session}-2-{secrets.token_hex(4)}"
+        foreign.mkdir()
+        os.chown(foreign, 65534, 65534)
+        Path(foreign, "cgroup.procs").write_text(str(outer_gate.pid))
+        own, why = cgroups.make_session_cgroup(outer_gate.pid, session, 2, cap)
+        assert own is not None and own.path != str(foreign), why
+    finally:
+        for proc in (outer_gate, inner_gate):
+            proc.kill()
+            proc.wait(5)
+        if outer is not None:  # every cgroup made here lies below it: removed deepest first
+            wait_empty(Path(outer.path))
+            for parent, _dirs, _files in os.walk(outer.path, topdown=False):
+                os.rmdir(parent)
+
+
 def test_end_tree_without_a_cgroup_finds_the_token_carriers(tmp_path: Path) -> None:
     gate, tree, (keeps_token, dropped_token) = spawn_tree(tmp_path, None)
     try:
