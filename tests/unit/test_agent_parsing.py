@@ -51,6 +51,8 @@ def fake_proc(root: Path, pid: int, ppid: int, environ: bytes | None, start_tick
               flags: int = 0, env_at: tuple[int, int] | None = None) -> None:
     d = root / str(pid)
     d.mkdir()
+    if not (root / "loadavg").exists():  # the pid counter, read around each listing
+        (root / "loadavg").write_bytes(b"0.00 0.00 0.00 1/1 1000\n")
     fields = ["S", str(ppid), "0", "0", "0", "0", str(flags)] + ["0"] * 12
     fields.append(str(pid * 10 if start_ticks is None else start_ticks))
     if env_at is not None:  # fields 23..49, then env_start and env_end (fields 50-51)
@@ -129,6 +131,33 @@ def test_a_pid_listed_then_gone_leaves_every_pass_unsettled(tmp_path: Path) -> N
     (tmp_path / "77").mkdir()
     r = scan(V, b"t1", proc=str(tmp_path), max_passes=3)
     assert not r.stable and not r.complete and r.passes == 3 and r.carriers == []
+
+
+@pytest.mark.parametrize("counter", ["wrapped", "blank", "missing"])
+def test_a_pid_counter_that_wrapped_or_went_unread_during_the_listing_leaves_it_unsettled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counter: str) -> None:
+    # A child born behind the listing's walk (pids wrapped) to a parent that then exited ahead of it
+    # is listed by neither; only the counter tells. Here, as each listing is made, the counter goes
+    # down by one (wrapped), reads blank, or its file is gone.
+    fake_proc(tmp_path, 1, 0, b"PATH=/bin\0")
+    listdir, loadavg = os.listdir, tmp_path / "loadavg"
+
+    def listing_while_pids_move(path: str) -> list[str]:
+        entries = listdir(path)
+        if path == str(tmp_path) and loadavg.exists():
+            if counter == "missing":
+                loadavg.unlink()
+            else:
+                lower = int(loadavg.read_bytes().split()[-1]) - 1 if counter == "wrapped" else ""
+                loadavg.write_bytes(f"0.00 0.00 0.00 1/1 {lower}\n".encode())
+        return entries
+
+    monkeypatch.setattr(os, "listdir", listing_while_pids_move)
+    r = scan(V, b"t1", proc=str(tmp_path), max_passes=3)
+    assert not r.stable and not r.complete and r.passes == 3
+    monkeypatch.undo()
+    loadavg.write_bytes(b"0.00 0.00 0.00 1/1 1001\n")  # only ascended: the same tree settles
+    assert scan(V, b"t1", proc=str(tmp_path)).stable
 
 
 def test_a_process_born_after_the_listing_holds_a_reused_pid(tmp_path: Path) -> None:
