@@ -23,6 +23,7 @@ from holdfast.common import tls, upstate
 from holdfast.common.reasons import Reason, reason_of
 from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
+from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 
@@ -135,7 +136,10 @@ class Client:
                 return None
             raise
 
-    async def commit(self, grant: Grant, pid_hint: int) -> pb.SessionRecord:
+    async def commit(self, grant: Grant, pid_hint: int,
+                     is_ours: Callable[[apb.ProcessIdentity], bool]) -> pb.SessionRecord:
+        """Commits the reservation to the process at `pid_hint`; `is_ours` tells that process's
+        attested identity from any other's (client.gate.Gate.is_process)."""
         request = pb.CommitOwnerRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
                                         pid_hint=pid_hint, cluster_id=grant.cluster_id)
         try:
@@ -143,9 +147,11 @@ class Client:
             same_cluster(grant, response.cluster_id)
             return response.record
         except ClientError as err:
-            # A retried commit whose first try landed finds no reservation: check that it is ours.
+            # A retried commit whose first try landed finds no reservation: check that it is ours,
+            # by the committed process, not by the token (two gates can carry a replayed one).
             record = await self._own_effect(grant, err, lambda lease: lease.claim_status in OWNED and
-                                            lease.owner.spawn_token == grant.spawn_token)
+                                            lease.owner.spawn_token == grant.spawn_token and
+                                            is_ours(lease.owner))
             if record is None:
                 raise
             return record

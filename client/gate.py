@@ -21,6 +21,13 @@ import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from holdfast.proc.environ import read_proc_file
+from holdfast.proc.procstat import StatParseError, parse_stat
+
+if TYPE_CHECKING:
+    from holdfast.v1 import agent_pb2
 
 COMMITTED = b"committed\n"
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -71,6 +78,25 @@ class Gate:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def is_process(self, owner: agent_pb2.ProcessIdentity) -> bool:
+        """Whether an agent's attested identity is this very gate: by its pidfs inode when it was
+        attested with one (one per process for the boot, in every pid namespace), else by pid and
+        start ticks (the agent's pid namespace being this one). Another gate may carry the same
+        token (a reservation replayed to two runs), so the token alone does not say."""
+        try:
+            fd = os.pidfd_open(self.pid)
+        except OSError:
+            return False
+        try:
+            if owner.pidfd_ino:
+                return os.fstat(fd).st_ino == owner.pidfd_ino
+            stat = parse_stat(read_proc_file(f"/proc/{self.pid}/stat"))
+            return owner.pid == self.pid and stat.start_ticks == owner.start_ticks
+        except (OSError, StatParseError):
+            return False
+        finally:
+            os.close(fd)
 
     def release(self, grant_env: Mapping[str, str] | None = None) -> None:
         """Let the gate exec CMD, with `grant_env` added to its environment (a gate with an env

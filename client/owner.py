@@ -241,7 +241,7 @@ class Owner:
                     gate.abort()
                     await asyncio.to_thread(gate.process.wait)
                     gate = spawn(grant.spawn_token_env, grant.spawn_token)
-                record = await client.commit(grant, gate.pid)
+                record = await client.commit(grant, gate.pid, gate.is_process)
             grant.write(workdir, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from holdfast.agent.hostinfo import has_pidfs
 from holdfast.client.gate import Gate
 from holdfast.client.tree import Tree, end_tree
 from holdfast.proc import cgroups
@@ -204,6 +205,34 @@ def test_session_cgroups_are_nested_idempotent_and_swept_only_when_empty() -> No
             proc.kill()
             proc.wait(5)
         cgroups.sweep(cap, grace=0)
+
+
+def test_a_gate_knows_its_own_attested_identity_from_another_gates_with_its_token() -> None:
+    """Two gates can carry one token (a reservation replayed to two runs); a retried commit then
+    finds the session committed to one of them and must tell whether it is its own (client.connection
+    `commit`): by the pidfs inode, or without one by pid and start ticks."""
+    env = {**os.environ, "HOLDFAST_SPAWN_TOKEN": "shared-" + secrets.token_hex(8)}
+    mine, other = Gate(["true"], env), Gate(["true"], env)
+    try:
+        def identity(gate: Gate, pidfs: bool) -> agent_pb2.ProcessIdentity:
+            fd = os.pidfd_open(gate.pid)
+            try:
+                ino = os.fstat(fd).st_ino if pidfs else 0
+            finally:
+                os.close(fd)
+            ticks = int(Path(f"/proc/{gate.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            return agent_pb2.ProcessIdentity(pid=gate.pid, start_ticks=ticks, pidfd_ino=ino)
+
+        for pidfs in (True, False) if has_pidfs() else (False,):  # as the agent attests
+            assert mine.is_process(identity(mine, pidfs))
+            assert not mine.is_process(identity(other, pidfs)), "another gate with the same token"
+        moved = identity(mine, False)
+        moved.pid += 1  # the agent sees another pid namespace: without an inode nothing is proven
+        assert not mine.is_process(moved)
+    finally:
+        for gate in (mine, other):
+            gate.abort()
+            gate.process.wait(5)
 
 
 @pytest.mark.root

@@ -58,7 +58,7 @@ async def main():
         print(json.dumps({"fence": grant.fence}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         try:
-            await client.commit(grant, gate.pid)
+            await client.commit(grant, gate.pid, gate.is_process)
         except ClientError as err:
             gate.abort()
             print(json.dumps({"commit": err.reason, "gate": gate.process.wait()}), flush=True)
