@@ -128,6 +128,14 @@ def check_batch(owners: list[agent_pb2.ProcessIdentity]) -> None:
         check_identity(owner, f"owners[{i}]")
 
 
+def _refused(made: agent_pb2.CgroupRef | None, why: str) -> tuple[None, str]:
+    """An attestation refused after its move: what was moved may be a process that took the gate's
+    pid (the gate exited between its check and the move), so it goes back where it was."""
+    if made is not None:
+        cgroups.undo(made)
+    return None, why
+
+
 class HostAgentService(agent_pb2_grpc.HostAgentServicer):
     def __init__(self, host_id: str, facts: HostFacts, spawn_token_env: str) -> None:
         self.host_id = host_id
@@ -223,13 +231,13 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             None, "the attestation request named no session")
         identity = self.identity_of(pid, token)
         if identity is None or not self._carries(pid, token.encode()):
-            return None, "the token's root exited during attestation"
+            return _refused(made, "the token's root exited during attestation")
         if made is None:
             log.warning("attested without a session cgroup: the tree's end rests on the scan",
                         extra={"fields": {"pid": pid, "reason": why}})
             identity.tree_proof_reason = why
         elif identity.cgroup != made:
-            return None, f"pid {pid} left its session cgroup {made.path} during attestation"
+            return _refused(made, f"pid {pid} left its session cgroup {made.path} during attestation")
         metrics.observe_attestation(identity)
         return identity, ""
 

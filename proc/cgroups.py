@@ -143,6 +143,20 @@ def _move(pid: int, path: str) -> None:
         f.write(str(pid))
 
 
+def undo(ref: agent_pb2.CgroupRef) -> None:
+    """Moves whatever is in a session cgroup just made back to its parent, and removes it. For an
+    attestation refused after its move: the gate may have exited and its pid been taken by another
+    process before the move, which must not be left in a cgroup no record names."""
+    parent = os.path.dirname(ref.path)
+    with _lock, contextlib.suppress(OSError):
+        with open(os.path.join(ref.path, "cgroup.procs")) as f:
+            members = f.read().split()
+        for pid in members:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                _move(int(pid), parent)
+        os.rmdir(ref.path)
+
+
 def _made_for(path: str, session_id: str, fence: int) -> bool:
     """Whether `path` is a session cgroup made by this agent's user for exactly this session and
     fence. The whole name is compared: by its prefix alone, session `build-ci-1`'s cgroup

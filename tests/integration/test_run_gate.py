@@ -207,6 +207,26 @@ def test_session_cgroups_are_nested_idempotent_and_swept_only_when_empty() -> No
         cgroups.sweep(cap, grace=0)
 
 
+@pytest.mark.root
+@needs_cgroups
+def test_a_refused_attestations_cgroup_gives_back_what_it_took() -> None:
+    """An attestation refused after its move (its gate gone, the pid maybe another process's by
+    then) moves what it moved back where it was and removes the cgroup (agent/service.py)."""
+    cap = cgroups.capability()
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        where = Path(f"/proc/{stranger.pid}/cgroup").read_text()
+        made, why = cgroups.make_session_cgroup(stranger.pid, f"undo-test-{secrets.token_hex(4)}", 1, cap)
+        assert made is not None, why
+        assert Path(f"/proc/{stranger.pid}/cgroup").read_text() != where
+        cgroups.undo(made)
+        assert Path(f"/proc/{stranger.pid}/cgroup").read_text() == where
+        assert not os.path.exists(made.path)
+    finally:
+        stranger.kill()
+        stranger.wait(5)
+
+
 def test_a_gate_knows_its_own_attested_identity_from_another_gates_with_its_token() -> None:
     """Two gates can carry one token (a reservation replayed to two runs); a retried commit then
     finds the session committed to one of them and must tell whether it is its own (client.connection
