@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shlex
 import signal
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -177,3 +179,30 @@ def test_takeover_of_a_command_that_cannot_run_leaves_the_owner_untouched(cluste
     assert after.record.lease.handoff_stage == pb.NONE and after.record.lease.fence == 1
     assert first.proc.poll() is None and child_pids(first), "the owner and its child still run"
     assert not cluster.events("stop") and not cluster.events("overlap")
+
+
+def test_a_forced_takeover_of_a_session_run_inside_another_ends_only_its_own_tree(cluster: Cluster) -> None:
+    """A `holdfast run` started from inside another session's tree (an agent session starting a
+    sub-session) gets a session cgroup of its own, nested in the outer one. Forcing a takeover of
+    the inner session `X` ends X's tree and nothing of `X-1`'s, whose cgroup name begins as X's
+    would: matched by that prefix, the inner gate was once attested in the outer cgroup, and the
+    force's cgroup.kill ended the outer session."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    outer_sid, inner_sid = "sess-nest-ci-1", "sess-nest-ci"
+    inner = [sys.executable, "-m", "holdfast.cli", "run", "--session", inner_sid, "--grace", "30", "--",
+             "sh", "-c", "trap '' TERM; exec sleep 600"]
+    outer = cluster.run(a, outer_sid, cmd=["sh", "-c", shlex.join(inner) + " & exec sleep 600"])
+
+    def live(sid: str) -> bool:
+        records = cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10).records
+        return any(r.session_id == sid and r.lease.claim_status == pb.LIVE for r in records)
+
+    until("both sessions live", lambda: live(outer_sid) and live(inner_sid))
+    forced = cluster.run(b, inner_sid, "--takeover", "--force", "--handoff-timeout", "1", cmd=["true"])
+    assert forced.wait(60) == 0
+    assert cluster.record(inner_sid).record.lease.fence == 2
+    lease = cluster.record(outer_sid).record.lease
+    assert (lease.fence, lease.claim_status) == (1, pb.LIVE), "the outer session's tree was ended"
+    assert outer.proc.poll() is None
+    os.kill(outer.run_pid, signal.SIGTERM)
+    outer.wait(30)
