@@ -85,18 +85,16 @@ class Gate:
         start ticks (the agent's pid namespace being this one). Another gate may carry the same
         token (a reservation replayed to two runs), so the token alone does not say."""
         try:
-            fd = os.pidfd_open(self.pid)
-        except OSError:
-            return False
-        try:
             if owner.pidfd_ino:
-                return os.fstat(fd).st_ino == owner.pidfd_ino
+                fd = os.pidfd_open(self.pid)
+                try:
+                    return os.fstat(fd).st_ino == owner.pidfd_ino
+                finally:
+                    os.close(fd)
             stat = parse_stat(read_proc_file(f"/proc/{self.pid}/stat"))
             return owner.pid == self.pid and stat.start_ticks == owner.start_ticks
         except (OSError, StatParseError):
             return False
-        finally:
-            os.close(fd)
 
     def release(self, grant_env: Mapping[str, str] | None = None) -> None:
         """Let the gate exec CMD, with `grant_env` added to its environment (a gate with an env

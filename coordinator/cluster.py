@@ -23,6 +23,10 @@ KEY = "cluster-id"
 _VALID = re.compile(r"^[0-9a-f]{32}$")
 
 
+def _fresh() -> str:
+    return secrets.token_hex(16)  # 128 random bits, the shape _VALID reads back
+
+
 class ClusterIdentity:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -47,7 +51,7 @@ class ClusterIdentity:
                     self._known = value
                     return value
                 # The loser of a race to create it reads the winner's on the next pass.
-                await self.store.txn([absent(self._key)], [Put(self._key, secrets.token_hex(16).encode())])
+                await self.store.txn([absent(self._key)], [Put(self._key, _fresh().encode())])
         raise StoreUnavailable(f"{self._key} could neither be read nor created")
 
     async def for_grant(self) -> tuple[str, list[Seen], list[Put]]:
@@ -57,7 +61,7 @@ class ClusterIdentity:
         down then), and two grants minting at once cannot both apply."""
         if known := await self.current():
             return known, [], []
-        value = secrets.token_hex(16)
+        value = _fresh()
         return value, [Seen(self._key, None)], [Put(self._key, value.encode())]
 
     @property
