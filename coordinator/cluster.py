@@ -17,9 +17,9 @@ import asyncio
 import re
 import secrets
 
+from holdfast.coordinator import keys
 from holdfast.coordinator.store import Put, Seen, Store, StoreUnavailable, absent
 
-KEY = "cluster-id"
 _VALID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -66,7 +66,7 @@ class ClusterIdentity:
 
     @property
     def _key(self) -> str:
-        return self.store.key(KEY)
+        return keys.cluster_id(self.store)
 
     async def _read(self) -> str:
         entry = await self.store.get(self._key)

@@ -18,7 +18,7 @@ import grpc
 
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
-from holdfast.coordinator import adjudication, fencing, lifecycle_rules, protojson, records, registry
+from holdfast.coordinator import adjudication, fencing, keys, lifecycle_rules, protojson, records, registry
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import KILL_WAIT_S, Sessions, now_ms
@@ -55,13 +55,13 @@ class Lifecycle:
         if not lifecycle_rules.archive_allowed(verdict):
             why = verdict.detail or verdict.reason.value
             raise CoordinatorError(verdict.reason.value, f"not archived: {why}")
-        history, _ = await self.store.list_prefix(self.store.key("history", sid, ""))
+        history, _ = await self.store.list_prefix(keys.history_prefix(self.store, sid))
         archived = pb.SessionRecord()
         archived.CopyFrom(record)
         archived.lease.death_evidence.CopyFrom(pb.DeathEvidence(
             kind="archived", detail=who, observed_at_unix_ms=now_ms(), owner_fence=record.lease.fence))
-        puts = [Put(self.store.key("archive", sid, "record"), records.encode(archived))]
-        puts += [Put(self.store.key("archive", sid, "history", e.key.rsplit("/", 1)[1]), e.value)
+        puts = [Put(keys.archive_record(self.store, sid), records.encode(archived))]
+        puts += [Put(keys.archive_history(self.store, sid, e.key.rsplit("/", 1)[1]), e.value)
                  for e in history]
         # Fenced data and carried state go with the session (retention ends with it, and the carry
         # budget gets its bytes back); history stays readable under archive/, and the archived fence
@@ -70,9 +70,9 @@ class Lifecycle:
             carry_reads, carry_puts = await self.carried.discard(sid)
             ok, _ = await self.store.txn(
                 unchanged([Seen(self.sessions.key(sid), entry), *reads, *carry_reads]), [*puts, *carry_puts],
-                [self.sessions.key(sid), self.store.key("fence", sid)],
-                [*(self.store.key(kind, sid, "") for kind in ("history", "data", "ops")),
-                 self.carried.prefix(sid)])
+                [self.sessions.key(sid), keys.fence(self.store, sid)],
+                [keys.history_prefix(self.store, sid), keys.data_prefix(self.store, sid),
+                 keys.ops_prefix(self.store, sid), self.carried.prefix(sid)])
             if ok:
                 break
             # Another session's upload may have moved the shared carry budget: that alone is retried.
@@ -90,10 +90,10 @@ class Lifecycle:
         self, request: pb.GetArchivedSessionRequest
     ) -> pb.GetArchivedSessionResponse:
         sid = identifiers.check_session_id(request.session_id)
-        entry = await self.store.get(self.store.key("archive", sid, "record"))
+        entry = await self.store.get(keys.archive_record(self.store, sid))
         if entry is None:
             raise CoordinatorError("NOT_FOUND", f"no archived session {sid}")
-        history, _ = await self.store.list_prefix(self.store.key("archive", sid, "history", ""))
+        history, _ = await self.store.list_prefix(keys.archive_history_prefix(self.store, sid))
         return pb.GetArchivedSessionResponse(
             record=records.decode_record(entry.value),
             history=[protojson.parse(e.value, pb.HistoryEntry) for e in history])
@@ -101,7 +101,7 @@ class Lifecycle:
     def revival_keys(self, session_id: str) -> list[str]:
         """The reads `revived` needs for an id with no record: its archive record and the restore
         epoch's floor. Read with the record, in the Acquire's one round trip."""
-        return [self.store.key("archive", session_id, "record"), self._floor_key()]
+        return [keys.archive_record(self.store, session_id), keys.new_session_floor(self.store)]
 
     async def grant_gates(self, host_id: str) -> tuple[pb.HostRegistration, list[Seen]]:
         """The gates of a grant to `host_id`, each refused with its reason (nothing written): no
@@ -115,16 +115,13 @@ class Lifecycle:
         every client's start path. The registration comes from the followed cache when it holds it."""
         registry = self.sessions.registry
         cached = registry.cached(host_id)
-        keys = [*also, self._drain_key(host_id), self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)]
+        wanted = [*also, keys.draining(self.store, host_id), keys.restore_pending(self.store)]
         if cached is None:
-            keys.append(registry.key_of(host_id))
-        read = await self.store.read_all(keys)
+            wanted.append(registry.key_of(host_id))
+        read = await self.store.read_all(wanted)
         drain, restore = read[len(also)], read[len(also) + 1]
         registration = cached if cached is not None else read[-1]
         return [registration, drain, restore], read[: len(also)]
-
-    def _floor_key(self) -> str:
-        return self.store.key("new-session-floor")
 
     async def purge_archives(
         self, request: pb.PurgeArchivesRequest
@@ -137,7 +134,7 @@ class Lifecycle:
         response = pb.PurgeArchivesResponse()
         after = ""
         while True:
-            page, more = await self.store.list_prefix(self.store.key("archive", ""), after, 500)
+            page, more = await self.store.list_prefix(keys.archives_prefix(self.store), after, 500)
             for entry in page:
                 after = entry.key
                 if not entry.key.endswith("/record"):
@@ -152,30 +149,27 @@ class Lifecycle:
                 ok, _ = await self.store.txn(
                     unchanged([Seen(entry.key, entry)]),
                     [Put(entry.key, records.encode(lifecycle_rules.floor_only(record)))], (),
-                    [self.store.key("archive", sid, "history", "")])
+                    [keys.archive_history_prefix(self.store, sid)])
                 if ok:
                     response.purged.append(sid)
             if not more:
                 return response
 
     # --- drain -----------------------------------------------------------------------------
-    def _drain_key(self, host_id: str) -> str:
-        return self.store.key("draining", host_id)
-
     async def draining_hosts(self) -> list[str]:
         """Every host with a drain flag, in key order (ListHosts shows them)."""
-        prefix = self._drain_key("")
+        prefix = keys.draining_prefix(self.store)
         entries, _ = await self.store.list_prefix(prefix)
         return [e.key.removeprefix(prefix) for e in entries]
 
     async def _sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
-        entries, _ = await self.store.list_prefix(self.store.key("sessions", ""))
+        entries, _ = await self.store.list_prefix(keys.sessions_prefix(self.store))
         return [(e, self.sessions.decode(e)) for e in entries]
 
     async def _host_known(self, host_id: str) -> bool:
         """Registered now, or named by a session (its agent may be down for the very maintenance the
         drain is for): `drain nosuchhost` used to set a flag for a host that never existed, exit 0."""
-        drain_flag = await self.store.get(self._drain_key(host_id))
+        drain_flag = await self.store.get(keys.draining(self.store, host_id))
         if await self.sessions.registry.get(host_id) is not None or drain_flag is not None:
             return True
         return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self._sessions())
@@ -188,9 +182,9 @@ class Lifecycle:
                                    "session names it: nothing to drain (a typo? `holdfast hosts` lists the "
                                    "hosts); nothing was written")
         if not request.draining:
-            await self.store.txn([], [], [self._drain_key(host_id)])
+            await self.store.txn([], [], [keys.draining(self.store, host_id)])
             return pb.DrainHostResponse(draining=False)
-        flag = Put(self._drain_key(host_id), records.encode(
+        flag = Put(keys.draining(self.store, host_id), records.encode(
             pb.HistoryEntry(at_unix_ms=now_ms(), transition="draining", detail=request.operator)))
         _, revision = await self.store.txn([], [flag])
         # Each handoff request below is this drain's: an undo meanwhile makes the rest lose.
@@ -317,7 +311,7 @@ class Lifecycle:
             row.detail = (f"owner not proven gone ({probe.tree_reason or probe.reason}); stop it, then "
                           f"`holdfast recover {sid} --fence {record.lease.fence} --reason TEXT`")
         # 4. Grants reopen only when nothing a restore hides can still be running.
-        pending = self.store.key(lifecycle_rules.RESTORE_PENDING_KEY)
+        pending = keys.restore_pending(self.store)
         response.grants_reopened = lifecycle_rules.grants_may_reopen(response)
         if response.grants_reopened:
             await self.store.txn([], [], [pending])
@@ -328,9 +322,9 @@ class Lifecycle:
     async def _raise_new_session_floor(self, epoch: int) -> None:
         """Read-modify-write of the floor, compared: two restore-epochs at once both raise it."""
         for _ in range(8):
-            read = await self.store.read(self._floor_key())
+            read = await self.store.read(keys.new_session_floor(self.store))
             floor = lifecycle_rules.new_session_floor(_floor(read), epoch)
-            ok, _ = await self.store.txn(unchanged([read]), [Put(self._floor_key(), str(floor).encode())])
+            ok, _ = await self.store.txn(unchanged([read]), [Put(read.key, str(floor).encode())])
             if ok:
                 return
         raise CoordinatorError("STALE_FENCE", "the new-session floor kept changing; run restore-epoch again")

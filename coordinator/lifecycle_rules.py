@@ -15,7 +15,6 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 DEFAULT_EPOCH = 1 << 20
-RESTORE_PENDING_KEY = "restore-pending"  # while it exists, Acquire refuses RESTORE_PENDING
 OWNED = (pb.COMMITTED, pb.LIVE)
 
 

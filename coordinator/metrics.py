@@ -20,6 +20,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
+from holdfast.coordinator import keys
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.store import Entry, Store, StoreUnavailable
 from holdfast.v1 import agent_pb2
@@ -89,7 +90,7 @@ async def census(store: Store, registry: Registry, seen_hosts: set[str],
     """One pass: count every session record (paged; `decode` is the sessions' cached decoding: at
     100k records, parsing every record's JSON each pass cost seconds of the event loop) and mark
     every registered host."""
-    prefix = store.key("sessions", "")
+    prefix = keys.sessions_prefix(store)
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     after = ""
     while True:

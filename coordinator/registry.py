@@ -20,7 +20,7 @@ import time
 import grpc
 
 from holdfast.common import identifiers
-from holdfast.coordinator import protojson, records
+from holdfast.coordinator import keys, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, StoreUnavailable, absent
 from holdfast.v1 import coordinator_pb2 as pb
@@ -39,7 +39,7 @@ class Registry:
     async def follow(self) -> None:
         """Keeps the cache equal to etcd's registrations through a watch; runs until cancelled. A
         lost watch (etcd unreachable, compacted) drops the cache until a new listing replaces it."""
-        prefix = self.store.key("hosts", "")
+        prefix = keys.hosts_prefix(self.store)
         while True:
             try:
                 entries, revision = await self.store.snapshot_prefix(prefix)
@@ -58,7 +58,7 @@ class Registry:
             await asyncio.sleep(REFOLLOW_S)
 
     def key_of(self, host_id: str) -> str:
-        return self.store.key("hosts", host_id)
+        return keys.host(self.store, host_id)
 
     async def register(self, reg: pb.HostRegistration, ttl: int) -> tuple[int, int]:
         identifiers.check_host_id(reg.host_id)
@@ -108,7 +108,7 @@ class Registry:
         return Seen(key, cached) if cached is not None else None
 
     async def list(self) -> list[pb.HostRegistration]:
-        entries, _ = await self.store.list_prefix(self.store.key("hosts", ""))
+        entries, _ = await self.store.list_prefix(keys.hosts_prefix(self.store))
         return [protojson.parse(e.value, pb.HostRegistration) for e in entries]
 
 

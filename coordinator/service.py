@@ -24,6 +24,7 @@ from holdfast.coordinator import (
     attestation,
     carry,
     fencing,
+    keys,
     lifecycle,
     metrics,
     protojson,
@@ -154,7 +155,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         gate_token = attestation.check_gate(request.gate) if request.HasField("gate") else ""
         attested: attestation.Attested | None = None
         ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
-        ops_key = self.store.key("ops", sid, ohash)
+        ops_key = keys.op(self.store, sid, ohash)
         ask = AcquireAsk(
             request.expected_fence if request.has_expected_fence else None, handoff_hash(request.operation_id)
         )
@@ -494,12 +495,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> pb.FencedPutResponse:
         cluster = await self._check_cluster(request.cluster_id)
         sid = identifiers.check_session_id(request.session_id)
-        key = self.store.key("data", sid, records.check_data_key(request.key))
+        key = keys.data(self.store, sid, records.check_data_key(request.key))
         records.check_value(request.value)
         identifiers.check_fence(request.fence)
         expected = fencing.expected_fence_value(request.fence, pb.LIVE, request.secret)
         ok, revision = await self.store.txn(
-            [value_equals(self.store.key("fence", sid), expected)], [Put(key, request.value)]
+            [value_equals(keys.fence(self.store, sid), expected)], [Put(key, request.value)]
         )
         if ok:
             return pb.FencedPutResponse(revision=revision, cluster_id=cluster)
@@ -512,7 +513,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.FencedGetRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedGetResponse:
         sid = identifiers.check_session_id(request.session_id)
-        entry = await self.store.get(self.store.key("data", sid, records.check_data_key(request.key)))
+        entry = await self.store.get(keys.data(self.store, sid, records.check_data_key(request.key)))
         if entry is None:
             return pb.FencedGetResponse(found=False)
         return pb.FencedGetResponse(found=True, value=entry.value, revision=entry.mod_revision)
@@ -550,7 +551,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
         _, record = await self.sessions.require(request.session_id)
-        entries, _ = await self.store.list_prefix(self.store.key("history", record.session_id, ""))
+        entries, _ = await self.store.list_prefix(keys.history_prefix(self.store, record.session_id))
         history = [protojson.parse(e.value, pb.HistoryEntry) for e in entries]
         return pb.GetSessionResponse(record=record, history=history)
 
@@ -562,7 +563,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         after = ""
         if request.page_token:
             after = self.sessions.key(identifiers.check_session_id(request.page_token))
-        entries, more = await self.store.list_prefix(self.store.key("sessions", ""), after, size)
+        entries, more = await self.store.list_prefix(keys.sessions_prefix(self.store), after, size)
         page = [self.sessions.decode(e) for e in entries]
         return pb.ListSessionsResponse(
             records=page, next_page_token=page[-1].session_id if more and page else ""
@@ -699,7 +700,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         try:
             sid = request.session_id
             key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
-            prefix = key or self.store.key("sessions", "")
+            prefix = key or keys.sessions_prefix(self.store)
             cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
             while True:
                 # List first, then watch from the listing's revision: after a compaction, list again.

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from holdfast.common import identifiers
 from holdfast.common.logs import session_fields
-from holdfast.coordinator import adjudication, fencing, records
+from holdfast.coordinator import adjudication, fencing, keys, records
 from holdfast.coordinator.adjudication import AcquireAsk
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.record_cache import RecordCache
@@ -44,7 +44,7 @@ class Sessions:
         self.decoded = RecordCache()
 
     def key(self, session_id: str) -> str:
-        return self.store.key("sessions", session_id)
+        return keys.session(self.store, session_id)
 
     async def read(self, session_id: str) -> tuple[Entry | None, pb.SessionRecord | None]:
         entry = await self.store.get(self.key(session_id))
@@ -90,12 +90,12 @@ class Sessions:
         )
         puts = [
             Put(self.key(sid), records.encode(record)),
-            Put(self.store.key("fence", sid), fencing.fence_value_of(record).encode()),
-            Put(self.store.key("history", sid, f"{seq:020d}"), records.encode(history)),
+            Put(keys.fence(self.store, sid), fencing.fence_value_of(record).encode()),
+            Put(keys.history(self.store, sid, seq), records.encode(history)),
             *extra,
         ]
         # The cap: each transition adds one entry and drops the one HISTORY_KEPT transitions older.
-        dropped = [self.store.key("history", sid, f"{seq - HISTORY_KEPT:020d}")] if seq > HISTORY_KEPT else []
+        dropped = [keys.history(self.store, sid, seq - HISTORY_KEPT)] if seq > HISTORY_KEPT else []
         compares = unchanged([Seen(self.key(sid), entry), *reads])
         ok, revision = await self.store.txn(compares, puts, dropped)
         lease = record.lease
