@@ -29,13 +29,12 @@ from holdfast.cli.options import (
     seconds_arg,
     session_id_arg,
 )
-from holdfast.client import carry
 from holdfast.client.acquire import MAX_WAIT_S, RunSpec
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.client.owner import Owner, status_of
-from holdfast.common import reasons
+from holdfast.common import carry_rules, reasons
 from holdfast.common.names import claim_name, outcome_name, stage_name
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
@@ -251,14 +250,14 @@ async def _show(args: argparse.Namespace, client: Client) -> int:
                          "written_at_unix_ms": manifest.written_at_unix_ms,
                          "total_bytes": manifest.total_bytes,
                          "roots": [{"path": path, "files": files, "bytes": size}
-                                   for path, files, size in carry.root_sizes(manifest)]}
+                                   for path, files, size in carry_rules.root_sizes(manifest)]}
         print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history],
                     "carried": carry_doc, **({"carried_unknown": unknown} if unknown else {})})
         return 0
     print(table([session_row(found.record)], SESSION_HEADER) + "\n")
     if manifest is not None:
-        for path, files, size in carry.root_sizes(manifest):
-            print(f"carried state: {carry.describe(manifest, path, files, size)}")
+        for path, files, size in carry_rules.root_sizes(manifest):
+            print(f"carried state: {carry_rules.describe(manifest, path, files, size, time.time())}")
     elif unknown:
         print(f"carried state: unknown ({unknown})")
     lease = found.record.lease

@@ -3,10 +3,11 @@ and directories, uploading them under the owner's grant, and restoring the sessi
 before CMD runs.
 
 Guarantee: a restore writes nothing in place until the whole copy is downloaded, every chunk and
-every file matches its sha256, and every entry passed `carry_rules.check_entry`; it is built in a
-temporary directory beside its target and renamed into place, so a failed restore leaves the local
-files as they were. An upload reads each file once and refuses one that changed while it was read;
-the coordinator keeps the last committed copy until a whole new one is committed.
+every file matches its sha256, and the manifest passed `carry_rules.check_manifest`; it is built
+beneath a directory it opened itself, never through a link (holdfast.client.carry_restore), and
+renamed into place, so a failed restore leaves the local files as they were. A copy is checked by
+the same rules before it is uploaded. An upload reads each file once and refuses one that changed
+while it was read; the coordinator keeps the last committed copy until a whole new one is committed.
 """
 
 from __future__ import annotations
@@ -15,17 +16,24 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import shutil
 import stat
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from holdfast.client.carry_rules import CarryRefused, age_text, check_cap, check_entry, chunked, root_name
+from holdfast.client.carry_restore import restore
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
+from holdfast.common.carry_rules import (
+    CarryRefused,
+    check_cap,
+    check_entry,
+    check_manifest,
+    chunked,
+    escaping_links,
+    root_name,
+    root_sizes,
+)
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -100,8 +108,51 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
     return sizes
 
 
+def _walk_root(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], list[str]]:
+    """A directory root's entries below it in walk order as (path, kind, mode, link target), each
+    parent before its children, and what is left out, with why."""
+    entries: list[tuple[str, str, int, str]] = []
+    skipped: list[str] = []
+    for top, dirs, files in os.walk(path):
+        dirs.sort()
+        for entry in sorted(dirs + files):
+            full = os.path.join(top, entry)
+            rel = os.path.relpath(full, path)
+            shown = os.path.join(name, rel)
+            s = os.lstat(full)
+            try:
+                rel.encode()
+            except UnicodeEncodeError:
+                skipped.append(f"{shown!r}: its name is not UTF-8; not carried")
+                if stat.S_ISDIR(s.st_mode):
+                    dirs.remove(entry)
+                continue
+            if stat.S_ISDIR(s.st_mode):
+                entries.append((rel, "dir", stat.S_IMODE(s.st_mode) & 0o777, ""))
+            elif stat.S_ISREG(s.st_mode):
+                entries.append((rel, "file", stat.S_IMODE(s.st_mode) & 0o777, ""))
+            elif stat.S_ISLNK(s.st_mode):
+                target = os.readlink(full)
+                try:
+                    check_entry(rel, "symlink", 0o777, target)
+                except CarryRefused as exc:
+                    skipped.append(f"{shown}: {exc}")
+                    continue
+                entries.append((rel, "symlink", 0o777, target))
+            else:
+                skipped.append(f"{shown}: not a file, directory or symlink; not carried")
+    # A link that leaves the directory once the tree's other links are followed is left out; each
+    # one left out changes where others lead, so this repeats until none leaves.
+    while escaping := escaping_links({p: t for p, kind, _, t in entries if kind == "symlink"}):
+        skipped += [f"{os.path.join(name, p)}: its link leads outside the carried directory; not carried"
+                    for p in escaping]
+        entries = [e for e in entries if e[0] not in escaping]
+    return entries, skipped
+
+
 def pack(names: list[str], cwd: str, session_id: str) -> Packed:
-    """The named roots as one copy: files in walk order, a stream cut into chunks."""
+    """The named roots as one copy: files in walk order, a stream cut into chunks; a copy the
+    rules of restore would refuse is refused here, before anything is uploaded."""
     manifest = pb.CarryManifest(session_id=session_id)
     skipped: list[str] = []
     stream: list[bytes] = []
@@ -132,54 +183,24 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
             raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
         manifest.roots.add(path=name, kind="dir")
         manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
-        for top, dirs, files in os.walk(path):
-            dirs.sort()
-            for entry in sorted(dirs + files):
-                full = os.path.join(top, entry)
-                rel = os.path.relpath(full, path)
-                shown = os.path.join(name, rel)
-                s = os.lstat(full)
-                if stat.S_ISDIR(s.st_mode):
-                    manifest.entries.add(
-                        root=index, path=rel, kind="dir", mode=stat.S_IMODE(s.st_mode) & 0o777
-                    )
-                elif stat.S_ISREG(s.st_mode):
-                    add_file(index, rel, full, shown)
-                elif stat.S_ISLNK(s.st_mode):
-                    target = os.readlink(full)
-                    try:
-                        check_entry(rel, "symlink", 0o777, target)
-                    except CarryRefused as exc:
-                        skipped.append(f"{shown}: {exc}")
-                        continue
-                    manifest.entries.add(root=index, path=rel, kind="symlink", mode=0o777, link_target=target)
-                else:
-                    skipped.append(f"{shown}: not a file, directory or symlink; not carried")
+        entries, left_out = _walk_root(path, name)
+        skipped += left_out
+        for rel, kind, mode, target in entries:
+            if kind == "file":
+                add_file(index, rel, os.path.join(path, rel), os.path.join(name, rel))
+            else:
+                manifest.entries.add(root=index, path=rel, kind=kind, mode=mode, link_target=target)
     data = b"".join(stream)
     chunks = chunked(data)
     manifest.total_bytes = len(data)
     manifest.chunk_sha256.extend(hashlib.sha256(c).hexdigest() for c in chunks)
+    try:
+        check_manifest(manifest)
+    except CarryRefused as exc:
+        raise failed(
+            f"the carried state cannot be carried: {exc}; nothing was uploaded", session_id
+        ) from None
     return Packed(manifest, chunks, skipped)
-
-
-def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
-    """Each carried root with its files and bytes, in the manifest's order."""
-    files = [0] * len(manifest.roots)
-    size = [0] * len(manifest.roots)
-    for entry in manifest.entries:
-        if entry.kind == "file" and entry.root < len(manifest.roots):
-            files[entry.root] += 1
-            size[entry.root] += entry.size
-    return [(root.path, files[i], size[i]) for i, root in enumerate(manifest.roots)]
-
-
-def describe(manifest: pb.CarryManifest, path: str, files: int, size: int) -> str:
-    """One root of a copy as a person reads it: what, written by which grant where, and how old."""
-    age = age_text(max(time.time() - manifest.written_at_unix_ms / 1000, 0))
-    return (
-        f"{path} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
-        f"{manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old"
-    )
 
 
 async def upload(client: Client, grant: Grant, packed: Packed, reason: str) -> int:
@@ -231,114 +252,6 @@ async def download(client: Client, grant: Grant) -> tuple[pb.CarryManifest, byte
     return manifest, data
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root + os.sep)
-
-
-def _write_file(target: str, data: bytes, entry: pb.CarryEntry) -> None:
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise CarryRefused(f"carry entry {entry.path or '(the carried file)'!r} does not match its sha256")
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(target, entry.mode)
-
-
-def _build(entries: list[tuple[pb.CarryEntry, bytes]], tmp: str, kind: str) -> str:
-    """Writes one root's entries under `tmp` and returns what to put in place: `tmp` itself for a
-    directory, the one file inside it for a file. Refuses any entry the rules refuse, any file whose
-    bytes miss their sha256, any link that resolves out of the directory on disk."""
-    if kind != "dir":
-        if len(entries) != 1 or entries[0][0].kind != "file" or entries[0][0].path:
-            raise CarryRefused("a carried file is one file entry")
-        entry, data = entries[0]
-        check_entry("", "file", entry.mode)
-        _write_file(os.path.join(tmp, "file"), data, entry)
-        return os.path.join(tmp, "file")
-    dir_modes: list[tuple[str, int]] = []
-    links: list[str] = []
-    for entry, data in entries:
-        check_entry(entry.path, entry.kind, entry.mode, entry.link_target)
-        target = os.path.join(tmp, entry.path) if entry.path else tmp
-        parent = os.path.dirname(target)
-        if entry.path and not (os.path.isdir(parent) and not os.path.islink(parent)):
-            raise CarryRefused(f"carry entry {entry.path!r}: its directory is not a carried directory")
-        if entry.kind == "dir":
-            if entry.path:
-                os.mkdir(target, 0o700)
-            dir_modes.append((target, entry.mode))
-        elif entry.kind == "symlink":
-            os.symlink(entry.link_target, target)
-            links.append(target)
-        else:
-            _write_file(target, data, entry)
-    top = os.path.realpath(tmp)
-    for link in links:
-        if not _inside(os.path.realpath(link), top):
-            raise CarryRefused(
-                f"carry entry {os.path.relpath(link, tmp)!r}: its link resolves outside the carried directory"
-            )
-    for path, mode in reversed(dir_modes):  # deepest first, once everything is written
-        os.chmod(path, mode)
-    return tmp
-
-
-def _put_in_place(tmp: str, path: str) -> None:
-    if os.path.isdir(tmp) and os.path.lexists(path):
-        old = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.holdfast-old-")
-        os.rename(path, os.path.join(old, "was"))
-        os.rename(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-
-
-def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str) -> list[str]:
-    """Puts each named root the copy holds in place; what it did, as lines to say."""
-    by_root: dict[int, list[tuple[pb.CarryEntry, bytes]]] = {}
-    offset = 0
-    for entry in manifest.entries:
-        size = entry.size if entry.kind == "file" else 0
-        by_root.setdefault(entry.root, []).append((entry, data[offset : offset + size]))
-        offset += size
-    said: list[str] = []
-    temps: list[str] = []  # removed at the end, whatever happened
-    built: list[tuple[str, str, list[tuple[pb.CarryEntry, bytes]], str]] = []
-    try:
-        # Every named root built and checked first; only then is anything put in place.
-        for index, root in enumerate(manifest.roots):
-            if root.path not in names:
-                said.append(f"carried {root.path} not restored: this run does not name it with --carry")
-                continue
-            entries = by_root.get(index, [])
-            try:
-                root_name(root.path)  # a name no run could have given is refused, not written
-                path = _where(root.path, cwd)
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                tmp = tempfile.mkdtemp(
-                    dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.holdfast-restore-"
-                )
-                temps.append(tmp)
-                built.append((_build(entries, tmp, root.kind), path, entries, root.path))
-            except (CarryRefused, OSError) as exc:
-                raise failed(
-                    f"restoring {root.path}: {exc}; nothing of the carried state was put in place",
-                    manifest.session_id,
-                ) from None
-        for ready, path, entries, shown in built:
-            try:
-                _put_in_place(ready, path)
-            except OSError as exc:
-                raise failed(f"putting {shown} in place: {exc}", manifest.session_id) from None
-            files = sum(1 for e, _ in entries if e.kind == "file")
-            size = sum(e.size for e, _ in entries if e.kind == "file")
-            said.append(f"restored {describe(manifest, shown, files, size)}")
-    finally:
-        for tmp in temps:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return said
-
-
 # --- a run's carried state: checked at its start, restored between commit and exec ----------------
 async def check_at_start(
     client: Client, session_id: str, paths: list[str], cwd: str
@@ -354,9 +267,7 @@ async def check_at_start(
     if not names:
         return [], 0
     carried = await client.get_carry(session_id)
-    in_copy = {root.path: 0 for root in carried.manifest.roots} if carried.found else {}
-    for entry in carried.manifest.entries if carried.found else ():
-        in_copy[carried.manifest.roots[entry.root].path] += entry.size
+    in_copy = {path: size for path, _, size in root_sizes(carried.manifest)} if carried.found else {}
     here = await asyncio.to_thread(local_size, [n for n in names if n not in in_copy], cwd)
     missing = [name for name, size in here.items() if size is None]
     if missing and not await _session_exists(client, session_id):

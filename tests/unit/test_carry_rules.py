@@ -9,8 +9,20 @@ from pathlib import Path
 import pytest
 
 from holdfast.client import carry
-from holdfast.client.carry_rules import CHUNK_BYTES, CarryRefused, check_cap, check_entry, chunked, root_name
+from holdfast.client.carry_restore import restore
 from holdfast.client.errors import ClientError
+from holdfast.common.carry_rules import (
+    CHUNK_BYTES,
+    MAX_ENTRIES,
+    CarryRefused,
+    check_cap,
+    check_entry,
+    check_manifest,
+    check_tree,
+    chunked,
+    root_name,
+)
+from holdfast.v1 import coordinator_pb2 as pb
 
 
 @pytest.mark.parametrize("path", ["a", "d/e/f.txt", ""])
@@ -32,14 +44,97 @@ def test_special_bits_and_kinds_are_refused(kind: str, mode: int) -> None:
         check_entry("x", kind, mode)
 
 
-def test_symlinks_stay_inside_as_written() -> None:
+def test_a_link_target_is_relative_and_holds_no_nul() -> None:
     check_entry("d/link", "symlink", 0o777, "../a")
-    check_entry("d/link", "symlink", 0o777, "e/../f")
-    for target in ("/etc/passwd", "../../a", "", "../d/../../x"):
+    for target in ("/etc/passwd", "/", "", "a\0b"):
         with pytest.raises(CarryRefused):
             check_entry("d/link", "symlink", 0o777, target)
     with pytest.raises(CarryRefused):
         check_entry("", "symlink", 0o777, "a")  # a root is a file or a directory
+    with pytest.raises(CarryRefused):
+        check_entry("f", "file", 0o644, "a")  # only a link has a target
+
+
+ESCAPE = "s/" * 24 + "../" * 25  # the reviewer's chain: each `s` (-> .) buys one more `..`
+TREES_REFUSED = {
+    "the reviewer's chain through s -> .": [("d", "dir"), ("d/s", "symlink", "."),
+                                            ("d/l", "symlink", ESCAPE)],
+    "a file beneath that chain": [("d", "dir"), ("d/s", "symlink", "."), ("d/l", "symlink", "s/.."),
+                                  ("d/l/x", "file")],
+    "a chain of links through . and ..": [("a", "dir"), ("a/up", "symlink", ".."),
+                                          ("a/b", "symlink", "up/a/up/..")],
+    "a link to the root's parent": [("l", "symlink", "..")],
+    "a link to / written relatively": [("d", "dir"), ("d/l", "symlink", "../" * 64)],
+    "a file under a link declared after it": [("d", "dir"), ("d/l/x", "file"), ("d/l", "symlink", "..")],
+    "a file under a link declared before it": [("l", "symlink", "d"), ("d", "dir"), ("l/x", "file")],
+    "a link in the middle of a path": [("d", "dir"), ("d/m", "symlink", "."), ("d/m/e", "dir")],
+    "a directory replaced by a link": [("d", "dir"), ("d", "symlink", ".")],
+    "a path named twice": [("f", "file"), ("f", "file")],
+    "an entry whose parent is a file": [("f", "file"), ("f/g", "file")],
+    "an entry whose parent is never declared": [("a/b", "file")],
+    "a child before its parent": [("a/b", "file"), ("a", "dir")],
+    "a loop": [("a", "symlink", "b"), ("b", "symlink", "a")],
+    "a self loop": [("a", "symlink", "a/x")],
+    "a name with NUL": [("a\0b", "file")],
+    "a name with an empty segment": [("a", "dir"), ("a//b", "file")],
+    "a trailing slash": [("a", "dir"), ("a/", "file")],
+    "a dot segment": [("a", "dir"), ("a/./b", "file")],
+    "a long name": [("x" * 256, "file")],
+}
+TREES_ACCEPTED = {
+    "a link to a sibling": [("d", "dir"), ("d/f", "file"), ("d/l", "symlink", "f")],
+    "a link up and back in": [("d", "dir"), ("e", "dir"), ("d/l", "symlink", "../e")],
+    "a chain that stays": [("d", "dir"), ("d/s", "symlink", "."), ("d/l", "symlink", "s/s/s/..")],
+    "a link to the root": [("d", "dir"), ("d/top", "symlink", "..")],
+    "a dangling link below": [("l", "symlink", "missing/deeper/..")],
+}
+
+
+def tree(spec: list[tuple[str, ...]]) -> list[tuple[str, str, int, str]]:
+    out = [("", "dir", 0o755, "")]
+    for path, kind, *target in spec:
+        out.append((path, kind, 0o777 if kind == "symlink" else 0o644, target[0] if target else ""))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(TREES_REFUSED))
+def test_trees_that_would_reach_outside_or_are_malformed_are_refused(name: str) -> None:
+    with pytest.raises(CarryRefused):
+        check_tree(tree(TREES_REFUSED[name]), "dir")
+
+
+@pytest.mark.parametrize("name", sorted(TREES_ACCEPTED))
+def test_trees_that_stay_inside_are_accepted(name: str) -> None:
+    check_tree(tree(TREES_ACCEPTED[name]), "dir")
+
+
+def test_a_manifest_is_judged_whole() -> None:
+    def manifest(roots: list[tuple[str, str]], entries: list[tuple[int, str, str]]) -> pb.CarryManifest:
+        m = pb.CarryManifest(session_id="sess-unit-m")
+        for path, kind in roots:
+            m.roots.add(path=path, kind=kind)
+        for root, path, kind in entries:
+            m.entries.add(root=root, path=path, kind=kind, mode=0o644,
+                          sha256="0" * 64 if kind == "file" else "")
+        return m
+
+    check_manifest(manifest([("a", "dir"), ("/abs/b", "file")], [(0, "", "dir"), (1, "", "file")]))
+    for bad in (
+        manifest([("a", "dir"), ("a/b", "dir")], [(0, "", "dir"), (1, "", "dir")]),   # overlapping roots
+        manifest([("a", "dir"), ("a", "dir")], [(0, "", "dir"), (1, "", "dir")]),     # one root twice
+        manifest([("a/../b", "dir")], [(0, "", "dir")]),                                # not normalised
+        manifest([("a", "dir")], [(0, "", "dir"), (1, "x", "file")]),                   # no such root
+        manifest([("a", "dir")], [(0, "x", "file")]),                                   # no root entry
+        manifest([("a", "file")], [(0, "", "file"), (0, "x", "file")]),                 # a file is one entry
+        manifest([("a", "dir")], [(0, "", "dir"), (0, "x", "fifo")]),
+    ):
+        with pytest.raises(CarryRefused):
+            check_manifest(bad)
+    too_many = manifest([("a", "dir")], [(0, "", "dir")] + [(0, f"f{i}", "dir") for i in range(MAX_ENTRIES)])
+    with pytest.raises(CarryRefused, match="10001 entries"):
+        check_manifest(too_many)
+    del too_many.entries[-1]
+    check_manifest(too_many)
 
 
 def test_root_names_and_the_cap() -> None:
@@ -70,7 +165,7 @@ def test_pack_and_restore_round_trip(tmp_path: Path) -> None:
     dst.mkdir()
     (dst / "state").mkdir()
     (dst / "state" / "stale").write_text("replaced")
-    said = carry.restore(packed.manifest, b"".join(packed.chunks), ["state", "notes.txt"], str(dst))
+    said = restore(packed.manifest, b"".join(packed.chunks), ["state", "notes.txt"], str(dst))
     assert said[0].startswith("restored state (2 files,") and said[1].startswith(
         "restored notes.txt (1 files"
     )
@@ -81,7 +176,7 @@ def test_pack_and_restore_round_trip(tmp_path: Path) -> None:
     assert sorted(p.name for p in dst.iterdir()) == ["notes.txt", "state"], "nothing temporary left"
     # A root the run does not name is said, not written.
     (dst / "notes.txt").unlink()
-    said = carry.restore(packed.manifest, b"".join(packed.chunks), ["state"], str(dst))
+    said = restore(packed.manifest, b"".join(packed.chunks), ["state"], str(dst))
     assert said[0] == "carried notes.txt not restored: this run does not name it with --carry"
     assert not (dst / "notes.txt").exists()
 
@@ -102,12 +197,6 @@ def test_a_file_changing_while_it_is_read_is_refused(tmp_path: Path, monkeypatch
         carry.pack(["state"], str(tmp_path), "sess-unit-2")
 
 
-def test_client_and_coordinator_cut_chunks_alike() -> None:
-    from holdfast.coordinator import carry as coordinator_carry
-
-    assert CHUNK_BYTES == coordinator_carry.CHUNK_BYTES
-
-
 def test_one_bad_root_means_no_root_is_put_in_place(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     (src / "first").mkdir(parents=True)
@@ -118,6 +207,6 @@ def test_one_bad_root_means_no_root_is_put_in_place(tmp_path: Path) -> None:
     (dst / "first").mkdir(parents=True)
     (dst / "first" / "a").write_text("local")
     with pytest.raises(ClientError, match=r"restoring second: .* does not match its sha256"):
-        carry.restore(packed.manifest, b"".join(packed.chunks), ["first", "second"], str(dst))
+        restore(packed.manifest, b"".join(packed.chunks), ["first", "second"], str(dst))
     assert (dst / "first" / "a").read_text() == "local", "the good first root was not put in place either"
     assert sorted(p.name for p in dst.iterdir()) == ["first"], "nothing temporary left"

@@ -1,0 +1,257 @@
+"""Restoring a session's carried copy on this host (`run --carry`, docs/carry.md): each root this
+run names is built in a temporary directory beside it, checked, and renamed into place.
+
+Guarantee: a copy that `carry_rules.check_manifest` refuses writes nothing. Otherwise nothing is
+created, written or renamed except beneath the directory that holds the root, opened once when the
+restore starts: every entry is reached one component at a time from that directory's descriptor
+with O_NOFOLLOW, so no link — one of the copy's, or one another user plants meanwhile — is ever
+followed to write. The copy's links are made last, after every file and directory, and resolved on
+disk beneath the root before anything is put in place. Nothing is put in place until every named
+root is built; a failed restore removes what it built and says what, if anything, was put in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from holdfast.client.errors import ClientError
+from holdfast.common.carry_rules import CarryRefused, check_manifest, describe, root_name
+from holdfast.common.reasons import Reason
+from holdfast.v1 import coordinator_pb2 as pb
+
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_NAME = "file"  # a carried file's name inside its temporary directory
+
+
+def _failed(message: str, session: str) -> ClientError:
+    return ClientError(Reason.CARRY_FAILED, message, session)
+
+
+def _walk(top: int, parts: Sequence[str]) -> int:
+    """A new descriptor on the directory `parts` below `top`, each component opened with
+    O_NOFOLLOW: a link or a file where a directory was built is refused, never followed."""
+    fd = os.dup(top)
+    for index, part in enumerate(parts):
+        try:
+            nxt = os.open(part, OPEN_DIR, dir_fd=fd)
+        except OSError as exc:
+            os.close(fd)
+            raise CarryRefused(
+                f"{'/'.join(parts[: index + 1])!r} is not a directory this restore made ({exc.strerror})"
+            ) from None
+        os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _mkdtemp(parent: int, prefix: str) -> str:
+    while True:
+        name = f"{prefix}{os.urandom(6).hex()}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            continue
+        return name
+
+
+def _write_file(directory: int, name: str, data: bytes, entry: pb.CarryEntry) -> None:
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CarryRefused(f"carry entry {entry.path or '(the carried file)'!r} does not match its sha256")
+    with open(os.open(name, CREATE_FILE, 0o600, dir_fd=directory), "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), entry.mode)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+@dataclass
+class _Root:
+    """One named root being restored: the directory that holds it, opened once, and the
+    temporary directory beneath it where the copy is built."""
+
+    root: pb.CarryRoot
+    entries: list[tuple[pb.CarryEntry, bytes]]
+    path: str
+    parent: int = -1
+    temp: str = ""
+    temp_fd: int = -1
+    placed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        return os.path.basename(self.path)
+
+    def open(self) -> None:
+        directory = os.path.dirname(self.path) or "."
+        # The directory this run's own --carry names (its parents are the user's path, made if
+        # missing); everything below it is reached from this one descriptor.
+        os.makedirs(directory, exist_ok=True)
+        self.parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.temp = _mkdtemp(self.parent, f".{self.base}.holdfast-restore-")
+        self.temp_fd = os.open(self.temp, OPEN_DIR, dir_fd=self.parent)
+
+    def build(self) -> None:
+        if self.root.kind == "file":
+            entry, data = self.entries[0]
+            _write_file(self.temp_fd, FILE_NAME, data, entry)
+            return
+        dirs: list[pb.CarryEntry] = []
+        links: list[pb.CarryEntry] = []
+        for entry, data in self.entries:
+            if entry.kind == "symlink":
+                links.append(entry)  # made last: no file or directory is ever made through one
+                continue
+            if entry.kind == "dir":
+                dirs.append(entry)
+                if not entry.path:
+                    continue
+            self._make(entry, data)
+        for entry in links:
+            self._make(entry, b"")
+        top = os.path.realpath(f"/proc/self/fd/{self.temp_fd}")
+        for entry in links:
+            if not _inside(os.path.realpath(f"/proc/self/fd/{self.temp_fd}/{entry.path}"), top):
+                raise CarryRefused(
+                    f"carry entry {entry.path!r}: its link resolves outside the carried directory on disk"
+                )
+        for entry in sorted(dirs, key=lambda e: e.path.count("/") + bool(e.path), reverse=True):
+            fd = _walk(self.temp_fd, entry.path.split("/") if entry.path else [])
+            try:
+                os.fchmod(fd, entry.mode)  # deepest first, once everything beneath is written
+            finally:
+                os.close(fd)
+
+    def _make(self, entry: pb.CarryEntry, data: bytes) -> None:
+        parent, _, name = entry.path.rpartition("/")
+        fd = _walk(self.temp_fd, parent.split("/") if parent else [])
+        try:
+            if entry.kind == "dir":
+                os.mkdir(name, 0o700, dir_fd=fd)
+            elif entry.kind == "symlink":
+                os.symlink(entry.link_target, name, dir_fd=fd)
+            else:
+                _write_file(fd, name, data, entry)
+        finally:
+            os.close(fd)
+
+    def put_in_place(self) -> None:
+        if self.root.kind == "file":
+            os.replace(FILE_NAME, self.base, src_dir_fd=self.temp_fd, dst_dir_fd=self.parent)
+            self.placed = True
+            return
+        try:
+            os.lstat(self.base, dir_fd=self.parent)
+        except FileNotFoundError:
+            os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
+            self.placed = True
+            return
+        old = _mkdtemp(self.parent, f".{self.base}.holdfast-old-")
+        os.rename(self.base, f"{old}/was", src_dir_fd=self.parent, dst_dir_fd=self.parent)
+        try:
+            os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
+        except OSError:
+            os.rename(f"{old}/was", self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
+            os.rmdir(old, dir_fd=self.parent)
+            raise
+        self.placed = True
+        shutil.rmtree(old, dir_fd=self.parent, ignore_errors=True)
+
+    def close(self) -> None:
+        """Removes the temporary directory if it is still there (fd-based: no link followed)."""
+        if self.temp_fd >= 0:
+            os.close(self.temp_fd)
+            self.temp_fd = -1
+        if self.parent < 0:
+            return
+        if self.temp and not (self.placed and self.root.kind == "dir"):
+            shutil.rmtree(self.temp, dir_fd=self.parent, ignore_errors=True)
+            try:
+                os.lstat(self.temp, dir_fd=self.parent)
+                self.notes.append(f"its temporary directory {self.temp!r} beside it could not be removed")
+            except FileNotFoundError:
+                pass
+        os.close(self.parent)
+        self.parent = -1
+
+
+def _by_root(manifest: pb.CarryManifest, data: bytes) -> list[list[tuple[pb.CarryEntry, bytes]]]:
+    trees: list[list[tuple[pb.CarryEntry, bytes]]] = [[] for _ in manifest.roots]
+    offset = 0
+    for entry in manifest.entries:
+        size = entry.size if entry.kind == "file" else 0
+        trees[entry.root].append((entry, data[offset : offset + size]))
+        offset += size
+    return trees
+
+
+def restore(manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str) -> list[str]:
+    """Puts each root of the copy that this run names in place; what it did, as lines to say.
+    Raises CARRY_FAILED, saying what, if anything, was put in place."""
+    sid = manifest.session_id
+    try:
+        check_manifest(manifest)
+        if len(data) != manifest.total_bytes:
+            raise CarryRefused(f"it holds {len(data)} bytes, its manifest {manifest.total_bytes}")
+    except CarryRefused as exc:
+        raise _failed(f"the session's carried copy is refused: {exc}; nothing was written", sid) from None
+    roots: list[_Root] = []
+    try:
+        said = _restore_named(manifest, data, names, cwd, roots)
+    except ClientError as err:
+        raise _failed("; ".join([err.message, *_close(roots)]), sid) from None
+    except BaseException:
+        _close(roots)
+        raise
+    return said + [f"but {note}" for note in _close(roots)]
+
+
+def _close(roots: list[_Root]) -> list[str]:
+    for current in roots:
+        current.close()
+    return [f"restoring {r.root.path}: {note}" for r in roots for note in r.notes]
+
+
+def _restore_named(
+    manifest: pb.CarryManifest, data: bytes, names: list[str], cwd: str, roots: list[_Root]
+) -> list[str]:
+    """Builds every named root (appending each to `roots` as it is begun), then puts each in place."""
+    said: list[str] = []
+    for root, entries in zip(manifest.roots, _by_root(manifest, data), strict=True):
+        if root.path not in names:
+            said.append(f"carried {root.path} not restored: this run does not name it with --carry")
+            continue
+        current = _Root(root, entries, os.path.join(cwd, root.path))  # an absolute path stays itself
+        roots.append(current)
+        try:
+            root_name(root.path)
+            current.open()
+            current.build()
+        except (CarryRefused, OSError) as exc:
+            raise _failed(
+                f"restoring {root.path}: {exc}; nothing of the carried state was put in place, and "
+                "nothing was written outside its temporary directory, which is removed",
+                manifest.session_id,
+            ) from None
+    placed: list[str] = []
+    for current in roots:
+        try:
+            current.put_in_place()
+        except OSError as exc:
+            already = f"already put in place: {', '.join(placed)}" if placed else "nothing was put in place"
+            raise _failed(
+                f"putting {current.root.path} in place: {exc}; {already}", manifest.session_id
+            ) from None
+        placed.append(current.root.path)
+        files = sum(1 for e, _ in current.entries if e.kind == "file")
+        size = sum(e.size for e, _ in current.entries if e.kind == "file")
+        said.append(f"restored {describe(manifest, current.root.path, files, size, time.time())}")
+    return said

@@ -1,0 +1,245 @@
+"""The pure rules of carried state (`run --carry`, docs/carry.md): which manifests a restore may
+write, how carried paths are named, the per-session cap. The coordinator applies `check_manifest`
+at CommitCarry and every restoring client applies it again, so a hostile copy is refused when it
+is uploaded and, should one be stored anyway, when it is restored.
+
+Guarantee: a manifest `check_manifest` accepts describes, for each root, a tree that lies wholly
+beneath that root once built: every entry path is relative and normalised (no `..`, `.`, empty
+segment or NUL), named once, and its parent is a directory entry declared before it — so no entry
+lies beneath a carried symlink; files and directories carry permission bits only; every symlink's
+target is relative and, resolved the way the kernel would resolve it in that very tree (each of
+the tree's own links followed, at most MAX_LINK_HOPS of them), never leaves the root. A component
+the tree does not hold is taken as a plain directory, as it would be if CMD later made one. No I/O
+here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+from holdfast.v1 import coordinator_pb2 as pb
+
+CHUNK_BYTES = 512 * 1024  # each chunk is one request, far below etcd's 1.5 MiB
+KINDS = ("file", "dir", "symlink")
+MAX_ENTRIES = 10_000
+MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup (MAXSYMLINKS)
+NAME_MAX = 255      # bytes in one path component, as the kernel allows
+PATH_MAX = 4096     # bytes in a path or a link target
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class CarryRefused(ValueError):
+    """A path, an entry, a manifest or a size a carry must not take; the message says which and why."""
+
+
+def root_name(path: str) -> str:
+    """A `--carry PATH` as the manifest records it and a later run matches it: normalised, `~`
+    expanded, relative paths kept relative (to run's working directory, on whichever host)."""
+    if "\0" in path:
+        raise CarryRefused(f"--carry {path[:256]!r}: a path holds no NUL byte")
+    name = os.path.normpath(os.path.expanduser(path))
+    if name in (".", "/") or name.startswith("../") or name == "..":
+        raise CarryRefused(
+            f"--carry {path!r}: name a file or directory below the working directory or by "
+            "its absolute path (not '.', '/' or a path through '..')"
+        )
+    return name
+
+
+def _shown(path: str) -> str:
+    return repr(path[:256]) if path else "(the carried root)"
+
+
+def _check_path(path: str) -> list[str]:
+    """The segments of an entry path; refuses one that is absolute, unnormalised or too long.
+    The raw segments are judged, not a normalised path: "./x", "a//b" and "/x" name a file twice
+    or leave the root, and are refused rather than silently made to fit."""
+    parts = path.split("/")
+    if (
+        "\0" in path
+        or len(path.encode()) > PATH_MAX
+        or any(part in ("..", ".", "") or len(part.encode()) > NAME_MAX for part in parts)
+    ):
+        raise CarryRefused(
+            f"carry entry {_shown(path)}: only relative, normalised paths (no '..', '.', empty "
+            f"segment or NUL; at most {NAME_MAX} bytes a name, {PATH_MAX} a path) are restored"
+        )
+    return parts
+
+
+def check_entry(path: str, kind: str, mode: int, link_target: str = "") -> None:
+    """Raises CarryRefused for an entry no restore may write, judged alone. `path` "" is the root
+    itself. Where a symlink's target leads is judged with the whole tree (`check_tree`)."""
+    if path:
+        _check_path(path)
+    if kind not in KINDS:
+        raise CarryRefused(
+            f"carry entry {_shown(path)}: kind {kind[:16]!r} is not a file, directory or symlink "
+            "(device files, FIFOs and sockets are never restored)"
+        )
+    if mode & ~0o777:
+        raise CarryRefused(
+            f"carry entry {_shown(path)}: mode {mode:o} has bits beyond rwx (setuid, setgid and "
+            "sticky bits are never restored)"
+        )
+    if kind != "symlink":
+        if link_target:
+            raise CarryRefused(f"carry entry {_shown(path)}: a {kind} has no link target")
+        return
+    if not path:
+        raise CarryRefused("a carried root is a file or a directory, not a symlink")
+    if not link_target or link_target.startswith("/") or "\0" in link_target or (
+        len(link_target.encode()) > PATH_MAX
+    ):
+        raise CarryRefused(
+            f"carry entry {_shown(path)}: symlink target {link_target[:256]!r} is empty, absolute, "
+            f"holds a NUL or is over {PATH_MAX} bytes"
+        )
+
+
+def _resolve(links: Mapping[str, str], at: list[str], target: str, hops: int) -> tuple[list[str], int] | None:
+    """Where `target`, read in directory `at` of a tree whose only links are `links`, leads, and
+    the links followed so far; None when it leaves the root or follows more than MAX_LINK_HOPS."""
+    here = list(at)
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not here:
+                return None
+            here.pop()
+            continue
+        link = links.get("/".join([*here, part]))
+        if link is None:
+            here.append(part)
+            continue
+        if hops + 1 > MAX_LINK_HOPS:
+            return None
+        followed = _resolve(links, here, link, hops + 1)
+        if followed is None:
+            return None
+        here, hops = followed
+    return here, hops
+
+
+def escaping_links(links: Mapping[str, str]) -> list[str]:
+    """The links of one tree (path -> target) whose target leaves the root, or loops, when
+    followed in that tree."""
+    return [
+        path for path, target in links.items()
+        if _resolve(links, path.split("/")[:-1], target, 1) is None
+    ]
+
+
+def check_tree(entries: Sequence[tuple[str, str, int, str]], root_kind: str) -> None:
+    """One root's entries as (path, kind, mode, link target), in the manifest's order: the root
+    entry first, each path once, each parent a directory declared before it, every link inside."""
+    if root_kind not in ("file", "dir"):
+        raise CarryRefused(f"a carried root is a file or a directory, not {root_kind[:16]!r}")
+    if not entries or entries[0][:2] != ("", root_kind):
+        raise CarryRefused(f"a carried {root_kind} starts with its own entry, path '' and kind {root_kind}")
+    if root_kind == "file" and len(entries) != 1:
+        raise CarryRefused("a carried file is one file entry")
+    dirs = {""}
+    seen: set[str] = set()
+    links: dict[str, str] = {}
+    for path, kind, mode, target in entries:
+        check_entry(path, kind, mode, target)
+        if path in seen:
+            raise CarryRefused(f"carry entry {_shown(path)} is named twice")
+        seen.add(path)
+        if path and path.rpartition("/")[0] not in dirs:
+            raise CarryRefused(
+                f"carry entry {_shown(path)}: its parent is not a directory declared before it "
+                "(nothing is restored beneath a link or a file)"
+            )
+        if kind == "dir":
+            dirs.add(path)
+        elif kind == "symlink":
+            links[path] = target
+    escaping = escaping_links(links)
+    if escaping:
+        raise CarryRefused(
+            f"carry entry {_shown(escaping[0])}: its link {links[escaping[0]][:256]!r} leads outside "
+            f"the carried directory, or through more than {MAX_LINK_HOPS} links, when followed"
+        )
+
+
+def check_manifest(manifest: pb.CarryManifest) -> None:
+    """Every root and entry of a copy as a restore would write it; raises CarryRefused."""
+    if len(manifest.entries) > MAX_ENTRIES:
+        raise CarryRefused(
+            f"the copy holds {len(manifest.entries)} entries; at most {MAX_ENTRIES} are carried"
+        )
+    names = [root.path for root in manifest.roots]
+    for name in names:
+        if root_name(name) != name:
+            raise CarryRefused(f"carried root {name[:256]!r} is not written in its normalised form")
+    for name in sorted(names):
+        inside = [other for other in names if other == name or other.startswith(name + "/")]
+        if len(inside) > 1:
+            raise CarryRefused(
+                f"carried roots {', '.join(map(repr, inside))} overlap: a root is carried once"
+            )
+    trees: list[list[tuple[str, str, int, str]]] = [[] for _ in manifest.roots]
+    files = 0
+    for entry in manifest.entries:
+        if entry.root >= len(trees):
+            raise CarryRefused(
+                f"carry entry {_shown(entry.path)} names root {entry.root}, which the copy lacks"
+            )
+        if entry.kind == "file":
+            if not SHA256.fullmatch(entry.sha256):
+                raise CarryRefused(f"carry entry {_shown(entry.path)}: its sha256 is not 64 hex digits")
+            files += entry.size
+        elif entry.size or entry.sha256:
+            raise CarryRefused(f"carry entry {_shown(entry.path)}: a {entry.kind[:16]} has no bytes")
+        trees[entry.root].append((entry.path, entry.kind, entry.mode, entry.link_target))
+    for root, tree in zip(manifest.roots, trees, strict=True):
+        try:
+            check_tree(tree, root.kind)
+        except CarryRefused as exc:
+            raise CarryRefused(f"carried root {root.path[:256]!r}: {exc}") from None
+    if files != manifest.total_bytes:
+        raise CarryRefused(f"the copy's files hold {files} bytes; its manifest says {manifest.total_bytes}")
+
+
+def check_cap(total_bytes: int, cap: int) -> None:
+    if total_bytes > cap:
+        raise CarryRefused(
+            f"the carried state is {total_bytes} bytes, over the coordinator's per-session cap of {cap} bytes"
+        )
+
+
+def chunked(stream: bytes) -> list[bytes]:
+    return [stream[i : i + CHUNK_BYTES] for i in range(0, len(stream), CHUNK_BYTES)]
+
+
+def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
+    """Each carried root with its files and bytes, in the manifest's order."""
+    files = [0] * len(manifest.roots)
+    size = [0] * len(manifest.roots)
+    for entry in manifest.entries:
+        if entry.kind == "file" and entry.root < len(manifest.roots):
+            files[entry.root] += 1
+            size[entry.root] += entry.size
+    return [(root.path, files[i], size[i]) for i, root in enumerate(manifest.roots)]
+
+
+def describe(manifest: pb.CarryManifest, path: str, files: int, size: int, now_unix_s: float) -> str:
+    """One root of a copy as a person reads it: what, written by which grant where, and how old."""
+    age = age_text(max(now_unix_s - manifest.written_at_unix_ms / 1000, 0))
+    return (
+        f"{path} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
+        f"{manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old"
+    )
+
+
+def age_text(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
