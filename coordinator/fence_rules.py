@@ -1,0 +1,333 @@
+"""Pure rules of fencing a lost host: the fencer settings, what a fence agent is told, what counts
+as its proof, which hosts qualify and when, and what the proof frees (docs/operations.md, *A lost
+host is fenced*).
+
+Guarantee: no I/O and no clock reads. A host is "off" only on the fence-agents protocol's own
+proof — `action=off` exits 0 printing `Success: Powered OFF` or `Success: Already OFF`, *then*
+`action=status` exits 2 printing `Status: OFF`; anything else (another exit code or line, a
+timeout, a program that would not start) is `unknown`, and `on` is reported as such but proves
+nothing either. Time only makes a host a candidate (its registration absent `host_loss_after` on
+the replica's monotonic clock); a registered, draining or restore-gated host never is. A fencer's
+option can never smuggle in another option (no newline in a name or value) nor set `action`;
+recorded output has every secret masked. The proof frees only owners attested on the fenced
+incarnation and reservations recorded before the proof; conflicted and manual-recovery records
+stay as they are.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from holdfast.coordinator import fencing
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+OPTION_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+HOST_PLACEHOLDER = "{host}"
+RESERVED_OPTIONS = frozenset({"action"})  # holdfast says which action; a setting never does
+OFF_LINES = frozenset({"Success: Powered OFF", "Success: Already OFF"})
+STATUS_OFF_LINE, STATUS_ON_LINE = "Status: OFF", "Status: ON"
+STATUS_OFF_EXIT = 2  # fence-agents' `status` exits 2 exactly when the plug is off
+MASK = "*****"
+OUTPUT_KEPT = 2048  # characters of each stream recorded per action
+MAX_BACKOFF_S = 600.0
+FENCER_KEYS = frozenset({"hosts", "program", "options", "secrets"})
+HOST_LOST = "host lost"  # `requested_by` of an attempt the loop started
+
+
+class Answer(StrEnum):
+    OFF = "off"
+    ON = "on"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class FencerSpec:
+    """One configured fencer: the hosts it answers for (a host id or an fnmatch pattern), the agent
+    program (an absolute path), its options, and options whose values are read from files."""
+
+    hosts: str
+    program: str
+    options: tuple[tuple[str, str], ...] = ()
+    secrets: tuple[tuple[str, str], ...] = ()  # option name → file holding its value
+
+
+# --- settings -----------------------------------------------------------------------------------
+def parse_fencers(raw: Any) -> tuple[FencerSpec, ...]:
+    """The `fencers` setting: a list of tables (TOML `[[coordinator.fencers]]`) or the same list as
+    JSON text (a flag or HOLDFAST_FENCERS). ValueError names the entry and what is wrong."""
+    if isinstance(raw, str):
+        if not raw.strip():
+            return ()
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"is not a JSON list of fencers: {exc}") from None
+    if not isinstance(raw, list):
+        raise ValueError("must be a list of fencers (each a table with hosts, program, options, secrets)")
+    return tuple(_fencer(i, entry) for i, entry in enumerate(raw))
+
+
+def _fencer(index: int, entry: Any) -> FencerSpec:
+    where = f"fencer {index + 1}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a table")
+    unknown = sorted(set(entry) - FENCER_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(FENCER_KEYS))}")
+    hosts, program = entry.get("hosts"), entry.get("program")
+    if not isinstance(hosts, str) or not hosts.strip():
+        raise ValueError(f"{where}: hosts must name a host id or a pattern (e.g. \"node-*\")")
+    if not isinstance(program, str) or not program.startswith("/"):
+        raise ValueError(f"{where}: program must be the fence agent's absolute path, e.g. "
+                         "/usr/sbin/fence_ipmilan")
+    options = _table(where, "options", entry.get("options", {}))
+    secrets = _table(where, "secrets", entry.get("secrets", {}))
+    for name, path in secrets.items():
+        if not path.startswith("/"):
+            raise ValueError(f"{where}: secrets.{name} must be the absolute path of the file holding it")
+    both = sorted(set(options) & set(secrets))
+    if both:
+        raise ValueError(f"{where}: option {both[0]!r} is both in options and in secrets")
+    return FencerSpec(hosts, program, tuple(sorted(options.items())), tuple(sorted(secrets.items())))
+
+
+def _table(where: str, what: str, raw: Any) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: {what} must be a table of name = value")
+    out = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not OPTION_NAME.fullmatch(name):
+            raise ValueError(f"{where}: {what} name {str(name)[:40]!r} must match {OPTION_NAME.pattern}")
+        if name in RESERVED_OPTIONS:
+            raise ValueError(f"{where}: {what}.{name} is set by holdfast itself (off, then status)")
+        out[name] = check_value(f"{where}: {what}.{name}", _text(value, f"{where}: {what}.{name}"))
+    return out
+
+
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise ValueError(f"{where} must be a string, a number or a boolean")
+
+
+def check_value(where: str, value: str) -> str:
+    """A value is one line: a newline in it would add an option of its own choosing."""
+    if any(c in value for c in "\n\r\0"):
+        raise ValueError(f"{where} must not contain a newline or NUL (it would add another option)")
+    return value
+
+
+def fencer_for(specs: Iterable[FencerSpec], host_id: str) -> FencerSpec | None:
+    """The first fencer whose `hosts` is the id or a pattern matching it; None: nobody fences it."""
+    for spec in specs:
+        if spec.hosts == host_id or fnmatch.fnmatchcase(host_id, spec.hosts):
+            return spec
+    return None
+
+
+def agent_options(spec: FencerSpec, host_id: str, secret_values: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The options for one host, `{host}` in a value replaced by its id, secrets included."""
+    options = [(name, value.replace(HOST_PLACEHOLDER, host_id)) for name, value in spec.options]
+    options += [(name, check_value(f"secret {name}", secret_values[name])) for name, _ in spec.secrets]
+    return options
+
+
+def stdin_text(action: str, options: Iterable[tuple[str, str]]) -> str:
+    """The fence-agents stdin protocol: `name=value` lines, the action first."""
+    return "".join(f"{name}={value}\n" for name, value in [("action", action), *options])
+
+
+def secret_of(text: str) -> str:
+    """A secret file's content as the option's value: its first line, without the line ending."""
+    lines = text.splitlines()
+    return lines[0] if lines else ""
+
+
+def mask(text: str, secrets: Iterable[str]) -> str:
+    """Every secret value masked (longest first, so one secret inside another is not half-shown),
+    then cut to OUTPUT_KEPT characters."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text[:OUTPUT_KEPT]
+
+
+# --- proof --------------------------------------------------------------------------------------
+def _lines(text: str) -> set[str]:
+    return {line.strip() for line in text.splitlines()}
+
+
+def _failed(result: pb.FenceAction) -> str:
+    """Why an action's run says nothing: it did not start, or timed out. '' when it ended."""
+    if not result.ran:
+        return f"{result.action} could not be run: {result.error}"
+    if result.timed_out:
+        return f"{result.action} did not finish within the fence timeout (its process group was killed)"
+    return ""
+
+
+def judge(off: pb.FenceAction, status: pb.FenceAction | None) -> tuple[Answer, str]:
+    """The answer of an off-then-status pair, and why. Only the protocol's exact lines prove."""
+    why = _failed(off)
+    if why:
+        return Answer.UNKNOWN, why
+    if off.exit_code != 0:
+        return Answer.UNKNOWN, f"off exited {off.exit_code}"
+    if not _lines(off.stdout) & OFF_LINES:
+        return Answer.UNKNOWN, ("off exited 0 without printing 'Success: Powered OFF' or "
+                                "'Success: Already OFF'")
+    if status is None:
+        return Answer.UNKNOWN, "status was not asked"
+    why = _failed(status)
+    if why:
+        return Answer.UNKNOWN, why
+    printed = _lines(status.stdout)
+    if status.exit_code == 0 and STATUS_ON_LINE in printed and STATUS_OFF_LINE not in printed:
+        return Answer.ON, "status after off reports the host ON"
+    if status.exit_code == STATUS_OFF_EXIT and STATUS_OFF_LINE in printed and STATUS_ON_LINE not in printed:
+        return Answer.OFF, "off succeeded and status reports OFF"
+    return Answer.UNKNOWN, (f"status exited {status.exit_code} without printing exactly '{STATUS_OFF_LINE}' "
+                            f"with exit {STATUS_OFF_EXIT}")
+
+
+def needs_status(off: pb.FenceAction) -> bool:
+    """Status is asked only after an off that could still be part of a proof."""
+    return not _failed(off) and off.exit_code == 0 and bool(_lines(off.stdout) & OFF_LINES)
+
+
+# --- which hosts, when ---------------------------------------------------------------------------
+def freeable(record: pb.SessionRecord) -> str:
+    """The host a fence of which could free this record ('' for none): its committed owner's or its
+    reservation's. Conflicted and manual-recovery records are ended only by Recover."""
+    lease = record.lease
+    if lease.handoff_stage == pb.MANUAL_RECOVERY:
+        return ""
+    if lease.claim_status in (pb.COMMITTED, pb.LIVE):
+        return lease.owner.host_id
+    if lease.claim_status == pb.RESERVED:
+        return lease.reserved_host_id
+    return ""
+
+
+def hosts_named(records: Iterable[pb.SessionRecord]) -> set[str]:
+    """Every host some record names as a freeable owner or reservation."""
+    return {host for host in map(freeable, records) if host}
+
+
+def lost_for(absent_since: float | None, now: float) -> float:
+    """Seconds this replica has seen the registration absent (0 when it is present)."""
+    return 0.0 if absent_since is None else max(now - absent_since, 0.0)
+
+
+def due(absent_since: float | None, now: float, host_loss_after: float, retry_at: float | None) -> bool:
+    """A candidate: absent `host_loss_after` on this replica's monotonic clock, and past any backoff."""
+    return (absent_since is not None and now - absent_since >= host_loss_after
+            and (retry_at is None or now >= retry_at))
+
+
+def backoff(failures: int, first: float) -> float:
+    """Seconds before the next attempt after `failures` consecutive unproven ones: doubling, capped."""
+    return min(first * 2 ** max(failures - 1, 0), max(first, MAX_BACKOFF_S))
+
+
+@dataclass(frozen=True)
+class Gates:
+    """What a fence's first transaction reads besides its own key, decoded."""
+
+    registered: bool
+    draining: bool
+    restore_pending: bool
+    pending: bool
+    last: pb.HostRegistration | None  # the registered-last registration, without a lease
+    fenced: pb.FenceAttempt | None
+
+
+def refusal(gates: Gates) -> str:
+    """Why no fence may start now ('' when one may). Registered agents are never fenced."""
+    if gates.registered:
+        return "the host has a live agent registration"
+    if gates.draining:
+        return "the host is draining (an operator is handling it)"
+    if gates.restore_pending:
+        return "restore-epoch has not finished"
+    if gates.pending:
+        return "a fence of this host is already running"
+    if gates.last is None:
+        return ("no registered-last incarnation is kept for this host (it last registered before fencing "
+                "existed); recover it with `holdfast admin recover-host`")
+    return ""
+
+
+def already_fenced(gates: Gates) -> bool:
+    """The incarnation it last registered with was fenced already: nothing to power off again."""
+    return gates.fenced is not None and gates.last is not None and same_incarnation(
+        gates.fenced.incarnation, gates.last.incarnation)
+
+
+def same_incarnation(a: apb.HostIncarnation, b: apb.HostIncarnation) -> bool:
+    return (a.machine_id, a.boot_id, a.pid_ns, a.ns_init_start_ticks) == (
+        b.machine_id, b.boot_id, b.pid_ns, b.ns_init_start_ticks)
+
+
+def registration_refused(registering: apb.HostIncarnation, pending: bool,
+                         fenced: pb.FenceAttempt | None) -> str:
+    """RegisterHost's fencing gates: '' to admit, else why not. A power-off cannot be called back,
+    and an incarnation proven off that answers again means the proof was wrong."""
+    if pending:
+        return "a fence of this host is running; a power-off cannot be called back"
+    if fenced is not None and same_incarnation(fenced.incarnation, registering):
+        return ("this very incarnation was fenced (proven off) and is registering again: the fence device "
+                "lied or fenced another machine")
+    return ""
+
+
+def recoverable(record: pb.SessionRecord, host_id: str, fenced: pb.FenceAttempt, record_revision: int,
+                fenced_revision: int) -> bool:
+    """Freed by the proof: an owner attested on the fenced incarnation of this host, or a reservation
+    on this host written before the proof (none can be written on it while a fence is pending: the
+    host has no registration). Anything later is a new incarnation's, untouched."""
+    lease = record.lease
+    if freeable(record) != host_id:
+        return False
+    if lease.claim_status == pb.RESERVED:
+        return record_revision < fenced_revision
+    return same_incarnation(lease.owner.incarnation, fenced.incarnation)
+
+
+def release_on_evidence(lease: pb.Lease, kind: str, detail: str, at_unix_ms: int) -> None:
+    """The fence is invalidated at once: the floor moves past it and the claim is released, so the
+    old grant's writes fail their compare and the next Acquire grants above it."""
+    lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
+    lease.claim_status = pb.RELEASED
+    lease.handoff_stage = pb.NONE
+    lease.death_evidence.CopyFrom(pb.DeathEvidence(kind=kind, detail=detail[:1024],
+                                                   observed_at_unix_ms=at_unix_ms, owner_fence=lease.fence))
+
+
+def evidence_detail(attempt: pb.FenceAttempt) -> str:
+    """`host-fenced` evidence for a person: program, each action's result, which coordinator, when."""
+    actions = "; ".join(f"{a.action}: {_outcome(a)}" for a in attempt.actions)
+    return (f"host {attempt.host_id} fenced by {attempt.program} ({actions}) from {attempt.coordinator} "
+            f"at {attempt.ended_at_unix_ms} ms; {attempt.requested_by}")
+
+
+def _outcome(action: pb.FenceAction) -> str:
+    if not action.ran:
+        return f"not run ({action.error})"
+    if action.timed_out:
+        return "timed out"
+    last = action.stdout.strip().splitlines()[-1:] or [""]
+    return f"exit {action.exit_code}" + (f" {last[0]!r}" if last[0] else "")
+
+
+def failures_after(attempt: pb.FenceAttempt) -> int:
+    """Consecutive unproven attempts counting this one (0 after a proof)."""
+    return 0 if attempt.answer == Answer.OFF else attempt.failures + 1

@@ -1,0 +1,98 @@
+"""Running a fence agent (the `fence_*` programs of ClusterLabs' fence-agents, or anything speaking
+their stdin protocol) for one host: `off`, then `status`.
+
+Guarantee: the program runs in a process group of its own and is given the fence timeout per
+action; at the timeout the whole group is SIGKILLed, and whatever is left of the group when an
+action ends is killed too, so nothing of an attempt outlives it. Options go on standard input as
+`name=value` lines, never on the command line (where `ps` shows them); secrets are read from their
+files for each attempt, are never logged and are masked in every output recorded
+(holdfast.coordinator.fence_rules judges the proof; this module only runs and records).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from holdfast.coordinator import fence_rules
+from holdfast.coordinator.fence_rules import Answer, FencerSpec
+from holdfast.v1 import coordinator_pb2 as pb
+
+OFF, STATUS = "off", "status"
+
+
+def check_fencers(specs: Iterable[FencerSpec]) -> None:
+    """At start: every program is an executable file and every secret file is readable, so a typo is
+    a clear error before serving rather than an `unknown` at the first lost host."""
+    for spec in specs:
+        program = Path(spec.program)
+        if not program.is_file() or not os.access(program, os.X_OK):
+            raise ValueError(f"setting fencers: program {spec.program} (hosts {spec.hosts!r}) is not an "
+                             "executable file (install fence-agents, or fix the path)")
+        for name, path in spec.secrets:
+            if not os.access(path, os.R_OK) or not Path(path).is_file():
+                raise ValueError(f"setting fencers: secret file {path} of option {name!r} (hosts "
+                                 f"{spec.hosts!r}) is not a readable file")
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def run_action(program: str, action: str, options: list[tuple[str, str]], timeout: float,
+                     secrets: list[str]) -> pb.FenceAction:
+    """One run of the agent: options on stdin, in its own process group, killed whole at `timeout`."""
+    started = time.monotonic()
+    result = pb.FenceAction(action=action)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            program, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        result.error = f"{exc.strerror or exc} ({program})"
+        return result
+    result.ran = True
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(fence_rules.stdin_text(action, options).encode()),
+                                          timeout)
+        result.exit_code = proc.returncode if proc.returncode is not None else -1
+    except TimeoutError:
+        result.timed_out = True
+        out, err = b"", b""
+    finally:
+        # The group, not the pid: an agent's helpers (ipmitool, ssh, curl) die with it.
+        _kill_group(proc.pid)
+        if proc.returncode is None:
+            await proc.wait()
+    result.stdout = fence_rules.mask(out.decode(errors="replace"), secrets)
+    result.stderr = fence_rules.mask(err.decode(errors="replace"), secrets)
+    result.took_ms = int((time.monotonic() - started) * 1000)
+    return result
+
+
+def read_secrets(spec: FencerSpec) -> dict[str, str]:
+    """Each secret option's value from its file, read now (a rotated secret is used at once)."""
+    return {name: fence_rules.secret_of(Path(path).read_text()) for name, path in spec.secrets}
+
+
+async def fence(spec: FencerSpec, host_id: str, timeout: float) -> tuple[list[pb.FenceAction], Answer, str]:
+    """`off`, then (only after an off that may prove) `status`; the actions as recorded and the answer."""
+    try:
+        secret_values = read_secrets(spec)
+        options = fence_rules.agent_options(spec, host_id, secret_values)
+    except (OSError, ValueError) as exc:
+        # The file's name is in the message, never its content.
+        off = pb.FenceAction(action=OFF, error=f"secret unreadable: {exc}")
+        return [off], *fence_rules.judge(off, None)
+    secrets = list(secret_values.values())
+    off = await run_action(spec.program, OFF, options, timeout, secrets)
+    if not fence_rules.needs_status(off):
+        return [off], *fence_rules.judge(off, None)
+    status = await run_action(spec.program, STATUS, options, timeout, secrets)
+    return [off, status], *fence_rules.judge(off, status)

@@ -1,0 +1,253 @@
+"""The pure rules of fencing a lost host, exhaustively: settings, the stdin text, the proof, masking,
+which hosts qualify and when, what the proof frees."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from holdfast.coordinator import fence_rules
+from holdfast.coordinator.fence_rules import Answer, FencerSpec, Gates
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+IPMI = {"hosts": "node-*", "program": "/usr/sbin/fence_ipmilan",
+        "options": {"ip": "10.0.0.5", "username": "admin", "lanplus": True, "plug": "{host}", "port": 623},
+        "secrets": {"password": "/etc/holdfast/ipmi-pass"}}
+
+
+def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
+    spec, = fence_rules.parse_fencers([IPMI])
+    assert spec == FencerSpec("node-*", "/usr/sbin/fence_ipmilan",
+                              (("ip", "10.0.0.5"), ("lanplus", "1"), ("plug", "{host}"), ("port", "623"),
+                               ("username", "admin")),
+                              (("password", "/etc/holdfast/ipmi-pass"),))
+    import json
+    assert fence_rules.parse_fencers(json.dumps([IPMI])) == (spec,)
+    assert fence_rules.parse_fencers("") == ()
+    assert fence_rules.parse_fencers([]) == ()
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    ("{not json", "not a JSON list"),
+    ({"hosts": "a"}, "must be a list"),
+    (["x"], "fencer 1 must be a table"),
+    ([{**IPMI, "colour": "red"}], "unknown key 'colour'"),
+    ([{**IPMI, "hosts": ""}], "hosts must name"),
+    ([{**IPMI, "hosts": 3}], "hosts must name"),
+    ([{**IPMI, "program": "fence_ipmilan"}], "absolute path"),
+    ([{**IPMI, "options": {"action": "reboot"}}], "set by holdfast itself"),
+    ([{**IPMI, "options": {"ip": "1.2.3.4\naction=on"}}], "newline"),
+    ([{**IPMI, "options": {"ip": "1\r"}}], "newline"),
+    ([{**IPMI, "options": {"Bad Name": "x"}}], "must match"),
+    ([{**IPMI, "options": {"ip": ["a"]}}], "string, a number or a boolean"),
+    ([{**IPMI, "options": ["ip"]}], "table of name = value"),
+    ([{**IPMI, "secrets": {"password": "relative/file"}}], "absolute path of the file"),
+    ([{**IPMI, "secrets": {"ip": "/x"}}], "both in options and in secrets"),
+    ([IPMI, {**IPMI, "program": 7}], "fencer 2: program"),
+])
+def test_bad_fencer_settings_are_named(raw: object, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        fence_rules.parse_fencers(raw)
+
+
+def test_first_matching_fencer_answers() -> None:
+    exact = FencerSpec("node-7", "/a")
+    pattern = FencerSpec("node-*", "/b")
+    assert fence_rules.fencer_for([exact, pattern], "node-7") is exact
+    assert fence_rules.fencer_for([exact, pattern], "node-8") is pattern
+    assert fence_rules.fencer_for([pattern, exact], "node-7") is pattern
+    assert fence_rules.fencer_for([exact, pattern], "gpu-1") is None
+
+
+def test_stdin_text_puts_the_action_first_and_the_host_in_place() -> None:
+    spec, = fence_rules.parse_fencers([IPMI])
+    options = fence_rules.agent_options(spec, "node-3", {"password": "s3cret"})
+    assert fence_rules.stdin_text("off", options) == (
+        "action=off\nip=10.0.0.5\nlanplus=1\nplug=node-3\nport=623\nusername=admin\npassword=s3cret\n")
+    with pytest.raises(ValueError, match="newline"):
+        fence_rules.agent_options(spec, "node-3", {"password": "a\0b"})
+    assert fence_rules.secret_of("s3cret\n") == "s3cret"
+    assert fence_rules.secret_of("") == ""
+    assert fence_rules.secret_of("one\ntwo\n") == "one"
+
+
+def test_masking_hides_every_secret_longest_first_and_caps_length() -> None:
+    assert fence_rules.mask("login admin:hunter2 hunter2x", ["hunter2", "hunter2x"]) == (
+        f"login admin:{fence_rules.MASK} {fence_rules.MASK}")
+    assert fence_rules.mask("nothing", ["", "zzz"]) == "nothing"
+    assert len(fence_rules.mask("x" * 10_000, [])) == fence_rules.OUTPUT_KEPT
+
+
+def act(action: str, exit_code: int = 0, stdout: str = "", ran: bool = True,
+        timed_out: bool = False) -> pb.FenceAction:
+    return pb.FenceAction(action=action, ran=ran, exit_code=exit_code, stdout=stdout, timed_out=timed_out,
+                          error="" if ran else "No such file or directory")
+
+
+OFF_OK = act("off", 0, "Success: Powered OFF\n")
+STATUS_OFF = act("status", 2, "Status: OFF\n")
+
+
+@pytest.mark.parametrize("off_line", ["Success: Powered OFF", "Success: Already OFF"])
+def test_proof_is_off_then_status_off_exactly(off_line: str) -> None:
+    off = act("off", 0, f"some log line\n{off_line}\n")
+    assert fence_rules.needs_status(off)
+    assert fence_rules.judge(off, STATUS_OFF)[0] is Answer.OFF
+
+
+OFFS = [OFF_OK, act("off", 1, "Failed: Unable to obtain correct plug status\n"),
+        act("off", 0, "Success: Powered ON\n"), act("off", 0, ""), act("off", 2, "Success: Powered OFF\n"),
+        act("off", ran=False), act("off", 0, "Success: Powered OFF\n", timed_out=True),
+        act("off", 0, "Success: Powered OFFish\n")]
+STATUSES = [None, STATUS_OFF, act("status", 0, "Status: ON\n"), act("status", 0, "Status: OFF\n"),
+            act("status", 2, "Status: ON\n"), act("status", 2, ""), act("status", 1, "Status: OFF\n"),
+            act("status", 2, "Status: OFF\nStatus: ON\n"), act("status", ran=False),
+            act("status", 2, "Status: OFF\n", timed_out=True)]
+
+
+@pytest.mark.parametrize(("off", "status"), list(itertools.product(OFFS, STATUSES)))
+def test_anything_but_the_exact_pair_proves_nothing(off: pb.FenceAction,
+                                                    status: pb.FenceAction | None) -> None:
+    answer, why = fence_rules.judge(off, status)
+    proven = off is OFF_OK and status is STATUS_OFF
+    assert (answer is Answer.OFF) == proven, why
+    if answer is Answer.ON:
+        assert off is OFF_OK and status is not None and status.exit_code == 0
+    assert why
+    assert fence_rules.needs_status(off) == (off is OFF_OK)
+
+
+def test_an_on_answer_is_reported_as_on() -> None:
+    assert fence_rules.judge(OFF_OK, act("status", 0, "Status: ON\n")) == (
+        Answer.ON, "status after off reports the host ON")
+
+
+def inc(boot: str = "b1") -> apb.HostIncarnation:
+    return apb.HostIncarnation(machine_id="m", boot_id=boot, pid_ns=4026531836, ns_init_start_ticks=5)
+
+
+def owned(host: str, claim: int = pb.LIVE, boot: str = "b1", stage: int = pb.NONE) -> pb.SessionRecord:
+    record = pb.SessionRecord(session_id="sess-0001")
+    record.lease.claim_status = claim
+    record.lease.handoff_stage = stage
+    record.lease.fence = 4
+    record.lease.owner.host_id = host
+    record.lease.owner.incarnation.CopyFrom(inc(boot))
+    return record
+
+
+def reserved(host: str) -> pb.SessionRecord:
+    record = pb.SessionRecord(session_id="sess-0002")
+    record.lease.claim_status = pb.RESERVED
+    record.lease.reserved_host_id = host
+    return record
+
+
+def test_only_freeable_owners_and_reservations_name_a_host() -> None:
+    assert fence_rules.freeable(owned("h1")) == "h1"
+    assert fence_rules.freeable(owned("h1", pb.COMMITTED)) == "h1"
+    assert fence_rules.freeable(owned("h1", pb.CONFLICTED)) == ""
+    assert fence_rules.freeable(owned("h1", pb.RELEASED)) == ""
+    assert fence_rules.freeable(owned("h1", stage=pb.MANUAL_RECOVERY)) == ""
+    assert fence_rules.freeable(owned("h1", stage=pb.HANDOFF_REQUESTED)) == "h1"
+    assert fence_rules.freeable(reserved("h2")) == "h2"
+    assert fence_rules.hosts_named([owned("h1"), reserved("h2"), owned("h3", pb.CONFLICTED)]) == {"h1", "h2"}
+
+
+@pytest.mark.parametrize(("since", "now", "retry_at", "expected"), [
+    (None, 100.0, None, False),        # registered (or never seen absent)
+    (95.0, 100.0, None, True),         # absent exactly host_loss_after
+    (96.0, 100.0, None, False),        # not long enough
+    (90.0, 100.0, 101.0, False),       # still backing off
+    (90.0, 100.0, 100.0, True),        # backoff over
+])
+def test_time_only_makes_a_candidate(since: float | None, now: float, retry_at: float | None,
+                                     expected: bool) -> None:
+    assert fence_rules.due(since, now, 5.0, retry_at) is expected
+
+
+def test_lost_for_and_backoff() -> None:
+    assert fence_rules.lost_for(None, 10.0) == 0.0
+    assert fence_rules.lost_for(4.0, 10.0) == 6.0
+    assert fence_rules.lost_for(12.0, 10.0) == 0.0
+    assert [fence_rules.backoff(n, 1.0) for n in range(1, 6)] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert fence_rules.backoff(0, 2.0) == 2.0
+    assert fence_rules.backoff(40, 1.0) == fence_rules.MAX_BACKOFF_S
+    assert fence_rules.backoff(3, 900.0) == 900.0  # a first backoff above the cap is kept
+
+
+LAST = pb.HostRegistration(host_id="h1", incarnation=inc())
+OPEN = Gates(registered=False, draining=False, restore_pending=False, pending=False, last=LAST, fenced=None)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"registered": True}, "live agent registration"),
+    ({"draining": True}, "draining"),
+    ({"restore_pending": True}, "restore-epoch"),
+    ({"pending": True}, "already running"),
+    ({"last": None}, "recover-host"),
+])
+def test_a_fence_starts_only_with_every_gate_open(change: dict[str, object], says: str) -> None:
+    assert fence_rules.refusal(OPEN) == ""
+    assert says in fence_rules.refusal(Gates(**{**OPEN.__dict__, **change}))
+
+
+def test_already_fenced_only_for_the_same_incarnation() -> None:
+    fenced = pb.FenceAttempt(host_id="h1", incarnation=inc(), answer="off")
+    assert not fence_rules.already_fenced(OPEN)
+    assert fence_rules.already_fenced(Gates(**{**OPEN.__dict__, "fenced": fenced}))
+    newer = pb.HostRegistration(host_id="h1", incarnation=inc("b2"))
+    assert not fence_rules.already_fenced(Gates(**{**OPEN.__dict__, "fenced": fenced, "last": newer}))
+
+
+def test_registration_refused_while_pending_and_for_the_fenced_incarnation_only() -> None:
+    fenced = pb.FenceAttempt(host_id="h1", incarnation=inc(), answer="off")
+    assert "cannot be called back" in fence_rules.registration_refused(inc(), True, None)
+    assert "lied" in fence_rules.registration_refused(inc(), False, fenced)
+    assert fence_rules.registration_refused(inc("b2"), False, fenced) == ""
+    assert fence_rules.registration_refused(inc(), False, None) == ""
+    for field, other in (("machine_id", "m2"), ("pid_ns", 1), ("ns_init_start_ticks", 6)):
+        moved = inc()
+        setattr(moved, field, other)
+        assert not fence_rules.same_incarnation(moved, inc())
+
+
+def test_the_proof_frees_the_fenced_incarnation_and_earlier_reservations_only() -> None:
+    fenced = pb.FenceAttempt(host_id="h1", incarnation=inc(), answer="off")
+    assert fence_rules.recoverable(owned("h1"), "h1", fenced, 10, 20)
+    assert fence_rules.recoverable(owned("h1"), "h1", fenced, 30, 20)  # an old owner, rewritten since
+    assert not fence_rules.recoverable(owned("h1", boot="b2"), "h1", fenced, 10, 20)  # rebooted: untouched
+    assert not fence_rules.recoverable(owned("h2"), "h1", fenced, 10, 20)
+    assert not fence_rules.recoverable(owned("h1", pb.CONFLICTED), "h1", fenced, 10, 20)
+    assert not fence_rules.recoverable(owned("h1", stage=pb.MANUAL_RECOVERY), "h1", fenced, 10, 20)
+    assert fence_rules.recoverable(reserved("h1"), "h1", fenced, 10, 20)
+    assert not fence_rules.recoverable(reserved("h1"), "h1", fenced, 30, 20)  # a new incarnation's
+
+
+def test_release_on_evidence_moves_the_floor_past_the_fence() -> None:
+    record = owned("h1")
+    record.lease.minimum_next_fence = 2
+    fence_rules.release_on_evidence(record.lease, "host-fenced", "x" * 2000, 123)
+    lease = record.lease
+    assert (lease.claim_status, lease.handoff_stage, lease.minimum_next_fence) == (pb.RELEASED, pb.NONE, 5)
+    assert lease.death_evidence.kind == "host-fenced" and len(lease.death_evidence.detail) == 1024
+    assert (lease.death_evidence.observed_at_unix_ms, lease.death_evidence.owner_fence) == (123, 4)
+
+
+def test_evidence_names_program_actions_coordinator_and_time() -> None:
+    attempt = pb.FenceAttempt(host_id="h1", program="/usr/sbin/fence_ipmilan", coordinator="c1:42",
+                              requested_by=fence_rules.HOST_LOST, ended_at_unix_ms=99,
+                              actions=[OFF_OK, STATUS_OFF], answer="off")
+    detail = fence_rules.evidence_detail(attempt)
+    assert detail == ("host h1 fenced by /usr/sbin/fence_ipmilan (off: exit 0 'Success: Powered OFF'; "
+                      "status: exit 2 'Status: OFF') from c1:42 at 99 ms; host lost")
+    assert "timed out" in fence_rules.evidence_detail(pb.FenceAttempt(actions=[act("off", timed_out=True)]))
+    assert "not run" in fence_rules.evidence_detail(pb.FenceAttempt(actions=[act("off", ran=False)]))
+
+
+def test_failures_count_consecutive_unproven_attempts() -> None:
+    assert fence_rules.failures_after(pb.FenceAttempt(answer="unknown", failures=2)) == 3
+    assert fence_rules.failures_after(pb.FenceAttempt(answer="on", failures=0)) == 1
+    assert fence_rules.failures_after(pb.FenceAttempt(answer="off", failures=5)) == 0

@@ -1,0 +1,115 @@
+"""Running a fence agent: real programs (small shell scripts) on stdin, in their own process group,
+killed whole at the timeout; secrets read from files and masked in what is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from holdfast.coordinator import fencers
+from holdfast.coordinator.fence_rules import Answer, FencerSpec
+
+
+def script(tmp: Path, body: str, name: str = "fence_test") -> str:
+    path = tmp / name
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return str(path)
+
+
+# Saves its stdin per action, then answers like a real agent whose device is now off.
+GOOD = """
+    input=$(cat)
+    action=$(printf '%s\\n' "$input" | sed -n 's/^action=//p')
+    printf '%s\\n' "$input" > "$(dirname "$0")/stdin-$action"
+    case "$action" in
+      off) echo "Success: Powered OFF"; exit 0;;
+      status) echo "Status: OFF"; exit 2;;
+    esac
+    exit 1
+"""
+
+
+def test_off_then_status_is_proof_and_secrets_never_leave_their_file(tmp_path: Path) -> None:
+    secret = tmp_path / "pass"
+    secret.write_text("hunter2\n")
+    program = script(tmp_path, GOOD + "")
+    spec = FencerSpec("h*", program, (("plug", "{host}"),), (("password", str(secret)),))
+    actions, answer, why = asyncio.run(fencers.fence(spec, "h1", 5.0))
+    assert answer is Answer.OFF, why
+    assert [(a.action, a.exit_code) for a in actions] == [("off", 0), ("status", 2)]
+    assert (tmp_path / "stdin-off").read_text() == "action=off\nplug=h1\npassword=hunter2\n"
+    assert (tmp_path / "stdin-status").read_text().startswith("action=status\n")
+
+
+def test_recorded_output_masks_the_secret(tmp_path: Path) -> None:
+    secret = tmp_path / "pass"
+    secret.write_text("hunter2")
+    program = script(tmp_path, """
+        cat >/dev/null
+        echo "login with hunter2 failed" >&2
+        echo "Failed: hunter2"
+        exit 3
+    """)
+    spec = FencerSpec("h1", program, (), (("password", str(secret)),))
+    actions, answer, _ = asyncio.run(fencers.fence(spec, "h1", 5.0))
+    assert answer is Answer.UNKNOWN and len(actions) == 1  # no status after a failed off
+    assert "hunter2" not in actions[0].stdout + actions[0].stderr
+    assert actions[0].exit_code == 3 and "*****" in actions[0].stderr
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def test_a_hung_agent_is_killed_with_its_whole_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    program = script(tmp_path, f"""
+        cat >/dev/null
+        sleep 300 &
+        echo $! > {pids}
+        echo $$ >> {pids}
+        wait
+    """)
+    actions, answer, why = asyncio.run(fencers.fence(FencerSpec("h1", program), "h1", 0.5))
+    assert answer is Answer.UNKNOWN and actions[0].timed_out, why
+    # The agent and its helper both ended (a zombie awaiting its reaper runs nothing).
+    assert [pid for pid in map(int, pids.read_text().split()) if running(pid)] == []
+
+
+def test_a_missing_program_or_secret_is_unknown_not_an_error(tmp_path: Path) -> None:
+    actions, answer, why = asyncio.run(fencers.fence(FencerSpec("h1", str(tmp_path / "nope")), "h1", 1.0))
+    assert answer is Answer.UNKNOWN and not actions[0].ran and "could not be run" in why
+    spec = FencerSpec("h1", script(tmp_path, GOOD), (), (("password", str(tmp_path / "gone")),))
+    actions, answer, why = asyncio.run(fencers.fence(spec, "h1", 1.0))
+    assert answer is Answer.UNKNOWN and "secret unreadable" in actions[0].error, why
+
+
+def test_status_on_after_off_answers_on(tmp_path: Path) -> None:
+    program = script(tmp_path, """
+        action=$(sed -n 's/^action=//p')
+        [ "$action" = off ] && { echo "Success: Powered OFF"; exit 0; }
+        echo "Status: ON"; exit 0
+    """)
+    _, answer, _ = asyncio.run(fencers.fence(FencerSpec("h1", program), "h1", 5.0))
+    assert answer is Answer.ON
+
+
+def test_start_checks_programs_and_secret_files(tmp_path: Path) -> None:
+    program = script(tmp_path, GOOD)
+    fencers.check_fencers([FencerSpec("h1", program)])
+    with pytest.raises(ValueError, match="not an executable file"):
+        fencers.check_fencers([FencerSpec("h1", str(tmp_path / "missing"))])
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    with pytest.raises(ValueError, match="not an executable file"):
+        fencers.check_fencers([FencerSpec("h1", str(plain))])
+    with pytest.raises(ValueError, match=r"secret file .* is not a readable file"):
+        fencers.check_fencers([FencerSpec("h1", program, (), (("password", str(tmp_path / "none")),))])
