@@ -27,9 +27,13 @@ NEW_SESSION_FLOOR = "new-session-floor"
 CLUSTER_ID = "cluster-id"
 CARRY = "carry"
 CARRY_BUDGET = "carry-budget"
+HOST_LAST = "host-last"          # a host's last registration, without a lease: read after it lapsed
+FENCE_PENDING = "fence-pending"  # one fence of a host at a time; while it exists, RegisterHost refuses
+FENCED = "fenced"                # the proof that a host's incarnation is off
+FENCE_HISTORY = "fence-history"  # every fence attempt of a host (capped)
 
 KINDS = (SESSIONS, FENCE, HOSTS, HISTORY, DATA, OPS, ARCHIVE, DRAINING, RESTORE_PENDING,
-         NEW_SESSION_FLOOR, CLUSTER_ID, CARRY, CARRY_BUDGET)
+         NEW_SESSION_FLOOR, CLUSTER_ID, CARRY, CARRY_BUDGET, HOST_LAST, FENCE_PENDING, FENCED, FENCE_HISTORY)
 
 
 def session(store: Store, sid: str) -> str:
@@ -136,3 +140,32 @@ def carry_chunks_prefix(store: Store, sid: str, slot: int) -> str:
 
 def carry_budget(store: Store) -> str:
     return store.key(CARRY_BUDGET)
+
+
+def host_last(store: Store, host_id: str) -> str:
+    return store.key(HOST_LAST, host_id)
+
+
+def fence_pending(store: Store, host_id: str) -> str:
+    return store.key(FENCE_PENDING, host_id)
+
+
+def fence_pending_prefix(store: Store) -> str:
+    return store.key(FENCE_PENDING, "")
+
+
+def fenced(store: Store, host_id: str) -> str:
+    return store.key(FENCED, host_id)
+
+
+def fenced_prefix(store: Store) -> str:
+    return store.key(FENCED, "")
+
+
+def fence_history(store: Store, host_id: str, seq: int) -> str:
+    """Zero-padded, so key order is attempt order."""
+    return store.key(FENCE_HISTORY, host_id, f"{seq:020d}")
+
+
+def fence_history_prefix(store: Store, host_id: str) -> str:
+    return store.key(FENCE_HISTORY, host_id, "")
