@@ -1,5 +1,5 @@
-"""The HostAgent gRPC servicer: validates every request whole (INVALID_ARGUMENT with what was
-wrong, nothing changed), then answers only for this host from its own process table.
+"""The HostAgent gRPC servicer: validates every request whole (agent/requests.py: INVALID_ARGUMENT with
+what was wrong, nothing changed), then answers only for this host from its own process table.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import resource
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -18,11 +17,13 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from holdfast.agent import metrics, probe_rules
+from holdfast.agent import metrics, probe_rules, requests
 from holdfast.agent.exit_watch import ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
+from holdfast.common import identifiers
+from holdfast.common.identifiers import InvalidInput
 from holdfast.common.version import VERSION
 from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
@@ -34,16 +35,7 @@ from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("holdfast.agent")
 P = agent_pb2.ProbeOutcome
-TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
-SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 SWEEP_EVERY_S = 30.0
-MAX_BATCH = 1024
-MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
-MAX_KILL_WAIT = 60.0
-
-
-class InvalidRequest(ValueError):
-    pass
 
 
 def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, born_since: int = 0,
@@ -89,43 +81,6 @@ async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason
     await context.abort_with_status(
         rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[info]))
     )
-
-
-def check_token(token: str, what: str, required: bool) -> None:
-    if not token and not required:
-        return
-    if not TOKEN_RE.match(token):
-        raise InvalidRequest(f"{what}: spawn token must be 32 lowercase hex characters")
-
-
-def check_identity(identity: agent_pb2.ProcessIdentity, what: str) -> None:
-    if not identity.host_id:
-        raise InvalidRequest(f"{what}: host_id is missing")
-    if not identity.HasField("incarnation") or not identity.incarnation.boot_id:
-        raise InvalidRequest(f"{what}: incarnation is missing")
-    if not 0 < identity.pid < MAX_PID:
-        raise InvalidRequest(f"{what}: pid must be in 1..{MAX_PID - 1}, got {identity.pid}")
-    if identity.start_ticks <= 0:
-        raise InvalidRequest(f"{what}: start_ticks is missing")
-    check_token(identity.spawn_token, what, required=False)
-    if len(identity.spawn_token_env) > 256 or "\0" in identity.spawn_token_env:
-        raise InvalidRequest(f"{what}: spawn_token_env must be a variable name")
-    path = identity.cgroup.path
-    if path and not path.startswith("/"):
-        raise InvalidRequest(f"{what}: cgroup path must be absolute")
-    # A NUL crashed the handler (found by tests/integration/test_agent_bad_input.py); `..` would let
-    # a request name a cgroup outside the one recorded for the owner.
-    if "\0" in path or ".." in path.split("/"):
-        raise InvalidRequest(f"{what}: cgroup path must not contain NUL or '..' segments")
-
-
-def check_batch(owners: list[agent_pb2.ProcessIdentity]) -> None:
-    if not owners:
-        raise InvalidRequest("owners is empty")
-    if len(owners) > MAX_BATCH:
-        raise InvalidRequest(f"batch of {len(owners)} owners exceeds the limit of {MAX_BATCH}")
-    for i, owner in enumerate(owners):
-        check_identity(owner, f"owners[{i}]")
 
 
 def _refused(made: agent_pb2.CgroupRef | None, why: str) -> tuple[None, str]:
@@ -261,8 +216,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
 
     async def ScanSpawnToken(self, request, context):
         try:
-            check_token(request.spawn_token, "spawn_token", required=True)
-        except InvalidRequest as exc:
+            requests.check_scan(request)
+        except InvalidInput as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         found = await scan_off_loop(self.variable, request.spawn_token.encode())
         return agent_pb2.ScanResult(
@@ -273,14 +228,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
 
     async def AttestSpawn(self, request, context):
         try:
-            check_token(request.spawn_token, "spawn_token", required=True)
-            if request.pid_hint >= MAX_PID:
-                raise InvalidRequest(f"pid_hint must be below {MAX_PID}")
-            if request.session_id and not SESSION_RE.match(request.session_id):
-                raise InvalidRequest("session_id must match ^[A-Za-z0-9_-]{8,128}$")
-            if request.session_id and not 0 < request.fence < 1 << 63:
-                raise InvalidRequest("fence must be positive with a session_id")
-        except InvalidRequest as exc:
+            requests.check_attest(request)
+        except InvalidInput as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         identity, why = await asyncio.to_thread(self.attest, request.spawn_token, request.pid_hint,
                                                 request.session_id, request.fence)
@@ -295,7 +244,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         complete = found.complete
         for carrier in found.carriers:
             token = carrier.token.decode(errors="replace")
-            if carrier.root and TOKEN_RE.match(token):
+            if carrier.root and identifiers.is_spawn_token(token):
                 identity = self.identity_of(carrier.pid, token)
                 if identity is None:
                     # A root whose identity could not be taken is a root not listed: its tree may
@@ -307,8 +256,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
 
     async def ProbeOwners(self, request, context):
         try:
-            check_batch(list(request.owners))
-        except InvalidRequest as exc:
+            requests.check_batch(list(request.owners))
+        except InvalidInput as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         started = time.monotonic()
         results = [self.probe(o, None) for o in request.owners]
@@ -328,8 +277,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
 
     async def WatchExits(self, request, context) -> AsyncIterator[agent_pb2.ExitEvent]:
         try:
-            check_batch(list(request.owners))
-        except InvalidRequest as exc:
+            requests.check_batch(list(request.owners))
+        except InvalidInput as exc:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
             return
         pending: dict[asyncio.Future[agent_pb2.ProbeResult], agent_pb2.ProcessIdentity] = {}
@@ -362,17 +311,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
 
     async def KillOwner(self, request, context):
         try:
-            if not request.HasField("owner"):
-                raise InvalidRequest("owner is missing")
-            check_identity(request.owner, "owner")
-            cgroup = request.owner.cgroup.path
-            if cgroup and not cgroups.is_session_cgroup(cgroup, self.cgroups.root):
-                where = self.cgroups.root or "its cgroup root"
-                raise InvalidRequest(f"owner: {cgroup} is not a session cgroup of this host "
-                                     f"(holdfast-<session>-<fence>-<random> under {where})")
-            if not 0 <= request.wait_seconds <= MAX_KILL_WAIT:
-                raise InvalidRequest(f"wait_seconds must be in 0..{MAX_KILL_WAIT}")
-        except InvalidRequest as exc:
+            requests.check_kill(request, self.cgroups.root)
+        except InvalidInput as exc:
             return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
         owner = request.owner
         before = self.probe(owner, None)

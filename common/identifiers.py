@@ -1,6 +1,10 @@
-"""What a session id, an operation id, a host id and a fence may be: checked before any I/O by the
-coordinator, and by the CLI before it sends anything. One definition for both, and no protobuf or
+"""What a session id, an operation id, a host id, a fence and a spawn token (and its secret) may be:
+checked before any I/O by the coordinator and by each agent (which must not rely on the coordinator
+having checked), and by the CLI before it sends anything. One definition for all, and no protobuf or
 etcd import, so a `run` does not pay for the coordinator's record encoding to check its arguments.
+
+Guarantee: every check is a `fullmatch`: a `$` would let a trailing newline through, into a key or
+a cgroup directory name.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import re
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
 HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
+SPAWN_TOKEN = re.compile(r"^[0-9a-f]{32}$")   # the form of common/spawn_tokens.spawn_token_for
+SPAWN_SECRET = re.compile(r"^[0-9a-f]{64}$")  # the form of common/spawn_tokens.mint_secret
 MAX_FENCE = 2**63 - 1
 
 
@@ -33,6 +39,22 @@ def check_host_id(host_id: str) -> str:
     if not HOST_ID.fullmatch(host_id):
         raise InvalidInput(f"host id {host_id[:40]!r} must match {HOST_ID.pattern}")
     return host_id
+
+
+def is_spawn_token(token: str) -> bool:
+    return SPAWN_TOKEN.fullmatch(token) is not None
+
+
+def check_spawn_token(token: str, what: str) -> str:
+    if not is_spawn_token(token):
+        raise InvalidInput(f"{what} must be 32 lowercase hex characters")
+    return token
+
+
+def check_spawn_secret(secret: str, what: str) -> str:
+    if not SPAWN_SECRET.fullmatch(secret):
+        raise InvalidInput(f"{what} must be 64 lowercase hex characters")
+    return secret
 
 
 def check_fence(fence: int) -> int:

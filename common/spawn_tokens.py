@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 
-SECRET = re.compile(r"^[0-9a-f]{64}$")
 _DOMAIN = b"holdfast spawn token v1\0"
 DEFAULT_VARIABLE = "HOLDFAST_SPAWN_TOKEN"  # the agent's --spawn-token-env unless set otherwise
 VARIABLE_ENV = "HOLDFAST_SPAWN_TOKEN_ENV"  # where an agent's setting, and a run's guess of it, is read

@@ -37,8 +37,7 @@ class Attested:
 
 def check_gate(gate: pb.GateSpawn) -> str:
     """The gate's token, derived here from its secret; InvalidInput for a malformed gate."""
-    if not spawn_tokens.SECRET.fullmatch(gate.token_secret):
-        raise identifiers.InvalidInput("gate.token_secret must be 64 lowercase hex characters")
+    identifiers.check_spawn_secret(gate.token_secret, "gate.token_secret")
     if gate.pid_hint <= 0:
         raise identifiers.InvalidInput("gate.pid_hint must be the gate's pid")
     variable = gate.spawn_token_env

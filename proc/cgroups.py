@@ -120,7 +120,7 @@ def is_session_cgroup(path: str, root: str) -> bool:
     if not path.startswith(root.rstrip("/") + "/"):
         return False
     parent, name = os.path.split(path)
-    return bool(_NAME.match(name)) or (parent == os.path.join(root, LEGACY_PARENT) and
+    return bool(_NAME.fullmatch(name)) or (parent == os.path.join(root, LEGACY_PARENT) and
                                        name not in ("", ".", ".."))
 
 

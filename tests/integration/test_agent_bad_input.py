@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from holdfast.agent.service import MAX_BATCH
+from holdfast.agent.requests import MAX_BATCH
+from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2 as apb
-from tests.integration.conftest import AgentProcess, mint_token
+from tests.integration.conftest import AgentProcess, mint_token, wait_empty
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="the agent reads other processes' environments")]
@@ -127,3 +129,43 @@ def test_cgroup_paths_with_nul_or_dotdot_are_invalid(agent: AgentProcess) -> Non
             with pytest.raises(grpc.RpcError) as err:
                 getattr(agent.stub, method)(request, timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (path, method)  # type: ignore[attr-defined]
+
+
+BAD_SESSION_IDS = ["abcdefgh\n", "abcdefgh\nx", "\nabcdefgh", "abcdefgh/..", "abcdefg", "abc def gh"]
+
+
+def test_an_attestation_naming_a_malformed_session_makes_nothing(agent: AgentProcess, children) -> None:  # type: ignore[no-untyped-def]
+    """The agent checks a session id whole itself (agent/requests.py): one with a trailing newline
+    once passed a `$` and named the cgroup directory it made. A refusal moves nothing and makes no
+    directory; the well-formed attestation last proves the same call would have made one."""
+    info = agent.stub.GetHostInfo(apb.GetHostInfoRequest(), timeout=10)
+    if not info.session_cgroups:
+        pytest.skip(f"the agent makes no session cgroups here: {info.session_cgroups_reason}")
+    token = mint_token()
+    carrier = subprocess.Popen(["sleep", "300"], env={"HOLDFAST_SPAWN_TOKEN": token})
+    children.append(carrier)
+    where = Path(f"/proc/{carrier.pid}/cgroup").read_text()
+    parent = Path(cgroups.capability().root + where.split("0::", 1)[1].strip())
+
+    def made() -> list[str]:
+        return sorted(p.name for p in parent.iterdir() if p.name.startswith(cgroups.PREFIX + "abc"))
+
+    before = made()
+    asks = [apb.AttestSpawnRequest(spawn_token=token, pid_hint=carrier.pid, session_id=sid, fence=1)
+            for sid in BAD_SESSION_IDS]
+    asks += [apb.AttestSpawnRequest(spawn_token=bad, pid_hint=carrier.pid, session_id="abcdefgh", fence=1)
+             for bad in (token + "\n", "\n" + token, token.upper())]
+    asks.append(apb.AttestSpawnRequest(spawn_token=token, pid_hint=carrier.pid, session_id="abcdefgh"))
+    for ask in asks:
+        with pytest.raises(grpc.RpcError) as refused:
+            agent.stub.AttestSpawn(ask, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ask  # type: ignore[attr-defined]
+        assert made() == before, ask
+        assert Path(f"/proc/{carrier.pid}/cgroup").read_text() == where, ask
+    good = apb.AttestSpawnRequest(spawn_token=token, pid_hint=carrier.pid, session_id="abcdefgh", fence=1)
+    cgroup = Path(agent.stub.AttestSpawn(good, timeout=10).identity.cgroup.path)
+    carrier.kill()
+    carrier.wait(5)
+    wait_empty(cgroup)
+    cgroup.rmdir()
+    assert cgroup.parent == parent and cgroup.name not in before
