@@ -211,15 +211,22 @@ def watch_line(event: pb.SessionEvent) -> dict[str, object]:
             **({} if event.deleted else {"record": as_dict(event.record)})}
 
 
+def _reconnecting(err: ClientError) -> None:
+    print(f"holdfast: lost the watch ({err.message}); reconnecting", file=sys.stderr, flush=True)
+
+
 async def _status_watch(args: argparse.Namespace, client: Client) -> int:
     """The sessions now, then one row (or JSON line) per change, as `kubectl get --watch` does,
-    until interrupted (exit 0) or the coordinator refuses the watch."""
+    until interrupted (exit 0) or the coordinator refuses the watch. A coordinator never reached
+    fails it as `status` fails (69, 77: a watch that never connected would otherwise retry silently
+    forever); one lost later is reconnected to, said on stderr."""
+    await client.host_listing()  # the first answer: any failure here is the command's exit
     widths = [len(h) for h in SESSION_HEADER]
     if not args.json:
         # Flushed: piped (`status -w | tee log`), the header would otherwise wait for the first change.
         print("  ".join(h.ljust(w) for h, w in zip(SESSION_HEADER, widths, strict=True)).rstrip(), flush=True)
     try:
-        async for event in client.session_events():
+        async for event in client.session_events(lost=_reconnecting):
             if args.json:
                 print(json.dumps(watch_line(event), sort_keys=True), flush=True)
                 continue

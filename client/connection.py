@@ -302,20 +302,27 @@ class Client:
             if not event.deleted:
                 yield event.record
 
-    async def session_events(self, session_id: str = "") -> AsyncIterator[pb.SessionEvent]:
+    async def session_events(self, session_id: str = "",
+                             lost: Callable[[ClientError], None] | None = None,
+                             ) -> AsyncIterator[pb.SessionEvent]:
         """Every session's (or one session's) records now (`resync`), then each change; reconnects
-        while the coordinator is away, starting again with the records as they are then."""
+        while the coordinator is away, starting again with the records as they are then, and calls
+        `lost` with why once per outage (again after an event came through)."""
         backoff = 0.05
+        said = False
         while True:
             call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
             try:
                 async for event in call:
-                    backoff = 0.05
+                    backoff, said = 0.05, False
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     raise classify(exc, session_id, self.address) from None
+                if lost is not None and not said:
+                    said = True
+                    lost(classify(exc, session_id, self.address, plaintext=self.tls_dir is None))
             finally:
                 call.cancel()
             await asyncio.sleep(backoff)

@@ -1,0 +1,82 @@
+"""What a newcomer meets first: a watch that fails as `status` fails when it never connected, and
+says so when it loses the coordinator later. Against real coordinators and etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from holdfast.common import certs, serving, tls
+from holdfast.common.tls import Role
+from holdfast.localstack.etcd_server import free_port
+from tests.integration.conftest import signals_as_at_a_terminal
+from tests.integration.coordinator_fixtures import Coordinator
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = pytest.mark.timeout(120)
+
+HOLDFAST = [sys.executable, "-m", "holdfast.cli"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any HOLDFAST_ variable of the caller's (nor its state directory)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}, **extra}
+
+
+async def cli_beside_tls_server(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
+    """`holdfast ARGV --coordinator A` run while a gRPC server on mTLS listens at A (certificates
+    in tmp_path/ours; the CLI presents tmp_path/theirs, another CA's): (exit code, stdout, stderr)."""
+    for name in ("ours", "theirs"):
+        certs.init_local(tmp_path / name, [], ["127.0.0.1"])
+    server = await serving.start("127.0.0.1:0", "test.Service", lambda _server: None,
+                                 tls.server_credentials(tmp_path / "ours", Role("coordinator")))
+    try:
+        env = clean_env(HOLDFAST_TLS_DIR=str(tmp_path / "theirs"))
+        proc = await asyncio.create_subprocess_exec(*HOLDFAST, *argv, "--coordinator", server.address,
+                                                    env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+    finally:
+        await serving.drain(server, 0)
+
+
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+def test_a_watch_that_never_connected_fails_as_status_does(tmp_path: Path,
+                                                           json_flag: tuple[str, ...]) -> None:
+    """Nothing listening: 69; another CA: 77 — at once, the table's header never printed (it
+    retried silently forever, and Ctrl-C then exited 0)."""
+    nobody = subprocess.run([*HOLDFAST, "status", "--watch", *json_flag, "--coordinator",
+                             f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60,
+                            env=clean_env())
+    wrong_ca = asyncio.run(cli_beside_tls_server(tmp_path, "status", "--watch", *json_flag))
+    for (code, out, err), expected in (((nobody.returncode, nobody.stdout, nobody.stderr), 69),
+                                       (wrong_ca, 77)):
+        assert code == expected, err
+        assert not out.startswith("SESSION") and "\nholdfast: " in f"\n{err}"
+        assert ('"error"' in out) == bool(json_flag)
+
+
+def test_a_watch_says_when_it_lost_the_coordinator_and_reconnects(coordinator: Coordinator) -> None:
+    with signals_as_at_a_terminal():  # Ctrl-C must reach it, as at a terminal
+        watch = subprocess.Popen([*HOLDFAST, "status", "-w", "--coordinator", coordinator.address],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        assert watch.stdout is not None and watch.stderr is not None
+        assert watch.stdout.readline().split()[:2] == ["SESSION", "HOST"]  # connected: then the header
+        coordinator.stop()
+        assert watch.stderr.readline().rstrip().endswith("; reconnecting")
+        coordinator.start()  # on the same address
+        watch.send_signal(signal.SIGINT)  # Ctrl-C ends a watch that had connected quietly, with 0
+        assert watch.wait(30) == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
