@@ -9,7 +9,7 @@ checked here — is committed. Space is reserved against the cluster-wide budget
 before any chunk is stored, in the transaction that also clears the slot, so carried state never
 grows past the budget (etcd at its quota refuses every write, heartbeats included).
 
-Keys, under the store prefix: `carry/<id>/manifest`, `carry/<id>/slot/<s>` (the reservation:
+Keys (holdfast.coordinator.keys): `carry/<id>/manifest`, `carry/<id>/slot/<s>` (the reservation:
 fence, bytes, chunks), `carry/<id>/chunk/<s>/<index>`, and `carry-budget`.
 """
 
@@ -20,21 +20,21 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from holdfast.common import identifiers
-from holdfast.coordinator import fencing, protojson, records
+from holdfast.common import carry_rules, identifiers
+from holdfast.coordinator import fencing, keys, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Put, Seen, Store, unchanged
 from holdfast.v1 import coordinator_pb2 as pb
 
-CHUNK_BYTES = 512 * 1024  # one chunk and its transaction stay far below etcd's 1.5 MiB request
+CHUNK_BYTES = carry_rules.CHUNK_BYTES
 DEFAULT_SESSION_CAP = 4 << 20
 MAX_SESSION_CAP = 32 << 20  # 64 chunks: a commit compares each, and etcd allows 128 ops a transaction
 DEFAULT_BUDGET = 512 << 20  # 25 % of etcd's default 2 GiB quota
-MAX_ENTRIES = 10_000
-MANIFEST_LIMIT = 512 * 1024
+# The manifest as stored (JSON) and the commit's compares (at most 67 keys) share one etcd request:
+# carry_rules.MAX_ENTRIES files with short names take about 1.4 MB of it.
+MANIFEST_LIMIT = records.ETCD_REQUEST_LIMIT_BYTES - 32 * 1024
 BUDGET_RETRIES = 16  # other sessions' reservations move the budget key meanwhile
-KINDS = ("file", "dir", "symlink")
 
 
 @dataclass(frozen=True)
@@ -71,30 +71,24 @@ def decode_manifest(seen: Seen) -> pb.CarryManifest | None:
 
 
 def check_manifest_shape(manifest: pb.CarryManifest, reservation: Reservation) -> None:
-    """What the coordinator can check of a manifest before it commits it (the restoring client
-    checks every path and hash again: it trusts nothing it did not verify)."""
-    if len(manifest.entries) > MAX_ENTRIES or manifest.ByteSize() > MANIFEST_LIMIT:
+    """The manifest against its reservation and every rule a restore applies (carry_rules): a copy
+    no restore may write is refused when it is uploaded, not only when it is restored. The
+    restoring client checks it all again: it trusts nothing it did not verify."""
+    size = len(records.encode(manifest))
+    if len(manifest.entries) > carry_rules.MAX_ENTRIES or size > MANIFEST_LIMIT:
         raise CoordinatorError(
             "CARRY_TOO_LARGE",
-            f"the manifest holds {len(manifest.entries)} entries "
-            f"({manifest.ByteSize()} bytes); the limit is {MAX_ENTRIES} entries, "
-            f"{MANIFEST_LIMIT} bytes",
+            f"the manifest holds {len(manifest.entries)} entries ({size} bytes); the limit is "
+            f"{carry_rules.MAX_ENTRIES} entries, {MANIFEST_LIMIT} bytes; nothing was committed",
         )
-    for entry in manifest.entries:
-        if entry.kind not in KINDS or entry.root >= len(manifest.roots):
-            raise identifiers.InvalidInput(
-                f"carry entry {entry.path[:256]!r}: kind {entry.kind[:16]!r} or "
-                f"root {entry.root} is not valid"
-            )
-    files = sum(e.size for e in manifest.entries if e.kind == "file")
-    if (
-        files != manifest.total_bytes
-        or manifest.total_bytes != reservation.reserved
-        or len(manifest.chunk_sha256) != reservation.chunks
-    ):
+    try:
+        carry_rules.check_manifest(manifest)
+    except carry_rules.CarryRefused as exc:
+        raise identifiers.InvalidInput(f"the carried copy is refused: {exc}; nothing was committed") from None
+    if manifest.total_bytes != reservation.reserved or len(manifest.chunk_sha256) != reservation.chunks:
         raise identifiers.InvalidInput(
-            f"the manifest's {manifest.total_bytes} bytes in {len(manifest.chunk_sha256)} chunks (files: "
-            f"{files}) do not match the {reservation.reserved} bytes in {reservation.chunks} chunks reserved"
+            f"the manifest's {manifest.total_bytes} bytes in {len(manifest.chunk_sha256)} chunks do not "
+            f"match the {reservation.reserved} bytes in {reservation.chunks} chunks reserved"
         )
 
 
@@ -109,25 +103,18 @@ class CarryStore:
         self.session_cap = session_cap
         self.budget = budget
 
-    # --- keys --------------------------------------------------------------------------------------
-    def _key(self, sid: str, *parts: str) -> str:
-        return self.store.key("carry", sid, *parts)
-
-    def _chunk_key(self, sid: str, slot: int, index: int) -> str:
-        return self._key(sid, "chunk", str(slot), f"{index:05d}")
-
     def budget_key(self) -> str:
-        return self.store.key("carry-budget")
+        return keys.carry_budget(self.store)
 
     def prefix(self, sid: str) -> str:
-        return self._key(sid, "")
+        return keys.carry_prefix(self.store, sid)
 
     # --- the owner's grant -------------------------------------------------------------------------
     async def _owner_fence(self, sid: str, fence: int, secret: str) -> Seen:
         """`fence/<id>` as read, when it is this grant's (committed or live); else the refusal the
         record explains (stale fence, wrong secret, not an owner)."""
         identifiers.check_fence(fence)
-        seen = await self.store.read(self.store.key("fence", sid))
+        seen = await self.store.read(keys.fence(self.store, sid))
         if seen.entry is not None and seen.entry.value.decode() in fencing.owner_fence_values(fence, secret):
             return seen
         _, record = await self.sessions.require(sid)
@@ -152,11 +139,11 @@ class CarryStore:
         for _ in range(BUDGET_RETRIES):
             fence_seen = await self._owner_fence(sid, request.fence, request.secret)
             manifest_seen, budget_seen = await asyncio.gather(
-                self.store.read(self._key(sid, "manifest")), self.store.read(self.budget_key())
+                self.store.read(keys.carry_manifest(self.store, sid)), self.store.read(self.budget_key())
             )
             current = decode_manifest(manifest_seen)
             slot = 1 - current.slot if current is not None else 0
-            slot_seen = await self.store.read(self._key(sid, "slot", str(slot)))
+            slot_seen = await self.store.read(keys.carry_slot(self.store, sid, slot))
             old = Reservation.of(slot_seen)
             used = budget_used(budget_seen) - (old.reserved if old else 0) + request.total_bytes
             if used > self.budget:
@@ -170,7 +157,7 @@ class CarryStore:
             ok, _ = await self.store.txn(
                 unchanged([fence_seen, manifest_seen, budget_seen, slot_seen]),
                 [Put(slot_seen.key, reservation.encode()), Put(budget_seen.key, budget_value(used))],
-                delete_prefixes=[self._key(sid, "chunk", str(slot), "")],
+                delete_prefixes=[keys.carry_chunks_prefix(self.store, sid, slot)],
             )
             if ok:
                 return slot
@@ -185,7 +172,7 @@ class CarryStore:
                 f"a carry chunk is at most {CHUNK_BYTES} bytes, not {len(request.data)}"
             )
         fence_seen = await self._owner_fence(sid, request.fence, request.secret)
-        slot_seen = await self.store.read(self._key(sid, "slot", str(request.slot)))
+        slot_seen = await self.store.read(keys.carry_slot(self.store, sid, request.slot))
         reservation = Reservation.of(slot_seen)
         if reservation is None or reservation.fence != request.fence:
             raise identifiers.InvalidInput(
@@ -200,7 +187,7 @@ class CarryStore:
             )
         ok, _ = await self.store.txn(
             unchanged([fence_seen, slot_seen]),
-            [Put(self._chunk_key(sid, request.slot, request.index), request.data)],
+            [Put(keys.carry_chunk(self.store, sid, request.slot, request.index), request.data)],
         )
         if not ok:
             raise CoordinatorError("STALE_FENCE", "the grant or its reservation changed; nothing was written")
@@ -216,8 +203,8 @@ class CarryStore:
             )
         fence_seen = await self._owner_fence(sid, request.fence, request.secret)
         manifest_seen, slot_seen = await asyncio.gather(
-            self.store.read(self._key(sid, "manifest")),
-            self.store.read(self._key(sid, "slot", str(manifest.slot))),
+            self.store.read(keys.carry_manifest(self.store, sid)),
+            self.store.read(keys.carry_slot(self.store, sid, manifest.slot)),
         )
         reservation = Reservation.of(slot_seen)
         current = decode_manifest(manifest_seen)
@@ -231,7 +218,7 @@ class CarryStore:
                 "beside the current copy: BeginCarry first"
             )
         check_manifest_shape(manifest, reservation)
-        stored, _ = await self.store.list_prefix(self._key(sid, "chunk", str(manifest.slot), ""))
+        stored, _ = await self.store.list_prefix(keys.carry_chunks_prefix(self.store, sid, manifest.slot))
         hashes = [hashlib.sha256(e.value).hexdigest() for e in stored]
         if hashes != list(manifest.chunk_sha256) or sum(len(e.value) for e in stored) != reservation.reserved:
             raise CoordinatorError(
@@ -259,7 +246,7 @@ class CarryStore:
         hashes and that the manifest did not change."""
         sid = identifiers.check_session_id(request.session_id)
         response = pb.GetCarryResponse(session_cap_bytes=self.session_cap)
-        manifest = decode_manifest(await self.store.read(self._key(sid, "manifest")))
+        manifest = decode_manifest(await self.store.read(keys.carry_manifest(self.store, sid)))
         if manifest is not None:
             response.found = True
             response.manifest.CopyFrom(manifest)
@@ -267,7 +254,7 @@ class CarryStore:
             # The files are the session's content, as private as its writer: another session's
             # runtime, or this one's superseded owner, reads the manifest at most.
             await self._owner_fence(sid, request.fence, request.secret)
-            entry = await self.store.get(self._chunk_key(sid, request.slot, request.index))
+            entry = await self.store.get(keys.carry_chunk(self.store, sid, request.slot, request.index))
             if entry is None:
                 raise CoordinatorError(
                     "NOT_FOUND", f"no chunk {request.index} in slot {request.slot} of {sid}"
@@ -280,7 +267,7 @@ class CarryStore:
         """What archiving a session must compare and put so its carried state goes with it: the two
         reservations and the budget as read, and the budget less what they held. The caller deletes
         `prefix(sid)` in the same transaction."""
-        slots = await asyncio.gather(*(self.store.read(self._key(sid, "slot", str(s))) for s in (0, 1)))
+        slots = await asyncio.gather(*(self.store.read(keys.carry_slot(self.store, sid, s)) for s in (0, 1)))
         held = sum(r.reserved for r in map(Reservation.of, slots) if r is not None)
         if not held:
             return list(slots), []

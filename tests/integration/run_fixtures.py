@@ -6,6 +6,7 @@ Addresses are 127.0.0.N with N in 100..149. Everything a fixture starts, it stop
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from holdfast.coordinator.store import Put, Store
 from holdfast.localstack.simhost import SimulatedHost, wait_for
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
@@ -116,6 +118,17 @@ class Cluster:
 
     def events(self, name: str) -> list[list[str]]:
         return [e for e in self.log() if e[0] == name]
+
+    def etcd_put(self, key: str, value: bytes) -> None:
+        """Writes `key` (below the coordinator's prefix) straight into etcd, past every check."""
+        async def put() -> None:
+            store = Store.connect(self.coordinator.etcd_url, prefix=self.coordinator.prefix)
+            try:
+                assert (await store.txn([], [Put(store.key(key), value)]))[0]
+            finally:
+                await store.close()
+
+        asyncio.run(put())
 
     def record(self, session: str) -> pb.GetSessionResponse:
         return self.stub.GetSession(pb.GetSessionRequest(session_id=session), timeout=10)

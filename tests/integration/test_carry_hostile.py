@@ -1,0 +1,232 @@
+"""A carried copy is hostile data: a session's owner, unprivileged, can upload any manifest under
+its own grant, and the next owner's `run --carry` restores it as root on another host. Each copy
+below aims to create a file outside the carried directory — at the root's parent, at a sibling of
+the root, at a sentinel directory elsewhere. Each is refused at CommitCarry, so it is never stored;
+planted straight into etcd (a copy stored before the coordinator checked it), each is refused at
+restore, with nothing created anywhere (nor a setuid file or a device, which no restore makes): the
+root's parent, its siblings and the sentinel stay byte-identical, and the local copy is untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from holdfast.common.carry_rules import MAX_ENTRIES
+from holdfast.coordinator import records
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration import unprivileged
+from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.run_fixtures import Cluster
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
+]
+BODY = b"escaped\n"
+UP = "../" * 40  # from anywhere below the carried root, far enough up to reach /
+
+
+@pytest.fixture
+def coordinator(etcd, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:  # type: ignore[no-untyped-def]
+    server = Coordinator(etcd.url, tmp_path, prefix).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def sentinel() -> Iterator[Path]:
+    """A directory elsewhere on the host, root-owned 0755 as /etc is, that escapes aim at."""
+    path = Path(tempfile.mkdtemp(prefix="holdfast-sentinel-"))
+    os.chmod(path, 0o755)
+    (path / "victim-elsewhere").mkdir()
+    (path / "victim-elsewhere" / "kept").write_text("kept")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def link(path: str, target: str) -> tuple[str, str, str]:
+    return (path, "symlink", target)
+
+
+def cases(sentinel: Path) -> dict[str, list[tuple[str, ...]]]:
+    """Each copy's entries below the root `notes` (the root entry is added): (path, kind[, target])."""
+    victim = str(sentinel / "victim-elsewhere").lstrip("/")
+    return {
+        # The reviewer's: each `s` (-> .) counts one level down as text and none on disk.
+        "the reviewer's chain": [
+            ("d", "dir"), link("d/s", "."), link("d/l", "s/" * 24 + "../" * 25 + UP),
+            ("d/l/" + victim + "/ESCAPED-by-carry", "file")],
+        "a chain through . and ..": [
+            ("a", "dir"), link("a/up", ".."), link("a/b", "up/a/up/../" + UP + victim),
+            ("a/b/ESCAPED", "file")],
+        "a link to /": [link("l", UP.rstrip("/")), ("l/" + victim + "/ESCAPED", "file")],
+        "an absolute link": [link("l", "/" + victim), ("l/ESCAPED", "file")],
+        "a directory replaced by a link between two entries": [
+            ("d", "dir"), ("d/x", "file"), link("d", "/" + victim), ("d/ESCAPED", "file")],
+        "a file under a link declared after it": [
+            ("d", "dir"), ("d/l/ESCAPED", "file"), link("d/l", "../..")],
+        "a link in the middle of a path": [
+            ("d", "dir"), link("d/m", "../../sibling"), ("d/m/ESCAPED", "file")],
+        "hard-link-like duplicates": [("f", "file"), ("f", "file")],
+        "a path through ..": [("d", "dir"), ("d/../../ESCAPED", "file")],
+        "an absolute path": [("/" + victim + "/ESCAPED", "file")],
+        "a NUL in a name": [("ESCAPED\0/../../x", "file")],
+        "a link with a NUL": [link("l", "..\0"), ("l/ESCAPED", "file")],
+        "10,001 entries": [(f"f{i:05d}", "dir") for i in range(MAX_ENTRIES)],
+        # Not an escape, yet never restored: what a root restore must not make.
+        "a setuid file": [("tool", "file-setuid")],
+        "a device file": [("null", "chardev")],
+    }
+
+
+def manifest_of(sid: str, entries: list[tuple[str, ...]]) -> tuple[pb.CarryManifest, bytes]:
+    manifest = pb.CarryManifest(session_id=sid, fence=1, slot=0, host_id="host-a", reason="release",
+                                written_at_unix_ms=1, schema_version=records.SCHEMA_VERSION)
+    manifest.roots.add(path="notes", kind="dir")
+    manifest.entries.add(root=0, path="", kind="dir", mode=0o755)
+    stream = b""
+    for path, kind, *target in entries:
+        if kind.startswith("file"):
+            mode = 0o4755 if kind == "file-setuid" else 0o755
+            manifest.entries.add(root=0, path=path, kind="file", mode=mode, size=len(BODY),
+                                 sha256=hashlib.sha256(BODY).hexdigest())
+            stream += BODY
+        else:
+            manifest.entries.add(root=0, path=path, kind=kind, mode=0o777 if target else 0o755,
+                                 link_target=target[0] if target else "")
+    manifest.total_bytes = len(stream)
+    if stream:
+        manifest.chunk_sha256.append(hashlib.sha256(stream).hexdigest())
+    return manifest, stream
+
+
+def tree(*tops: Path) -> dict[str, object]:
+    """Every path below `tops` with its kind, mode, owner and content or target: what must not change."""
+    seen: dict[str, object] = {}
+    for top in tops:
+        for where, dirs, files in os.walk(top):
+            for name in [*dirs, *files, ""]:
+                path = os.path.join(where, name) if name else where
+                st = os.lstat(path)
+                body = (os.readlink(path) if stat.S_ISLNK(st.st_mode)
+                        else Path(path).read_bytes() if stat.S_ISREG(st.st_mode) else None)
+                seen[path] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, body)
+    return seen
+
+
+def home_with_notes(tmp_path: Path, name: str) -> Path:
+    home = tmp_path / name
+    (home / "notes").mkdir(parents=True)
+    (home / "notes" / "local").write_text("the local copy")
+    (home / "sibling").mkdir()
+    return home
+
+
+UPLOAD = """
+import asyncio, json, sys
+from google.protobuf import json_format
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import Grant
+from holdfast.v1 import coordinator_pb2 as pb
+import os
+
+async def main():
+    grant = Grant.from_file(os.environ["HOLDFAST_GRANT_FILE"])
+    said = {}
+    async with Client() as client:
+        for name, (text, stream) in json.load(open(sys.argv[1])).items():
+            manifest = json_format.Parse(text, pb.CarryManifest())
+            stream = bytes.fromhex(stream)
+            try:
+                slot = await client.begin_carry(grant, len(stream), 1 if stream else 0)
+                if stream:
+                    await client.put_carry_chunk(grant, slot, 0, stream)
+                manifest.fence, manifest.slot = grant.fence, slot
+                await client.commit_carry(grant, manifest)
+                said[name] = "COMMITTED"
+            except ClientError as err:
+                said[name] = f"{err.reason}: {err.message}"
+    json.dump(said, open(sys.argv[2], "w"))
+
+asyncio.run(main())
+"""
+
+
+def test_an_unprivileged_owner_cannot_commit_a_copy_that_leads_outside(
+    cluster: Cluster, tmp_path: Path, sentinel: Path
+) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    shared = unprivileged.shared_dir("holdfast-hostile-carry-")
+    cluster.shared.append(shared)
+    sid = "sess-hostile-upload"
+    copies = {name: (json_format.MessageToJson(m), stream.hex())
+              for name, (m, stream) in ((n, manifest_of(sid, e)) for n, e in cases(sentinel).items())}
+    (shared / "copies.json").write_text(json.dumps(copies))
+    (shared / "upload.py").write_text(UPLOAD)
+    os.chmod(shared / "copies.json", 0o644)
+    python, _ = unprivileged.interpreter()
+    owner = cluster.run(a, sid, cmd=[python, str(shared / "upload.py"), str(shared / "copies.json"),
+                                     str(shared / "said.json")], cwd=shared, as_nobody=True)
+    assert owner.wait(60) == 0, owner.err()
+    said = json.loads((shared / "said.json").read_text())
+    assert set(said) == set(copies)
+    wrong = {name: text for name, text in said.items()
+             if not text.startswith("CARRY_TOO_LARGE" if name == "10,001 entries" else "INVALID_ARGUMENT")}
+    assert wrong == {}, "every hostile copy is refused at CommitCarry"
+    assert not cluster.stub.GetCarry(pb.GetCarryRequest(session_id=sid), timeout=10).found, "none was stored"
+    # The next owner, root on another host, finds nothing to restore and nothing outside was made.
+    home = home_with_notes(tmp_path, "home-b")
+    before = tree(home, sentinel)
+    run = cluster.run(b, sid, "--carry", "notes", cmd=["true"], cwd=home)
+    assert run.wait(30) == 0, run.err()
+    assert f"no carried state for {sid} yet" in run.err()
+    assert tree(home, sentinel) == before
+
+
+@pytest.mark.parametrize("case", sorted(cases(Path("/sentinel"))))
+def test_a_stored_copy_that_leads_outside_is_refused_at_restore_and_writes_nothing(
+    cluster: Cluster, tmp_path: Path, sentinel: Path, case: str
+) -> None:
+    b = cluster.host("host-b")
+    sid = "sess-hostile-restore"
+    manifest, stream = manifest_of(sid, cases(sentinel)[case])
+    if stream:
+        cluster.etcd_put(f"carry/{sid}/chunk/0/00000", stream)
+    cluster.etcd_put(f"carry/{sid}/manifest", records.encode(manifest))
+    home = home_with_notes(tmp_path, "home-b")
+    before = tree(home, sentinel)
+    run = cluster.run(b, sid, "--carry", "notes", cmd=["touch", str(home / "ran")], cwd=home)
+    assert run.wait(30) == 75, run.err()
+    assert "CARRY_FAILED" in run.err() and "nothing was written" in run.err(), run.err()
+    assert tree(home, sentinel) == before, "nothing created, changed or removed outside (or inside)"
+
+
+def test_ten_thousand_entries_are_carried_and_restored(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = tmp_path / "home-a", tmp_path / "home-b"
+    (home_a / "notes").mkdir(parents=True)
+    home_b.mkdir()
+    make = [sys.executable, "-c", "import os\nfor i in range(9999): open(f'notes/f{i:04d}', 'w').write('x')"]
+    first = cluster.run(a, "sess-carry-many", "--carry", "notes", cmd=make, cwd=home_a)
+    assert first.wait(60) == 0, first.err()
+    second = cluster.run(b, "sess-carry-many", "--carry", "notes", cmd=["true"], cwd=home_b)
+    assert second.wait(60) == 0, second.err()
+    assert "restored notes (9999 files, 9999 bytes)" in second.err()
+    assert sorted(os.listdir(home_b / "notes")) == [f"f{i:04d}" for i in range(9999)]
