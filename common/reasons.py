@@ -26,6 +26,7 @@ EX_TEMPFAIL = 75
 EX_NOPERM = 77
 EX_NOEXEC = 126     # the shell's codes for a CMD that cannot be run: `run` never asked for anything
 EX_NOTFOUND = 127
+EX_INTERRUPTED = 128 + 2  # as a shell reports a command ended by SIGINT
 F = grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -47,6 +48,8 @@ class Reason(StrEnum):
     HOST_NOT_REGISTERED = "HOST_NOT_REGISTERED"
     HOST_LIVE = "HOST_LIVE"
     HOST_DRAINING = "HOST_DRAINING"
+    HOST_FENCING = "HOST_FENCING"
+    HOST_FENCED = "HOST_FENCED"
     RESTORE_PENDING = "RESTORE_PENDING"
     CHAIN_FULL = "CHAIN_FULL"
     WRONG_CLUSTER = "WRONG_CLUSTER"
@@ -68,6 +71,7 @@ class Reason(StrEnum):
     GUARD_UNREACHABLE = "GUARD_UNREACHABLE"    # a --guard store failed before any call: nothing was asked
     GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
     CARRY_FAILED = "CARRY_FAILED"              # carried state could not be packed or restored here
+    INTERRUPTED = "INTERRUPTED"                # Ctrl-C (SIGINT) before the command finished
     # Carried state (`run --carry`), refused by the coordinator: nothing of the new copy is kept.
     CARRY_TOO_LARGE = "CARRY_TOO_LARGE"
     CARRY_BUDGET_EXHAUSTED = "CARRY_BUDGET_EXHAUSTED"
@@ -132,6 +136,15 @@ TABLE: dict[Reason, Meaning] = {
         F, EX_TEMPFAIL,
         "this host is draining for maintenance; run on another host, or lift it with `holdfast drain HOST"
         " --undo`"),
+    Reason.HOST_FENCING: Meaning(
+        F, EX_TEMPFAIL,
+        "this host is being fenced (its registration had lapsed); a power-off cannot be called back: the "
+        "agent registers again once the attempt ends (`holdfast hosts` shows it)"),
+    Reason.HOST_FENCED: Meaning(
+        F, EX_TEMPFAIL,
+        "this very host incarnation was proven off by its fencer and is running: the fence device lied or "
+        "fenced another machine. Stop this host, check the fencer's options (plug, address) and "
+        "`holdfast hosts`; a reboot registers as a new incarnation"),
     Reason.RESTORE_PENDING: Meaning(
         F, EX_TEMPFAIL,
         "etcd was restored from a backup: an operator must finish `holdfast admin restore-epoch` "
@@ -215,6 +228,10 @@ TABLE: dict[Reason, Meaning] = {
         None, EX_TEMPFAIL,
         "the carried state named by --carry could not be packed or restored (the message says which "
         "file and why); the session's last good copy is kept: fix the path, then retry"),
+    Reason.INTERRUPTED: Meaning(
+        None, EX_INTERRUPTED,
+        "nothing it started is left behind: a grant it had was released (its tree ended first); run it "
+        "again when you mean to"),
     Reason.CARRY_TOO_LARGE: Meaning(
         F, EX_USAGE,
         "carry less (a smaller --carry PATH), raise the coordinator's carry_session_cap_bytes, or keep "
@@ -284,3 +301,32 @@ def reason_of(error: grpc.aio.AioRpcError) -> str:
         if detail.Unpack(info):
             return info.reason
     return ""
+
+
+def parse(reason: str) -> Reason | str:
+    """A reason read off the wire: one of ours, or as sent (a newer peer's, or a bare status code's
+    name) — shown as it came, with the UNKNOWN meaning."""
+    try:
+        return Reason(reason)
+    except ValueError:
+        return reason
+
+
+def wire_code(reason: Reason) -> grpc.StatusCode:
+    """The status code a server refuses `reason` with; ValueError for a client's own reason."""
+    code = TABLE[reason].code
+    if code is None:
+        raise ValueError(f"{reason} is a client's own reason, never a server's answer")
+    return code
+
+
+def status(code: grpc.StatusCode, reason: str, message: str) -> grpc.Status:
+    """The one way a holdfast server refuses (coordinator, agent, enrollment, their role gates): the
+    status code, the message and an ErrorInfo with the reason under DOMAIN, which `reason_of` reads."""
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=str(reason), domain=DOMAIN))
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[info]))
