@@ -1,8 +1,9 @@
 """The `holdfast` command line: one parser, each command group contributed by the module that owns it.
 
 Exit codes (docs/design.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
-unreachable; 77 authentication failure; 2 usage errors; 141 (128 + SIGPIPE, as a shell reports a
-command ended by a closed pipe) when the reader of stdout went away, e.g. `holdfast status | head -1`.
+unreachable; 77 authentication failure; 2 usage errors; 130 (128 + SIGINT) interrupted by Ctrl-C; 141
+(128 + SIGPIPE, as a shell reports a command ended by a closed pipe) when the reader of stdout went
+away, e.g. `holdfast status | head -1`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ COMMANDS = {
 
 EX_USAGE = 2
 EX_PIPE = 128 + 13  # SIGPIPE
+EX_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
 
 
 def python_version() -> str:
@@ -72,6 +74,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (e.g. while importing)
+        print("holdfast: interrupted (Ctrl-C)", file=sys.stderr)
+        return EX_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(words)

@@ -25,6 +25,7 @@ from holdfast.client.acquire import MAX_WAIT_S
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.common import identifiers, upstate
+from holdfast.common.reasons import Reason
 
 
 def default_operator() -> str:
@@ -91,13 +92,25 @@ def command(body: Body) -> Callable[[argparse.Namespace], int]:
         try:
             return asyncio.run(main())
         except ClientError as err:
-            if getattr(args, "json", False):
-                print(json.dumps({"error": {"reason": err.reason, "message": err.message,
-                                            "next_step": err.next_step}}))
-            print(f"holdfast: {err}", file=sys.stderr)
-            return err.exit_code
+            return failed(args, err)
+        except KeyboardInterrupt:  # Ctrl-C: asyncio.run cancelled the command, which cleaned up
+            return failed(args, interrupted())
 
     return handler
+
+
+def interrupted() -> ClientError:
+    return ClientError(Reason.INTERRUPTED, "interrupted (Ctrl-C)")
+
+
+def failed(args: argparse.Namespace, err: ClientError) -> int:
+    """A command's failure as its output (one line on stderr, and the error document with --json)
+    and its exit code."""
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"reason": err.reason, "message": err.message,
+                                    "next_step": err.next_step}}))
+    print(f"holdfast: {err}", file=sys.stderr)
+    return err.exit_code
 
 
 def print_json(value: object) -> None:

@@ -25,6 +25,7 @@ from holdfast.cli.options import (
     default_operator,
     fence_arg,
     guard_url,
+    interrupted,
     print_json,
     seconds_arg,
     session_id_arg,
@@ -34,7 +35,7 @@ from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.client.owner import Owner, status_of
-from holdfast.common import carry_rules, reasons
+from holdfast.common import carry_rules, files, reasons
 from holdfast.common.names import claim_name, outcome_name, stage_name
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
@@ -99,12 +100,10 @@ def run_report(session: str, exit_code: int, cmd_status: int | None, fence: int 
 
 
 def write_report(path: str, report: dict[str, object]) -> None:
-    """Whole or not at all: written beside `path` and renamed over it, so a reader never sees half."""
+    """Whole or not at all, never through a link planted at `path` or beside it (common/files)."""
     target = os.path.abspath(path)
-    tmp = f"{target}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(report, sort_keys=True) + "\n")
-    os.replace(tmp, target)
+    files.write_whole(os.path.dirname(target), os.path.basename(target),
+                      (json.dumps(report, sort_keys=True) + "\n").encode(), mode=0o644)
 
 
 async def _run(args: argparse.Namespace, client: Client) -> int:
@@ -118,11 +117,14 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
     except ClientError as err:
         outcome["error"] = err
         raise
+    except asyncio.CancelledError:  # Ctrl-C: Owner.start ended the gate unrun and released
+        outcome["error"] = interrupted()
+        raise
     outcome["fence"] = owner.grant.fence
     try:
         status = await owner.supervise()
-    except ClientError as err:  # CMD ran and ended; what came after (the release) failed
-        outcome["error"] = err
+    except (ClientError, asyncio.CancelledError) as exc:  # what came after CMD's start failed
+        outcome["error"] = exc if isinstance(exc, ClientError) else interrupted()
         if owner.gate.process.returncode is not None:
             outcome["cmd_status"] = status_of(owner.gate.process.returncode)
         raise
@@ -134,12 +136,12 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
 def _grant_file(args: argparse.Namespace) -> Grant:
     path = args.grant_file or os.environ.get("HOLDFAST_GRANT_FILE")
     if not path:
-        raise ClientError("INVALID_ARGUMENT", "no grant: `put` and `handle` run inside `holdfast run` "
+        raise ClientError(Reason.INVALID_ARGUMENT, "no grant: `put` and `handle` run inside `holdfast run` "
                           "(HOLDFAST_GRANT_FILE) or takes --grant-file")
     try:
         return Grant.from_file(path)
     except (OSError, ValueError, TypeError) as exc:
-        raise ClientError("INVALID_ARGUMENT", f"cannot read the grant file {path}: {exc}") from None
+        raise ClientError(Reason.INVALID_ARGUMENT, f"cannot read the grant file {path}: {exc}") from None
 
 
 async def _put(args: argparse.Namespace, client: Client) -> int:
@@ -168,7 +170,8 @@ async def _handle(args: argparse.Namespace, client: Client) -> int:
 async def _get(args: argparse.Namespace, client: Client) -> int:
     session = args.session or os.environ.get("HOLDFAST_SESSION", "")
     if not session:
-        raise ClientError("INVALID_ARGUMENT", "which session? pass --session or run inside `holdfast run`")
+        raise ClientError(Reason.INVALID_ARGUMENT,
+                          "which session? pass --session or run inside `holdfast run`")
     found = await client.fenced_get(session, args.key)
     if args.json:
         out: dict[str, object] = {"session_id": session, "key": args.key, "found": found.found}
@@ -351,7 +354,8 @@ RUN_EPILOG = """examples:
 
 exit status: CMD's own when it ran; when it did not: 75 held or ownership unknown, 69 no
 coordinator (or this host's agent not registered), 77 certificates, 2 usage, 127 CMD not found,
-126 CMD not executable (checked before anything is asked: the owner is never disturbed).
+126 CMD not executable (checked before anything is asked: the owner is never disturbed), 130
+interrupted (Ctrl-C before CMD ran, or before its signals were forwarded: a grant made is released).
 A CMD may itself exit 75, 69 or 2: --report FILE tells the two apart. It is written (whole, by
 rename) when run ends, as one JSON document:
   {"ran": true, "exit_code": 75, "cmd_status": 75, "reason": "", "message": "", "next_step": "",

@@ -195,7 +195,7 @@ class Owner:
             try:
                 await client.release(grant)
             except ClientError as err:
-                if err.reason == "TREE_ALIVE":
+                if err.reason == Reason.TREE_ALIVE:
                     err.message = (f"fence {grant.fence} was granted to this takeover's operation for an "
                                    f"earlier `run`, whose CMD (pid {owner.pid} on {owner.host_id}) still "
                                    f"runs; end it, or remove {kept or 'the kept operation id'} to ask anew")
@@ -275,7 +275,7 @@ class Owner:
                 if self._ends(record.lease):
                     return
         except ClientError as err:
-            if err.reason != "WRONG_CLUSTER":
+            if err.reason != Reason.WRONG_CLUSTER:
                 raise
             # This owner can no longer see its own record, so it cannot hear a handoff request.
             self.ended_by = "lost"
@@ -302,16 +302,30 @@ class Owner:
             os.killpg(self.gate.pid, sig)
 
     async def supervise(self, forward_signals: bool = True) -> int:
-        """Until CMD's tree is gone and released; returns CMD's status as a shell reports it."""
+        """Until CMD's tree is gone and released; returns CMD's status as a shell reports it.
+        Cancelled (a Ctrl-C that came before the signals were forwarded, or the caller's cancel),
+        it ends the tree and releases the grant, then lets the cancel go on: a cancel never leaves
+        the session held by a tree nobody supervises."""
         loop = asyncio.get_running_loop()
         if forward_signals:
+            # Kept until the release is sent: a Ctrl-C after CMD's end (SIGINT then restores to
+            # raising KeyboardInterrupt anywhere) left the record live with a dead pid.
             for sig in FORWARDED_SIGNALS:
                 loop.add_signal_handler(sig, self._forward, sig)
+        try:
+            return await self._supervise(loop)
+        finally:
+            if forward_signals:
+                for sig in FORWARDED_SIGNALS:
+                    loop.remove_signal_handler(sig)
+
+    async def _supervise(self, loop: asyncio.AbstractEventLoop) -> int:
         pidfd = os.pidfd_open(self.gate.pid)
         exited = loop.create_future()
         loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
         watcher = asyncio.create_task(self._watch())
         ended = False  # the tree proven gone by the handoff's end_tree: nothing of it can come back
+        cancelled = False
         checkpoints = (asyncio.create_task(self._checkpoints()) if self.carried and self.spec.carry_every
                        else None)
         try:
@@ -325,6 +339,10 @@ class Owner:
                     termed = self.tree.signal(signal.SIGTERM, self.tree.cgroup_members())
                     ended = await asyncio.to_thread(end_tree, self.tree, self.spec.grace, termed)
             await exited
+        except asyncio.CancelledError:
+            cancelled = True
+            self.say(f"interrupted; ending the tree (grace {self.spec.grace:g}s) and releasing")
+            ended = await asyncio.to_thread(end_tree, self.tree, self.spec.grace)
         finally:
             watcher.cancel()
             if checkpoints is not None:
@@ -333,14 +351,14 @@ class Owner:
                     await checkpoints
             loop.remove_reader(pidfd)
             os.close(pidfd)
-            if forward_signals:
-                for sig in FORWARDED_SIGNALS:
-                    loop.remove_signal_handler(sig)
-        status = status_of(self.gate.process.wait())
+        # Cancelled, the gate is waited for only once end_tree proved the tree (and so it) gone.
+        status = status_of(self.gate.process.wait()) if ended or not cancelled else 0
         try:
             await self.finish(ended)
         finally:
             self.cleanup()
+        if cancelled:
+            raise asyncio.CancelledError
         return status
 
     async def upload_carried(self, reason: str) -> bool:
@@ -391,13 +409,13 @@ class Owner:
                 self.say(f"session {self.grant.session_id} released at fence {self.grant.fence}")
                 return
             except ClientError as err:
-                if err.reason == "STALE_FENCE":
+                if err.reason == Reason.STALE_FENCE:
                     self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
                              "nothing to release")
                     return
                 # The host's agent did not answer (restarting, re-registering): the tree is gone by
                 # our own check, so ask again for a while rather than leave the session held.
-                if err.reason != "OWNERSHIP_UNKNOWN" or asyncio.get_running_loop().time() > deadline:
+                if err.reason != Reason.OWNERSHIP_UNKNOWN or asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
