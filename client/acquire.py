@@ -25,7 +25,7 @@ from pathlib import Path
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
-from holdfast.common import identifiers, reasons, spawn_tokens
+from holdfast.common import files, identifiers, reasons, spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -101,11 +101,13 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]
         operation_id = spawn_tokens.random_hex(16)
         try:
             base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(operation_id)
-            tmp.rename(path)
+            # Checked again on the descriptor written through: another user may have made the
+            # directory between the check above and the mkdir.
+            fd = files.open_private_dir(base)
+            try:
+                files.write_whole(fd, name, operation_id.encode())
+            finally:
+                os.close(fd)
         except OSError:
             continue  # a read-only home (a pod's): the next place, or none
         return operation_id, path
@@ -170,9 +172,9 @@ async def obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = sa
     try:
         return await _obtain(client, spec, operation_id, say, gate)
     except ClientError as err:
-        if err.reason == "HELD":
+        if err.reason == Reason.HELD:
             err.hint = held_hint(spec)
-        elif err.reason in ("OWNERSHIP_UNKNOWN", "MANUAL_RECOVERY"):
+        elif err.reason in (Reason.OWNERSHIP_UNKNOWN, Reason.MANUAL_RECOVERY):
             with contextlib.suppress(ClientError):  # best effort: the hint then says N
                 err.fence = (await client.get_session(spec.session_id)).record.lease.fence
         raise
@@ -207,7 +209,7 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
         except ClientError as err:
             if not reasons.waitable(err.reason):
                 raise
-            if err.reason == "RELEASE_PENDING":
+            if err.reason == Reason.RELEASE_PENDING:
                 if settle_until is None:
                     settle_until = loop.time() + CARRY_SETTLE_S
                     say(f"the owner of {spec.session_id} has ended; waiting up to {CARRY_SETTLE_S:g}s for it "
@@ -216,7 +218,7 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
                 continue
             left = deadline - loop.time()
             if left <= 0:
-                if spec.force and err.reason != "RESERVED":
+                if spec.force and err.reason != Reason.RESERVED:
                     break
                 raise
             # e.g. the owner's root exited but its tree is still ending: the next change decides.

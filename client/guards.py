@@ -267,7 +267,10 @@ class DirGuard(Guard):
         _current(root)  # a `current` that names something else is refused before any grant
 
     def bump(self, session: str, fence: int) -> None:
-        with open(self.root / ".lock", "a") as lock:
+        # The directory is shared with other writers, earlier owners among them: a `.lock` or a
+        # generation they replaced by a link is refused, never opened or copied through.
+        fd = os.open(self.root / ".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with open(fd, "rb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             seen = _current(self.root)
             if seen > fence:
@@ -278,7 +281,12 @@ class DirGuard(Guard):
             staging = self.root / f".gen-{fence}.staging"
             shutil.rmtree(staging, ignore_errors=True)
             if seen:
-                shutil.copytree(self.root / f"gen-{seen}", staging, symlinks=True)
+                source = self.root / f"gen-{seen}"
+                if source.is_symlink() or not source.is_dir():
+                    raise GuardError(
+                        f"{self.url}: gen-{seen} is not a directory (a link is never copied through)"
+                    )
+                shutil.copytree(source, staging, symlinks=True)
             else:
                 staging.mkdir()
             shutil.rmtree(made, ignore_errors=True)  # a bump that died between its two renames

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from holdfast.common import files
+
 STATE_FILE = "up.json"
 DEFAULT_COORDINATOR = "127.0.0.1:7420"  # where `holdfast up` listens unless told otherwise
 STATE_DIR_ENV = "HOLDFAST_STATE_DIR"
@@ -44,9 +46,7 @@ def load(state_dir: Path) -> dict[str, Any]:
 
 
 def write(state_dir: Path, state: dict[str, Any]) -> None:
-    tmp = state_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.rename(state_dir / STATE_FILE)
+    files.write_whole(state_dir, STATE_FILE, json.dumps(state, indent=2).encode(), mode=0o644)
 
 
 def remove(state_dir: Path) -> None:

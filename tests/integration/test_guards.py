@@ -5,6 +5,7 @@ write that checked before a bump either commits before the bump completes or not
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -193,3 +194,23 @@ def test_an_unreachable_store_is_a_guard_error_naming_it() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     with pytest.raises(GuardError, match=url):
         guards.open_guard(url, connect_timeout=2)
+
+
+def test_a_dir_guard_opens_and_copies_through_no_link(tmp_path: Path) -> None:
+    root, victim = tmp_path / "home", tmp_path / "victim"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    (root / ".lock").unlink()
+    (root / ".lock").symlink_to(victim)  # planted by an earlier owner sharing the directory
+    with pytest.raises(OSError):
+        guard.bump(SESSION, 2)
+    assert not victim.exists(), "the lock was not created through the link"
+    (root / ".lock").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret").write_text("not to be copied")
+    os.rename(root / "gen-1", tmp_path / "gen-1-moved")
+    (root / "gen-1").symlink_to(elsewhere)
+    with pytest.raises(GuardError, match="gen-1 is not a directory"):
+        guard.bump(SESSION, 2)
+    assert not (root / "gen-2").exists() and guards.dir_write_path(root, 1) == root / "gen-1"

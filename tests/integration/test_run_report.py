@@ -25,7 +25,7 @@ KEYS = {"ran", "exit_code", "cmd_status", "reason", "message", "next_step", "ses
 def report(path: Path) -> dict:  # type: ignore[type-arg]
     got = json.loads(path.read_text())
     assert set(got) == KEYS
-    assert not list(path.parent.glob(f"{path.name}.*.tmp"))  # written by rename, nothing left over
+    assert not list(path.parent.glob(f".{path.name}.*.tmp"))  # written by rename, nothing left over
     return got  # type: ignore[no-any-return]
 
 
@@ -57,3 +57,16 @@ def test_a_report_that_cannot_be_written_is_refused_before_any_call(cluster: Clu
     assert run.wait(30) == 2 and "--report" in run.err()
     sessions = cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10).records
     assert not [s for s in sessions if s.session_id == "sess-report-nodir"]  # nothing was asked
+
+
+def test_a_report_is_never_written_through_a_link_planted_at_its_name(cluster: Cluster) -> None:
+    a = cluster.host("host-a")
+    victim = cluster.tmp / "victim"
+    victim.write_text("kept")
+    shared = cluster.tmp / "shared"
+    shared.mkdir(mode=0o1777)  # a directory others write too, as /tmp is
+    (shared / "r.json").symlink_to(victim)  # planted by another user before root's run ends
+    ran = cluster.run(a, "sess-report-link", "--report", str(shared / "r.json"), cmd=["true"])
+    assert ran.wait(30) == 0, ran.err()
+    assert victim.read_text() == "kept"
+    assert not (shared / "r.json").is_symlink() and report(shared / "r.json")["exit_code"] == 0

@@ -69,7 +69,7 @@ def oracle_valid(entries: list[tuple[str, str, str]]) -> bool:
 
 # --- generated manifests -------------------------------------------------------------------------
 good = st.sampled_from(list("abcdefst"))
-names = st.sampled_from(list("abcdefst") + ["..", ".", ""])
+names = st.sampled_from([*"abcdefst", "..", ".", ""])
 targets = st.tuples(
     st.sampled_from([""] * 12 + ["/"]),
     st.lists(st.sampled_from(["a", "b", "s", "..", "..", ".", ""]), min_size=1, max_size=5),

@@ -1,0 +1,59 @@
+"""Writing a file whole into a directory that others may write too: a `--report` beside files of
+other users, `up.json` in a state directory, a takeover's operation id in a private one.
+
+Guarantee: `write_whole` opens the directory once, writes a new file under a random name created
+exclusively without following a link (O_CREAT | O_EXCL | O_NOFOLLOW), and renames it over the name
+within that same directory, so a link planted at the name or at any temporary name — by another
+user, or by whoever owned the directory before — is replaced, never written through; a reader
+sees the old file or the whole new one. `open_private_dir` refuses a directory that is a link, is
+not this user's, or that others may write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class NotPrivate(OSError):
+    """A directory meant to be this user's alone is a link, another user's, or writable by others."""
+
+
+def open_private_dir(path: str | os.PathLike[str]) -> int:
+    """A descriptor on `path`, a directory of this user's that nobody else may write."""
+    fd = os.open(path, OPEN_DIR | os.O_NOFOLLOW)
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise NotPrivate(f"{os.fspath(path)} is not a directory of uid {os.getuid()} that only it may write")
+    return fd
+
+
+def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """`data` as `directory/name`, whole or not at all; `directory` a path or an open descriptor."""
+    if os.sep in name or name in ("", ".", ".."):
+        raise ValueError(f"{name!r} is a name within one directory")
+    fd = directory if isinstance(directory, int) else os.open(directory, OPEN_DIR)
+    try:
+        while True:
+            temp = f".{name}.{os.urandom(6).hex()}.tmp"
+            try:
+                out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              mode, dir_fd=fd)
+            except FileExistsError:
+                continue
+            break
+        try:
+            with open(out, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), mode)  # the mode asked for, whatever the umask
+            os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=fd)
+            raise
+    finally:
+        if not isinstance(directory, int):
+            os.close(fd)

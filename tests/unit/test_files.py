@@ -1,0 +1,59 @@
+"""Files written into directories others may write: a link planted at the name or beside it is
+replaced, never written through; a private directory that is a link, another user's, or writable
+by others is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from holdfast.common import files, upstate
+
+
+def test_a_link_at_the_name_is_replaced_not_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "report.json").symlink_to(victim)
+    files.write_whole(shared, "report.json", b"{}\n", mode=0o644)
+    assert victim.read_text() == "kept"
+    assert not (shared / "report.json").is_symlink() and (shared / "report.json").read_bytes() == b"{}\n"
+    assert (shared / "report.json").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in shared.iterdir()) == ["report.json"], "no temporary file left"
+
+
+def test_up_json_is_written_whole_through_no_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / upstate.STATE_FILE).symlink_to(victim)
+    upstate.write(tmp_path / "state", {"coordinator": "127.0.0.1:1"})
+    assert not victim.exists()
+    assert upstate.load(tmp_path / "state") == {"coordinator": "127.0.0.1:1"}
+
+
+def test_a_name_that_is_not_one_component_is_refused(tmp_path: Path) -> None:
+    for name in ("a/b", "..", "", "."):
+        with pytest.raises(ValueError):
+            files.write_whole(tmp_path, name, b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_private_directory_is_ours_alone(tmp_path: Path) -> None:
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    os.close(files.open_private_dir(ours))
+    (tmp_path / "link").symlink_to(ours)
+    with pytest.raises(OSError):
+        files.open_private_dir(tmp_path / "link")
+    os.chmod(ours, 0o770)
+    with pytest.raises(files.NotPrivate):
+        files.open_private_dir(ours)
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(files.NotPrivate):
+            files.open_private_dir(theirs)
