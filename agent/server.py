@@ -48,7 +48,7 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
     if tls_dir is not None:
         reloading = ReloadingCredentials(tls_dir, tls.Role("agent", host_id))
         credentials = reloading.server_credentials()
-        gates = [RoleGate(SERVICE_NAME, agent_rule, "holdfast")]
+        gates = [RoleGate(SERVICE_NAME, agent_rule)]
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
     metrics = serving_.start_metrics(metrics_listen)
     log.info("agent serving", extra={"fields": {"address": serving.address, "host": host_id,

@@ -13,17 +13,15 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
 from holdfast.agent import metrics, probe_rules, requests
 from holdfast.agent.exit_watch import ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
-from holdfast.common import identifiers
+from holdfast.common import identifiers, reasons
 from holdfast.common.identifiers import InvalidInput
+from holdfast.common.reasons import Reason
 from holdfast.common.version import VERSION
 from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
@@ -75,12 +73,9 @@ def pidfd_budget() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
 
 
-async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str) -> None:
-    info = any_pb2.Any()
-    info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="holdfast"))
-    await context.abort_with_status(
-        rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[info]))
-    )
+async def abort(context: grpc.aio.ServicerContext, reason: Reason, message: str) -> None:
+    """A refusal with its reason's status code (common/reasons.py): nothing was done."""
+    await context.abort_with_status(reasons.status(reasons.wire_code(reason), reason, message))
 
 
 def _refused(made: agent_pb2.CgroupRef | None, why: str) -> tuple[None, str]:
@@ -218,7 +213,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         try:
             requests.check_scan(request)
         except InvalidInput as exc:
-            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+            return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         found = await scan_off_loop(self.variable, request.spawn_token.encode())
         return agent_pb2.ScanResult(
             enumerable=found.enumerable, complete=found.complete, scanned=found.scanned,
@@ -230,12 +225,12 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         try:
             requests.check_attest(request)
         except InvalidInput as exc:
-            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+            return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         identity, why = await asyncio.to_thread(self.attest, request.spawn_token, request.pid_hint,
                                                 request.session_id, request.fence)
         if identity is None:
             log.info("attestation refused", extra={"fields": {"reason": why}})
-            return await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "ATTESTATION_FAILED", why)
+            return await abort(context, Reason.ATTESTATION_FAILED, why)
         return agent_pb2.AttestSpawnResponse(identity=identity)
 
     async def ListTokenRoots(self, request, context):
@@ -258,7 +253,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         try:
             requests.check_batch(list(request.owners))
         except InvalidInput as exc:
-            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+            return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         started = time.monotonic()
         results = [self.probe(o, None) for o in request.owners]
         # The tree is read only for roots not proven alive. A live root is its session held whatever
@@ -279,7 +274,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         try:
             requests.check_batch(list(request.owners))
         except InvalidInput as exc:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+            await abort(context, Reason.INVALID_ARGUMENT, str(exc))
             return
         pending: dict[asyncio.Future[agent_pb2.ProbeResult], agent_pb2.ProcessIdentity] = {}
         answered = []
@@ -313,7 +308,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         try:
             requests.check_kill(request, self.cgroups.root)
         except InvalidInput as exc:
-            return await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", str(exc))
+            return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         owner = request.owner
         before = self.probe(owner, None)
         matched = before.outcome == P.IDENTITY_MATCHED

@@ -294,7 +294,7 @@ async def _session_exists(client: Client, session_id: str) -> bool:
     try:
         await client.get_session(session_id)
     except ClientError as err:
-        if err.reason == "NOT_FOUND":
+        if err.reason == Reason.NOT_FOUND:
             return False
         raise
     return True

@@ -132,7 +132,7 @@ class Client:
         try:
             return (await self._call(self.stub.RequestHandoff, request, session_id)).record
         except ClientError as err:
-            if err.reason == "NOT_FOUND":
+            if err.reason == Reason.NOT_FOUND:
                 return None
             raise
 
@@ -172,7 +172,7 @@ class Client:
     async def _own_effect(self, grant: Grant, err: ClientError,
                           applied: Callable[[pb.Lease], bool]) -> pb.SessionRecord | None:
         # Only a retry can find its own first try's effect; otherwise the effect is someone else's.
-        if err.reason != "STALE_FENCE" or not err.retried:
+        if err.reason != Reason.STALE_FENCE or not err.retried:
             return None
         record = (await self.get_session(grant.session_id)).record
         return record if record.lease.fence == grant.fence and applied(record.lease) else None

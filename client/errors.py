@@ -12,13 +12,15 @@ from __future__ import annotations
 import grpc
 
 from holdfast.common import reasons
-from holdfast.common.reasons import Reason, reason_of
+from holdfast.common.reasons import Reason, parse, reason_of
 
 
 class ClientError(Exception):
     """A refusal or failure with its reason, exit code and next step."""
 
-    def __init__(self, reason: str, message: str, session: str = "") -> None:
+    def __init__(self, reason: Reason | str, message: str, session: str = "") -> None:
+        """`reason`: one of the table's, or a reason as a peer sent it that this client does not
+        know (`reasons.parse`), shown as sent with the UNKNOWN meaning."""
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -62,7 +64,7 @@ def classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: b
     if not reason:
         code = exc.code()
         if handshake_failed(exc):
-            # Issue 17: a wrong CA (or TLS to a plaintext coordinator) said "no coordinator".
+            # Not UNREACHABLE: a wrong CA (or TLS to a plaintext coordinator) is not "no coordinator".
             # gRPC's text ends with OpenSSL's own words, e.g. "...: certificate signature failure: OK".
             words = (exc.details() or "").removesuffix(": OK").rsplit(": ", 1)[-1][:200]
             return ClientError(Reason.TLS_HANDSHAKE_FAILED, f"the TLS handshake with {address} failed "
@@ -74,7 +76,7 @@ def classify(exc: grpc.aio.AioRpcError, session: str, address: str, plaintext: b
             return ClientError(Reason.UNREACHABLE, f"no answer from the coordinator at {address} "
                                f"({why})", session)
         reason = code.name
-    return ClientError(reason, exc.details() or reason, session)
+    return ClientError(parse(reason), exc.details() or reason, session)
 
 
 def transient(exc: BaseException) -> bool:

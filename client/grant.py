@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from holdfast.client.errors import ClientError
+from holdfast.common.reasons import Reason
 
 GRANT_FILE = "grant.json"
 
@@ -53,6 +54,6 @@ def same_cluster(grant: Grant, answered_by: str) -> None:
     """Every answer of one run must come from the cluster that minted its grant: another one means
     two holdfast clusters answer one address (issue 17). '' is an older coordinator's answer."""
     if grant.cluster_id and answered_by and answered_by != grant.cluster_id:
-        raise ClientError("WRONG_CLUSTER", f"the coordinator at {grant.coordinator} answered for holdfast "
-                          f"cluster {answered_by[:64]!r}, but fence {grant.fence} was granted by cluster "
-                          f"{grant.cluster_id!r}", grant.session_id)
+        raise ClientError(Reason.WRONG_CLUSTER, f"the coordinator at {grant.coordinator} answered for "
+                          f"holdfast cluster {answered_by[:64]!r}, but fence {grant.fence} was granted by "
+                          f"cluster {grant.cluster_id!r}", grant.session_id)

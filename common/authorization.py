@@ -13,18 +13,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
+from holdfast.common import reasons
+from holdfast.common.reasons import Reason
 from holdfast.common.tls import Role, peer_role
 
 
 @dataclass(frozen=True)
 class Refusal:
     code: grpc.StatusCode
-    reason: str
+    reason: Reason
     message: str
+
+    def status(self) -> grpc.Status:
+        return reasons.status(self.code, self.reason, self.message)
 
 
 # (method name, the caller's role or None, the request) -> a refusal, or None to admit.
@@ -32,30 +34,22 @@ Rule = Callable[[str, Role | None, object], Refusal | None]
 
 
 def no_role(method: str) -> Refusal:
-    return Refusal(grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED",
+    return Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED,
                    f"{method}: the client certificate carries no single holdfast role; present one "
                    "issued by `holdfast certs init`")
 
 
 def wrong_role(method: str, role: Role, wanted: str) -> Refusal:
-    return Refusal(grpc.StatusCode.PERMISSION_DENIED, "WRONG_ROLE",
+    return Refusal(grpc.StatusCode.PERMISSION_DENIED, Reason.WRONG_ROLE,
                    f"{method}: a {role.uri()} certificate may not call this; it needs {wanted}")
-
-
-def status_of(refusal: Refusal, domain: str) -> grpc.Status:
-    info = any_pb2.Any()
-    info.Pack(error_details_pb2.ErrorInfo(reason=refusal.reason, domain=domain))
-    return rpc_status.to_status(status_pb2.Status(code=refusal.code.value[0], message=refusal.message,
-                                                  details=[info]))
 
 
 class RoleGate(grpc.aio.ServerInterceptor):
     """Wraps every method of `service` so its rule runs on the verified peer role first."""
 
-    def __init__(self, service: str, rule: Rule, domain: str) -> None:
+    def __init__(self, service: str, rule: Rule) -> None:
         self.service = service
         self.rule = rule
-        self.domain = domain
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -72,7 +66,7 @@ class RoleGate(grpc.aio.ServerInterceptor):
         async def check(request: object, context: grpc.aio.ServicerContext) -> None:
             refusal = self.rule(method, peer_role(context), request)
             if refusal is not None:
-                await context.abort_with_status(status_of(refusal, self.domain))
+                await context.abort_with_status(refusal.status())
 
         codecs = {"request_deserializer": handler.request_deserializer,
                   "response_serializer": handler.response_serializer}
@@ -94,9 +88,9 @@ class RoleGate(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(guarded_stream, **codecs)
         # No holdfast RPC streams requests; should one appear, it is refused rather than unguarded.
-        refusal = Refusal(grpc.StatusCode.PERMISSION_DENIED, "WRONG_ROLE", f"{method}: not authorized")
+        refusal = Refusal(grpc.StatusCode.PERMISSION_DENIED, Reason.WRONG_ROLE, f"{method}: not authorized")
 
         async def refuse(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
-            await context.abort_with_status(status_of(refusal, self.domain))
+            await context.abort_with_status(refusal.status())
 
         return grpc.stream_unary_rpc_method_handler(refuse, **codecs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from holdfast.common import identifiers, spawn_tokens
+from holdfast.common.reasons import Reason
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.routing import Router
@@ -51,9 +52,9 @@ async def attest(router: Router, host_id: str, registration: Seen, token: str, v
     identity = await router.attest(host_id, decode_registration(registration), token, pid_hint,
                                    session_id, fence)
     if isinstance(identity, str):
-        raise CoordinatorError("ATTESTATION_FAILED", identity)
+        raise CoordinatorError(Reason.ATTESTATION_FAILED, identity)
     if identity.spawn_token != token or identity.host_id != host_id or identity.spawn_token_env != variable:
-        raise CoordinatorError("ATTESTATION_FAILED", "the attested identity is not the reserved token's")
+        raise CoordinatorError(Reason.ATTESTATION_FAILED, "the attested identity is not the reserved token's")
     return Attested(identity, registration)
 
 

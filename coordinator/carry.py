@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 
 from holdfast.common import carry_rules, identifiers
+from holdfast.common.reasons import Reason
 from holdfast.coordinator import fencing, keys, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
@@ -77,7 +78,7 @@ def check_manifest_shape(manifest: pb.CarryManifest, reservation: Reservation) -
     size = len(records.encode(manifest))
     if len(manifest.entries) > carry_rules.MAX_ENTRIES or size > MANIFEST_LIMIT:
         raise CoordinatorError(
-            "CARRY_TOO_LARGE",
+            Reason.CARRY_TOO_LARGE,
             f"the manifest holds {len(manifest.entries)} entries ({size} bytes); the limit is "
             f"{carry_rules.MAX_ENTRIES} entries, {MANIFEST_LIMIT} bytes; nothing was committed",
         )
@@ -119,7 +120,8 @@ class CarryStore:
             return seen
         _, record = await self.sessions.require(sid)
         fencing.check_grant(record, fence, secret)
-        raise CoordinatorError("NOT_LIVE", "carried state is written by the session's committed owner only")
+        raise CoordinatorError(Reason.NOT_LIVE,
+                               "carried state is written by the session's committed owner only")
 
     # --- writes --------------------------------------------------------------------------------------
     async def begin(self, request: pb.BeginCarryRequest) -> int:
@@ -127,7 +129,7 @@ class CarryStore:
         sid = identifiers.check_session_id(request.session_id)
         if request.total_bytes > self.session_cap:
             raise CoordinatorError(
-                "CARRY_TOO_LARGE",
+                Reason.CARRY_TOO_LARGE,
                 f"carried state of {request.total_bytes} bytes is over "
                 f"this coordinator's per-session cap of {self.session_cap} bytes",
             )
@@ -148,7 +150,7 @@ class CarryStore:
             used = budget_used(budget_seen) - (old.reserved if old else 0) + request.total_bytes
             if used > self.budget:
                 raise CoordinatorError(
-                    "CARRY_BUDGET_EXHAUSTED",
+                    Reason.CARRY_BUDGET_EXHAUSTED,
                     f"reserving {request.total_bytes} bytes would "
                     f"bring the cluster's carried state to {used} of its {self.budget}-byte "
                     "budget; nothing was written",
@@ -161,7 +163,8 @@ class CarryStore:
             )
             if ok:
                 return slot
-        raise CoordinatorError("UNAVAILABLE", "the carry budget kept changing under this reservation; retry")
+        raise CoordinatorError(Reason.UNAVAILABLE,
+                               "the carry budget kept changing under this reservation; retry")
 
     async def put_chunk(self, request: pb.PutCarryChunkRequest) -> None:
         sid = identifiers.check_session_id(request.session_id)
@@ -190,7 +193,8 @@ class CarryStore:
             [Put(keys.carry_chunk(self.store, sid, request.slot, request.index), request.data)],
         )
         if not ok:
-            raise CoordinatorError("STALE_FENCE", "the grant or its reservation changed; nothing was written")
+            raise CoordinatorError(Reason.STALE_FENCE,
+                                   "the grant or its reservation changed; nothing was written")
 
     async def commit(self, request: pb.CommitCarryRequest) -> int:
         """Points the manifest at the reserved slot once every chunk matches it; the revision."""
@@ -222,7 +226,7 @@ class CarryStore:
         hashes = [hashlib.sha256(e.value).hexdigest() for e in stored]
         if hashes != list(manifest.chunk_sha256) or sum(len(e.value) for e in stored) != reservation.reserved:
             raise CoordinatorError(
-                "CARRY_CORRUPT",
+                Reason.CARRY_CORRUPT,
                 f"slot {manifest.slot} holds {len(stored)} chunks that do not "
                 f"match the manifest's {len(manifest.chunk_sha256)}; nothing was committed",
             )
@@ -235,7 +239,7 @@ class CarryStore:
         )
         if not ok:
             raise CoordinatorError(
-                "STALE_FENCE", "the grant or the carried state changed; nothing was committed"
+                Reason.STALE_FENCE, "the grant or the carried state changed; nothing was committed"
             )
         return revision
 
@@ -257,7 +261,7 @@ class CarryStore:
             entry = await self.store.get(keys.carry_chunk(self.store, sid, request.slot, request.index))
             if entry is None:
                 raise CoordinatorError(
-                    "NOT_FOUND", f"no chunk {request.index} in slot {request.slot} of {sid}"
+                    Reason.NOT_FOUND, f"no chunk {request.index} in slot {request.slot} of {sid}"
                 )
             response.chunk = entry.value
         return response

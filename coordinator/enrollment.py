@@ -25,11 +25,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client import Counter
 
-from holdfast.common import certs, tls
+from holdfast.common import certs, reasons, tls
 from holdfast.common import serving as serving_
-from holdfast.common.authorization import Refusal as GateRefusal
-from holdfast.common.authorization import status_of
-from holdfast.common.reasons import DOMAIN
 from holdfast.coordinator import enrollment_rules as rules
 from holdfast.v1 import enrollment_pb2 as pb
 from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
@@ -171,8 +168,7 @@ class EnrollmentService(pb_grpc.EnrollmentServicer):
             log.warning("enrollment refused", extra={"fields": {"reason": refusal.reason.value,
                                                                 "why": refusal.message,
                                                                 "peer": context.peer()}})
-            await context.abort_with_status(status_of(
-                GateRefusal(refusal.code, refusal.reason.value, refusal.message), DOMAIN))
+            await context.abort_with_status(reasons.status(refusal.code, refusal.reason, refusal.message))
             raise  # abort_with_status raises; this keeps the type checker honest
         ENROLLMENTS.labels("signed").inc()
         return response

@@ -13,6 +13,7 @@ import secrets
 
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name
+from holdfast.common.reasons import Reason
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -57,9 +58,9 @@ def check_grant(record: pb.SessionRecord, fence: int, secret: str) -> None:
     """Fence first, then secret (docs/design.md §3): STALE_FENCE or PERMISSION_DENIED, else None."""
     identifiers.check_fence(fence)
     if fence != record.lease.fence:
-        raise CoordinatorError("STALE_FENCE", f"fence {fence} is not the current {record.lease.fence}")
+        raise CoordinatorError(Reason.STALE_FENCE, f"fence {fence} is not the current {record.lease.fence}")
     if not secret_matches(secret, record.lease.grant_secret_hash):
-        raise CoordinatorError("PERMISSION_DENIED", "grant secret does not match this fence")
+        raise CoordinatorError(Reason.PERMISSION_DENIED, "grant secret does not match this fence")
 
 
 def owner_fence_values(fence: int, secret: str) -> tuple[str, str]:

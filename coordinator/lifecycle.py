@@ -18,6 +18,7 @@ import grpc
 
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
+from holdfast.common.reasons import Reason
 from holdfast.coordinator import adjudication, fencing, keys, lifecycle_rules, protojson, records, registry
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
@@ -49,12 +50,12 @@ class Lifecycle:
         entry, record = await self.sessions.require(request.session_id)
         sid = record.session_id
         if request.expected_fence != record.lease.fence:
-            raise CoordinatorError("STALE_FENCE", f"expected fence {request.expected_fence}, "
+            raise CoordinatorError(Reason.STALE_FENCE, f"expected fence {request.expected_fence}, "
                                    f"current {record.lease.fence}")
         verdict, _, reads = await self.sessions.judge_probed(record)
         if not lifecycle_rules.archive_allowed(verdict):
             why = verdict.detail or verdict.reason.value
-            raise CoordinatorError(verdict.reason.value, f"not archived: {why}")
+            raise CoordinatorError(verdict.reason, f"not archived: {why}")
         history, _ = await self.store.list_prefix(keys.history_prefix(self.store, sid))
         archived = pb.SessionRecord()
         archived.CopyFrom(record)
@@ -79,10 +80,11 @@ class Lifecycle:
             decided_on = [Seen(self.sessions.key(sid), entry), *reads]
             now = await asyncio.gather(*(self.store.get(seen.key) for seen in decided_on))
             if any(seen.entry != current for seen, current in zip(decided_on, now, strict=True)):
-                raise CoordinatorError("STALE_FENCE", "the record changed while archiving; nothing was "
+                raise CoordinatorError(Reason.STALE_FENCE, "the record changed while archiving; nothing was "
                                        "archived")
         else:
-            raise CoordinatorError("UNAVAILABLE", "the carry budget kept changing while archiving; retry")
+            raise CoordinatorError(Reason.UNAVAILABLE,
+                                   "the carry budget kept changing while archiving; retry")
         return pb.ArchiveSessionResponse(record=archived, history_archived=len(history),
                                          verdict=verdict.reason.value)
 
@@ -92,7 +94,7 @@ class Lifecycle:
         sid = identifiers.check_session_id(request.session_id)
         entry = await self.store.get(keys.archive_record(self.store, sid))
         if entry is None:
-            raise CoordinatorError("NOT_FOUND", f"no archived session {sid}")
+            raise CoordinatorError(Reason.NOT_FOUND, f"no archived session {sid}")
         history, _ = await self.store.list_prefix(keys.archive_history_prefix(self.store, sid))
         return pb.GetArchivedSessionResponse(
             record=records.decode_record(entry.value),
@@ -178,9 +180,10 @@ class Lifecycle:
         host_id = identifiers.check_host_id(request.host_id)
         identifiers.check_text("operator", request.operator, 256)
         if request.draining and not await self._host_known(host_id):
-            raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no agent registration and no "
-                                   "session names it: nothing to drain (a typo? `holdfast hosts` lists the "
-                                   "hosts); nothing was written")
+            raise CoordinatorError(Reason.HOST_NOT_REGISTERED,
+                                   f"host {host_id} has no agent registration and no session names it: "
+                                   "nothing to drain (a typo? `holdfast hosts` lists the hosts); nothing "
+                                   "was written")
         if not request.draining:
             await self.store.txn([], [], [keys.draining(self.store, host_id)])
             return pb.DrainHostResponse(draining=False)
@@ -223,8 +226,8 @@ class Lifecycle:
             # Operator evidence is for a node that is gone; a registered agent can answer for itself.
             # Checked here and compared absent in each session's transaction: an agent that
             # registers meanwhile stops the rest (issue 11 item 7).
-            raise CoordinatorError("HOST_LIVE", f"host {host_id} has a live agent registration: drain it "
-                                   "(`holdfast drain`), or stop its agent and let its lease expire first")
+            raise CoordinatorError(Reason.HOST_LIVE, f"host {host_id} has a live agent registration: drain "
+                                   "it (`holdfast drain`), or stop its agent and let its lease expire first")
         response = pb.RecoverHostResponse()
         for entry, record in await self._sessions():
             if not lifecycle_rules.claimed_on(record, host_id):
@@ -327,7 +330,8 @@ class Lifecycle:
             ok, _ = await self.store.txn(unchanged([read]), [Put(read.key, str(floor).encode())])
             if ok:
                 return
-        raise CoordinatorError("STALE_FENCE", "the new-session floor kept changing; run restore-epoch again")
+        raise CoordinatorError(Reason.STALE_FENCE,
+                               "the new-session floor kept changing; run restore-epoch again")
 
     async def _stop_orphans(self, host_id: str, known: set[str]) -> pb.RestoreEpochHost:
         row = pb.RestoreEpochHost(host_id=host_id)
@@ -371,13 +375,13 @@ def judge_grant_gates(host_id: str, reads: list[Seen]) -> tuple[pb.HostRegistrat
     reg_read, drain_read, restore_read = reads
     if restore_read.entry is not None:
         why = restore_read.entry.value.decode(errors="replace")[:200]
-        raise CoordinatorError("RESTORE_PENDING", f"etcd was restored from a backup and restore-epoch "
+        raise CoordinatorError(Reason.RESTORE_PENDING, f"etcd was restored from a backup and restore-epoch "
                                f"has not finished ({why}); no grants until it has")
     host = registry.decode(reg_read)
     if host is None:
-        raise CoordinatorError("HOST_NOT_REGISTERED", f"host {host_id} has no live agent registration")
+        raise CoordinatorError(Reason.HOST_NOT_REGISTERED, f"host {host_id} has no live agent registration")
     if drain_read.entry is not None:
-        raise CoordinatorError("HOST_DRAINING", f"host {host_id} is draining; no grants there")
+        raise CoordinatorError(Reason.HOST_DRAINING, f"host {host_id} is draining; no grants there")
     return host, reads
 
 

@@ -20,6 +20,7 @@ import time
 import grpc
 
 from holdfast.common import identifiers
+from holdfast.common.reasons import Reason
 from holdfast.coordinator import keys, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, StoreUnavailable, absent
@@ -80,17 +81,18 @@ class Registry:
                 reg.host_id,
                 reg.address,
             )
-            raise CoordinatorError("HOST_LIVE", f"host id {reg.host_id} is registered and its lease is live")
+            raise CoordinatorError(Reason.HOST_LIVE,
+                                   f"host id {reg.host_id} is registered and its lease is live")
         return lease_id, ttl
 
     async def heartbeat(self, host_id: str, lease_id: int) -> int:
         identifiers.check_host_id(host_id)
         entry = await self.store.get(self.key_of(host_id))
         if entry is None or entry.lease != lease_id:
-            raise CoordinatorError("NOT_FOUND", f"no live registration of {host_id} under that lease")
+            raise CoordinatorError(Reason.NOT_FOUND, f"no live registration of {host_id} under that lease")
         ttl = await self.store.refresh_lease(lease_id)
         if ttl <= 0:
-            raise CoordinatorError("NOT_FOUND", f"the registration of {host_id} expired; register again")
+            raise CoordinatorError(Reason.NOT_FOUND, f"the registration of {host_id} expired; register again")
         return ttl
 
     async def get(self, host_id: str) -> pb.HostRegistration | None:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
-from holdfast.common.reasons import DOMAIN
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
 from holdfast.coordinator import carry, enrollment, metrics
@@ -58,7 +57,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     credentials, gates = None, []
     if tls_dir is not None:
         credentials = ReloadingCredentials(tls_dir, Role("coordinator")).server_credentials()
-        gates = [RoleGate(SERVICE_NAME, coordinator_rule, DOMAIN)]
+        gates = [RoleGate(SERVICE_NAME, coordinator_rule)]
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
     enroll_serving = None
     if issuer is not None and tls_dir is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from holdfast.common import identifiers, reasons, tls
+from holdfast.common.reasons import Reason
 from holdfast.coordinator import (
     adjudication,
     attestation,
@@ -77,24 +78,52 @@ def is_operator(context: grpc.aio.ServicerContext) -> bool:
     return role is not None and role.kind == "operator"
 
 
+REFUSED = (identifiers.InvalidInput, StoreUnavailable, CoordinatorError)
+
+
+async def _refuse(rpc: str, exc: identifiers.InvalidInput | StoreUnavailable | CoordinatorError,
+                  context: grpc.aio.ServicerContext) -> None:
+    """A domain error as its status, counted by reason."""
+    if isinstance(exc, identifiers.InvalidInput):
+        error = CoordinatorError(Reason.INVALID_ARGUMENT, str(exc))
+    elif isinstance(exc, StoreUnavailable):
+        metrics.ETCD_ERRORS.labels(rpc).inc()
+        error = CoordinatorError(Reason.UNAVAILABLE, f"{exc}; " + (
+            "a transaction went unanswered and may have been applied: check the session "
+            "(`holdfast show`) before repeating a call that is not safe to repeat"
+            if exc.outcome_unknown else "nothing was written"))
+    else:
+        error = exc
+    metrics.REFUSALS.labels(rpc, error.reason).inc()
+    await context.abort_with_status(error.to_status())
+
+
 def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
     """Turns domain errors into statuses; anything unexpected stays an INTERNAL error, not a crash."""
 
     async def wrapped(self: CoordinatorService, request: object, context: grpc.aio.ServicerContext) -> object:
         try:
             return await fn(self, request, context)
-        except identifiers.InvalidInput as exc:
-            error = CoordinatorError("INVALID_ARGUMENT", str(exc))
-        except StoreUnavailable as exc:
-            metrics.ETCD_ERRORS.labels(fn.__name__).inc()
-            error = CoordinatorError("UNAVAILABLE", f"{exc}; " + (
-                "a transaction went unanswered and may have been applied: check the session "
-                "(`holdfast show`) before repeating a call that is not safe to repeat"
-                if exc.outcome_unknown else "nothing was written"))
-        except CoordinatorError as exc:
-            error = exc
-        metrics.REFUSALS.labels(fn.__name__, error.reason).inc()
-        await context.abort_with_status(error.to_status())
+        except REFUSED as exc:
+            refused = exc
+        await _refuse(fn.__name__, refused, context)
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def _stream_handler(fn: Callable[..., AsyncIterator[object]]) -> Callable[..., AsyncIterator[object]]:
+    """`_handler` for a server-streaming call: a domain error ends the stream with its status."""
+
+    async def wrapped(self: CoordinatorService, request: object,
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+            return
+        except REFUSED as exc:
+            refused = exc
+        await _refuse(fn.__name__, refused, context)
 
     wrapped.__name__ = fn.__name__
     return wrapped
@@ -133,7 +162,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         empty is an older client's request, accepted. Returns this cluster's identity."""
         ours = await self.cluster.current()
         if cluster_id and cluster_id != ours:
-            raise CoordinatorError("WRONG_CLUSTER", f"this grant was minted by holdfast cluster "
+            raise CoordinatorError(Reason.WRONG_CLUSTER, f"this grant was minted by holdfast cluster "
                                    f"{cluster_id[:64]!r}; this coordinator serves {ours!r}. Nothing was "
                                    "written")
         return ours
@@ -177,7 +206,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 if adjudication.replay_still_valid(stored.grant.fence, record):
                     return stored
                 if not adjudication.replay_released(stored.grant.fence, record):
-                    raise CoordinatorError("STALE_FENCE", "the fence has moved since this operation's grant")
+                    raise CoordinatorError(Reason.STALE_FENCE,
+                                           "the fence has moved since this operation's grant")
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
             if gate_token and attested is None and verdict.action in (Action.GRANT, Action.PROBE):
                 # Before anything is decided, written or signalled: a gate that cannot be attested
@@ -232,7 +262,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if verdict.action is Action.TO_MANUAL and record is not None:
                 record.lease.handoff_stage = pb.MANUAL_RECOVERY
                 await self.sessions.transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
-                raise CoordinatorError("MANUAL_RECOVERY", verdict.detail)
+                raise CoordinatorError(Reason.MANUAL_RECOVERY, verdict.detail)
             remaining = deadline - time.monotonic()
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 held = verdict
@@ -242,11 +272,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                                gate_reads, [replay, Seen(record_read.key, entry), *revival])
                 continue
             if verdict.action is not Action.GRANT:
-                raise CoordinatorError(verdict.reason.value, verdict.detail)
+                raise CoordinatorError(verdict.reason, verdict.detail)
             if (request.await_release and verdict.reason is adjudication.Reason.OWNER_DEAD
                     and record is not None and record.lease.claim_status in (pb.COMMITTED, pb.LIVE)):
                 # Decided on the record as read: a release landing after this read is the next call's.
-                raise CoordinatorError("RELEASE_PENDING", f"the owner at fence {record.lease.fence} has "
+                raise CoordinatorError(Reason.RELEASE_PENDING, f"the owner at fence {record.lease.fence} has "
                                        f"ended ({verdict.detail}) but has not released; nothing was granted")
             response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads,
                                          revival, gate_token, attested)
@@ -255,8 +285,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - started)
                 return response
         if held is not None:
-            raise CoordinatorError(held.reason.value, held.detail)
-        raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
+            raise CoordinatorError(held.reason, held.detail)
+        raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
 
     async def _attest_gate(self, request: pb.AcquireRequest, token: str, record: pb.SessionRecord | None,
                            gate_reads: list[Seen]) -> attestation.Attested | None:
@@ -405,7 +435,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         (adjudicated already: stale fence, manual recovery, another operation's request) and every
         gate it read. Returns the force-pending record's entry, None when that transaction lost."""
         if not adjudication.force_allowed(record.lease, ask, is_operator(context)):
-            raise CoordinatorError("FORCE_NOT_ALLOWED", "force is honoured only for the caller whose "
+            raise CoordinatorError(Reason.FORCE_NOT_ALLOWED, "force is honoured only for the caller whose "
                                    "handoff request the record holds (run --takeover --force) or an operator")
         _, gates = await self.lifecycle.grant_gates(request.host_id)
         lease = record.lease
@@ -423,7 +453,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         fencing.check_grant(record, request.fence, request.secret)
         lease = record.lease
         if lease.claim_status != pb.RESERVED:
-            raise CoordinatorError("STALE_FENCE", "this grant is no longer a reservation")
+            raise CoordinatorError(Reason.STALE_FENCE, "this grant is no longer a reservation")
         # The attestation is the reserved host's registered agent's: compared, so an agent that
         # re-registered meanwhile (another incarnation, another token variable) makes it retry.
         attested = await attestation.attest(
@@ -435,7 +465,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         committed = f"pid {identity.pid} on {identity.host_id}"
         if not await self.sessions.transition(entry, record, "commit", committed,
                                               reads=[attested.registration]):
-            raise CoordinatorError("STALE_FENCE", "the record changed during commit")
+            raise CoordinatorError(Reason.STALE_FENCE, "the record changed during commit")
         return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 
     @_handler
@@ -447,15 +477,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         entry, record = await self.sessions.require(request.session_id)
         fencing.check_grant(record, request.fence, request.secret)
         if record.lease.claim_status not in (pb.COMMITTED, pb.LIVE):
-            raise CoordinatorError("NOT_LIVE", "a provider handle needs a committed owner")
+            raise CoordinatorError(Reason.NOT_LIVE, "a provider handle needs a committed owner")
         if len(record.provider_handle_chain) >= MAX_CHAIN:
-            raise CoordinatorError("CHAIN_FULL", f"the provider handle chain holds {MAX_CHAIN} links")
+            raise CoordinatorError(Reason.CHAIN_FULL, f"the provider handle chain holds {MAX_CHAIN} links")
         record.provider_handle_chain.add(
             handle=request.handle, minted_at_fence=request.fence, observed_at_unix_ms=now_ms()
         )
         record.lease.claim_status = pb.LIVE
         if not await self.sessions.transition(entry, record, "provider-handle", request.handle[:64]):
-            raise CoordinatorError("STALE_FENCE", "the record changed; this grant may be stale")
+            raise CoordinatorError(Reason.STALE_FENCE, "the record changed; this grant may be stale")
         return pb.RecordProviderHandleResponse(record=record, cluster_id=cluster)
 
     @_handler
@@ -473,19 +503,19 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if not adjudication.release_allowed(lease, probe):
                 if probe.answered_by_host_id != lease.owner.host_id:
                     # Nobody looked (an agent re-registering, unreachable): not "alive", unknown.
-                    raise CoordinatorError("OWNERSHIP_UNKNOWN", f"the owner host's agent did not answer: "
+                    raise CoordinatorError(Reason.OWNERSHIP_UNKNOWN, "the owner host's agent did not answer: "
                                            f"{probe.reason or 'no reason given'}; nothing was released")
                 raise CoordinatorError(
-                    "TREE_ALIVE", probe.tree_reason or probe.reason or "owner tree not proven gone"
+                    Reason.TREE_ALIVE, probe.tree_reason or probe.reason or "owner tree not proven gone"
                 )
         elif lease.claim_status != pb.RESERVED:
-            raise CoordinatorError("STALE_FENCE", "this grant is no longer held")
+            raise CoordinatorError(Reason.STALE_FENCE, "this grant is no longer held")
         lease.claim_status = pb.RELEASED
         lease.death_evidence.CopyFrom(
             pb.DeathEvidence(kind="released", observed_at_unix_ms=now_ms(), owner_fence=lease.fence)
         )
         if not await self.sessions.transition(entry, record, "release", reads=reads):
-            raise CoordinatorError("STALE_FENCE", "the record changed during release")
+            raise CoordinatorError(Reason.STALE_FENCE, "the record changed during release")
         return pb.ReleaseResponse(record=record, cluster_id=cluster)
 
     # --- fenced data ---------------------------------------------------------------------
@@ -506,7 +536,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             return pb.FencedPutResponse(revision=revision, cluster_id=cluster)
         _, record = await self.sessions.require(sid)  # classify the refusal: nothing was written
         fencing.check_grant(record, request.fence, request.secret)
-        raise CoordinatorError("NOT_LIVE", "fenced writes need a live owner")
+        raise CoordinatorError(Reason.NOT_LIVE, "fenced writes need a live owner")
 
     @_handler
     async def FencedGet(
@@ -606,14 +636,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             entry, record = await self.sessions.require(request.session_id)
             lease = record.lease
             if lease.handoff_stage == pb.MANUAL_RECOVERY or lease.claim_status == pb.CONFLICTED:
-                raise CoordinatorError("MANUAL_RECOVERY", "session is in manual recovery; use Recover")
+                raise CoordinatorError(Reason.MANUAL_RECOVERY, "session is in manual recovery; use Recover")
             if adjudication.requested_by_another(lease, requested):
-                raise CoordinatorError("OPERATION_CONFLICT", "another handoff is already requested")
+                raise CoordinatorError(Reason.OPERATION_CONFLICT, "another handoff is already requested")
             if not adjudication.ask_owner(lease, requested, request.host_id):
                 return pb.RequestHandoffResponse(record=record)
             if await self.sessions.transition(entry, record, "handoff-requested", request.host_id):
                 return pb.RequestHandoffResponse(record=record)
-        raise CoordinatorError("STALE_FENCE", "lost every race for this session; retry")
+        raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
 
     @_handler
     async def ProbeSession(
@@ -642,7 +672,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease = record.lease
         if lease.fence != request.expected_fence:
             raise CoordinatorError(
-                "STALE_FENCE", f"expected fence {request.expected_fence}, current {lease.fence}"
+                Reason.STALE_FENCE, f"expected fence {request.expected_fence}, current {lease.fence}"
             )
         # The fence is invalidated at once: the floor moves past it and the claim is released, so
         # the old grant's writes fail their compare and the next Acquire grants above it.
@@ -659,7 +689,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         who = f"{request.operator} from {context.peer()}"
         if not await self.sessions.transition(entry, record, "recover", who):
-            raise CoordinatorError("STALE_FENCE", "the record changed during recovery; retry")
+            raise CoordinatorError(Reason.STALE_FENCE, "the record changed during recovery; retry")
         return pb.RecoverResponse(record=record)
 
     # --- lifecycle (coordinator/lifecycle.py) --------------------------------------------
@@ -694,36 +724,30 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return await self.lifecycle.restore_epoch(request)
 
     # --- watch ---------------------------------------------------------------------------
+    @_stream_handler
     async def WatchSessions(
         self, request: pb.WatchSessionsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SessionEvent]:
-        try:
-            sid = request.session_id
-            key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
-            prefix = key or keys.sessions_prefix(self.store)
-            cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
-            while True:
-                # List first, then watch from the listing's revision: after a compaction, list again.
-                revision = await self.store.current_revision()
-                entries, _ = await self.store.list_prefix(prefix)
-                for e in entries:
-                    if key is None or e.key == key:
-                        yield pb.SessionEvent(record=self.sessions.decode(e), resync=True,
-                                              cluster_id=cluster)
-                try:
-                    async for change in self.store.watch_prefix(prefix, revision + 1):
-                        if isinstance(change, str):
-                            if key is None or change == key:
-                                sid = change.rsplit("/", 1)[1]
-                                yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
-                                                      cluster_id=cluster)
-                        elif key is None or change.key == key:
-                            yield pb.SessionEvent(record=self.sessions.decode(change),
+        sid = request.session_id
+        key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
+        prefix = key or keys.sessions_prefix(self.store)
+        cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
+        while True:
+            # List first, then watch from the listing's revision: after a compaction, list again.
+            revision = await self.store.current_revision()
+            entries, _ = await self.store.list_prefix(prefix)
+            for e in entries:
+                if key is None or e.key == key:
+                    yield pb.SessionEvent(record=self.sessions.decode(e), resync=True, cluster_id=cluster)
+            try:
+                async for change in self.store.watch_prefix(prefix, revision + 1):
+                    if isinstance(change, str):
+                        if key is None or change == key:
+                            sid = change.rsplit("/", 1)[1]
+                            yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
                                                   cluster_id=cluster)
-                except Compacted:
-                    continue
-                return
-        except identifiers.InvalidInput as exc:
-            await context.abort_with_status(CoordinatorError("INVALID_ARGUMENT", str(exc)).to_status())
-        except StoreUnavailable as exc:
-            await context.abort_with_status(CoordinatorError("UNAVAILABLE", str(exc)).to_status())
+                    elif key is None or change.key == key:
+                        yield pb.SessionEvent(record=self.sessions.decode(change), cluster_id=cluster)
+            except Compacted:
+                continue
+            return

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from holdfast.common import identifiers
 from holdfast.common.logs import session_fields
+from holdfast.common.reasons import Reason
 from holdfast.coordinator import adjudication, fencing, keys, records
 from holdfast.coordinator.adjudication import AcquireAsk
 from holdfast.coordinator.errors import CoordinatorError
@@ -56,7 +57,7 @@ class Sessions:
     async def require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
         entry, record = await self.read(identifiers.check_session_id(session_id))
         if entry is None or record is None:
-            raise CoordinatorError("NOT_FOUND", f"unknown session {session_id}")
+            raise CoordinatorError(Reason.NOT_FOUND, f"unknown session {session_id}")
         return entry, record
 
     async def transition(

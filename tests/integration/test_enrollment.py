@@ -246,7 +246,7 @@ async def test_an_agent_ca_certificate_claiming_operator_is_refused_at_the_gate(
                                    lambda server: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
                                        coordinator_pb2_grpc.CoordinatorServicer(), server),
                                    tls.server_credentials(pki, Role("coordinator")),
-                                   [RoleGate("holdfast.v1.Coordinator", coordinator_rule, "holdfast.dev")])
+                                   [RoleGate("holdfast.v1.Coordinator", coordinator_rule)])
     try:
         creds = grpc.ssl_channel_credentials(
             (pki / "ca.pem").read_bytes(),

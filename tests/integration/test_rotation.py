@@ -75,7 +75,7 @@ async def node_1_agent_server(
     agent = await serving_.start("127.0.0.1:0", AGENT_SERVICE,
                                  functools.partial(agent_pb2_grpc.add_HostAgentServicer_to_server, service),
                                  credentials.server_credentials(),
-                                 [RoleGate(AGENT_SERVICE, agent_rule, "holdfast")])
+                                 [RoleGate(AGENT_SERVICE, agent_rule)])
     return credentials, service, agent
 
 
