@@ -48,6 +48,32 @@ def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Pat
     return chosen if chosen is not None else upstate.tls_dir_for(address)
 
 
+async def speaks_tls(address: str, timeout: float = 2.0) -> bool:
+    """Whether the server at `address` answers a TLS ClientHello with a TLS record (a handshake or
+    an alert): read from its first bytes, certificates unchecked, nothing sent past the hello."""
+    import ssl  # only a plaintext call that was closed on comes here
+
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    outgoing = ssl.MemoryBIO()
+    with contextlib.suppress(ssl.SSLWantReadError):
+        context.wrap_bio(ssl.MemoryBIO(), outgoing).do_handshake()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+    except (OSError, ValueError, TimeoutError):
+        return False
+    try:
+        writer.write(outgoing.read())
+        first = await asyncio.wait_for(reader.read(2), timeout)
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+    # A TLS record: content type 22 (handshake) or 21 (alert), then major version 3.
+    return len(first) == 2 and first[0] in (21, 22) and first[1] == 3
+
+
 class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
@@ -71,9 +97,12 @@ class Client:
         # say so at once (issue 17: 5.8 s of retries). Once answered, a refusal is a coordinator
         # restarting under a run, and the retry budget rides over it.
         self.answered = False
+        # A plaintext call the server closed, probed and found to be TLS: no retry can mend that
+        # (it cost 5.7 s of retries to say UNREACHABLE, with the advice to start a coordinator).
+        self.speaks_tls = False
 
     def _retryable(self, exc: BaseException) -> bool:
-        return transient(exc) and (self.answered or not refused(exc))
+        return transient(exc) and (self.answered or not refused(exc)) and not self.speaks_tls
 
     async def close(self) -> None:
         await self.channel.close()
@@ -93,14 +122,22 @@ class Client:
         async def attempt():  # type: ignore[no-untyped-def]
             nonlocal tries
             tries += 1
-            return await method(request, timeout=timeout)
+            try:
+                return await method(request, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if (self.tls_dir is None and not self.answered and transient(exc) and not refused(exc)
+                        and not reason_of(exc)):
+                    self.speaks_tls = await speaks_tls(self.address)
+                raise
 
         try:
             response = await retrying(attempt, self._retryable if retry else lambda _exc: False,
                                       budget_s=RETRY_BUDGET_S)
         except grpc.aio.AioRpcError as exc:
             self.answered = self.answered or bool(reason_of(exc))
-            error = classify(exc, session, self.address, plaintext=self.tls_dir is None)
+            error = (ClientError(Reason.TLS_REQUIRED, f"the coordinator at {self.address} speaks TLS, and "
+                                 "this call was plaintext", session) if self.speaks_tls
+                     else classify(exc, session, self.address, plaintext=self.tls_dir is None))
             error.retried = tries > 1
             raise error from None
         self.answered = True

@@ -67,6 +67,7 @@ class Reason(StrEnum):
     CMD_NOT_EXECUTABLE = "CMD_NOT_EXECUTABLE"
     TLS_FILE_MISSING = "TLS_FILE_MISSING"      # a certificate or key --tls-dir should hold is not there
     TLS_HANDSHAKE_FAILED = "TLS_HANDSHAKE_FAILED"  # the coordinator's certificate and ours do not trust
+    TLS_REQUIRED = "TLS_REQUIRED"              # a plaintext call to a coordinator that answered in TLS
     OWNER_ALIVE = "OWNER_ALIVE"                # `recover` refused by the CLI itself: the owner is alive
     GUARD_UNREACHABLE = "GUARD_UNREACHABLE"    # a --guard store failed before any call: nothing was asked
     GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
@@ -200,6 +201,10 @@ TABLE: dict[Reason, Meaning] = {
         None, EX_NOPERM,
         "make it with `holdfast certs init DIR` (`--add-missing` adds what an existing directory lacks), "
         "or point --tls-dir / HOLDFAST_TLS_DIR at the directory that has it"),
+    Reason.TLS_REQUIRED: Meaning(
+        None, EX_NOPERM,
+        "pass --tls-dir DIR (or set HOLDFAST_TLS_DIR) with certificates of the coordinator's CA (`holdfast "
+        "certs init`; a `holdfast up --tls` keeps them in its state directory's tls/)"),
     Reason.TLS_HANDSHAKE_FAILED: Meaning(
         None, EX_NOPERM,
         "a certificate problem, not a missing coordinator: the coordinator's certificate is not from the "

@@ -4,8 +4,9 @@ The state directory is `--state-dir`, else $HOLDFAST_STATE_DIR, else one fixed p
 ($XDG_STATE_HOME/holdfast, by default ~/.local/state/holdfast), so `holdfast status` or `holdfast
 exec` finds the stack from any working directory. The file is written whole (by rename) once
 every part is up, and removed when `up` stops; the client reads it only to find the certificates
-of `up --tls` for the address it dials. Both `up` and the client library use this module, so
-neither imports the other.
+of `up --tls` for the address it dials — through the default state directory, or, for an `up
+--state-dir X`, through the word `point` leaves in the default one's `addresses/` for its
+address. Both `up` and the client library use this module, so neither imports the other.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from holdfast.common import files
 STATE_FILE = "up.json"
 DEFAULT_COORDINATOR = "127.0.0.1:7420"  # where `holdfast up` listens unless told otherwise
 STATE_DIR_ENV = "HOLDFAST_STATE_DIR"
+ADDRESSES_DIR = "addresses"  # in the default state directory: which state directory serves an address
 
 
 class NoStack(Exception):
@@ -53,12 +55,43 @@ def remove(state_dir: Path) -> None:
     (state_dir / STATE_FILE).unlink(missing_ok=True)
 
 
-def tls_dir_for(address: str) -> Path | None:
-    """The certificates of the `holdfast up --tls` (in the default state directory) serving `address`."""
+def _pointer(address: str) -> Path:
+    name = "".join(c if c.isalnum() or c in ".-" else "_" for c in address)
+    return default_state_dir() / ADDRESSES_DIR / f"{name}.json"
+
+
+def pointed(address: str) -> Path | None:
+    """The state directory `point` last named for `address`, if any."""
     try:
-        state = load(default_state_dir())
-    except NoStack:
+        found = json.loads(_pointer(address).read_text()).get("state_dir")
+    except (OSError, ValueError, AttributeError):
         return None
-    if state.get("coordinator") == address and state.get("tls_dir"):
-        return Path(state["tls_dir"])
+    return Path(found) if isinstance(found, str) and found else None
+
+
+def point(state_dir: Path, address: str) -> None:
+    """Tells the CLI, from any directory, that the `up` with state in `state_dir` serves `address`:
+    a state directory other than the default (`up --state-dir X`) is otherwise unknown to it."""
+    pointer = _pointer(address)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    said = json.dumps({"state_dir": str(state_dir.resolve())}).encode()
+    files.write_whole(pointer.parent, pointer.name, said, mode=0o644)
+
+
+def unpoint(state_dir: Path, address: str) -> None:
+    """Removes `point`'s word for `address` while it still names `state_dir`."""
+    if pointed(address) == state_dir.resolve():
+        _pointer(address).unlink(missing_ok=True)
+
+
+def tls_dir_for(address: str) -> Path | None:
+    """The certificates of the `holdfast up --tls` serving `address`: the one with state in the
+    default state directory, or the one `point` named for the address."""
+    for state_dir in (default_state_dir(), pointed(address)):
+        try:
+            state = load(state_dir) if state_dir is not None else {}
+        except NoStack:
+            continue
+        if state.get("coordinator") == address and state.get("tls_dir"):
+            return Path(state["tls_dir"])
     return None

@@ -219,6 +219,7 @@ class Stack:
             state["hosts"] = [{"n": 0, "host_id": os.uname().nodename, "ip": "127.0.0.1",
                                "agent": self.agent_address}]
         upstate.write(self.state_dir, state)
+        upstate.point(self.state_dir, self.address)
 
     # --- stop --------------------------------------------------------------------------------
     def _registration_leases(self) -> list[int]:
@@ -233,6 +234,8 @@ class Stack:
 
     def stop(self) -> None:
         upstate.remove(self.state_dir)
+        if self.address:
+            upstate.unpoint(self.state_dir, self.address)
         leases = self._registration_leases() if self.coordinator is not None else []
         for host in reversed(self.simhosts):
             host.stop()
@@ -314,8 +317,9 @@ def _up(args: argparse.Namespace) -> int:
     if stack.agent is not None:
         say(f"{os.uname().nodename} agent {stack.agent_address}")
     if stack.tls_dir is not None:
-        say(f"mTLS on every link; certificates in {stack.tls_dir} (the CLI finds them through "
-            f"{stack.state_dir / upstate.STATE_FILE}, or set {tls.TLS_DIR_ENV})")
+        say(f"mTLS on every link; certificates in {stack.tls_dir} (the CLI finds them for {stack.address} "
+            f"through {stack.state_dir / upstate.STATE_FILE}, from any directory; elsewhere set "
+            f"{tls.TLS_DIR_ENV})")
     say(f"ready; state in {stack.state_dir}. Try `holdfast status`; Ctrl-C stops everything")
     code = 0
     while True:

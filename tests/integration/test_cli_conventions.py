@@ -118,7 +118,8 @@ def test_a_certificate_problem_says_it_is_one(tmp_path: Path) -> None:
     wrong_ca, plaintext = asyncio.run(body())
     assert (wrong_ca.reason, wrong_ca.exit_code, wrong_ca.retried) == ("TLS_HANDSHAKE_FAILED", 77, False)
     assert "certificate problem" in str(wrong_ca)
-    assert plaintext.reason == "UNREACHABLE" and "pass --tls-dir" in plaintext.message
+    assert (plaintext.reason, plaintext.retried) == ("TLS_REQUIRED", False)  # it answered in TLS: no retry
+    assert "pass --tls-dir" in plaintext.next_step
 
 
 def test_hosts_and_status_show_which_hosts_are_draining(coordinator: Coordinator, prefix: str) -> None:

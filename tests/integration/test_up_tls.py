@@ -6,6 +6,7 @@ the same coordinator gets no answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.common import upstate
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")]
@@ -33,9 +38,12 @@ def up_tls(tmp_path: Path) -> Iterator[tuple[Path, dict]]:  # type: ignore[type-
     state = tmp_path / "state"
     out = tmp_path / "up.out"
     with out.open("wb") as sink:
+        # Its own default state directory (XDG_STATE_HOME), where it says which state directory
+        # serves its address; a CLI under another one has no such word.
         proc = subprocess.Popen([*CLI, "up", "--tls", "--hosts", "1", "--listen", "127.0.0.1:0",
                                  "--ip-base", str(IP_BASE), "--state-dir", str(state)],
-                                stdout=sink, stderr=subprocess.STDOUT, env=clean_env(), cwd=tmp_path)
+                                stdout=sink, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                env=clean_env(XDG_STATE_HOME=str(tmp_path / "xdg")))
     try:
         deadline = time.monotonic() + 90
         while b"ready;" not in out.read_bytes():
@@ -66,11 +74,12 @@ def test_up_tls_status_run_and_plaintext_refused(up_tls, tmp_path: Path) -> None
     assert status.returncode == 0, status.stderr
     assert [h["host_id"] for h in json.loads(status.stdout)["hosts"]] == ["host-1"]
 
-    # The same coordinator without certificates: the handshake fails, so the CLI hears nothing.
+    # The same coordinator without certificates (nothing says where they are): it speaks TLS.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    plain = holdfast("status", "--json", "--coordinator", recorded["coordinator"], cwd=elsewhere)
-    assert plain.returncode == 69 and json.loads(plain.stdout)["error"]["reason"] == "UNREACHABLE"
+    plain = holdfast("status", "--json", "--coordinator", recorded["coordinator"], cwd=elsewhere,
+                     XDG_STATE_HOME=str(elsewhere))
+    assert plain.returncode == 77 and json.loads(plain.stdout)["error"]["reason"] == "TLS_REQUIRED"
 
     sid = "session-up-tls-1"
     ran = holdfast("exec", "--host", "1", "--state-dir", str(state), "--", *CLI, "run", "--session", sid,
@@ -107,3 +116,34 @@ def test_exec_keeps_the_callers_directory_and_run_puts_the_cli_on_path(  # type:
     got = holdfast("get", "where", "--session", sid, "--coordinator", recorded["coordinator"],
                    cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
     assert got.returncode == 0 and got.stdout == str(work), got.stderr
+
+
+def test_plaintext_to_up_tls_is_told_at_once_and_the_cli_finds_its_certificates(  # type: ignore[no-untyped-def]
+        up_tls, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plaintext call to `up --tls`: one try, then TLS_REQUIRED naming --tls-dir (it retried for
+    5.7 s and advised starting a coordinator). An `up --state-dir X` is found for its address from
+    any directory, through the word it left in the default state directory."""
+    state, recorded = up_tls
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("HOLDFAST_STATE_DIR", "HOLDFAST_TLS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(elsewhere))
+
+    async def plaintext() -> ClientError:
+        async with Client(recorded["coordinator"], "host-x") as client:
+            assert client.tls_dir is None
+            with pytest.raises(ClientError) as refused:
+                await client.list_hosts()
+            return refused.value
+
+    error = asyncio.run(plaintext())
+    assert (error.reason, error.exit_code, error.retried) == ("TLS_REQUIRED", 77, False)
+    assert "--tls-dir" in error.next_step and "holdfast up`" not in error.next_step
+
+    found = holdfast("status", "--json", "--coordinator", recorded["coordinator"], cwd=elsewhere,
+                     XDG_STATE_HOME=str(tmp_path / "xdg"))
+    assert found.returncode == 0, found.stderr
+    assert upstate.pointed(recorded["coordinator"]) is None  # under `elsewhere`: no word there
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert upstate.pointed(recorded["coordinator"]) == state.resolve()
