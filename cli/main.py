@@ -9,12 +9,12 @@ away, e.g. `holdfast status | head -1`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import sys
-
-import grpc
+from collections.abc import Iterator
 
 from holdfast.cli import completion
 from holdfast.common.version import VERSION
@@ -43,23 +43,58 @@ def python_version() -> str:
     return ".".join(str(part) for part in sys.version_info[:3])  # `platform` costs every command 1.3 ms
 
 
+def grpcio_version() -> str:
+    # From the installed distribution's metadata: importing grpc for its __version__ made
+    # `holdfast --version` take ~190 ms.
+    from importlib.metadata import version
+
+    return version("grpcio")
+
+
 def version_text() -> str:
-    return f"holdfast {VERSION} (Python {python_version()}, grpcio {grpc.__version__})"
+    return f"holdfast {VERSION} (Python {python_version()}, grpcio {grpcio_version()})"
 
 
 def _version(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps({"version": VERSION, "python": python_version(),
-                          "grpcio": grpc.__version__}))
+        print(json.dumps({"version": VERSION, "python": python_version(), "grpcio": grpcio_version()}))
     else:
         print(version_text())
     return 0
 
 
+class _VersionFlag(argparse.Action):
+    """`--version`: the text is made only when asked for (argparse's own takes it at build time)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print this holdfast's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
+@contextlib.contextmanager
+def quiet_grpc() -> Iterator[None]:
+    """gRPC's C core logs to stderr by itself: `I1204 … ssl_transport_security.cc … Handshake
+    failed` before the CLI's one line, and non-JSON lines in a server's JSON log. It reads
+    GRPC_VERBOSITY once, when grpc is imported: NONE (unless the user set it) only while the
+    command's modules are imported, so CMD and every child inherit the environment as it was."""
+    if "GRPC_VERBOSITY" in os.environ:
+        yield
+        return
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+    try:
+        yield
+    finally:
+        os.environ.pop("GRPC_VERBOSITY", None)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with `only` (a key of COMMANDS) just `version` and that command's module."""
     parser = argparse.ArgumentParser(prog="holdfast", description="At most one live writer per session.")
-    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--version", action=_VersionFlag)
     sub = parser.add_subparsers(dest="command", required=True)
     version = sub.add_parser("version", help="this holdfast's version (the agent reports the same in "
                              "`holdfast hosts`)")
@@ -83,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
-    args = parser.parse_args(words)
+    with quiet_grpc():
+        parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+        args = parser.parse_args(words)
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below

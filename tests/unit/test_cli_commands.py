@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from holdfast.cli import main
 
@@ -51,3 +54,16 @@ def test_run_imports_nothing_it_does_not_need_before_cmd_runs() -> None:
     assert "holdfast.client.owner" in loaded  # the probe imported what `run` runs
     heavy = [name for name in loaded if name.startswith(NOT_ON_RUNS_PATH)]
     assert heavy == []
+
+
+def test_grpc_is_quiet_only_while_the_command_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC's C core reads GRPC_VERBOSITY when it is imported (its "Handshake failed" line came
+    before the CLI's own); CMD and every child get the environment as it was."""
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    with main.quiet_grpc():
+        inside = os.environ.get("GRPC_VERBOSITY")
+    assert (inside, os.environ.get("GRPC_VERBOSITY")) == ("NONE", None)
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")  # the user's own choice stands
+    with main.quiet_grpc():
+        assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+    assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
