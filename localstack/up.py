@@ -375,7 +375,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "per state directory; a second one there refuses, naming the first's pid. "
                               "Exit 0 after Ctrl-C, 69 when a part cannot start.")
     p.add_argument("--state-dir", default=str(upstate.default_state_dir()),
-                   help="etcd data and ports (default: $HOLDFAST_STATE_DIR, else ./state)")
+                   help="etcd data, ports and up.json (default: $HOLDFAST_STATE_DIR, else "
+                   "$XDG_STATE_HOME/holdfast, by default ~/.local/state/holdfast: here %(default)s)")
     p.add_argument("--listen", default=DEFAULT_COORDINATOR,
                    help=f"coordinator address (default {DEFAULT_COORDINATOR})")
     p.add_argument("--hosts", type=int, default=0, choices=range(0, 41), metavar="N",
@@ -391,6 +392,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", type=int, required=True, metavar="N",
                    help="which simulated host: 1..N of `holdfast up --hosts N`")
     p.add_argument("--state-dir", default=str(upstate.default_state_dir()),
-                   help="the state directory of that `up` (default: $HOLDFAST_STATE_DIR, else ./state)")
+                   help="the state directory of that `up` (default as `up`'s: here %(default)s)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(handler=_exec, parser=p)

@@ -67,3 +67,13 @@ def test_grpc_is_quiet_only_while_the_command_is_imported(monkeypatch: pytest.Mo
     with main.quiet_grpc():
         assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
     assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+
+
+def test_up_and_exec_help_name_the_state_directory_they_use() -> None:
+    """`up --help` said the default was ./state; it is $XDG_STATE_HOME/holdfast."""
+    env = {k: v for k, v in os.environ.items() if k != "HOLDFAST_STATE_DIR"}
+    for command in ("up", "exec"):
+        shown = subprocess.run([sys.executable, "-m", "holdfast.cli", command, "--help"], capture_output=True,
+                               text=True, check=True, env={**env, "XDG_STATE_HOME": "/nowhere/xdg",
+                                                          "COLUMNS": "400"}).stdout
+        assert "here /nowhere/xdg/holdfast" in shown and "./state" not in shown, shown
