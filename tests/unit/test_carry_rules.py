@@ -4,6 +4,7 @@ directory (local files only, no coordinator) and refuse a file that changes whil
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,21 @@ def test_one_bad_root_means_no_root_is_put_in_place(tmp_path: Path) -> None:
         restore(packed.manifest, b"".join(packed.chunks), ["first", "second"], str(dst))
     assert (dst / "first" / "a").read_text() == "local", "the good first root was not put in place either"
     assert sorted(p.name for p in dst.iterdir()) == ["first"], "nothing temporary left"
+
+
+def test_a_hop_bomb_is_judged_in_time_linear_in_its_size() -> None:
+    """Hundreds of links each through 39 hops of one 4,000-byte link: well within a manifest's
+    size, and judged by the coordinator in its event loop, so it must not cost minutes."""
+    net_zero = "/".join(["a"] * 800 + [".."] * 800)  # 800 down, 800 up: back where it started
+    spec: list[tuple[str, ...]] = [("z", "symlink", net_zero)]
+    spec += [(f"b{i}", "symlink", "/".join(["z"] * 39)) for i in range(300)]
+    started = time.monotonic()
+    check_tree(tree(spec), "dir")
+    assert time.monotonic() - started < 2
+
+
+def test_a_chain_of_links_is_judged_without_recursing_per_link() -> None:
+    chain: list[tuple[str, ...]] = [(f"l{i}", "symlink", f"l{i + 1}") for i in range(MAX_ENTRIES - 2)]
+    with pytest.raises(CarryRefused, match="more than 40 links"):
+        check_tree(tree([*chain, (f"l{MAX_ENTRIES - 2}", "symlink", ".")]), "dir")
+    check_tree(tree([*chain[-39:], (f"l{MAX_ENTRIES - 2}", "symlink", ".")]), "dir")  # 40 hops
