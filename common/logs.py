@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
@@ -39,9 +40,26 @@ class TextFormatter(logging.Formatter):
 
 
 def setup(log_format: str = "json", level: str = "info") -> None:
+    """A server's stderr, every line through one handler: holdfast's loggers at `level`, any other
+    library's (asyncio's "Task exception was never retrieved", grpc's, aetcd's) at warning and up,
+    warnings, and an exception nobody caught, in any thread — so a JSON log is one JSON object a
+    line, always (a raw CancelledError traceback and library lines broke that)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
-    root = logging.getLogger("holdfast")
+    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    root.setLevel(logging.WARNING)
+    ours = logging.getLogger("holdfast")
+    ours.handlers[:] = []
+    ours.setLevel(level.upper())
+    ours.propagate = True
+    logging.captureWarnings(True)
+    uncaught = logging.getLogger("holdfast.uncaught")
+    sys.excepthook = lambda kind, value, tb: uncaught.critical(
+        "uncaught %s", kind.__name__, exc_info=(kind, value, tb))
+    threading.excepthook = lambda hook: uncaught.critical(
+        "uncaught %s in thread %s", hook.exc_type.__name__, hook.thread.name if hook.thread else "?",
+        exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback))
+    sys.unraisablehook = lambda hook: uncaught.error(
+        "%s: %r", hook.err_msg or "exception ignored", hook.object,
+        exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback))

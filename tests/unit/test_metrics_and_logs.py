@@ -1,10 +1,12 @@
-"""Pure parts of metrics and logging: the session census count, the indeterminate clock, and the
-two log formats carrying session, fence and host."""
+"""Pure parts of metrics and logging: the session census count, the indeterminate clock, the
+two log formats carrying session, fence and host, and a JSON log that stays one object a line."""
 
 from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 from holdfast.common import logs
 from holdfast.coordinator import metrics
@@ -51,3 +53,36 @@ def test_both_formats_carry_session_fence_and_host() -> None:
                                                                            "session grant")
     text = _format(logs.TextFormatter())
     assert "session grant session=sess-0001 fence=7 host=node-a transition=grant" in text
+
+
+# What a server's stderr met besides holdfast's own lines: another library's logger, a warning, an
+# exception in a thread, and an uncaught CancelledError ending asyncio.run.
+NOISE = """
+import asyncio, logging, threading, warnings
+from holdfast.common import logs
+logs.setup("json", "info")
+logging.getLogger("holdfast.coordinator").info("ours", extra={"fields": {"session": "s-1"}})
+logging.getLogger("holdfast.coordinator").debug("below the level")
+logging.getLogger("asyncio").error("Task exception was never retrieved")
+logging.getLogger("aetcd").info("a library's info")
+warnings.warn("an old call")
+worker = threading.Thread(target=lambda: 1 / 0, name="worker")
+worker.start()
+worker.join()
+
+async def main() -> None:
+    raise asyncio.CancelledError
+
+asyncio.run(main())
+"""
+
+
+def test_a_json_log_is_one_object_a_line_whatever_writes_to_it() -> None:
+    done = subprocess.run([sys.executable, "-c", NOISE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # each line one JSON object
+    assert [(e["logger"], e["level"]) for e in lines] == [
+        ("holdfast.coordinator", "info"), ("asyncio", "error"), ("py.warnings", "warning"),
+        ("holdfast.uncaught", "critical"), ("holdfast.uncaught", "critical")]
+    assert lines[0]["session"] == "s-1" and "an old call" in lines[2]["msg"]
+    assert "ZeroDivisionError" in lines[3]["error"] and "CancelledError" in lines[4]["error"]
