@@ -24,7 +24,6 @@ from holdfast.common.tls import Role
 from holdfast.v1 import enrollment_pb2 as pb
 from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
 
-DEFAULT_TOKEN_FILE = Path("/var/run/secrets/holdfast/token")
 ENROLL_TIMEOUT_SECONDS = 15.0
 # Renew at two thirds of the lifetime: a day's certificate is renewed with 8 h to spare, room for
 # an issuer or API server outage long enough to page someone (the alert fires at 6 h).

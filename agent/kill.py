@@ -14,16 +14,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 
 from holdfast.agent.observe import pidfd_exited
 from holdfast.proc import cgroups
+from holdfast.proc.ending import stop_until_stable
 from holdfast.proc.environ import read_proc_file, read_value
 from holdfast.proc.procstat import StatParseError, parse_stat
 from holdfast.proc.scan import scan
 from holdfast.v1 import agent_pb2
 
-STOP_ROUNDS = 32
 STOP_SECONDS = 3.0
 
 
@@ -72,18 +71,21 @@ def stop_carriers(variable: bytes, token: bytes, skip: int = 0) -> dict[int, int
     """SIGSTOP every carrier of the token until a stable scan shows none that is not stopped;
     returns the pidfds of the stopped ones (the caller kills and closes them)."""
     stopped: dict[int, int] = {}
-    deadline = time.monotonic() + STOP_SECONDS
-    for _ in range(STOP_ROUNDS):
+
+    def carriers() -> tuple[list[int], bool]:
         found = scan(variable, token)
-        new = [c.pid for c in found.carriers if c.pid not in stopped and c.pid != skip]
+        return [c.pid for c in found.carriers if c.pid != skip], found.stable
+
+    def stop(new: set[int]) -> list[int]:
         for pid in new:
             fd = _open_carrier(pid, variable, token)
             if fd is not None and _send(fd, signal.SIGSTOP):
                 stopped[pid] = fd
             elif fd is not None:
                 os.close(fd)
-        if (not new and found.stable) or time.monotonic() > deadline:
-            break
+        return [pid for pid in new if pid in stopped]  # one not stopped is looked at again
+
+    stop_until_stable(carriers, stop, STOP_SECONDS)
     return stopped
 
 

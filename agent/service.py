@@ -26,6 +26,7 @@ from holdfast.common.version import VERSION
 from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
 from holdfast.proc.ages import ProcessAges
+from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.proc.environ import read_proc_file, read_value
 from holdfast.proc.procstat import StatParseError, parse_stat
 from holdfast.proc.scan import Scan
@@ -321,9 +322,9 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
                                                         "signalled": sent}})
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or 5.0)
-        # Signalled carriers take a moment to leave the process table; wait_seconds 0 means 5 s.
-        deadline = time.monotonic() + (request.wait_seconds or 5.0)
+            await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or KILL_WAIT_S)
+        # Signalled carriers take a moment to leave the process table; wait_seconds 0 means KILL_WAIT_S.
+        deadline = time.monotonic() + (request.wait_seconds or KILL_WAIT_S)
         while True:
             result = self.probe(owner, await scan_trees(self.variable, [(owner, before)], self.ages))
             if result.tree_gone or time.monotonic() > deadline:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 
-from holdfast.common import config, spawn_tokens
+from holdfast.common import config, env, spawn_tokens
 from holdfast.common.config import Setting
 from holdfast.common.reasons import EX_NOPERM
 
@@ -20,14 +20,14 @@ DEFAULT_SPAWN_TOKEN_ENV = spawn_tokens.DEFAULT_VARIABLE
 EX_USAGE = 2
 TABLE = "agent"
 
-COORDINATOR = Setting("coordinator", "HOLDFAST_COORDINATOR", config.optional_address,
+COORDINATOR = Setting("coordinator", env.COORDINATOR, config.optional_address,
                       "register with this coordinator (host:port) and keep it alive", default="")
 REGISTRATION_TTL = Setting(
     "registration_ttl", "HOLDFAST_REGISTRATION_TTL", config.integer_in(2, 60), "seconds a registration "
     "outlives this agent's last heartbeat (one every third of it): a dead node's sessions become "
     "recoverable (`admin recover-host`) that much sooner; too short, and a stalled agent re-registers",
     default=10)
-TLS_DIR = Setting("tls_dir", "HOLDFAST_TLS_DIR", config.text, "certificates from `holdfast certs init`: "
+TLS_DIR = Setting("tls_dir", env.TLS_DIR, config.text, "certificates from `holdfast certs init`: "
                   "serve mTLS only, answering coordinator certificates, and register with "
                   "agent-<host id>.pem", default="")
 NODE = Setting("node", "HOLDFAST_NODE", config.boolean, "this agent answers for a node: refuse to serve "
@@ -39,7 +39,7 @@ NODE_CGROUP_NS = Setting(
 SERVE_SETTINGS = [
     Setting("listen", "HOLDFAST_AGENT_LISTEN", config.address,
             "host:port, e.g. 127.0.0.1:7601 (port 0 picks one)", required=True),
-    Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "this host's id (the node name)", required=True),
+    Setting("host_id", env.HOST_ID, config.host_id, "this host's id (the node name)", required=True),
     Setting("spawn_token_env", spawn_tokens.VARIABLE_ENV, config.env_name,
             "environment variable that carries spawn tokens", default=DEFAULT_SPAWN_TOKEN_ENV),
     COORDINATOR,
@@ -70,7 +70,7 @@ SERVE_SETTINGS = [
     *config.logging_settings(),
 ]
 DOCTOR_SETTINGS = [COORDINATOR, NODE, NODE_CGROUP_NS, TLS_DIR,
-                   Setting("host_id", "HOLDFAST_HOST_ID", config.host_id, "with --tls-dir: present "
+                   Setting("host_id", env.HOST_ID, config.host_id, "with --tls-dir: present "
                            "agent-<host id>.pem to the coordinator", default="")]
 
 

@@ -35,7 +35,7 @@ from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.client.owner import Owner, status_of
-from holdfast.common import carry_rules, files, reasons
+from holdfast.common import carry_rules, env, files, reasons
 from holdfast.common.names import claim_name, outcome_name, stage_name
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
@@ -134,7 +134,7 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
 
 # --- fenced data -----------------------------------------------------------------------------------
 def _grant_file(args: argparse.Namespace) -> Grant:
-    path = args.grant_file or os.environ.get("HOLDFAST_GRANT_FILE")
+    path = args.grant_file or os.environ.get(env.GRANT_FILE)
     if not path:
         raise ClientError(Reason.INVALID_ARGUMENT, "no grant: `put` and `handle` run inside `holdfast run` "
                           "(HOLDFAST_GRANT_FILE) or takes --grant-file")
@@ -168,7 +168,7 @@ async def _handle(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _get(args: argparse.Namespace, client: Client) -> int:
-    session = args.session or os.environ.get("HOLDFAST_SESSION", "")
+    session = args.session or os.environ.get(env.SESSION, "")
     if not session:
         raise ClientError(Reason.INVALID_ARGUMENT,
                           "which session? pass --session or run inside `holdfast run`")

@@ -19,7 +19,7 @@ import grpc
 
 from holdfast.client.errors import ClientError, classify, refused, transient
 from holdfast.client.grant import Grant, same_cluster
-from holdfast.common import tls, upstate
+from holdfast.common import env, tls, upstate
 from holdfast.common.reasons import Reason, reason_of
 from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
@@ -33,12 +33,12 @@ OWNED = (pb.COMMITTED, pb.LIVE)
 
 
 def coordinator_address(explicit: str | None = None) -> str:
-    return explicit or os.environ.get("HOLDFAST_COORDINATOR") or upstate.DEFAULT_COORDINATOR
+    return explicit or os.environ.get(env.COORDINATOR) or upstate.DEFAULT_COORDINATOR
 
 
 def local_host_id(explicit: str | None = None) -> str:
     """The id this host's agent registered under (`holdfast exec --host N` sets HOLDFAST_HOST_ID)."""
-    return explicit or os.environ.get("HOLDFAST_HOST_ID") or os.uname().nodename
+    return explicit or os.environ.get(env.HOST_ID) or os.uname().nodename
 
 
 def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:

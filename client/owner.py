@@ -32,7 +32,8 @@ from holdfast.client.gate import Gate
 from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.guards import Guard
 from holdfast.client.tree import Tree, end_tree
-from holdfast.common import spawn_tokens, tls
+from holdfast.common import env as cmd_env
+from holdfast.common import spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -68,13 +69,13 @@ def spawn_environment(session_id: str, coordinator: str, token_env: str, token: 
     env = dict(os.environ if base is None else base)
     env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
-        env[tls.TLS_DIR_ENV] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
+        env[cmd_env.TLS_DIR] = str(tls_dir)  # its `holdfast put` reaches the coordinator as `run` did
     env.update({
         token_env: token,
-        "HOLDFAST_SESSION": session_id,
-        "HOLDFAST_COORDINATOR": coordinator,
-        "HOLDFAST_GRANT_FILE": grant_file,
-        "HOLDFAST_GUARDS": "\n".join(guarded),
+        cmd_env.SESSION: session_id,
+        cmd_env.COORDINATOR: coordinator,
+        cmd_env.GRANT_FILE: grant_file,
+        cmd_env.GUARDS: "\n".join(guarded),
         **grant_environment(None, None),
     })
     return env
@@ -84,20 +85,11 @@ def grant_environment(grant: Grant | None, record: pb.SessionRecord | None) -> d
     """What CMD's environment takes from its grant: the fence, and the provider's newest handle to
     resume (empty when there is none)."""
     return {
-        "HOLDFAST_FENCE": str(grant.fence) if grant is not None else "",
-        "HOLDFAST_PROVIDER": record.provider if record is not None else "",
-        "HOLDFAST_PROVIDER_HANDLE": record.provider_handle_chain[-1].handle
+        cmd_env.FENCE: str(grant.fence) if grant is not None else "",
+        cmd_env.PROVIDER: record.provider if record is not None else "",
+        cmd_env.PROVIDER_HANDLE: record.provider_handle_chain[-1].handle
         if record is not None and record.provider_handle_chain else "",
     }
-
-
-def child_environment(grant: Grant, grant_file: str, base: dict[str, str] | None = None,
-                      tls_dir: Path | None = None, record: pb.SessionRecord | None = None,
-                      guarded: Sequence[str] = ()) -> dict[str, str]:
-    """CMD's whole environment, for a gate spawned after its grant (the library's step-by-step use)."""
-    return {**spawn_environment(grant.session_id, grant.coordinator, grant.spawn_token_env, grant.spawn_token,
-                                grant_file, base, tls_dir, guarded),
-            **grant_environment(grant, record)}
 
 
 async def open_guards(urls: list[str]) -> list[Guard]:

@@ -25,14 +25,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from holdfast.proc.cgroups import cgroup2_root, is_session_cgroup
+from holdfast.proc.ending import KILL_WAIT_S, stop_until_stable
 from holdfast.proc.environ import read_proc_file, read_value
 from holdfast.proc.procstat import StatParseError, parse_stat
 
 if TYPE_CHECKING:
     from holdfast.proc.scan import Scan
-
-KILL_WAIT_S = 5.0
-STOP_ROUNDS = 32
 
 
 def _cgroup_line(pid: int) -> str | None:
@@ -161,14 +159,12 @@ def wait_exits(pids: set[int], timeout: float) -> None:
 
 def stop_all(tree: Tree) -> set[int]:
     """SIGSTOP every member until a round finds none not yet stopped; a stopped process forks nothing."""
-    stopped: set[int] = set()
-    for _ in range(STOP_ROUNDS):
-        new = tree.members() - stopped
-        if not new:
-            break
+
+    def stop(new: set[int]) -> set[int]:
         tree.signal(signal.SIGSTOP, new)
-        stopped |= new  # stopped, or gone, or no member after all: none needs a second look
-    return stopped
+        return new  # stopped, or gone, or no member after all: none needs a second look
+
+    return stop_until_stable(lambda: (tree.members(), True), stop)
 
 
 def end_tree(tree: Tree, grace: float, termed: Set[int] = frozenset()) -> bool:

@@ -289,11 +289,6 @@ def probe_exit(verdict_name: str) -> int:
     return PROBE_EXIT.get(verdict_name, PROBE_UNKNOWN)
 
 
-def on_the_wire() -> dict[Reason, grpc.StatusCode]:
-    """The reasons a server may send, with their status codes."""
-    return {reason: m.code for reason, m in TABLE.items() if m.code is not None}
-
-
 def reason_of(error: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a call's failure, '' when it carries none."""
     # Imported here: only a failed call reads them, and `run` reaches CMD without one (~4 ms).

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from holdfast.common import env
+
 if TYPE_CHECKING:
     from cryptography import x509
 
@@ -25,7 +27,6 @@ ROLE_SCHEME = "holdfast"
 # `client` is a runtime; `operator` overrides evidence or touches every session; `maintenance` runs
 # retention only (the purge CronJob). A runtime key never carries operator powers.
 ROLE_KINDS = ("coordinator", "client", "agent", "etcd", "operator", "maintenance")
-TLS_DIR_ENV = "HOLDFAST_TLS_DIR"
 ETCD_SUBDIR = "etcd"
 # The enrollment issuer's CA (docs/decisions.md): servers trust it beside ca.pem, but a certificate
 # it issued carries an agent role or none. gRPC has verified the chain before a role is read, and
@@ -129,7 +130,7 @@ def channel_credentials(directory: Path, role: Role) -> grpc.ChannelCredentials:
 
 def tls_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """The certificate directory: the explicit option, else $HOLDFAST_TLS_DIR, else None (plaintext)."""
-    chosen = explicit or os.environ.get(TLS_DIR_ENV)
+    chosen = explicit or os.environ.get(env.TLS_DIR)
     return Path(chosen) if chosen else None
 
 

@@ -22,8 +22,9 @@ from holdfast.common.reasons import Reason
 from holdfast.coordinator import adjudication, fencing, keys, lifecycle_rules, protojson, records, registry
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
-from holdfast.coordinator.sessions import KILL_WAIT_S, Sessions, now_ms
+from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, unchanged
+from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 

@@ -25,11 +25,11 @@ from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.store import Entry, Put, Seen, Store, unchanged
+from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 HISTORY_KEPT = 64
-KILL_WAIT_S = 5.0
 log = logging.getLogger("holdfast.coordinator.sessions")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.common import certs, reasons, tls, upstate
+from holdfast.common import certs, env, reasons, tls, upstate
 from holdfast.common.upstate import DEFAULT_COORDINATOR
 from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
 from holdfast.localstack import etcd_server
@@ -311,7 +311,7 @@ def _up(args: argparse.Namespace) -> int:
     say(f"coordinator {stack.address}")
     if stack.address != DEFAULT_COORDINATOR:
         # The CLI's default is DEFAULT_COORDINATOR: anywhere else, say how to point it here.
-        print(f"export HOLDFAST_COORDINATOR={stack.address}", flush=True)
+        print(f"export {env.COORDINATOR}={stack.address}", flush=True)
     for n, host in enumerate(stack.simhosts, start=1):
         say(f"{host.host_id} agent {host.agent_address} (PID namespace; `holdfast exec --host {n} -- CMD`)")
     if stack.agent is not None:
@@ -319,7 +319,7 @@ def _up(args: argparse.Namespace) -> int:
     if stack.tls_dir is not None:
         say(f"mTLS on every link; certificates in {stack.tls_dir} (the CLI finds them for {stack.address} "
             f"through {stack.state_dir / upstate.STATE_FILE}, from any directory; elsewhere set "
-            f"{tls.TLS_DIR_ENV})")
+            f"{env.TLS_DIR})")
     say(f"ready; state in {stack.state_dir}. Try `holdfast status`; Ctrl-C stops everything")
     code = 0
     while True:
@@ -356,15 +356,15 @@ def _exec(args: argparse.Namespace) -> int:
     if not alive:
         print(f"holdfast exec: host {args.host} is not running. Next: restart `holdfast up`", file=sys.stderr)
         return reasons.EX_UNAVAILABLE
-    env = {**os.environ, "HOLDFAST_HOST_ID": host["host_id"], "HOLDFAST_COORDINATOR": state["coordinator"]}
+    environ = {**os.environ, env.HOST_ID: host["host_id"], env.COORDINATOR: state["coordinator"]}
     if state.get("tls_dir"):
-        env[tls.TLS_DIR_ENV] = state["tls_dir"]
+        environ[env.TLS_DIR] = state["tls_dir"]
     # --wdns: the caller's directory, as a local command would have (issue 17: CMD ran in `/`, so
     # relative paths failed). The host's mount namespace sees the same files. Written with `=`:
     # util-linux 2.38 takes a separate word after --wdns for the command.
     argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", f"--wdns={os.getcwd()}",
             "--", *cmd]
-    os.execvpe("nsenter", argv, env)
+    os.execvpe("nsenter", argv, environ)
     return 0  # not reached: exec replaced this process
 
 

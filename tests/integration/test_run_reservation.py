@@ -47,14 +47,16 @@ RESERVER = """
 import asyncio, json, os, sys
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
-from holdfast.client.owner import child_environment
+from holdfast.client.owner import grant_environment, spawn_environment
 from holdfast.client.gate import Gate
 
 async def main():
     session, marker = sys.argv[1:3]
     async with Client() as client:
         grant, _ = await client.acquire(session, os.urandom(16).hex())
-        gate = Gate(["touch", marker], child_environment(grant, "/nonexistent"))
+        env = {**spawn_environment(grant.session_id, grant.coordinator, grant.spawn_token_env,
+                                   grant.spawn_token, "/nonexistent"), **grant_environment(grant, None)}
+        gate = Gate(["touch", marker], env)
         print(json.dumps({"fence": grant.fence}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         try:

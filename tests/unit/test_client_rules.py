@@ -14,7 +14,7 @@ from holdfast.client.acquire import RunSpec, held_hint, resolve_command
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import gate_argv
 from holdfast.client.grant import Grant
-from holdfast.client.owner import child_environment, cli_on_path, resume_of, status_of
+from holdfast.client.owner import cli_on_path, grant_environment, resume_of, spawn_environment, status_of
 from holdfast.common import reasons
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -43,6 +43,14 @@ def test_unknown_reason_is_a_plain_failure_with_a_pointer() -> None:
 
 def grant() -> Grant:
     return Grant("my-session-01", 7, "s" * 64, "a" * 32, "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:7420")
+
+
+def child_environment(grant: Grant, grant_file: str, base: dict[str, str],
+                      record: pb.SessionRecord | None = None) -> dict[str, str]:
+    """CMD's whole environment once granted: what `run` sets before the grant, then the grant's."""
+    return {**spawn_environment(grant.session_id, grant.coordinator, grant.spawn_token_env, grant.spawn_token,
+                                grant_file, base),
+            **grant_environment(grant, record)}
 
 
 def test_child_environment_of_design_section_5() -> None:
@@ -139,8 +147,8 @@ def test_the_operations_refusal_table_names_every_reason() -> None:
     table = text.split("## Refusal reasons", 1)[1]
     rows = {line.split("|")[1].strip().strip("`").split("`")[0]: line.split("|")[2].strip()
             for line in table.splitlines() if line.startswith("| `")}
-    wanted = {reason: code.name for reason, code in reasons.on_the_wire().items()
-              if code.name in ("FAILED_PRECONDITION", "ABORTED")}
+    wanted = {reason: m.code.name for reason, m in reasons.TABLE.items()
+              if m.code is not None and m.code.name in ("FAILED_PRECONDITION", "ABORTED")}
     assert set(wanted) - set(rows) == set()
     # The status column says what the one table of reasons declares.
     assert {reason: rows[reason] for reason in wanted} == wanted

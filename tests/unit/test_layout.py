@@ -16,8 +16,8 @@ ALLOWED = {
     "common": set(),
     "proc": set(),
     "agent": {"common", "proc"},
-    "coordinator": {"common"},
-    "client": {"common", "proc", "coordinator.records"},  # records: the pure id and input rules
+    "coordinator": {"common", "proc.ending"},  # ending: how long a killed tree is waited for
+    "client": {"common", "proc"},
     "localstack": {"common", "coordinator.store"},        # store: the etcd channel it waits on
     "cli": {"common", "proc", "agent", "coordinator", "client", "localstack"},
 }
