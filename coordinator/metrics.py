@@ -1,5 +1,5 @@
-"""The coordinator's Prometheus metrics, recorded at the edges (RPC handlers, routing, a census task),
-never inside the pure adjudication rules.
+"""The coordinator's Prometheus metrics, defined once and recorded at the edges (RPC handlers,
+routing, the census task in coordinator/census.py), never inside the pure adjudication rules.
 
 `holdfast_session_indeterminate_seconds{session}` is how long this replica has been answering
 OWNERSHIP_UNKNOWN for a session it was asked about (Acquire, ProbeSession), cleared by any other
@@ -9,25 +9,16 @@ every replica reports the same figures (aggregate with max). Labels never carry 
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
-from holdfast.coordinator import keys
-from holdfast.coordinator.registry import Registry
-from holdfast.coordinator.store import Entry, Store, StoreUnavailable
+from holdfast.common.reasons import Reason
 from holdfast.v1 import agent_pb2
-from holdfast.v1 import coordinator_pb2 as pb
-
-log = logging.getLogger(__name__)
-CENSUS_PAGE = 500
 
 PROBES = Counter("holdfast_probes", "Probes routed to an owner host's agent, by host and outcome",
                  ["host", "outcome"])
@@ -60,7 +51,7 @@ class IndeterminateSince(Collector):
 
     def verdict(self, session: str, reason: str) -> None:
         with self._lock:
-            if reason == "OWNERSHIP_UNKNOWN":
+            if reason == Reason.OWNERSHIP_UNKNOWN:
                 self._since.setdefault(session, time.monotonic())
             else:
                 self._since.pop(session, None)
@@ -78,43 +69,3 @@ class IndeterminateSince(Collector):
 
 INDETERMINATE = IndeterminateSince()
 REGISTRY.register(INDETERMINATE)
-
-
-def count_sessions(found: Iterable[pb.SessionRecord]) -> collections.Counter[tuple[str, str]]:
-    return collections.Counter((pb.ClaimStatus.Name(r.lease.claim_status).lower(),
-                                pb.HandoffStage.Name(r.lease.handoff_stage).lower()) for r in found)
-
-
-async def census(store: Store, registry: Registry, seen_hosts: set[str],
-                 decode: Callable[[Entry], pb.SessionRecord]) -> None:
-    """One pass: count every session record (paged; `decode` is the sessions' cached decoding: at
-    100k records, parsing every record's JSON each pass cost seconds of the event loop) and mark
-    every registered host."""
-    prefix = keys.sessions_prefix(store)
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
-    after = ""
-    while True:
-        entries, more = await store.list_prefix(prefix, after, CENSUS_PAGE)
-        counts += count_sessions(decode(e) for e in entries)
-        if not more or not entries:
-            break
-        after = entries[-1].key
-    SESSIONS.clear()
-    for (status, stage), n in counts.items():
-        SESSIONS.labels(status, stage).set(n)
-    live = {h.host_id for h in await registry.list()}
-    for host in seen_hosts | live:
-        HOST_REGISTERED.labels(host).set(1 if host in live else 0)  # a vanished host shows 0, not nothing
-    seen_hosts |= live
-
-
-async def census_loop(store: Store, registry: Registry, interval: float,
-                      decode: Callable[[Entry], pb.SessionRecord]) -> None:
-    seen: set[str] = set()
-    while True:
-        try:
-            await census(store, registry, seen, decode)
-        except StoreUnavailable as exc:
-            ETCD_ERRORS.labels("census").inc()
-            log.warning("census skipped: %s", exc)
-        await asyncio.sleep(interval)

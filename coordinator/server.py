@@ -18,8 +18,9 @@ from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
-from holdfast.coordinator import carry, enrollment, metrics
+from holdfast.coordinator import carry, enrollment
 from holdfast.coordinator.authorization import coordinator_rule
+from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -63,7 +64,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     if issuer is not None and tls_dir is not None:
         enroll_serving = await enrollment.start(issuer[0], tls_dir, issuer[1])
     metrics_address = serving_.start_metrics(metrics_listen)
-    census = asyncio.create_task(metrics.census_loop(store, service.registry, census_seconds,
+    census = asyncio.create_task(census_loop(store, service.registry, census_seconds,
                                                      service.sessions.decode)) if metrics_address else None
     following = asyncio.create_task(service.registry.follow())
     log.info("coordinator serving", extra={"fields": {"address": serving.address, "etcd": etcd,

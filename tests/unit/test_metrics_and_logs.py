@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from holdfast.common import logs
-from holdfast.coordinator import metrics
+from holdfast.coordinator import census, metrics
 from holdfast.v1 import coordinator_pb2 as pb
 
 
@@ -18,8 +18,8 @@ def record(status: int, stage: int) -> pb.SessionRecord:
 
 
 def test_census_counts_by_claim_status_and_stage() -> None:
-    got = metrics.count_sessions([record(pb.LIVE, pb.NONE), record(pb.LIVE, pb.NONE),
-                                  record(pb.LIVE, pb.HANDOFF_REQUESTED), record(pb.RELEASED, pb.NONE)])
+    got = census.count_sessions([record(pb.LIVE, pb.NONE), record(pb.LIVE, pb.NONE),
+                                 record(pb.LIVE, pb.HANDOFF_REQUESTED), record(pb.RELEASED, pb.NONE)])
     assert got == {("live", "none"): 2, ("live", "handoff_requested"): 1, ("released", "none"): 1}
 
 
