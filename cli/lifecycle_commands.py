@@ -115,6 +115,22 @@ async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
     return 1 if open_ends else 0
 
 
+async def _fence(args: argparse.Namespace, client: Client) -> int:
+    reply = await client.fence_host(args.host, args.reason, args.operator)
+    attempt = reply.attempt
+    if args.json:
+        print_json(as_dict(reply))
+    else:
+        for action in attempt.actions:
+            ended = ("timed out" if action.timed_out else f"exit {action.exit_code}" if action.ran
+                     else action.error)
+            print(f"{attempt.program} action={action.action}: {ended} {action.stdout.strip()}")
+        print(f"host {args.host}: {attempt.answer} ({attempt.detail})")
+        for r in reply.results:
+            print(f"{r.session_id}: fence {r.fence} " + ("freed" if r.recovered else f"NOT: {r.error}"))
+    return 0 if attempt.answer == "off" and all(r.recovered for r in reply.results) else 1
+
+
 def _days(text: str) -> float:
     try:
         days = float(text)
@@ -172,6 +188,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("host")
     p.add_argument("--reason", required=True, help="why you know the host is gone (recorded)")
     p.set_defaults(handler=command(_recover_host))
+
+    p = admin.add_parser("fence", parents=[reader],
+                         help="power HOST off through the coordinator's fencer; on proof, free its sessions")
+    p.add_argument("host")
+    p.add_argument("--reason", required=True, help="why you fence it (recorded in its evidence)")
+    p.set_defaults(handler=command(_fence))
 
     p = admin.add_parser("restore-epoch", parents=[reader],
                          help="after an etcd snapshot restore: every fence non-live, orphans stopped")

@@ -82,10 +82,26 @@ def host_rows(listing: pb.ListHostsResponse) -> list[list[str]]:
               for h in listing.draining_host_ids if h not in registered)]
 
 
+FENCE_HEADER = ["LOST HOST", "ABSENT SINCE", "FENCE", "FENCER", "LAST ATTEMPT"]
+
+
+def fence_row(state: pb.HostFenceState) -> list[str]:
+    """A host without a registration (or with a fence pending): since when this coordinator has
+    seen it absent, where its fencing stands, and why, as its last attempt recorded it."""
+    attempt = state.attempt
+    at = _when(attempt.ended_at_unix_ms or attempt.started_at_unix_ms)
+    last = (f"{attempt.answer or 'running'} at {at}: {attempt.detail or attempt.requested_by}"
+            if attempt.started_at_unix_ms else "-")
+    return [state.host_id, _when(state.absent_since_unix_ms), state.state or "none",
+            state.fencer or "none configured", last]
+
+
 def hosts_json(listing: pb.ListHostsResponse) -> dict[str, object]:
-    """`hosts` as JSON: `draining` on every host (false included), and every draining host id."""
+    """`hosts` as JSON: `draining` on every host (false included), every draining host id, and
+    every host that is lost or being fenced, with its fence state."""
     return {"hosts": [{**as_dict(h), "draining": h.draining} for h in listing.hosts],
-            "draining": list(listing.draining_host_ids)}
+            "draining": list(listing.draining_host_ids),
+            "fencing": [as_dict(s) for s in listing.fence_states]}
 
 
 # --- run -------------------------------------------------------------------------------------------
@@ -322,6 +338,8 @@ async def _hosts(args: argparse.Namespace, client: Client) -> int:
         print_json(hosts_json(listing))
         return 0
     print(table(host_rows(listing), HOST_HEADER))
+    if listing.fence_states:
+        print("\n" + table([fence_row(s) for s in listing.fence_states], FENCE_HEADER))
     return 0
 
 
@@ -450,5 +468,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="recover even when the owner's agent proves it alive (it keeps running)")
     p.set_defaults(handler=command(_recover))
 
-    p = subparsers.add_parser("hosts", parents=[reader], help="registered hosts, and which are draining")
+    p = subparsers.add_parser("hosts", parents=[reader],
+                              help="registered hosts, which are draining, and lost hosts' fencing")
     p.set_defaults(handler=command(_hosts))

@@ -16,7 +16,7 @@ from typing import Any
 from holdfast.cli.agent_commands import TLS_DIR
 from holdfast.common import config, tls
 from holdfast.common.config import Setting
-from holdfast.coordinator import carry
+from holdfast.coordinator import carry, fence_rules
 from holdfast.coordinator.store import DEFAULT_PREFIX, channel_target
 
 EX_USAGE = 2
@@ -79,6 +79,19 @@ SETTINGS = [
             "carried state of all sessions together: keep it at most a quarter of etcd's "
             "--quota-backend-bytes "
             "(at its quota etcd refuses every write, heartbeats included)", default=carry.DEFAULT_BUDGET),
+    Setting("fencers", "HOLDFAST_FENCERS", fence_rules.parse_fencers,
+            "fence agents for lost hosts: a list of tables (TOML [[coordinator.fencers]]: hosts, program, "
+            "options, secrets) or the same as JSON; none: lost hosts wait for an operator", default=()),
+    Setting("host_loss_after", "HOLDFAST_HOST_LOSS_AFTER", seconds,
+            "seconds a host that sessions name has had no registration before it is fenced (timed on "
+            "each replica's monotonic clock; time only triggers a fence, never proves anything)",
+            default=60.0),
+    Setting("fence_timeout", "HOLDFAST_FENCE_TIMEOUT", seconds,
+            "seconds each fence agent action (off, then status) may take before its process group is "
+            "killed and the attempt counts as unknown", default=60.0),
+    Setting("fence_retry_seconds", "HOLDFAST_FENCE_RETRY_SECONDS", seconds,
+            "the first wait after a fence that proved nothing; doubled after each one, up to 10 minutes",
+            default=10.0),
     dataclasses.replace(TLS_DIR, help="certificates from `holdfast certs init`: serve mTLS only with "
                         "coordinator.pem, check callers' roles, dial agents with it"),
     Setting("etcd_tls_dir", "HOLDFAST_ETCD_TLS_DIR", config.text,
@@ -104,7 +117,8 @@ SETTINGS = [
 
 def _serve(raw: argparse.Namespace) -> int:
     from holdfast.common import logs
-    from holdfast.coordinator import server
+    from holdfast.coordinator import fencers, server
+    from holdfast.coordinator.host_fencing import FencingSettings
 
     try:
         args = config.load(SETTINGS, raw, TABLE)
@@ -115,11 +129,14 @@ def _serve(raw: argparse.Namespace) -> int:
     etcd_tls = Path(args.etcd_tls_dir) if args.etcd_tls_dir else None
     tls_dir = tls.tls_dir(args.tls_dir)
     try:
+        fencers.check_fencers(args.fencers)
         issuer = _issuer(args, tls_dir)
+        fencing = FencingSettings(args.fencers, args.host_loss_after, args.fence_timeout,
+                                  args.fence_retry_seconds)
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls_dir, etcd_tls, args.metrics_listen,
                                  args.census_seconds, args.health_listen, args.commit_window_seconds, issuer,
-                                 (args.carry_session_cap_bytes, args.carry_budget_bytes)))
+                                 (args.carry_session_cap_bytes, args.carry_budget_bytes), fencing))
     except (ValueError, FileNotFoundError) as exc:
         print(f"holdfast coordinator: {exc}", file=sys.stderr)
         return EX_USAGE

@@ -324,6 +324,12 @@ class Client:
         request = pb.RecoverHostRequest(host_id=host_id, reason=reason, operator=operator)
         return await self._call(self.stub.RecoverHost, request, retry=False, timeout=60.0)
 
+    async def fence_host(self, host_id: str, reason: str, operator: str) -> pb.FenceHostResponse:
+        """Powers HOST off through the coordinator's configured fencer and, on proof, frees its sessions.
+        Never retried: a second attempt is the operator's decision."""
+        request = pb.FenceHostRequest(host_id=host_id, reason=reason, operator=operator)
+        return await self._call(self.stub.FenceHost, request, retry=False, timeout=300.0)
+
     async def restore_epoch(self, epoch: int, operator: str, reason: str,
                             expected_hosts: list[str]) -> pb.RestoreEpochResponse:
         request = pb.RestoreEpochRequest(epoch=epoch, operator=operator, reason=reason,

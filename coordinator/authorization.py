@@ -22,9 +22,10 @@ READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "
 # docs/design.md §5); whether `force` is honoured is the service's decision, not this gate's.
 SESSION_WRITES = frozenset({"Acquire", "CommitOwner", "RecordProviderHandle", "Release", "RequestHandoff",
                             "FencedPut", "BeginCarry", "PutCarryChunk", "CommitCarry"})
-# Override evidence (Recover, RecoverHost, RestoreEpoch) or act on sessions that are not the
-# caller's (ArchiveSession, DrainHost): operator only.
-OPERATOR_CALLS = frozenset({"Recover", "RecoverHost", "RestoreEpoch", "ArchiveSession", "DrainHost"})
+# Override evidence (Recover, RecoverHost, RestoreEpoch), power a node off (FenceHost) or act on
+# sessions that are not the caller's (ArchiveSession, DrainHost): operator only.
+OPERATOR_CALLS = frozenset({"Recover", "RecoverHost", "FenceHost", "RestoreEpoch", "ArchiveSession",
+                            "DrainHost"})
 RETENTION_CALLS = frozenset({"PurgeArchives"})
 HOST_CALLS = frozenset({"RegisterHost", "Heartbeat"})
 WRITER_KINDS = ("client", "coordinator", "operator")

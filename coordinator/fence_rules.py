@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from holdfast.coordinator import fencing
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -250,11 +249,12 @@ class Gates:
     fenced: pb.FenceAttempt | None
 
 
-def refusal(gates: Gates) -> str:
-    """Why no fence may start now ('' when one may). Registered agents are never fenced."""
+def refusal(gates: Gates, manual: bool = False) -> str:
+    """Why no fence may start now ('' when one may). Registered agents are never fenced; a draining
+    host is left to the operator draining it, who may fence it by hand."""
     if gates.registered:
         return "the host has a live agent registration"
-    if gates.draining:
+    if gates.draining and not manual:
         return "the host is draining (an operator is handling it)"
     if gates.restore_pending:
         return "restore-epoch has not finished"
@@ -300,16 +300,6 @@ def recoverable(record: pb.SessionRecord, host_id: str, fenced: pb.FenceAttempt,
     if lease.claim_status == pb.RESERVED:
         return record_revision < fenced_revision
     return same_incarnation(lease.owner.incarnation, fenced.incarnation)
-
-
-def release_on_evidence(lease: pb.Lease, kind: str, detail: str, at_unix_ms: int) -> None:
-    """The fence is invalidated at once: the floor moves past it and the claim is released, so the
-    old grant's writes fail their compare and the next Acquire grants above it."""
-    lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
-    lease.claim_status = pb.RELEASED
-    lease.handoff_stage = pb.NONE
-    lease.death_evidence.CopyFrom(pb.DeathEvidence(kind=kind, detail=detail[:1024],
-                                                   observed_at_unix_ms=at_unix_ms, owner_fence=lease.fence))
 
 
 def evidence_detail(attempt: pb.FenceAttempt) -> str:

@@ -13,6 +13,7 @@ that may run owners was searched completely.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 
@@ -31,7 +32,7 @@ from holdfast.v1 import coordinator_pb2 as pb
 MAX_PURGE = 1000
 
 
-def _operator_text(operator: str, reason: str) -> str:
+def operator_text(operator: str, reason: str) -> str:
     if not reason.strip() or not operator.strip():
         raise identifiers.InvalidInput("this operation needs a reason and an operator (both recorded)")
     identifiers.check_text("reason", reason, 1024)
@@ -47,7 +48,7 @@ class Lifecycle:
 
     # --- archive ---------------------------------------------------------------------------
     async def archive(self, request: pb.ArchiveSessionRequest) -> pb.ArchiveSessionResponse:
-        who = _operator_text(request.operator, request.reason)
+        who = operator_text(request.operator, request.reason)
         entry, record = await self.sessions.require(request.session_id)
         sid = record.session_id
         if request.expected_fence != record.lease.fence:
@@ -165,7 +166,7 @@ class Lifecycle:
         entries, _ = await self.store.list_prefix(prefix)
         return [e.key.removeprefix(prefix) for e in entries]
 
-    async def _sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
+    async def all_sessions(self) -> list[tuple[Entry, pb.SessionRecord]]:
         entries, _ = await self.store.list_prefix(keys.sessions_prefix(self.store))
         return [(e, self.sessions.decode(e)) for e in entries]
 
@@ -175,7 +176,7 @@ class Lifecycle:
         drain_flag = await self.store.get(keys.draining(self.store, host_id))
         if await self.sessions.registry.get(host_id) is not None or drain_flag is not None:
             return True
-        return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self._sessions())
+        return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self.all_sessions())
 
     async def drain(self, request: pb.DrainHostRequest) -> pb.DrainHostResponse:
         host_id = identifiers.check_host_id(request.host_id)
@@ -194,7 +195,7 @@ class Lifecycle:
         # Each handoff request below is this drain's: an undo meanwhile makes the rest lose.
         drain_read = Seen(flag.key, Entry(flag.key, flag.value, revision, revision, 0))
         response = pb.DrainHostResponse(draining=True)
-        for entry, record in await self._sessions():
+        for entry, record in await self.all_sessions():
             if not lifecycle_rules.claimed_on(record, host_id):
                 continue
             sid, lease = record.session_id, record.lease
@@ -221,7 +222,7 @@ class Lifecycle:
     # --- bulk recovery ---------------------------------------------------------------------
     async def recover_host(self, request: pb.RecoverHostRequest, peer: str) -> pb.RecoverHostResponse:
         host_id = identifiers.check_host_id(request.host_id)
-        who = _operator_text(request.operator, request.reason)
+        who = operator_text(request.operator, request.reason)
         registration = await self.sessions.registry.seen(host_id)
         if registration.entry is not None:
             # Operator evidence is for a node that is gone; a registered agent can answer for itself.
@@ -229,22 +230,24 @@ class Lifecycle:
             # registers meanwhile stops the rest (issue 11 item 7).
             raise CoordinatorError(Reason.HOST_LIVE, f"host {host_id} has a live agent registration: drain "
                                    "it (`holdfast drain`), or stop its agent and let its lease expire first")
+        # The compare on each record's mod revision is the expected-fence check: the fence read is the
+        # one freed.
+        return await self.free_claims(lambda _, record: lifecycle_rules.claimed_on(record, host_id),
+                                      "operator-asserted", f"host {host_id} gone: {who}", "recover",
+                                      f"host {host_id} by {peer}", [registration])
+
+    async def free_claims(self, select: Callable[[Entry, pb.SessionRecord], bool], kind: str, evidence: str,
+                          transition: str, detail: str, reads: list[Seen]) -> pb.RecoverHostResponse:
+        """Every session `select` picks released on `evidence` (its fence invalidated at once), each in
+        its own transaction comparing its record and `reads` — what the whole decision rests on (a
+        host's registration read absent, a fence's proof): a change of them stops the rest."""
         response = pb.RecoverHostResponse()
-        for entry, record in await self._sessions():
-            if not lifecycle_rules.claimed_on(record, host_id):
+        for entry, record in await self.all_sessions():
+            if not select(entry, record):
                 continue
-            lease = record.lease
-            result = response.results.add(session_id=record.session_id, fence=lease.fence)
-            lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
-            lease.claim_status = pb.RELEASED
-            lease.handoff_stage = pb.NONE
-            lease.death_evidence.CopyFrom(pb.DeathEvidence(
-                kind="operator-asserted", detail=f"host {host_id} gone: {who}"[:1024],
-                observed_at_unix_ms=now_ms(), owner_fence=lease.fence))
-            # The compare on the mod revision is the expected-fence check: the fence read is the one freed.
-            detail = f"host {host_id} by {peer}"
-            result.recovered = await self.sessions.transition(entry, record, "recover", detail,
-                                                          reads=[registration])
+            result = response.results.add(session_id=record.session_id, fence=record.lease.fence)
+            lifecycle_rules.release_on_evidence(record.lease, kind, evidence, now_ms())
+            result.recovered = await self.sessions.transition(entry, record, transition, detail, reads=reads)
             if not result.recovered:
                 result.error = "the record changed meanwhile; `holdfast show` it and recover it alone"
         return response
@@ -253,7 +256,7 @@ class Lifecycle:
     async def restore_epoch(
         self, request: pb.RestoreEpochRequest
     ) -> pb.RestoreEpochResponse:
-        who = _operator_text(request.operator, request.reason)
+        who = operator_text(request.operator, request.reason)
         epoch = request.epoch or lifecycle_rules.DEFAULT_EPOCH
         if not 1 <= epoch <= 1 << 40:
             raise identifiers.InvalidInput(f"epoch must be in 1..{1 << 40}")
@@ -264,7 +267,7 @@ class Lifecycle:
         # at fence 1: a fence an orphan (or an external store) has already seen. New ids start above.
         await self._raise_new_session_floor(epoch)
         # 1. Every fence non-live and every floor raised, before any agent is asked anything.
-        for entry, record in await self._sessions():
+        for entry, record in await self.all_sessions():
             lease = record.lease
             row = response.sessions.add(session_id=record.session_id, old_fence=lease.fence)
             for _ in range(3):
@@ -286,7 +289,7 @@ class Lifecycle:
             else:
                 row.outcome, row.detail = "unchanged", "kept changing; run restore-epoch again"
         # 2. Orphans: token roots on any registered host that no record names.
-        current = [record for _, record in await self._sessions()]
+        current = [record for _, record in await self.all_sessions()]
         known = lifecycle_rules.known_tokens(current)
         registered = [host.host_id for host in await self.sessions.registry.list()]
         for host_id in registered:

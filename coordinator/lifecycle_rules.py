@@ -48,6 +48,16 @@ def claimed_on(record: pb.SessionRecord, host_id: str) -> bool:
     return lease.claim_status == pb.RESERVED and lease.reserved_host_id == host_id
 
 
+def release_on_evidence(lease: pb.Lease, kind: str, detail: str, at_unix_ms: int) -> None:
+    """The fence is invalidated at once: the floor moves past it and the claim is released, so the
+    old grant's writes fail their compare and the next Acquire grants above it."""
+    lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
+    lease.claim_status = pb.RELEASED
+    lease.handoff_stage = pb.NONE
+    lease.death_evidence.CopyFrom(pb.DeathEvidence(kind=kind, detail=detail[:1024],
+                                                   observed_at_unix_ms=at_unix_ms, owner_fence=lease.fence))
+
+
 def restore_floor(lease: pb.Lease, epoch: int) -> int:
     """Above every fence this record knows of by the epoch: grants made after the backup are below it."""
     return fencing.next_fence(lease.fence, lease.minimum_next_fence) + epoch

@@ -33,6 +33,11 @@ REFUSALS = Counter("holdfast_refusals", "Refused calls, by RPC and reason (a ref
 ETCD_ERRORS = Counter("holdfast_etcd_errors", "Calls that found etcd unavailable", ["rpc"])
 SESSIONS = Gauge("holdfast_sessions", "Session records by claim status and handoff stage (census)",
                  ["claim_status", "handoff_stage"])
+FENCE_ATTEMPTS = Counter("holdfast_fence_attempts", "Fence agent attempts on lost hosts by this replica, "
+                         "by host and answer (off is the only proof; on and unknown freed nothing)",
+                         ["host", "answer"])
+HOST_ABSENT_SECONDS = Gauge("holdfast_host_absent_seconds", "Seconds this replica has seen a host that "
+                            "sessions name without a registration (fenced after host_loss_after)", ["host"])
 HOST_REGISTERED = Gauge("holdfast_host_registered", "1 while a host has a live agent registration (census)",
                         ["host"])
 

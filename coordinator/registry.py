@@ -21,9 +21,18 @@ import grpc
 
 from holdfast.common import identifiers
 from holdfast.common.reasons import Reason
-from holdfast.coordinator import keys, protojson, records
+from holdfast.coordinator import fence_rules, keys, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
-from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, StoreUnavailable, absent
+from holdfast.coordinator.store import (
+    Compacted,
+    Entry,
+    Put,
+    Seen,
+    Store,
+    StoreUnavailable,
+    absent,
+    unchanged,
+)
 from holdfast.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -67,15 +76,32 @@ class Registry:
         if not reg.address or not reg.spawn_token_env:
             raise identifiers.InvalidInput("registration needs an address and a spawn-token variable")
         ttl = min(max(ttl or DEFAULT_TTL, MIN_TTL), MAX_TTL)
+        key = self.key_of(reg.host_id)
+        # The fencing gates, compared in the registration's transaction: a fence that starts
+        # meanwhile (it compares this registration absent) and this registration exclude each other.
+        gates = await self.store.read_all([keys.fence_pending(self.store, reg.host_id),
+                                           keys.fenced(self.store, reg.host_id)])
+        fenced = gates[1].entry
+        refused = fence_rules.registration_refused(
+            reg.incarnation, gates[0].entry is not None,
+            protojson.parse(fenced.value, pb.FenceAttempt) if fenced is not None else None)
+        if refused:
+            refuse_fenced(reg, refused, gates[0].entry is None)
         lease_id = await self.store.grant_lease(ttl)
         stored = pb.HostRegistration()
         stored.CopyFrom(reg)
         stored.registered_at_unix_ms = int(time.time() * 1000)
         stored.lease_id = lease_id
-        key = self.key_of(reg.host_id)
-        ok, _ = await self.store.txn([absent(key)], [Put(key, records.encode(stored), lease_id)])
+        value = records.encode(stored)
+        # The last registration is also kept without a lease: its incarnation is what a fence of
+        # this host, after the lease lapsed, proves off.
+        last = Put(keys.host_last(self.store, reg.host_id), value)
+        ok, _ = await self.store.txn([absent(key), *unchanged(gates)], [Put(key, value, lease_id), last])
         if not ok:
             await self.store.revoke_lease(lease_id)
+            if await self.store.get(key) is None:
+                raise CoordinatorError(Reason.HOST_FENCING, f"host {reg.host_id}: a fence of it started or "
+                                       "ended while it registered; nothing was written, register again")
             log.warning(
                 "refused registration of host %s from %s: a live registration holds the id",
                 reg.host_id,
@@ -116,3 +142,16 @@ class Registry:
 
 def decode(seen: Seen) -> pb.HostRegistration | None:
     return protojson.parse(seen.entry.value, pb.HostRegistration) if seen.entry else None
+
+
+def refuse_fenced(reg: pb.HostRegistration, why: str, fenced_incarnation: bool) -> None:
+    """RegisterHost refused by a fence: while one runs (HOST_FENCING), or loudly, for the very
+    incarnation a fence proved off (HOST_FENCED: the device lied, or fenced another machine; the
+    refusal counter carries it to the alert)."""
+    if fenced_incarnation:
+        log.error("refused registration of host %s from %s: %s", reg.host_id, reg.address, why,
+                  extra={"fields": {"host": reg.host_id, "alert": "fenced-host-alive"}})
+        raise CoordinatorError(Reason.HOST_FENCED, f"host {reg.host_id}: {why}; stop it and check its fencer")
+    log.warning("refused registration of host %s from %s: %s", reg.host_id, reg.address, why)
+    raise CoordinatorError(Reason.HOST_FENCING, f"host {reg.host_id}: {why}; it registers once the attempt "
+                           "ends")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import socket
 from pathlib import Path
 
 from holdfast.common import serving as serving_
@@ -20,6 +22,7 @@ from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
 from holdfast.coordinator import carry, enrollment
 from holdfast.coordinator.authorization import coordinator_rule
+from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
@@ -45,15 +48,19 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                 census_seconds: float = 15.0, health_listen: str = "",
                 commit_window_seconds: float = 30.0,
                 issuer: tuple[str, enrollment.Issuer] | None = None,
-                carry_limits: tuple[int, int] = (carry.DEFAULT_SESSION_CAP, carry.DEFAULT_BUDGET)) -> None:
+                carry_limits: tuple[int, int] = (carry.DEFAULT_SESSION_CAP, carry.DEFAULT_BUDGET),
+                fencing: FencingSettings | None = None) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
     if tls_dir is not None and etcd_tls_dir is None:
         etcd_tls_dir = tls_dir / ETCD_SUBDIR
     store = Store.connect(etcd, etcd_credentials(etcd, etcd_tls_dir), prefix=prefix)
+    # Which replica ran a fence is part of its evidence: this machine, this process, what it serves.
+    name = f"{socket.gethostname()} pid {os.getpid()} listening on {listen}"
     service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000),
-                                 carry_session_cap=carry_limits[0], carry_budget=carry_limits[1])
+                                 carry_session_cap=carry_limits[0], carry_budget=carry_limits[1],
+                                 fencing=fencing, name=name)
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:
@@ -67,6 +74,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     census = asyncio.create_task(census_loop(store, service.registry, census_seconds,
                                                      service.sessions.decode)) if metrics_address else None
     following = asyncio.create_task(service.registry.follow())
+    fencing_loop = asyncio.create_task(service.host_fencing.run())
     log.info("coordinator serving", extra={"fields": {"address": serving.address, "etcd": etcd,
                                                       "prefix": prefix, "health": serving.health_address,
                                                       "tls": tls_dir is not None,
@@ -80,6 +88,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                       enroll_serving.address if enroll_serving is not None else "")
     await serving_.until_stop_signal()
     following.cancel()
+    fencing_loop.cancel()
     if census is not None:
         census.cancel()
     await serving_.drain(serving, DRAIN_SECONDS)

@@ -27,6 +27,7 @@ from holdfast.coordinator import (
     fencing,
     keys,
     lifecycle,
+    lifecycle_rules,
     metrics,
     protojson,
     records,
@@ -34,6 +35,7 @@ from holdfast.coordinator import (
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.host_fencing import FencingSettings, HostFencing
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.replays import ReplayLease
 from holdfast.coordinator.routing import Router
@@ -146,7 +148,8 @@ class Exited:
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None,
                  commit_window_ms: int = COMMIT_WINDOW_MS, carry_session_cap: int = carry.DEFAULT_SESSION_CAP,
-                 carry_budget: int = carry.DEFAULT_BUDGET) -> None:
+                 carry_budget: int = carry.DEFAULT_BUDGET, fencing: FencingSettings | None = None,
+                 name: str = "") -> None:
         self.store = store
         self.commit_window_ms = commit_window_ms
         self.registry = Registry(store)
@@ -154,6 +157,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.sessions = Sessions(store, self.registry, self.router)
         self.carried = carry.CarryStore(self.sessions, carry_session_cap, carry_budget)
         self.lifecycle = lifecycle.Lifecycle(self.sessions, self.carried)
+        self.host_fencing = HostFencing(self.lifecycle, fencing or FencingSettings(), name)
         self.replays = ReplayLease(store)
         self.cluster = ClusterIdentity(store)
 
@@ -622,7 +626,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         hosts, draining = await self.registry.list(), await self.lifecycle.draining_hosts()
         for host in hosts:
             host.draining = host.host_id in draining
-        return pb.ListHostsResponse(hosts=hosts, draining_host_ids=draining)
+        fence_states = await self.host_fencing.states({host.host_id for host in hosts})
+        return pb.ListHostsResponse(hosts=hosts, draining_host_ids=draining, fence_states=fence_states)
 
     # --- handoff, probes, recovery -------------------------------------------------------
     @_handler
@@ -674,19 +679,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise CoordinatorError(
                 Reason.STALE_FENCE, f"expected fence {request.expected_fence}, current {lease.fence}"
             )
-        # The fence is invalidated at once: the floor moves past it and the claim is released, so
-        # the old grant's writes fail their compare and the next Acquire grants above it.
-        lease.minimum_next_fence = fencing.next_fence(lease.fence, lease.minimum_next_fence)
-        lease.claim_status = pb.RELEASED
-        lease.handoff_stage = pb.NONE
-        lease.death_evidence.CopyFrom(
-            pb.DeathEvidence(
-                kind="operator-asserted",
-                detail=f"{request.operator}: {request.reason}"[:1024],
-                observed_at_unix_ms=now_ms(),
-                owner_fence=lease.fence,
-            )
-        )
+        why = f"{request.operator}: {request.reason}"
+        lifecycle_rules.release_on_evidence(lease, "operator-asserted", why, now_ms())
         who = f"{request.operator} from {context.peer()}"
         if not await self.sessions.transition(entry, record, "recover", who):
             raise CoordinatorError(Reason.STALE_FENCE, "the record changed during recovery; retry")
@@ -717,6 +711,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def RecoverHost(self, request: pb.RecoverHostRequest,
                           context: grpc.aio.ServicerContext) -> pb.RecoverHostResponse:
         return await self.lifecycle.recover_host(request, context.peer())
+
+    @_handler
+    async def FenceHost(self, request: pb.FenceHostRequest,
+                        context: grpc.aio.ServicerContext) -> pb.FenceHostResponse:
+        return await self.host_fencing.fence_by_hand(request)
 
     @_handler
     async def RestoreEpoch(self, request: pb.RestoreEpochRequest,

@@ -32,7 +32,8 @@ def test_every_coordinator_rpc_is_classified_exactly_once() -> None:
 
 def test_the_operator_calls_are_those_of_design_section_4() -> None:
     # Recover releases a live owner without stopping it: one runtime key must not be able to.
-    assert {"Recover", "RecoverHost", "RestoreEpoch", "ArchiveSession", "DrainHost"} == OPERATOR_CALLS
+    assert {"Recover", "RecoverHost", "FenceHost", "RestoreEpoch", "ArchiveSession",
+            "DrainHost"} == OPERATOR_CALLS
     assert {"PurgeArchives"} == RETENTION_CALLS
     for method in OPERATOR_CALLS | RETENTION_CALLS:
         refusal = coordinator_rule(method, Role("client"), None)

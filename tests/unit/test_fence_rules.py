@@ -194,6 +194,12 @@ def test_a_fence_starts_only_with_every_gate_open(change: dict[str, object], say
     assert says in fence_rules.refusal(Gates(**{**OPEN.__dict__, **change}))
 
 
+def test_an_operator_may_fence_a_draining_host_and_nothing_else_more() -> None:
+    assert fence_rules.refusal(Gates(**{**OPEN.__dict__, "draining": True}), manual=True) == ""
+    for change in ({"registered": True}, {"restore_pending": True}, {"pending": True}, {"last": None}):
+        assert fence_rules.refusal(Gates(**{**OPEN.__dict__, **change}), manual=True)
+
+
 def test_already_fenced_only_for_the_same_incarnation() -> None:
     fenced = pb.FenceAttempt(host_id="h1", incarnation=inc(), answer="off")
     assert not fence_rules.already_fenced(OPEN)
@@ -224,16 +230,6 @@ def test_the_proof_frees_the_fenced_incarnation_and_earlier_reservations_only() 
     assert not fence_rules.recoverable(owned("h1", stage=pb.MANUAL_RECOVERY), "h1", fenced, 10, 20)
     assert fence_rules.recoverable(reserved("h1"), "h1", fenced, 10, 20)
     assert not fence_rules.recoverable(reserved("h1"), "h1", fenced, 30, 20)  # a new incarnation's
-
-
-def test_release_on_evidence_moves_the_floor_past_the_fence() -> None:
-    record = owned("h1")
-    record.lease.minimum_next_fence = 2
-    fence_rules.release_on_evidence(record.lease, "host-fenced", "x" * 2000, 123)
-    lease = record.lease
-    assert (lease.claim_status, lease.handoff_stage, lease.minimum_next_fence) == (pb.RELEASED, pb.NONE, 5)
-    assert lease.death_evidence.kind == "host-fenced" and len(lease.death_evidence.detail) == 1024
-    assert (lease.death_evidence.observed_at_unix_ms, lease.death_evidence.owner_fence) == (123, 4)
 
 
 def test_evidence_names_program_actions_coordinator_and_time() -> None:

@@ -109,7 +109,8 @@ CLIENT_METHOD = {
     "FencedGet": "fenced_get", "GetSession": "get_session", "ListSessions": "list_sessions",
     "WatchSessions": "watch", "ProbeSession": "probe", "Recover": "recover", "ListHosts": "list_hosts",
     "ArchiveSession": "archive", "GetArchivedSession": "archived", "PurgeArchives": "purge_archives",
-    "DrainHost": "drain", "RecoverHost": "recover_host", "RestoreEpoch": "restore_epoch",
+    "DrainHost": "drain", "RecoverHost": "recover_host", "FenceHost": "fence_host",
+    "RestoreEpoch": "restore_epoch",
     "BeginCarry": "begin_carry", "PutCarryChunk": "put_carry_chunk", "CommitCarry": "commit_carry",
     "GetCarry": "get_carry", "RegisterHost": None, "Heartbeat": None,
 }

@@ -136,3 +136,11 @@ def test_an_orphan_is_stopped_only_when_its_whole_tree_is_proven_gone() -> None:
     assert not rules.orphan_stopped(apb.ProbeResult(outcome=apb.PID_ABSENT))
     matched = apb.ProbeResult(outcome=apb.IDENTITY_MATCHED, tree_checked=True, tree_gone=True)
     assert not rules.orphan_stopped(matched)
+
+
+def test_release_on_evidence_moves_the_floor_past_the_fence() -> None:
+    lease = pb.Lease(fence=4, minimum_next_fence=2, claim_status=pb.LIVE, handoff_stage=pb.FORCE_PENDING)
+    rules.release_on_evidence(lease, "host-fenced", "x" * 2000, 123)
+    assert (lease.claim_status, lease.handoff_stage, lease.minimum_next_fence) == (pb.RELEASED, pb.NONE, 5)
+    assert lease.death_evidence.kind == "host-fenced" and len(lease.death_evidence.detail) == 1024
+    assert (lease.death_evidence.observed_at_unix_ms, lease.death_evidence.owner_fence) == (123, 4)

@@ -455,12 +455,94 @@ class ListHostsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListHostsResponse(_message.Message):
-    __slots__ = ("hosts", "draining_host_ids")
+    __slots__ = ("hosts", "draining_host_ids", "fence_states")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_HOST_IDS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_STATES_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[HostRegistration]
     draining_host_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, hosts: _Optional[_Iterable[_Union[HostRegistration, _Mapping]]] = ..., draining_host_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    fence_states: _containers.RepeatedCompositeFieldContainer[HostFenceState]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostRegistration, _Mapping]]] = ..., draining_host_ids: _Optional[_Iterable[str]] = ..., fence_states: _Optional[_Iterable[_Union[HostFenceState, _Mapping]]] = ...) -> None: ...
+
+class FenceAction(_message.Message):
+    __slots__ = ("action", "ran", "exit_code", "timed_out", "stdout", "stderr", "error", "took_ms")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RAN_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOOK_MS_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    ran: bool
+    exit_code: int
+    timed_out: bool
+    stdout: str
+    stderr: str
+    error: str
+    took_ms: int
+    def __init__(self, action: _Optional[str] = ..., ran: _Optional[bool] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., error: _Optional[str] = ..., took_ms: _Optional[int] = ...) -> None: ...
+
+class FenceAttempt(_message.Message):
+    __slots__ = ("host_id", "incarnation", "program", "coordinator", "requested_by", "started_at_unix_ms", "ended_at_unix_ms", "actions", "answer", "detail", "failures", "absent_for_ms")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ABSENT_FOR_MS_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    incarnation: _agent_pb2.HostIncarnation
+    program: str
+    coordinator: str
+    requested_by: str
+    started_at_unix_ms: int
+    ended_at_unix_ms: int
+    actions: _containers.RepeatedCompositeFieldContainer[FenceAction]
+    answer: str
+    detail: str
+    failures: int
+    absent_for_ms: int
+    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[_Union[_agent_pb2.HostIncarnation, _Mapping]] = ..., program: _Optional[str] = ..., coordinator: _Optional[str] = ..., requested_by: _Optional[str] = ..., started_at_unix_ms: _Optional[int] = ..., ended_at_unix_ms: _Optional[int] = ..., actions: _Optional[_Iterable[_Union[FenceAction, _Mapping]]] = ..., answer: _Optional[str] = ..., detail: _Optional[str] = ..., failures: _Optional[int] = ..., absent_for_ms: _Optional[int] = ...) -> None: ...
+
+class HostFenceState(_message.Message):
+    __slots__ = ("host_id", "absent_since_unix_ms", "state", "attempt", "fencer")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ABSENT_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FENCER_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    absent_since_unix_ms: int
+    state: str
+    attempt: FenceAttempt
+    fencer: str
+    def __init__(self, host_id: _Optional[str] = ..., absent_since_unix_ms: _Optional[int] = ..., state: _Optional[str] = ..., attempt: _Optional[_Union[FenceAttempt, _Mapping]] = ..., fencer: _Optional[str] = ...) -> None: ...
+
+class FenceHostRequest(_message.Message):
+    __slots__ = ("host_id", "reason", "operator")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    reason: str
+    operator: str
+    def __init__(self, host_id: _Optional[str] = ..., reason: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+
+class FenceHostResponse(_message.Message):
+    __slots__ = ("attempt", "results")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    attempt: FenceAttempt
+    results: _containers.RepeatedCompositeFieldContainer[RecoverHostResult]
+    def __init__(self, attempt: _Optional[_Union[FenceAttempt, _Mapping]] = ..., results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ...) -> None: ...
 
 class ArchiveSessionRequest(_message.Message):
     __slots__ = ("session_id", "expected_fence", "operator", "reason")

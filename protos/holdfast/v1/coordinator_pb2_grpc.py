@@ -154,6 +154,11 @@ class CoordinatorStub:
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostResponse.FromString,
                 _registered_method=True)
+        self.FenceHost = channel.unary_unary(
+                '/holdfast.v1.Coordinator/FenceHost',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.FenceHostRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.FenceHostResponse.FromString,
+                _registered_method=True)
         self.RestoreEpoch = channel.unary_unary(
                 '/holdfast.v1.Coordinator/RestoreEpoch',
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.RestoreEpochRequest.SerializeToString,
@@ -308,6 +313,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FenceHost(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RestoreEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -436,6 +447,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.RecoverHost,
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_coordinator__pb2.RecoverHostResponse.SerializeToString,
+            ),
+            'FenceHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.FenceHost,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.FenceHostRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.FenceHostResponse.SerializeToString,
             ),
             'RestoreEpoch': grpc.unary_unary_rpc_method_handler(
                     servicer.RestoreEpoch,
@@ -1091,6 +1107,33 @@ class Coordinator:
             '/holdfast.v1.Coordinator/RecoverHost',
             holdfast_dot_v1_dot_coordinator__pb2.RecoverHostRequest.SerializeToString,
             holdfast_dot_v1_dot_coordinator__pb2.RecoverHostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FenceHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/FenceHost',
+            holdfast_dot_v1_dot_coordinator__pb2.FenceHostRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.FenceHostResponse.FromString,
             options,
             channel_credentials,
             insecure,
