@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from holdfast.client.errors import ClientError
 from holdfast.common.carry_rules import CarryRefused, check_manifest, describe, root_name
+from holdfast.common.files import remove_tree
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -163,7 +163,10 @@ class _Root:
             os.rmdir(old, dir_fd=self.parent)
             raise
         self.placed = True
-        shutil.rmtree(old, dir_fd=self.parent, ignore_errors=True)
+        try:
+            remove_tree(self.parent, old)
+        except OSError as exc:
+            self.notes.append(f"what was there before is kept in {old!r} beside it ({exc.strerror})")
 
     def close(self) -> None:
         """Removes the temporary directory if it is still there (fd-based: no link followed)."""
@@ -173,12 +176,12 @@ class _Root:
         if self.parent < 0:
             return
         if self.temp and not (self.placed and self.root.kind == "dir"):
-            shutil.rmtree(self.temp, dir_fd=self.parent, ignore_errors=True)
             try:
-                os.lstat(self.temp, dir_fd=self.parent)
-                self.notes.append(f"its temporary directory {self.temp!r} beside it could not be removed")
-            except FileNotFoundError:
-                pass
+                remove_tree(self.parent, self.temp)
+            except OSError as exc:
+                self.notes.append(
+                    f"its temporary directory {self.temp!r} beside it could not be removed ({exc.strerror})"
+                )
         os.close(self.parent)
         self.parent = -1
 

@@ -6,7 +6,8 @@ exclusively without following a link (O_CREAT | O_EXCL | O_NOFOLLOW), and rename
 within that same directory, so a link planted at the name or at any temporary name — by another
 user, or by whoever owned the directory before — is replaced, never written through; a reader
 sees the old file or the whole new one. `open_private_dir` refuses a directory that is a link, is
-not this user's, or that others may write.
+not this user's, or that others may write. `remove_tree` removes a tree from a directory it is
+given open, following no link and holding no Python frame per level.
 """
 
 from __future__ import annotations
@@ -29,6 +30,63 @@ def open_private_dir(path: str | os.PathLike[str]) -> int:
         os.close(fd)
         raise NotPrivate(f"{os.fspath(path)} is not a directory of uid {os.getuid()} that only it may write")
     return fd
+
+
+def _open_to_empty(parent: int, name: str) -> int:
+    """A descriptor on the directory `name` in `parent`, opened without following a link and made
+    0o700 when this user may: a carried 0o555 or 0o000 directory could not be emptied otherwise."""
+    try:
+        fd = os.open(name, OPEN_DIR | os.O_NOFOLLOW, dir_fd=parent)
+    except PermissionError:
+        # Not even readable (0o000): its mode is changed through an O_PATH descriptor, which
+        # names that very directory, never a link put at its name meanwhile.
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)
+            fd = os.open(f"/proc/self/fd/{handle}", OPEN_DIR)
+        finally:
+            os.close(handle)
+    with contextlib.suppress(OSError):  # another user's directory keeps its mode
+        os.fchmod(fd, 0o700)
+    return fd
+
+
+def remove_tree(parent: int, name: str) -> None:
+    """Removes `name` in the directory open as `parent`, and everything beneath it; raises OSError
+    when something stays. No link is followed, and the walk down keeps a stack of descriptors
+    rather than recursing: a tree thousands of levels deep (a carried copy may be 2,000) is
+    removed, where shutil.rmtree raised RecursionError and left it behind."""
+    try:
+        os.unlink(name, dir_fd=parent)
+        return
+    except IsADirectoryError:
+        pass
+    except FileNotFoundError:
+        return
+    stack: list[tuple[int, str, int, list[str]]] = []
+    try:
+        fd = _open_to_empty(parent, name)
+        stack.append((parent, name, fd, []))  # on the stack before listing: closed if that fails
+        stack[-1][3].extend(os.listdir(fd))
+        while stack:
+            above, here, fd, names = stack[-1]
+            if names:
+                entry = names.pop()
+                try:
+                    os.unlink(entry, dir_fd=fd)
+                except IsADirectoryError:
+                    below = _open_to_empty(fd, entry)
+                    stack.append((fd, entry, below, []))
+                    stack[-1][3].extend(os.listdir(below))
+                except FileNotFoundError:
+                    pass
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(here, dir_fd=above)
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
 
 
 def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes, mode: int = 0o600) -> None:

@@ -3,8 +3,13 @@ directory (local files only, no coordinator) and refuse a file that changes whil
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import tempfile
 import time
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,7 @@ import pytest
 from holdfast.client import carry
 from holdfast.client.carry_restore import restore
 from holdfast.client.errors import ClientError
+from holdfast.common import files
 from holdfast.common.carry_rules import (
     CHUNK_BYTES,
     MAX_ENTRIES,
@@ -229,3 +235,92 @@ def test_a_chain_of_links_is_judged_without_recursing_per_link() -> None:
     with pytest.raises(CarryRefused, match="more than 40 links"):
         check_tree(tree([*chain, (f"l{MAX_ENTRIES - 2}", "symlink", ".")]), "dir")
     check_tree(tree([*chain[-39:], (f"l{MAX_ENTRIES - 2}", "symlink", ".")]), "dir")  # 40 hops
+
+
+def deep_copy(depth: int, file_sha256: str) -> pb.CarryManifest:
+    """A valid copy `depth` directories deep (each 'd', well within PATH_MAX), then one file."""
+    m = pb.CarryManifest(session_id="sess-unit-deep", written_at_unix_ms=1, total_bytes=1)
+    m.roots.add(path="notes", kind="dir")
+    m.entries.add(root=0, path="", kind="dir", mode=0o755)
+    for level in range(1, depth + 1):
+        m.entries.add(root=0, path="/".join(["d"] * level), kind="dir", mode=0o755)
+    m.entries.add(root=0, path="f", kind="file", mode=0o644, size=1, sha256=file_sha256)
+    return m
+
+
+@pytest.fixture
+def deep_tmp(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path, emptied after the test: pytest's own clean-up of old temporary directories
+    recurses, and a tree 1,500 levels deep left there would fail every later pytest session."""
+    yield tmp_path
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in os.listdir(fd):
+            files.remove_tree(fd, name)
+    finally:
+        os.close(fd)
+
+
+def test_a_deep_copy_that_fails_is_removed_and_said(deep_tmp: Path) -> None:
+    """1,500 levels outrun Python's recursion limit: a recursive removal raised RecursionError,
+    left the temporary tree behind and said nothing true."""
+    (deep_tmp / "notes").mkdir()
+    with pytest.raises(ClientError, match=r"does not match its sha256.*nothing of the carried state"):
+        restore(deep_copy(1500, "0" * 64), b"x", ["notes"], str(deep_tmp))
+    assert sorted(p.name for p in deep_tmp.iterdir()) == ["notes"], "nothing temporary left"
+
+
+def test_a_deep_copy_restores_over_a_deep_local_tree(deep_tmp: Path) -> None:
+    sha = hashlib.sha256(b"x").hexdigest()
+    (deep_tmp / "notes").mkdir()
+    restore(deep_copy(1500, sha), b"x", ["notes"], str(deep_tmp))
+    said = restore(deep_copy(1500, sha), b"x", ["notes"], str(deep_tmp))  # the old deep tree removed
+    assert said[0].startswith("restored notes (1 files, 1 bytes)")
+    assert sorted(p.name for p in deep_tmp.iterdir()) == ["notes"], "no old copy left beside it"
+
+
+def as_nobody(work: Callable[[], None]) -> None:
+    """`work` in a child running as uid 65534, as an unprivileged restorer would; fails if it raises."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            work()
+        except BaseException:  # any failure is the child's exit status
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_unprivileged_restore_over_read_only_directories_leaves_no_old_copy() -> None:
+    """A carried 0o555 directory (a module cache) and a 0o000 one: the next restore by the same
+    unprivileged user removed neither, and kept the whole old copy beside the root, unsaid."""
+    box = Path(tempfile.mkdtemp(prefix="holdfast-carry-ro-"))  # /tmp, which nobody may traverse
+    box.chmod(0o755)
+    src, dst = box / "src", box / "dst"
+    for top in (src, dst):
+        top.mkdir()
+        os.chown(top, 65534, 65534)
+
+    def carry_and_restore_twice() -> None:
+        (src / "notes" / "cache" / "mod").mkdir(parents=True)
+        (src / "notes" / "cache" / "mod" / "a.go").write_text("package a")
+        (src / "notes" / "sealed").mkdir()
+        (src / "notes" / "sealed" / "x").write_text("x")
+        os.chmod(src / "notes" / "cache" / "mod", 0o555)
+        os.chmod(src / "notes" / "sealed", 0o000)
+        os.chmod(src / "notes" / "cache", 0o555)
+        packed = carry.pack(["notes"], str(src), "sess-unit-ro")
+        packed.manifest.written_at_unix_ms = 1
+        for _ in range(2):
+            restore(packed.manifest, b"".join(packed.chunks), ["notes"], str(dst))
+            assert sorted(p.name for p in dst.iterdir()) == ["notes"], "no old copy left beside it"
+
+    try:
+        as_nobody(carry_and_restore_twice)
+    finally:
+        shutil.rmtree(box)  # as root, whatever the modes

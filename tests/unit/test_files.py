@@ -57,3 +57,30 @@ def test_a_private_directory_is_ours_alone(tmp_path: Path) -> None:
         os.chown(theirs, 65534, 65534)
         with pytest.raises(files.NotPrivate):
             files.open_private_dir(theirs)
+
+
+def test_a_tree_is_removed_whatever_its_depth_and_modes_through_no_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    (victim / "kept").mkdir(parents=True)
+    top = tmp_path / "tree"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1200):  # deeper than Python's recursion limit
+        os.mkdir("d", dir_fd=fd)
+        below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+    (top / "link").symlink_to(victim)
+    (top / "sealed").mkdir()
+    (top / "sealed" / "x").write_text("x")
+    (top / "sealed").chmod(0o000)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        files.remove_tree(fd, "tree")  # also keeps pytest's recursive clean-up from meeting it
+        files.remove_tree(fd, "tree")  # already gone: nothing to do
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
+    assert (victim / "kept").is_dir()
