@@ -22,8 +22,8 @@ from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
 from holdfast.coordinator import carry, enrollment
 from holdfast.coordinator.authorization import coordinator_rule
-from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.census import census_loop
+from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
