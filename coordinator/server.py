@@ -4,7 +4,7 @@ Guarantee: it keeps no state of its own (everything is in etcd), so a restart or
 changes nothing a client can observe; it reports its real address only after binding. With TLS its
 own certificate and CA bundle follow their files (holdfast.common.reloading): a renewed or replaced
 certificate is served from the next handshake, without a restart. With an issuer it also serves
-holdfast.v1.Enrollment on its own server-auth-only listener (holdfast.coordinator.enrollment).
+holdfast.v1.Enrollment on its own server-auth-only listener (holdfast.enrollment.issuer).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
-from holdfast.coordinator import carry, enrollment
+from holdfast.coordinator import carry
 from holdfast.coordinator.authorization import coordinator_rule
 from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
+from holdfast.enrollment import issuer as issuer_
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
@@ -47,7 +48,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                 tls_dir: Path | None = None, etcd_tls_dir: Path | None = None, metrics_listen: str = "",
                 census_seconds: float = 15.0, health_listen: str = "",
                 commit_window_seconds: float = 30.0,
-                issuer: tuple[str, enrollment.Issuer] | None = None,
+                issuer: tuple[str, issuer_.Issuer] | None = None,
                 carry_limits: tuple[int, int] = (carry.DEFAULT_SESSION_CAP, carry.DEFAULT_BUDGET),
                 fencing: FencingSettings | None = None) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
@@ -69,7 +70,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
     enroll_serving = None
     if issuer is not None and tls_dir is not None:
-        enroll_serving = await enrollment.start(issuer[0], tls_dir, issuer[1])
+        enroll_serving = await issuer_.start(issuer[0], tls_dir, issuer[1])
     metrics_address = serving_.start_metrics(metrics_listen)
     census = asyncio.create_task(census_loop(store, service.registry, census_seconds,
                                                      service.sessions.decode)) if metrics_address else None

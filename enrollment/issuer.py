@@ -1,6 +1,6 @@
 """The enrollment issuer: holdfast.v1.Enrollment/Enroll on its own server-auth-only TLS listener.
 
-Guarantee: a certificate is signed only after every rule of holdfast.coordinator.enrollment_rules
+Guarantee: a certificate is signed only after every rule of holdfast.enrollment.issuer_rules
 admitted the request against the API server's answers of this call (TokenReview, the bound pod,
 its node), and only ever with the agent CA's key, for `holdfast://agent/<the pod's node>`; every
 decision is logged with its reason, and a refusal signs nothing. The API server is asked through
@@ -27,7 +27,7 @@ from prometheus_client import Counter
 
 from holdfast.common import certs, reasons, tls
 from holdfast.common import serving as serving_
-from holdfast.coordinator import enrollment_rules as rules
+from holdfast.enrollment import issuer_rules as rules
 from holdfast.v1 import enrollment_pb2 as pb
 from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
 
