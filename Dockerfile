@@ -14,6 +14,7 @@ COPY common /src/common
 COPY proc /src/proc
 COPY agent /src/agent
 COPY coordinator /src/coordinator
+COPY enrollment /src/enrollment
 COPY client /src/client
 COPY cli /src/cli
 COPY localstack /src/localstack

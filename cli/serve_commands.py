@@ -151,7 +151,7 @@ def _issuer(args: argparse.Namespace, tls_dir: Path | None) -> tuple[str, Any] |
                          "signs with agent-ca.key)")
     import datetime
 
-    from holdfast.coordinator import enrollment
+    from holdfast.enrollment import issuer as enrollment
 
     kube = enrollment.KubeApi(args.enroll_api_server, args.enroll_api_ca, args.enroll_api_token_file)
     namespace = args.enroll_namespace or enrollment.namespace_default()

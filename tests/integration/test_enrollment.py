@@ -27,9 +27,9 @@ from holdfast.common import certs, tls
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reasons import reason_of
 from holdfast.common.tls import Role, role_of_certificate
-from holdfast.coordinator import enrollment
-from holdfast.coordinator import enrollment_rules as rules
 from holdfast.coordinator.authorization import coordinator_rule
+from holdfast.enrollment import issuer as enrollment
+from holdfast.enrollment import issuer_rules as rules
 from holdfast.v1 import coordinator_pb2 as cpb
 from holdfast.v1 import enrollment_pb2 as pb
 from holdfast.v1 import enrollment_pb2_grpc as pb_grpc

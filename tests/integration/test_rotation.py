@@ -33,8 +33,8 @@ from holdfast.common import certs, reloading, tls
 from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
 from holdfast.common.tls import Role
-from holdfast.coordinator import enrollment
 from holdfast.coordinator.routing import Router
+from holdfast.enrollment import issuer as enrollment
 from holdfast.v1 import agent_pb2, agent_pb2_grpc, coordinator_pb2
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.k8s_standin import KubeStandIn

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from holdfast.coordinator import enrollment_rules as rules
+from holdfast.enrollment import issuer_rules as rules
 
 NS = "holdfast"
 CLAIM = rules.PodClaim("holdfast-agent-abc", "pod-uid", "", "")

@@ -10,16 +10,18 @@ from holdfast.client.connection import Client
 from holdfast.v1 import coordinator_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("common", "proc", "agent", "coordinator", "client", "cli", "localstack")
+PARTS = ("common", "proc", "agent", "coordinator", "enrollment", "client", "cli", "localstack")
 # What each part may import besides itself and the generated protos (holdfast.v1).
 ALLOWED = {
     "common": set(),
     "proc": set(),
     "agent": {"common", "proc"},
-    "coordinator": {"common", "proc.ending"},  # ending: how long a killed tree is waited for
+    # ending: how long a killed tree is waited for; the issuer: started beside the coordinator's server
+    "coordinator": {"common", "proc.ending", "enrollment.issuer"},
+    "enrollment": {"common"},
     "client": {"common", "proc"},
     "localstack": {"common", "coordinator.store"},        # store: the etcd channel it waits on
-    "cli": {"common", "proc", "agent", "coordinator", "client", "localstack"},
+    "cli": {"common", "proc", "agent", "coordinator", "enrollment", "client", "localstack"},
 }
 
 
@@ -62,6 +64,13 @@ def test_parts_import_only_what_they_may() -> None:
             if target not in ALLOWED[part] and imported not in ALLOWED[part]:
                 wrong.append(f"{name} imports holdfast.{imported}")
     assert wrong == []
+
+
+def test_only_the_coordinators_server_and_the_cli_start_the_enrollment_issuer() -> None:
+    starts = {name for name, tree in MODULES.items() if not name.startswith("enrollment")
+              for imported, _ in holdfast_imports(tree) if imported.startswith("enrollment")}
+    assert starts <= {"coordinator.server", "cli.serve_commands"}
+    assert "coordinator.server" in starts
 
 
 def test_no_import_circles() -> None:

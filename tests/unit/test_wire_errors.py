@@ -15,7 +15,7 @@ from holdfast.common.reasons import DOMAIN, Reason
 from holdfast.coordinator.errors import CoordinatorError
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("common", "proc", "agent", "coordinator", "client", "cli", "localstack")
+PARTS = ("common", "proc", "agent", "coordinator", "enrollment", "client", "cli", "localstack")
 ERRORS = {"CoordinatorError", "ClientError"}
 
 
