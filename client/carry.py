@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from holdfast.client.carry_restore import restore
@@ -77,6 +77,26 @@ def _read_whole(path: str, shown: str) -> tuple[bytes, os.stat_result]:
     return data, before
 
 
+def _tree(path: str, unread: list[str] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk(path) top-down, no link followed, with a stack where os.walk recurses once per
+    level (a restored copy 1,500 levels deep made every later measure or pack of it raise
+    RecursionError). Directories then other names, as found; a caller may prune `dirs`. A
+    directory that cannot be listed is appended to `unread` with why, not silently taken as empty."""
+    stack = [path]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as found:
+                names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+        except OSError as exc:
+            if unread is not None:
+                unread.append(f"{os.path.relpath(top, path)}: {exc.strerror}")
+            continue
+        dirs = [name for name, is_dir in names if is_dir]
+        yield top, dirs, [name for name, is_dir in names if not is_dir]
+        stack.extend(os.path.join(top, name) for name in reversed(dirs))
+
+
 def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
     """Bytes of regular files under each named root here; None for a root that does not exist."""
     sizes: dict[str, int | None] = {}
@@ -97,8 +117,7 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
                 f"--carry {name}: {NOT_A_ROOT}; nothing was asked of the session's owner",
             )
         total = 0
-        for top, dirs, files in os.walk(path):
-            dirs.sort()
+        for top, _, files in _tree(path):
             for f in files:
                 with contextlib.suppress(OSError):
                     s = os.lstat(os.path.join(top, f))
@@ -113,7 +132,8 @@ def _walk_root(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], l
     parent before its children, and what is left out, with why."""
     entries: list[tuple[str, str, int, str]] = []
     skipped: list[str] = []
-    for top, dirs, files in os.walk(path):
+    unread: list[str] = []
+    for top, dirs, files in _tree(path, unread):
         dirs.sort()
         for entry in sorted(dirs + files):
             full = os.path.join(top, entry)
@@ -134,6 +154,11 @@ def _walk_root(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], l
             elif stat.S_ISLNK(s.st_mode):
                 target = os.readlink(full)
                 try:
+                    target.encode()
+                except UnicodeEncodeError:  # a manifest holds UTF-8 only: it would not encode
+                    skipped.append(f"{shown}: its link's target is not UTF-8; not carried")
+                    continue
+                try:
                     check_entry(rel, "symlink", 0o777, target)
                 except CarryRefused as exc:
                     skipped.append(f"{shown}: {exc}")
@@ -141,6 +166,7 @@ def _walk_root(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], l
                 entries.append((rel, "symlink", 0o777, target))
             else:
                 skipped.append(f"{shown}: not a file, directory or symlink; not carried")
+    skipped += [f"{os.path.join(name, what)}: its contents could not be read; not carried" for what in unread]
     # A link that leaves the directory once the tree's other links are followed is left out; each
     # one left out changes where others lead, so this repeats until none leaves.
     while escaping := escaping_links({p: t for p, kind, _, t in entries if kind == "symlink"}):
@@ -169,27 +195,38 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
         )
         stream.append(data)
 
-    for index, name in enumerate(names):
-        path = _where(name, cwd)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise failed(f"--carry {name}: no such file or directory here (in {cwd})", session_id) from None
-        if stat.S_ISREG(st.st_mode):
-            manifest.roots.add(path=name, kind="file")
-            add_file(index, "", path, name)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
-        manifest.roots.add(path=name, kind="dir")
-        manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
-        entries, left_out = _walk_root(path, name)
-        skipped += left_out
-        for rel, kind, mode, target in entries:
-            if kind == "file":
-                add_file(index, rel, os.path.join(path, rel), os.path.join(name, rel))
-            else:
-                manifest.entries.add(root=index, path=rel, kind=kind, mode=mode, link_target=target)
+    try:
+        for index, name in enumerate(names):
+            path = _where(name, cwd)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                raise failed(
+                    f"--carry {name}: no such file or directory here (in {cwd})", session_id
+                ) from None
+            if stat.S_ISREG(st.st_mode):
+                manifest.roots.add(path=name, kind="file")
+                add_file(index, "", path, name)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
+            manifest.roots.add(path=name, kind="dir")
+            manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
+            entries, left_out = _walk_root(path, name)
+            skipped += left_out
+            for rel, kind, mode, target in entries:
+                if kind == "file":
+                    add_file(index, rel, os.path.join(path, rel), os.path.join(name, rel))
+                else:
+                    manifest.entries.add(root=index, path=rel, kind=kind, mode=mode, link_target=target)
+    except OSError as exc:
+        # A file CMD removes while a checkpoint reads it: the owner catches ClientError only, so an
+        # OSError here ended its checkpoints, or its release.
+        raise failed(
+            f"{exc.filename or ', '.join(names)}: {exc.strerror}; nothing of this copy was kept (the last "
+            "good copy stands)",
+            session_id,
+        ) from None
     data = b"".join(stream)
     chunks = chunked(data)
     manifest.total_bytes = len(data)

@@ -324,3 +324,57 @@ def test_an_unprivileged_restore_over_read_only_directories_leaves_no_old_copy()
         as_nobody(carry_and_restore_twice)
     finally:
         shutil.rmtree(box)  # as root, whatever the modes
+
+
+def test_a_deep_local_tree_is_measured_and_packed(deep_tmp: Path) -> None:
+    """os.walk recurses once per level: a restored copy 1,500 levels deep (a valid one) made every
+    later measure and pack of it raise RecursionError, so its owner could never upload again."""
+    restore(deep_copy(1500, hashlib.sha256(b"x").hexdigest()), b"x", ["notes"], str(deep_tmp))
+    assert carry.local_size(["notes"], str(deep_tmp)) == {"notes": 1}
+    assert len(carry.pack(["notes"], str(deep_tmp), "sess-unit-deep").manifest.entries) == 1502
+
+
+def test_a_link_whose_target_is_not_utf8_is_left_out_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "kept").write_text("k")
+    os.symlink(b"caf\xe9", bytes(tmp_path / "notes" / "latin1"))
+    packed = carry.pack(["notes"], str(tmp_path), "sess-unit-enc")
+    assert [e.path for e in packed.manifest.entries] == ["", "kept"]
+    assert packed.skipped == ["notes/latin1: its link's target is not UTF-8; not carried"]
+
+
+def test_a_file_gone_before_it_is_read_fails_the_copy_with_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint while CMD runs meets files CMD removes: an OSError escaped pack, which the
+    owner does not catch (only ClientError), ending its checkpoints or its release."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "scratch").write_text("s")
+    real_walk = carry._walk_root
+
+    def walk_then_remove(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], list[str]]:
+        found = real_walk(path, name)
+        (tmp_path / "notes" / "scratch").unlink()  # CMD, between the walk and the read
+        return found
+
+    monkeypatch.setattr(carry, "_walk_root", walk_then_remove)
+    with pytest.raises(ClientError, match=r"notes/scratch: No such file or directory; nothing of this copy"):
+        carry.pack(["notes"], str(tmp_path), "sess-unit-gone")
+
+
+def test_an_unreadable_directory_is_said_not_silently_emptied() -> None:
+    box = Path(tempfile.mkdtemp(prefix="holdfast-carry-unread-"))
+    box.chmod(0o755)
+    os.chown(box, 65534, 65534)
+
+    def pack_it() -> None:
+        (box / "notes" / "sealed").mkdir(parents=True)
+        (box / "notes" / "sealed" / "x").write_text("x")
+        os.chmod(box / "notes" / "sealed", 0o000)
+        packed = carry.pack(["notes"], str(box), "sess-unit-unread")
+        assert [s.split(":")[0] for s in packed.skipped] == ["notes/sealed"], packed.skipped
+
+    try:
+        as_nobody(pack_it)
+    finally:
+        shutil.rmtree(box)
