@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import Coordinator, snapshot
+from tests.integration.lifecycle_helpers import cli
 from tests.integration.run_fixtures import Cluster, until
 from tests.integration.test_run_sessions import started
 
@@ -115,20 +117,30 @@ def fencer_settings(tmp: Path) -> str:
                                     "mode_file": str(tmp / "fencer.modes")}}])
 
 
-def coordinator_args(tmp: Path) -> tuple[str, ...]:
-    return ("--fencers", fencer_settings(tmp), "--host-loss-after", str(LOSS), "--fence-timeout",
+def coordinator_args(tmp: Path, loss: float = LOSS) -> tuple[str, ...]:
+    return ("--fencers", fencer_settings(tmp), "--host-loss-after", str(loss), "--fence-timeout",
             str(FENCE_TIMEOUT), "--fence-retry-seconds", "0.3", "--metrics-listen", "127.0.0.1:0")
+
+
+def fenced_cluster(etcd: EtcdServer, tmp: Path, prefix: str, loss: float) -> Iterator[Fencing]:
+    coordinator = Coordinator(etcd.url, tmp, prefix, args=coordinator_args(tmp, loss)).start()
+    cluster = Cluster(coordinator, tmp)
+    try:
+        yield Fencing(cluster, etcd, prefix, tmp)
+    finally:
+        cluster.stop()
+        coordinator.stop()
 
 
 @pytest.fixture
 def fencing(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Fencing]:
-    coordinator = Coordinator(etcd.url, tmp_path, prefix, args=coordinator_args(tmp_path)).start()
-    cluster = Cluster(coordinator, tmp_path)
-    try:
-        yield Fencing(cluster, etcd, prefix, tmp_path)
-    finally:
-        cluster.stop()
-        coordinator.stop()
+    yield from fenced_cluster(etcd, tmp_path, prefix, LOSS)
+
+
+@pytest.fixture
+def by_hand(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Fencing]:
+    """Lost hosts are fenced only by an operator: host_loss_after is an hour."""
+    yield from fenced_cluster(etcd, tmp_path, prefix, 3600)
 
 
 def metric(address: str, name: str, **labels: str) -> float:
@@ -294,6 +306,96 @@ def test_two_replicas_run_one_fence(fencing: Fencing) -> None:
         assert_fenced_then_granted(fencing, sid, inode)
     finally:
         second.stop()
+
+
+def test_a_host_rebooted_before_the_proof_keeps_its_new_owners(fencing: Fencing) -> None:
+    c = fencing.cluster
+    lost, other = fencing.host("fh-boot"), fencing.host("fh-other6")
+    go = fencing.tmp / "go"
+    fencing.modes.write_text(f"hold:{go}\n")  # the first attempt waits; every later one is truthful
+    old_sid, new_sid, later_sid = "sess-fence-old-1", "sess-fence-new-1", "sess-fence-later-1"
+    c.run(lost, old_sid, cmd=child(c, old_sid))
+    until("the old owner", lambda: any(e[1] == "1" for e in c.events("start")), 20)
+    os.kill(lost.reaper_pid, signal.SIGKILL)
+    until("the fence to begin", lambda: fencing.runs("off"), 30)
+    lost.start()  # rebooted while the device is asked: its agent is refused until the attempt ends
+    assert "fh-boot" not in fencing.registered()
+    go.write_text("\n")  # the device answers for the old boot: Already OFF, then Status: OFF
+    until("the old owner freed", lambda: c.record(old_sid).record.lease.claim_status == pb.RELEASED, 30)
+    until("the new incarnation registered", lambda: "fh-boot" in fencing.registered(), 30)
+    fencing.mark(lost)
+    c.run(lost, new_sid, cmd=child(c, new_sid))
+    until("the new incarnation's owner", lambda: owned(c, new_sid), 30)
+    before = c.record(new_sid).SerializeToString()
+    # Another host lost later: the pass that fences it has gone over the old proof with the new
+    # owner recorded, and must have left that owner alone.
+    c.run(other, later_sid, cmd=child(c, later_sid))
+    until("the later owner", lambda: owned(c, later_sid), 30)
+    os.kill(other.reaper_pid, signal.SIGKILL)
+    until("the later host freed", lambda: c.record(later_sid).record.lease.claim_status == pb.RELEASED, 60)
+    assert c.record(new_sid).SerializeToString() == before
+    assert c.record(old_sid).record.lease.death_evidence.kind == "host-fenced"
+
+
+def owned(c: Cluster, session: str) -> bool:
+    """The session has a committed owner (False while it has no record yet)."""
+    try:
+        return c.record(session).record.lease.claim_status in (pb.COMMITTED, pb.LIVE)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
+            raise
+        return False
+
+
+def child(c: Cluster, session: str) -> list[str]:
+    """The overlap child with a lock of this session's own (sessions do not exclude each other)."""
+    return [sys.executable, str(Path(__file__).with_name("run_child.py")), str(c.tmp / f"{session}.lock"),
+            str(c.tmp / "session.log")]
+
+
+def test_the_incarnation_proven_off_is_refused_loudly_when_it_registers_again(fencing: Fencing) -> None:
+    c = fencing.cluster
+    liar = fencing.host("fh-liar")
+    fencing.modes.write_text("lie\n")  # the device says OFF and powered nothing off
+    sid = "sess-fence-lie-1"
+    c.run(liar, sid)
+    started(c, 1)
+    agent = fencing.agent_pid(liar)
+    os.kill(agent, signal.SIGSTOP)
+    until("the lying proof", lambda: c.record(sid).record.lease.claim_status == pb.RELEASED, 30)
+    os.kill(agent, signal.SIGCONT)
+    agent_log = fencing.tmp / "fh-liar" / "agent-fh-liar.log"
+    until("the loud refusal", lambda: "the fence device lied" in agent_log.read_text(), 30)
+    assert "fh-liar" not in fencing.registered()
+    refusals = c.coordinator.metrics, "holdfast_refusals_total"
+    assert metric(*refusals, rpc="RegisterHost", reason="HOST_FENCED") >= 1
+    assert '"alert": "fenced-host-alive"' in (fencing.tmp / "coordinator.log").read_text()
+    code, out = cli(c.coordinator.address, "hosts")
+    assert code == 0 and [(f["host_id"], f["state"]) for f in out["fencing"]] == [("fh-liar", "fenced")], out
+
+
+def test_an_operator_fences_by_hand(by_hand: Fencing) -> None:
+    c = by_hand.cluster
+    host = by_hand.host("fh-hand")
+    sid = "sess-fence-hand-1"
+    c.run(host, sid)
+    started(c, 1)
+    inode = namespace(host)
+    code, out = cli(c.coordinator.address, "admin", "fence", "fh-hand", "--reason", "rack on fire")
+    assert code == 75 and out["error"]["reason"] == "HOST_LIVE", out  # a registered agent: never
+    assert by_hand.runs() == []
+    os.kill(by_hand.agent_pid(host), signal.SIGSTOP)
+    until("the registration to lapse", lambda: "fh-hand" not in by_hand.registered(), 20)
+    code, out = cli(c.coordinator.address, "admin", "fence", "fh-hand", "--reason", "rack on fire")
+    assert code == 0, out
+    assert out["attempt"]["answer"] == "off" and "rack on fire" in out["attempt"]["requested_by"]
+    assert [(r["session_id"], r["recovered"]) for r in out["results"]] == [(sid, True)]
+    assert in_namespace(inode) == []
+    evidence = c.record(sid).record.lease.death_evidence
+    assert evidence.kind == "host-fenced" and "rack on fire" in evidence.detail
+    hosts = [sys.executable, "-m", "holdfast.cli", "hosts", "--coordinator", c.coordinator.address]
+    text = subprocess.run(hosts, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "LOST HOST" in text and "fh-hand" in text and "fenced" in text, text
 
 
 def test_bad_fencer_settings_stop_the_start(etcd: EtcdServer, tmp_path: Path, prefix: str) -> None:
