@@ -104,8 +104,8 @@ MAX_NAMED = 3  # unreadable processes named in a check's detail
 def check_environ(f: Facts) -> Check:
     """Every environ readable: pass. Only the namespace's PID 1 unreadable (a container runtime's or
     sandbox's init is, even to root): pass, naming it and why it does not matter. Anything else
-    unreadable would leave a scan incomplete: fail with the ptrace fix (issue 17: root failed on the
-    sandbox's own PID 1 alone, with a CAP_SYS_PTRACE/AppArmor hint that did not apply)."""
+    unreadable would leave a scan incomplete: fail with the ptrace fix. A sandbox's own PID 1 alone
+    must not fail root's check with a CAP_SYS_PTRACE/AppArmor hint that does not apply."""
     counts = f"{f.environ_read} read, {f.environ_denied} denied, {f.environ_other_users} of other users"
     if f.environ_denied == 0:
         return Check("environ-readable", "pass", counts)

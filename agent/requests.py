@@ -35,8 +35,8 @@ def check_identity(identity: agent_pb2.ProcessIdentity, what: str) -> None:
     path = identity.cgroup.path
     if path and not path.startswith("/"):
         raise InvalidInput(f"{what}: cgroup path must be absolute")
-    # A NUL made the handler raise (UNKNOWN, not a refusal); `..` would let a request name a cgroup
-    # outside the one recorded for the owner.
+    # A NUL would make the handler raise (UNKNOWN, not a refusal); `..` would let a request name a
+    # cgroup outside the one recorded for the owner.
     if "\0" in path or ".." in path.split("/"):
         raise InvalidInput(f"{what}: cgroup path must not contain NUL or '..' segments")
 

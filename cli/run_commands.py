@@ -316,7 +316,7 @@ async def _probe(args: argparse.Namespace, client: Client) -> int:
 async def _recover(args: argparse.Namespace, client: Client) -> int:
     if not args.yes:
         # Recover releases without stopping anything: on an owner its agent proves alive that is a
-        # second writer in waiting (issue 17: it was accepted without a word).
+        # second writer in waiting, so it is refused unless --yes says that is meant.
         found = await client.probe(args.session)
         owner = found.record.lease.owner
         if found.verdict == "held" and found.record.lease.claim_status in OWNED:

@@ -42,7 +42,7 @@ def resolve_command(argv: list[str], cwd: str | None = None, path: str | None = 
     """Where CMD's program is, as the gate's `exec` will find it (PATH lookup for a bare name,
     the executable bit for a path), or ClientError CMD_NOT_FOUND / CMD_NOT_EXECUTABLE. Checked
     before anything is asked of the coordinator: a typo must not cost a live owner its session
-    (issue 17: `run --takeover -- <typo>` ended the owner, then failed to exec)."""
+    (`run --takeover -- <typo>` would end the owner, then fail to exec)."""
     name = argv[0] if argv else ""
     search = os.environ.get("PATH", os.defpath) if path is None else path
     nothing = "nothing was asked of the session's owner and nothing was written"
@@ -138,8 +138,8 @@ def _takeover_dirs() -> list[Path]:
 
 
 def held_hint(spec: RunSpec) -> str:
-    """HELD's next step after what this run already tried (issue 17: after a failed --takeover the
-    hint suggested --takeover, after --wait ran out it suggested --wait)."""
+    """HELD's next step after what this run already tried: never --takeover again after a failed
+    --takeover, nor --wait after --wait ran out."""
     if spec.takeover and not spec.force:
         return (f"the owner did not let go within --handoff-timeout {spec.handoff_timeout:g}s; add `--force` "
                 "to have its host's agent end its tree, or allow longer with --handoff-timeout (it was "

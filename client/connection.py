@@ -94,7 +94,7 @@ class Client:
         # for it. 1.2 ms from the gate's spawn to the Acquire reaching the coordinator, not 2.7-4.9.
         self.channel.get_state(try_to_connect=True)
         # Until some call was answered, a refused connection means nothing listens at the address:
-        # say so at once (issue 17: 5.8 s of retries). Once answered, a refusal is a coordinator
+        # say so at once, not after seconds of retries. Once answered, a refusal is a coordinator
         # restarting under a run, and the retry budget rides over it.
         self.answered = False
         # A plaintext call the server closed, probed and found to be TLS: no retry can mend that

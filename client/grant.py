@@ -52,7 +52,8 @@ class Grant:
 
 def same_cluster(grant: Grant, answered_by: str) -> None:
     """Every answer of one run must come from the cluster that minted its grant: another one means
-    two holdfast clusters answer one address (issue 17). '' is an older coordinator's answer."""
+    two holdfast clusters answer one address (two `holdfast up` on one port). '' is an older
+    coordinator's answer."""
     if grant.cluster_id and answered_by and answered_by != grant.cluster_id:
         raise ClientError(Reason.WRONG_CLUSTER, f"the coordinator at {grant.coordinator} answered for "
                           f"holdfast cluster {answered_by[:64]!r}, but fence {grant.fence} was granted by "

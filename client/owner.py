@@ -43,9 +43,9 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUI
 
 
 def cli_on_path(path: str) -> str:
-    """`path` with this installation's `holdfast` reachable (issue 17: README's `holdfast put` failed
-    inside `run` when the CLI was not on PATH, e.g. a venv not activated). Appended, never
-    prepended: the child's own `python` and tools stay the ones it would have found."""
+    """`path` with this installation's `holdfast` reachable, so `holdfast put` inside `run` works when
+    the CLI is not on PATH (a venv not activated). Appended, never prepended: the child's own
+    `python` and tools stay the ones it would have found."""
     here = os.path.dirname(sys.executable)
     if shutil.which("holdfast", path=path) or not os.access(os.path.join(here, "holdfast"), os.X_OK):
         return path

@@ -36,8 +36,8 @@ class Serving:
 
 
 # gRPC turns SO_REUSEPORT on by default: a second server on a taken port then binds beside the
-# first and the kernel spreads connections over both — two coordinators over two etcds answered one
-# address (issue 17). Every holdfast server binds exclusively.
+# first and the kernel spreads connections over both: two coordinators over two etcds would answer
+# one address. Every holdfast server binds exclusively.
 SERVER_OPTIONS: tuple[tuple[str, object], ...] = (("grpc.so_reuseport", 0),)
 
 

@@ -5,7 +5,7 @@ holdfast clusters (two etcds, or two prefixes of one etcd) report different ones
 128-bit value written once, create-only, at `<prefix>cluster-id`; a coordinator that loses the
 race to create it reads the winner's. Grants carry it, so a grant minted by one cluster is refused
 by another's coordinators (WRONG_CLUSTER) and a client notices when one run's calls reach two
-clusters (issue 17: two `holdfast up` on one port). etcd's own cluster id is not used: it is derived
+clusters (two `holdfast up` on one port). etcd's own cluster id is not used: it is derived
 from the member configuration, so identically configured clusters share it, and it cannot tell two
 prefixes of one etcd apart (docs/decisions.md). Only coordinator start-up and a grant's own
 transaction create it: a refused call never writes, not even the identity.

@@ -227,7 +227,7 @@ class Lifecycle:
         if registration.entry is not None:
             # Operator evidence is for a node that is gone; a registered agent can answer for itself.
             # Checked here and compared absent in each session's transaction: an agent that
-            # registers meanwhile stops the rest (issue 11 item 7).
+            # registers meanwhile stops the rest.
             raise CoordinatorError(Reason.HOST_LIVE, f"host {host_id} has a live agent registration: drain "
                                    "it (`holdfast drain`), or stop its agent and let its lease expire first")
         # The compare on each record's mod revision is the expected-fence check: the fence read is the

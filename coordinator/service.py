@@ -669,17 +669,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.RecoverRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecoverResponse:
         identifiers.check_fence(request.expected_fence)
-        if not request.reason.strip() or not request.operator.strip():
-            raise identifiers.InvalidInput("Recover needs a reason and an operator")
-        identifiers.check_text("reason", request.reason, 1024)
-        identifiers.check_text("operator", request.operator, 256)
+        why = lifecycle.operator_text(request.operator, request.reason)
         entry, record = await self.sessions.require(request.session_id)
         lease = record.lease
         if lease.fence != request.expected_fence:
             raise CoordinatorError(
                 Reason.STALE_FENCE, f"expected fence {request.expected_fence}, current {lease.fence}"
             )
-        why = f"{request.operator}: {request.reason}"
         lifecycle_rules.release_on_evidence(lease, "operator-asserted", why, now_ms())
         who = f"{request.operator} from {context.peer()}"
         if not await self.sessions.transition(entry, record, "recover", who):

@@ -359,8 +359,8 @@ def _exec(args: argparse.Namespace) -> int:
     environ = {**os.environ, env.HOST_ID: host["host_id"], env.COORDINATOR: state["coordinator"]}
     if state.get("tls_dir"):
         environ[env.TLS_DIR] = state["tls_dir"]
-    # --wdns: the caller's directory, as a local command would have (issue 17: CMD ran in `/`, so
-    # relative paths failed). The host's mount namespace sees the same files. Written with `=`:
+    # --wdns: the caller's directory, as a local command would have (in `/`, CMD's relative paths
+    # would fail). The host's mount namespace sees the same files. Written with `=`:
     # util-linux 2.38 takes a separate word after --wdns for the command.
     argv = ["nsenter", "--target", str(host["reaper_pid"]), "--pid", "--mount", f"--wdns={os.getcwd()}",
             "--", *cmd]

@@ -160,8 +160,8 @@ def undo(ref: agent_pb2.CgroupRef) -> None:
 def _made_for(path: str, session_id: str, fence: int) -> bool:
     """Whether `path` is a session cgroup made by this agent's user for exactly this session and
     fence. The whole name is compared: by its prefix alone, session `build-ci-1`'s cgroup
-    `holdfast-build-ci-1-3-…` passed for session `build-ci` at fence 1, so a `holdfast run` started
-    inside the one tree was attested in it, and a kill of the inner session ended the outer. The
+    `holdfast-build-ci-1-3-…` would pass for session `build-ci` at fence 1, so a `holdfast run` started
+    inside the one tree would be attested in it, and a kill of the inner session would end the outer. The
     owner too: the owner of a delegated subtree (a systemd user manager's) can make a cgroup of
     any name, and one it made is not the agent's."""
     name, prefix = os.path.basename(path), f"{PREFIX}{session_id}-{fence}-"
