@@ -20,11 +20,15 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from google.protobuf import json_format
+
 from holdfast.client.carry_restore import restore
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.common.carry_rules import (
+    MANIFEST_BYTES,
+    UPLOAD_FIELDS_BYTES,
     CarryRefused,
     check_cap,
     check_entry,
@@ -237,6 +241,16 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
         raise failed(
             f"the carried state cannot be carried: {exc}; nothing was uploaded", session_id
         ) from None
+    # Checked here, as CommitCarry checks it, so a copy it would refuse is not uploaded whole first.
+    size = len(json_format.MessageToJson(manifest, indent=None, sort_keys=True).encode())
+    if size + UPLOAD_FIELDS_BYTES > MANIFEST_BYTES:
+        raise ClientError(
+            Reason.CARRY_TOO_LARGE,
+            f"the carried state's manifest ({len(manifest.entries)} entries) is {size} bytes; the "
+            f"coordinator takes at most {MANIFEST_BYTES - UPLOAD_FIELDS_BYTES} (fewer files or shorter "
+            "names); nothing was uploaded",
+            session_id,
+        )
     return Packed(manifest, chunks, skipped)
 
 

@@ -25,6 +25,11 @@ from holdfast.v1 import coordinator_pb2 as pb
 CHUNK_BYTES = 512 * 1024  # each chunk is one request, far below etcd's 1.5 MiB
 KINDS = ("file", "dir", "symlink")
 MAX_ENTRIES = 10_000
+# The manifest as the coordinator stores it (its protobuf JSON) and a commit's compares (at most 67
+# keys) share one etcd request of 1.5 MiB (coordinator.records.ETCD_REQUEST_LIMIT_BYTES); MAX_ENTRIES
+# files with short names take about 1.4 MB of it.
+MANIFEST_BYTES = 1536 * 1024 - 32 * 1024
+UPLOAD_FIELDS_BYTES = 1024  # what an upload adds to a packed manifest: fence, slot, host id, reason
 MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup (MAXSYMLINKS)
 NAME_MAX = 255      # bytes in one path component, as the kernel allows
 PATH_MAX = 4096     # bytes in a path or a link target

@@ -32,9 +32,7 @@ CHUNK_BYTES = carry_rules.CHUNK_BYTES
 DEFAULT_SESSION_CAP = 4 << 20
 MAX_SESSION_CAP = 32 << 20  # 64 chunks: a commit compares each, and etcd allows 128 ops a transaction
 DEFAULT_BUDGET = 512 << 20  # 25 % of etcd's default 2 GiB quota
-# The manifest as stored (JSON) and the commit's compares (at most 67 keys) share one etcd request:
-# carry_rules.MAX_ENTRIES files with short names take about 1.4 MB of it.
-MANIFEST_LIMIT = records.ETCD_REQUEST_LIMIT_BYTES - 32 * 1024
+MANIFEST_LIMIT = carry_rules.MANIFEST_BYTES  # the one a pack checks too, before it uploads
 BUDGET_RETRIES = 16  # other sessions' reservations move the budget key meanwhile
 
 

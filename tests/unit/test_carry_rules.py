@@ -29,6 +29,9 @@ from holdfast.common.carry_rules import (
     chunked,
     root_name,
 )
+from holdfast.common.reasons import Reason
+from holdfast.coordinator import carry as coordinator_carry
+from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 
 
@@ -237,6 +240,9 @@ def test_a_chain_of_links_is_judged_without_recursing_per_link() -> None:
     check_tree(tree([*chain[-39:], (f"l{MAX_ENTRIES - 2}", "symlink", ".")]), "dir")  # 40 hops
 
 
+DEEP = 1_100  # deeper than Python's recursion limit; the manifest still within the coordinator's
+
+
 def deep_copy(depth: int, file_sha256: str) -> pb.CarryManifest:
     """A valid copy `depth` directories deep (each 'd', well within PATH_MAX), then one file."""
     m = pb.CarryManifest(session_id="sess-unit-deep", written_at_unix_ms=1, total_bytes=1)
@@ -251,7 +257,7 @@ def deep_copy(depth: int, file_sha256: str) -> pb.CarryManifest:
 @pytest.fixture
 def deep_tmp(tmp_path: Path) -> Iterator[Path]:
     """tmp_path, emptied after the test: pytest's own clean-up of old temporary directories
-    recurses, and a tree 1,500 levels deep left there would fail every later pytest session."""
+    recurses, and a tree 1,100 levels deep left there would fail every later pytest session."""
     yield tmp_path
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -262,19 +268,20 @@ def deep_tmp(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_deep_copy_that_fails_is_removed_and_said(deep_tmp: Path) -> None:
-    """1,500 levels outrun Python's recursion limit: a recursive removal raised RecursionError,
+    """1,100 levels outrun Python's recursion limit: a recursive removal raised RecursionError,
     left the temporary tree behind and said nothing true."""
+    assert len(records.encode(deep_copy(DEEP, "0" * 64))) < coordinator_carry.MANIFEST_LIMIT  # a valid copy
     (deep_tmp / "notes").mkdir()
     with pytest.raises(ClientError, match=r"does not match its sha256.*nothing of the carried state"):
-        restore(deep_copy(1500, "0" * 64), b"x", ["notes"], str(deep_tmp))
+        restore(deep_copy(DEEP, "0" * 64), b"x", ["notes"], str(deep_tmp))
     assert sorted(p.name for p in deep_tmp.iterdir()) == ["notes"], "nothing temporary left"
 
 
 def test_a_deep_copy_restores_over_a_deep_local_tree(deep_tmp: Path) -> None:
     sha = hashlib.sha256(b"x").hexdigest()
     (deep_tmp / "notes").mkdir()
-    restore(deep_copy(1500, sha), b"x", ["notes"], str(deep_tmp))
-    said = restore(deep_copy(1500, sha), b"x", ["notes"], str(deep_tmp))  # the old deep tree removed
+    restore(deep_copy(DEEP, sha), b"x", ["notes"], str(deep_tmp))
+    said = restore(deep_copy(DEEP, sha), b"x", ["notes"], str(deep_tmp))  # the old deep tree removed
     assert said[0].startswith("restored notes (1 files, 1 bytes)")
     assert sorted(p.name for p in deep_tmp.iterdir()) == ["notes"], "no old copy left beside it"
 
@@ -327,11 +334,11 @@ def test_an_unprivileged_restore_over_read_only_directories_leaves_no_old_copy()
 
 
 def test_a_deep_local_tree_is_measured_and_packed(deep_tmp: Path) -> None:
-    """os.walk recurses once per level: a restored copy 1,500 levels deep (a valid one) made every
+    """os.walk recurses once per level: a restored copy 1,100 levels deep (a valid one) made every
     later measure and pack of it raise RecursionError, so its owner could never upload again."""
-    restore(deep_copy(1500, hashlib.sha256(b"x").hexdigest()), b"x", ["notes"], str(deep_tmp))
+    restore(deep_copy(DEEP, hashlib.sha256(b"x").hexdigest()), b"x", ["notes"], str(deep_tmp))
     assert carry.local_size(["notes"], str(deep_tmp)) == {"notes": 1}
-    assert len(carry.pack(["notes"], str(deep_tmp), "sess-unit-deep").manifest.entries) == 1502
+    assert len(carry.pack(["notes"], str(deep_tmp), "sess-unit-deep").manifest.entries) == DEEP + 2
 
 
 def test_a_link_whose_target_is_not_utf8_is_left_out_not_a_crash(tmp_path: Path) -> None:
@@ -378,3 +385,23 @@ def test_an_unreadable_directory_is_said_not_silently_emptied() -> None:
         as_nobody(pack_it)
     finally:
         shutil.rmtree(box)
+
+
+def test_a_copy_whose_manifest_the_coordinator_would_refuse_is_not_uploaded(tmp_path: Path) -> None:
+    """6,000 empty files with 200-byte names: under MAX_ENTRIES, but a manifest over the etcd
+    request the coordinator's CommitCarry allows, so pack passed it, every chunk was uploaded,
+    and the commit refused it at the end of every run."""
+    for count, length, fits in ((6_000, 200, False), (5_000, 150, True)):
+        root = tmp_path / f"notes{count}"
+        root.mkdir()
+        for i in range(count):
+            (root / f"{i:0{length}d}").touch()
+        if fits:
+            packed = carry.pack([root.name], str(tmp_path), "sess-unit-size")
+            packed.manifest.fence, packed.manifest.slot, packed.manifest.reason = 2**62, 1, "checkpoint"
+            packed.manifest.host_id = "h" * 63
+            assert len(records.encode(packed.manifest)) <= coordinator_carry.MANIFEST_LIMIT
+        else:
+            with pytest.raises(ClientError, match="nothing was uploaded") as refused:
+                carry.pack([root.name], str(tmp_path), "sess-unit-size")
+            assert refused.value.reason == Reason.CARRY_TOO_LARGE
