@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from holdfast.agent import hostinfo
 from holdfast.common import reloading, tls
+from holdfast.common.version import JSON_SCHEMA
 from holdfast.proc import cgroups
 from holdfast.proc.environ import read_environ
 from holdfast.proc.procstat import StatParseError, parse_stat
@@ -193,7 +194,7 @@ def render_text(checks: list[Check]) -> str:
 
 
 def as_json(checks: list[Check]) -> dict[str, object]:
-    return {"ok": healthy(checks), "checks": [asdict(c) for c in checks]}
+    return {"schema": JSON_SCHEMA, "ok": healthy(checks), "checks": [asdict(c) for c in checks]}
 
 
 # --- the edge: facts from this process and host ---------------------------------------------------

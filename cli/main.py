@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 
 from holdfast.cli import completion
-from holdfast.common.version import VERSION
+from holdfast.common.version import JSON_SCHEMA, VERSION
 
 # The module that contributes each top-level command. Parsing a known command imports only its own
 # module: `run` starts every session, and importing every part (the agent, the coordinator's etcd
@@ -32,6 +32,7 @@ COMMANDS = {
                     "holdfast.cli.run_commands"),
     **dict.fromkeys(["drain", "admin"], "holdfast.cli.lifecycle_commands"),
     **dict.fromkeys(["up", "exec"], "holdfast.localstack.up"),
+    **dict.fromkeys(["codex", "claude"], "holdfast.cli.provider_commands"),
 }
 
 EX_USAGE = 2
@@ -57,7 +58,8 @@ def version_text() -> str:
 
 def _version(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps({"version": VERSION, "python": python_version(), "grpcio": grpcio_version()}))
+        print(json.dumps({"schema": JSON_SCHEMA, "version": VERSION, "python": python_version(),
+                          "grpcio": grpcio_version()}))
     else:
         print(version_text())
     return 0

@@ -26,6 +26,7 @@ from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.common import identifiers, upstate
 from holdfast.common.reasons import Reason
+from holdfast.common.version import JSON_SCHEMA
 
 
 def default_operator() -> str:
@@ -69,12 +70,43 @@ def fence_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"fence must be an integer in 1..{identifiers.MAX_FENCE}") from None
 
 
+# 64-bit identifiers that may exceed 2**53, past which a JSON reader's number (a double) drops
+# digits: they stay strings. Every other integer is a count, a time, a fence, a pid or a sequence
+# number, always below it, and is a number.
+STRING_INTEGERS = frozenset({"lease_id", "inode", "pidfd_ino"})
+
+
+def _numbers(descriptor: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` (MessageToDict's, of a message of `descriptor`) with its 64-bit integers as numbers
+    (the proto3 JSON mapping writes them as strings), but STRING_INTEGERS."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    wide = (F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64, F.TYPE_FIXED64, F.TYPE_SFIXED64)
+    for field in descriptor.fields:
+        if field.name not in doc:
+            continue
+        repeated = field.is_repeated
+        values = doc[field.name] if repeated else [doc[field.name]]
+        if field.message_type is not None and not field.message_type.full_name.startswith("google."):
+            for value in values:
+                _numbers(field.message_type, value)
+        elif field.type in wide and field.name not in STRING_INTEGERS:
+            numbers = [int(value) for value in values]
+            doc[field.name] = numbers if repeated else numbers[0]
+    return doc
+
+
 def as_dict(message: Message) -> dict[str, Any]:
     # Imported here: only --json and a few reports need it, and it costs a `run` a tenth of its
     # start (docs/benchmarks.md).
     from google.protobuf.json_format import MessageToDict
 
-    return MessageToDict(message, preserving_proto_field_name=True)
+    return _numbers(message.DESCRIPTOR, MessageToDict(message, preserving_proto_field_name=True))
+
+
+def schema(document: dict[str, Any]) -> dict[str, Any]:
+    """A `--json` document (or `run --report`'s, or one `status --watch --json` line) with its schema."""
+    return {"schema": JSON_SCHEMA, **document}
 
 
 Body = Callable[[argparse.Namespace, Client], Awaitable[int]]
@@ -107,14 +139,14 @@ def failed(args: argparse.Namespace, err: ClientError) -> int:
     """A command's failure as its output (one line on stderr, and the error document with --json)
     and its exit code."""
     if getattr(args, "json", False):
-        print(json.dumps({"error": {"reason": err.reason, "message": err.message,
-                                    "next_step": err.next_step}}))
+        print(json.dumps(schema({"error": {"reason": err.reason, "message": err.message,
+                                           "next_step": err.next_step}})))
     print(f"holdfast: {err}", file=sys.stderr)
     return err.exit_code
 
 
-def print_json(value: object) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True))
+def print_json(value: dict[str, Any]) -> None:
+    print(json.dumps(schema(value), indent=2, sort_keys=True))
 
 
 def add_tls_dir(parser: argparse.ArgumentParser, what: str) -> None:

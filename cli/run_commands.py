@@ -27,6 +27,7 @@ from holdfast.cli.options import (
     guard_url,
     interrupted,
     print_json,
+    schema,
     seconds_arg,
     session_id_arg,
 )
@@ -110,9 +111,10 @@ def run_report(session: str, exit_code: int, cmd_status: int | None, fence: int 
     """`run --report`'s document: whether CMD ran, `run`'s exit code and CMD's own status, and the
     reason when `run` refused or failed. `reason` is "" exactly when CMD ran and `run` ended cleanly,
     so a CMD that exits 75 itself (ran, reason "") is told apart from a refusal (not ran, HELD)."""
-    return {"ran": cmd_status is not None or fence > 0, "exit_code": exit_code, "cmd_status": cmd_status,
-            "reason": error.reason if error else "", "message": error.message if error else "",
-            "next_step": error.next_step if error else "", "session": session, "fence": fence}
+    return schema({"ran": cmd_status is not None or fence > 0, "exit_code": exit_code,
+                   "cmd_status": cmd_status, "reason": error.reason if error else "",
+                   "message": error.message if error else "", "next_step": error.next_step if error else "",
+                   "session": session, "fence": fence})
 
 
 def write_report(path: str, report: dict[str, object]) -> None:
@@ -247,7 +249,7 @@ async def _status_watch(args: argparse.Namespace, client: Client) -> int:
     try:
         async for event in client.session_events(lost=_reconnecting):
             if args.json:
-                print(json.dumps(watch_line(event), sort_keys=True), flush=True)
+                print(json.dumps(schema(watch_line(event)), sort_keys=True), flush=True)
                 continue
             row = session_row(event.record) if not event.deleted else [event.record.session_id, "(archived)"]
             widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)] + widths[len(row):]
@@ -375,7 +377,7 @@ coordinator (or this host's agent not registered), 77 certificates, 2 usage, 127
 126 CMD not executable (checked before anything is asked: the owner is never disturbed), 130
 interrupted (Ctrl-C before CMD ran, or before its signals were forwarded: a grant made is released).
 A CMD may itself exit 75, 69 or 2: --report FILE tells the two apart. It is written (whole, by
-rename) when run ends, as one JSON document:
+rename) when run ends, as one JSON document (docs/json.md; each also has "schema": "holdfast/v1"):
   {"ran": true, "exit_code": 75, "cmd_status": 75, "reason": "", "message": "", "next_step": "",
    "session": "codex-thread-42", "fence": 3}                         CMD ran and exited 75 itself
   {"ran": false, "exit_code": 75, "cmd_status": null, "reason": "HELD", "message": "...",

@@ -55,13 +55,20 @@ def test_every_read_command_json_parses(cluster: Cluster) -> None:
     code, shown = cli(cluster, "show", sid, "--json")
     assert code == 0 and shown["record"]["lease"]["claim_status"] == "RELEASED"
     assert [h["transition"] for h in shown["history"]] == ["grant", "provider-handle", "release"]
+    # Integers below 2**53 are numbers (the proto3 mapping wrote "1"); an etcd lease id, which may
+    # exceed it, stays a string; every document names its schema (docs/json.md).
+    assert [h["seq"] for h in shown["history"]] == [1, 2, 3]
+    assert shown["record"]["lease"]["fence"] == 1 and shown["record"]["history_seq"] == 3
+    assert isinstance(hosts["hosts"][0]["lease_id"], str) and int(hosts["hosts"][0]["lease_id"]) > 0
+    assert isinstance(hosts["hosts"][0]["registered_at_unix_ms"], int)
+    assert {d["schema"] for d in (put, handle, got, status, hosts, shown)} == {"holdfast/v1"}
     code, probed = cli(cluster, "probe", sid, "--json")
     assert code == 0 and probed["verdict"] == "free"
     code, recovered = cli(cluster, "recover", sid, "--fence", "1", "--reason", "test", "--json")
     assert code == 0 and recovered["lease"]["death_evidence"]["kind"] == "operator-asserted"
     # Errors are JSON too, with the reason and the next step.
     code, missing = cli(cluster, "show", "sess-json-none", "--json")
-    assert code == 1 and missing["error"]["reason"] == "NOT_FOUND"
+    assert code == 1 and missing["error"]["reason"] == "NOT_FOUND" and missing["schema"] == "holdfast/v1"
     assert "holdfast status" in missing["error"]["next_step"]
     code, stale = cli(cluster, "recover", sid, "--fence", "2", "--reason", "not the current fence", "--json")
     assert code == 75 and stale["error"]["reason"] == "STALE_FENCE"

@@ -76,11 +76,12 @@ def test_archive_only_without_a_live_owner_keeps_history_and_floors_the_fence(
 
     # Retention: a bounded sweep drops archived history older than the age; the fence floor stays.
     code, out = cli(cluster.coordinator.address, "admin", "purge-archives", "--older-than-days", "1")
-    assert code == 0 and out == {"purged": [], "more": False}  # archived just now: not due
+    # Archived just now: not due.
+    assert code == 0 and out == {"schema": "holdfast/v1", "purged": [], "more": False}
     code, out = cli(cluster.coordinator.address, "admin", "purge-archives", "--older-than-days", "0")
     assert code == 0 and out["purged"] == [sid], out
     code, out = cli(cluster.coordinator.address, "admin", "archived", sid)
-    assert "history" not in out and out["record"]["lease"]["fence"] == "1"
+    assert "history" not in out and out["record"]["lease"]["fence"] == 1
     code, out = cli(cluster.coordinator.address, "admin", "purge-archives", "--older-than-days", "-1")
     assert code == 2
     # The same id again starts above the archived fence: no grant number is ever reused.

@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root"),
 ]
 
-KEYS = {"ran", "exit_code", "cmd_status", "reason", "message", "next_step", "session", "fence"}
+KEYS = {"schema", "ran", "exit_code", "cmd_status", "reason", "message", "next_step", "session", "fence"}
 
 
 def report(path: Path) -> dict:  # type: ignore[type-arg]
@@ -34,8 +34,9 @@ def test_a_cmd_exiting_75_itself_is_not_a_refusal_and_a_refusal_is_not_cmd(clust
     own = cluster.tmp / "own75.json"
     ran = cluster.run(a, "sess-report-75", "--report", str(own), cmd=["sh", "-c", "exit 75"])
     assert ran.wait(30) == 75, ran.err()
-    assert report(own) == {"ran": True, "exit_code": 75, "cmd_status": 75, "reason": "", "message": "",
-                           "next_step": "", "session": "sess-report-75", "fence": 1}
+    assert report(own) == {"schema": "holdfast/v1", "ran": True, "exit_code": 75, "cmd_status": 75,
+                           "reason": "", "message": "", "next_step": "", "session": "sess-report-75",
+                           "fence": 1}
 
     sid = "sess-report-held"
     holder = cluster.run(a, sid)

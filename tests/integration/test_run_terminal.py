@@ -146,8 +146,8 @@ def test_ctrl_c_before_cmd_ran_is_one_line_130_and_the_report_says_why(cluster: 
     said = [line.removeprefix("^C") for line in term.seen.decode().splitlines() if line.strip()]
     assert len(said) == 1 and said[0].startswith("holdfast: INTERRUPTED: interrupted"), said
     assert json.loads(report.read_text()) | {"message": "", "next_step": ""} == {
-        "ran": False, "exit_code": 130, "cmd_status": None, "reason": "INTERRUPTED", "message": "",
-        "next_step": "", "session": sid, "fence": 0}
+        "schema": "holdfast/v1", "ran": False, "exit_code": 130, "cmd_status": None, "reason": "INTERRUPTED",
+        "message": "", "next_step": "", "session": sid, "fence": 0}
     assert cluster.record(sid).record == held and holder.proc.poll() is None
 
 

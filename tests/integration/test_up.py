@@ -73,7 +73,7 @@ def test_up_twice_on_one_state_dir_keeps_records(tmp_path: Path, ups: list[subpr
     proc, coordinator = start_up(state, ups)
     first = cli(coordinator, "run", "--session", "kept-session-01", "--", "true")
     assert first.returncode == 0, first.stderr
-    assert lease(coordinator, "kept-session-01")["fence"] == "1"
+    assert lease(coordinator, "kept-session-01")["fence"] == 1
     out = stop_up(proc)
     assert "stopped" in out
     # Not the CLI's default address: up says how to point the CLI at it (issue 17).
@@ -82,10 +82,10 @@ def test_up_twice_on_one_state_dir_keeps_records(tmp_path: Path, ups: list[subpr
 
     proc, coordinator = start_up(state, ups)
     kept = lease(coordinator, "kept-session-01")
-    assert kept["fence"] == "1" and kept["claim_status"] == "RELEASED"
+    assert kept["fence"] == 1 and kept["claim_status"] == "RELEASED"
     second = cli(coordinator, "run", "--session", "kept-session-01", "--", "true")
     assert second.returncode == 0, second.stderr
-    assert lease(coordinator, "kept-session-01")["fence"] == "2"
+    assert lease(coordinator, "kept-session-01")["fence"] == 2
     stop_up(proc)
 
 
