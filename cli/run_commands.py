@@ -204,7 +204,8 @@ async def _get(args: argparse.Namespace, client: Client) -> int:
         print(f"holdfast: {args.key} is not set in session {session}. Next: `holdfast put` it from inside "
               "`holdfast run`", file=sys.stderr)
         return reasons.EX_FAILURE
-    sys.stdout.buffer.write(found.value)
+    # A line, as etcdctl and consul print a value (it ended without one); --raw: the bytes alone.
+    sys.stdout.buffer.write(found.value if args.raw else found.value + b"\n")
     return 0
 
 
@@ -436,6 +437,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("get", parents=[reader], help="read a session's fenced data")
     p.add_argument("key")
+    p.add_argument("--raw", action="store_true",
+                   help="write the value's bytes exactly, without the newline that ends it (e.g. binary)")
     p.add_argument("--session", type=session_id_arg, metavar="ID",
                    help=f"default: $HOLDFAST_SESSION (inside `holdfast run`); {SESSION_HELP}")
     p.set_defaults(handler=command(_get))

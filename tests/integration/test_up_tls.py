@@ -87,7 +87,10 @@ def test_up_tls_status_run_and_plaintext_refused(up_tls, tmp_path: Path) -> None
     assert ran.returncode == 0, ran.stderr
     got = holdfast("get", "greeting", "--session", sid, "--coordinator", recorded["coordinator"],
                    cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
-    assert got.returncode == 0 and got.stdout == "over-mtls", got.stderr
+    assert got.returncode == 0 and got.stdout == "over-mtls\n", got.stderr  # a line, as etcdctl prints
+    raw = holdfast("get", "greeting", "--raw", "--session", sid, "--coordinator", recorded["coordinator"],
+                   cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
+    assert raw.returncode == 0 and raw.stdout == "over-mtls", raw.stderr  # the bytes alone
     # The operator commands present up's operator certificate (issued beside client.pem).
     assert (Path(recorded["tls_dir"]) / "operator.pem").exists()
     drained = holdfast("drain", "host-1", "--coordinator", recorded["coordinator"], cwd=tmp_path,
@@ -115,7 +118,7 @@ def test_exec_keeps_the_callers_directory_and_run_puts_the_cli_on_path(  # type:
     assert ran.returncode == 0, ran.stderr
     got = holdfast("get", "where", "--session", sid, "--coordinator", recorded["coordinator"],
                    cwd=tmp_path, HOLDFAST_TLS_DIR=recorded["tls_dir"])
-    assert got.returncode == 0 and got.stdout == str(work), got.stderr
+    assert got.returncode == 0 and got.stdout == f"{work}\n", got.stderr
 
 
 def test_plaintext_to_up_tls_is_told_at_once_and_the_cli_finds_its_certificates(  # type: ignore[no-untyped-def]
