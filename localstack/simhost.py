@@ -160,9 +160,11 @@ class SimulatedHost:
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
               **popen_kwargs: object) -> subprocess.Popen[bytes]:
         """Runs argv inside this host's namespace; the Popen is the outer `nsenter` waiting on it.
-        A `cwd` is the working directory inside (entering the mount namespace resets it to /)."""
+        A `cwd` is the working directory inside (entering the mount namespace resets it to /): set
+        with --wdns, after entering; --wd kept the directory of the machine's namespace, which a
+        process inside sees as "(unreachable)" in getcwd (Codex then fails to start)."""
         cwd = popen_kwargs.get("cwd")
-        wd = [f"--wd={cwd}"] if cwd else []
+        wd = [f"--wdns={cwd}"] if cwd else []
         cmd = ["nsenter", "--target", str(self.reaper_pid), "--pid", "--mount", *wd, "--", *argv]
         return subprocess.Popen(cmd, env=dict(env) if env is not None else None, **popen_kwargs)  # type: ignore[call-overload]
 

@@ -1,0 +1,95 @@
+"""`holdfast codex` and `holdfast claude`: an agent CLI's non-interactive turn (`codex exec`,
+`claude -p`) as the session's single writer, on any host — `holdfast run` with the provider's
+recipe built in (docs/recipes.md).
+
+Guarantee: each takes every option of `run` and runs through it; on a first run it starts the CLI's
+thread and records its handle as soon as it exists, later it resumes the recorded one; it carries
+only what the CLI needs to resume (Codex `sessions/`, Claude Code `projects/<this directory's
+key>/`). Before anything is asked of the session: a CLI not on PATH exits 127, and a Claude Code
+session recorded for another working directory is refused (2), naming that directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from holdfast.cli import run_commands
+from holdfast.cli.options import command
+from holdfast.client import provider_rules as rules
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.common import reasons
+from holdfast.common.reasons import Reason
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    """`holdfast run`'s own parser: a provider command takes every one of its options, and its
+    handler does the rest."""
+    scratch = argparse.ArgumentParser().add_subparsers()
+    run_commands.register(scratch)
+    return scratch.choices["run"]
+
+
+async def _check_cwd(args: argparse.Namespace, client: Client) -> int:
+    found = await client.fenced_get(args.session, rules.CLAUDE_CWD_KEY)
+    try:
+        rules.check_cwd(found.value.decode() if found.found else "", os.getcwd())
+    except rules.ProviderRefused as refused:
+        raise ClientError(Reason.INVALID_ARGUMENT, str(refused), args.session) from None
+    return 0
+
+
+def _provider_handler(args: argparse.Namespace) -> int:
+    provider = rules.PROVIDERS[args.command]
+    cli = shutil.which(provider.command)
+    if not cli:
+        print(f"holdfast {args.command}: {provider.command}: command not found on PATH; nothing was asked "
+              f"of session {args.session}. Next: install it (tests/clis/package.json pins the tested "
+              "version) or put it on PATH", file=sys.stderr)
+        return reasons.EX_NOTFOUND
+    if provider.name == rules.CLAUDE and (refused := command(_check_cwd)(args)):
+        return refused
+    carried = rules.carried_path(provider, rules.state_dir(provider, os.environ), os.getcwd())
+    # Made before the first run, which has nothing to restore into it (the CLI would create it).
+    os.makedirs(carried, exist_ok=True)
+    words = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    args.cmd = [sys.executable, "-m", "holdfast.client.provider", args.command, cli, *words]
+    args.carry = [*args.carry, carried]
+    args.provider = args.provider or provider.name
+    return int(args.run_handler(args))
+
+
+EXAMPLES = {
+    "codex": """examples:
+  holdfast codex --session fix-login -- "find why login fails"   start a thread
+  holdfast codex --session fix-login -- "now write the test"     resume it, here or on another host
+  holdfast codex --session fix-login --takeover -- "go on"       take it over from the host running it
+
+runs `codex exec --json --skip-git-repo-check [resume THREAD] ARGS` with stdin closed (it prints
+codex's JSON events); carries $CODEX_HOME/sessions (default ~/.codex/sessions). Exit status as
+`holdfast run`'s.""",
+    "claude": """examples:
+  holdfast claude --session fix-login -- "find why login fails"  start a conversation
+  holdfast claude --session fix-login -- "now write the test"    resume it, here or on another host
+  holdfast claude --session fix-login --takeover -- "go on"      take it over from the host running it
+
+runs `claude -p --session-id ID ARGS` (the id recorded first), later `claude -p --resume ID ARGS`;
+carries $CLAUDE_CONFIG_DIR/projects/<this directory's key> (default ~/.claude/projects/...): run it
+from the same directory path on every host. Exit status as `holdfast run`'s.""",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = _run_parser()
+    for name, provider in rules.PROVIDERS.items():
+        p = subparsers.add_parser(
+            name, parents=[run], add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+            usage=f"holdfast {name} --session ID [run options] [--] [{provider.command} ARGS...]",
+            help=f"a `{provider.command}` turn as the session's single writer, resumed on any host",
+            description=f"`holdfast run` with the {provider.command} recipe built in: the session's "
+            f"{provider.command} thread is started or resumed, its handle recorded, its state carried.",
+            epilog=EXAMPLES[name])
+        p.set_defaults(handler=_provider_handler, run_handler=run.get_default("handler"), parser=p)
