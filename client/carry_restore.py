@@ -90,13 +90,18 @@ class _Root:
     def base(self) -> str:
         return os.path.basename(self.path)
 
+    def beside(self, what: str) -> str:
+        """The prefix of a temporary name beside the root: the root's name cut to 64 bytes, since
+        a root may be named with up to NAME_MAX bytes and the whole name must fit it too."""
+        return f".{self.base.encode()[:64].decode(errors='ignore')}.holdfast-{what}-"
+
     def open(self) -> None:
         directory = os.path.dirname(self.path) or "."
         # The directory this run's own --carry names (its parents are the user's path, made if
         # missing); everything below it is reached from this one descriptor.
         os.makedirs(directory, exist_ok=True)
         self.parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.temp = _mkdtemp(self.parent, f".{self.base}.holdfast-restore-")
+        self.temp = _mkdtemp(self.parent, self.beside("restore"))
         self.temp_fd = os.open(self.temp, OPEN_DIR, dir_fd=self.parent)
 
     def build(self) -> None:
@@ -154,7 +159,7 @@ class _Root:
             os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
             self.placed = True
             return
-        old = _mkdtemp(self.parent, f".{self.base}.holdfast-old-")
+        old = _mkdtemp(self.parent, self.beside("old"))
         os.rename(self.base, f"{old}/was", src_dir_fd=self.parent, dst_dir_fd=self.parent)
         try:
             os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)

@@ -96,7 +96,8 @@ def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes,
     fd = directory if isinstance(directory, int) else os.open(directory, OPEN_DIR)
     try:
         while True:
-            temp = f".{name}.{os.urandom(6).hex()}.tmp"
+            # The name cut to 64 bytes: a name of up to NAME_MAX bytes must leave room for the rest.
+            temp = f".{name.encode()[:64].decode(errors='ignore')}.{os.urandom(6).hex()}.tmp"
             try:
                 out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                               mode, dir_fd=fd)

@@ -405,3 +405,17 @@ def test_a_copy_whose_manifest_the_coordinator_would_refuse_is_not_uploaded(tmp_
             with pytest.raises(ClientError, match="nothing was uploaded") as refused:
                 carry.pack([root.name], str(tmp_path), "sess-unit-size")
             assert refused.value.reason == Reason.CARRY_TOO_LARGE
+
+
+def test_a_root_with_a_long_name_restores(tmp_path: Path) -> None:
+    """A root named with 250 bytes (NAME_MAX is 255) packs; its restore made '.<name>.holdfast-
+    restore-<hex>' beside it, a name over NAME_MAX, so every restore of it failed."""
+    name = "é" * 125
+    (tmp_path / "src" / name).mkdir(parents=True)
+    (tmp_path / "src" / name / "a").write_text("a")
+    packed = carry.pack([name], str(tmp_path / "src"), "sess-unit-long")
+    (tmp_path / "dst" / name).mkdir(parents=True)
+    (tmp_path / "dst" / name / "old").write_text("o")  # replaced, through the old copy's holder
+    restore(packed.manifest, b"".join(packed.chunks), [name], str(tmp_path / "dst"))
+    assert sorted(p.name for p in (tmp_path / "dst" / name).iterdir()) == ["a"]
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == [name]

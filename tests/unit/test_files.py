@@ -84,3 +84,9 @@ def test_a_tree_is_removed_whatever_its_depth_and_modes_through_no_link(tmp_path
         os.close(fd)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
     assert (victim / "kept").is_dir()
+
+
+def test_a_long_name_is_written_whole(tmp_path: Path) -> None:
+    """A --report named with 250 bytes: its temporary '.<name>.<hex>.tmp' was over NAME_MAX."""
+    files.write_whole(tmp_path, "r" * 250, b"{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["r" * 250]
