@@ -37,6 +37,9 @@ MASK = "*****"
 OUTPUT_KEPT = 2048  # characters of each stream recorded per action
 MAX_BACKOFF_S = 600.0
 FENCER_KEYS = frozenset({"hosts", "program", "options", "secrets"})
+# Agents that answer "off" without powering anything off: fence_dummy flips a file (it is for
+# testing a cluster's plumbing), fence_ack_manual is a person's override after fencing failed.
+PROVE_NOTHING = frozenset({"fence_dummy", "fence_ack_manual"})
 HOST_LOST = "host lost"  # `requested_by` of an attempt the loop started
 
 
@@ -86,6 +89,9 @@ def _fencer(index: int, entry: Any) -> FencerSpec:
     if not isinstance(program, str) or not program.startswith("/"):
         raise ValueError(f"{where}: program must be the fence agent's absolute path, e.g. "
                          "/usr/sbin/fence_ipmilan")
+    if program.rsplit("/", 1)[1] in PROVE_NOTHING:
+        raise ValueError(f"{where}: {program} proves nothing (it powers nothing off); configure the "
+                         "host's power or cloud API agent, or none and recover by hand")
     options = _table(where, "options", entry.get("options", {}))
     secrets = _table(where, "secrets", entry.get("secrets", {}))
     for name, path in secrets.items():

@@ -37,6 +37,8 @@ def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
     ([{**IPMI, "hosts": ""}], "hosts must name"),
     ([{**IPMI, "hosts": 3}], "hosts must name"),
     ([{**IPMI, "program": "fence_ipmilan"}], "absolute path"),
+    ([{**IPMI, "program": "/usr/sbin/fence_dummy"}], "proves nothing"),
+    ([{**IPMI, "program": "/usr/sbin/fence_ack_manual"}], "proves nothing"),
     ([{**IPMI, "options": {"action": "reboot"}}], "set by holdfast itself"),
     ([{**IPMI, "options": {"ip": "1.2.3.4\naction=on"}}], "newline"),
     ([{**IPMI, "options": {"ip": "1\r"}}], "newline"),

@@ -1,0 +1,158 @@
+"""Fencing's transitions each compare what they read (docs/transactions.md): two coordinator replicas
+over one real etcd, the concurrent change made exactly between a decision's reads and its
+transaction, and the transaction shown to lose (nothing written, the fence agent not run)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from holdfast.coordinator import keys
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.fence_rules import FencerSpec
+from holdfast.coordinator.host_fencing import FencingSettings
+from holdfast.coordinator.service import CoordinatorService
+from holdfast.coordinator.store import Store, open_channel
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.coordinator_fixtures import run_async
+from tests.integration.txn_harness import (
+    Context,
+    InterferingStore,
+    Pair,
+    Refused,
+    acquire,
+    create,
+    record_of,
+    register,
+    touch,
+    writes,
+)
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = pytest.mark.timeout(60)
+HOST = "fence-txn-host"
+
+
+def truthful_agent(tmp: Path) -> FencingSettings:
+    """A fence agent that proves every host off, and logs each action it is asked."""
+    program = tmp / "fence_truthful"
+    program.write_text("#!/bin/sh\n" + textwrap.dedent(f"""\
+        action=$(sed -n 's/^action=//p')
+        echo "$action" >> {tmp / "agent.log"}
+        [ "$action" = off ] && {{ echo "Success: Powered OFF"; exit 0; }}
+        echo "Status: OFF"; exit 2
+    """))
+    program.chmod(0o755)
+    return FencingSettings((FencerSpec(HOST, str(program)),), host_loss_after=3600, timeout=10)
+
+
+def fencing_pair(etcd: EtcdServer, prefix: str, settings: FencingSettings) -> Pair:
+    return Pair(CoordinatorService(InterferingStore(open_channel(etcd.url), prefix), fencing=settings,
+                                   name="victim"),
+                CoordinatorService(Store(open_channel(etcd.url), prefix), fencing=settings, name="other"))
+
+
+def agent_runs(tmp: Path) -> list[str]:
+    log = tmp / "agent.log"
+    return log.read_text().split() if log.exists() else []
+
+
+async def lost_with_a_reservation(p: Pair, sid: str) -> None:
+    """HOST reserved `sid`, then its registration went: a host a fence may power off."""
+    lease_id = await register(p.other, HOST)
+    await acquire(p.other, p.ctx, sid, HOST)
+    await p.other.store.revoke_lease(lease_id)
+
+
+def fence_by_hand(p: Pair) -> Awaitable[pb.FenceHostResponse]:
+    request = pb.FenceHostRequest(host_id=HOST, operator="test", reason="race")
+    return p.victim.FenceHost(request, Context())  # type: ignore[return-value]
+
+
+CHANGES: dict[str, Callable[[Pair], Awaitable[object]]] = {
+    "the host registers": lambda p: register(p.other, HOST),
+    "a drain": lambda p: create(p.other.store, keys.draining(p.other.store, HOST)),
+    "a restore gate": lambda p: create(p.other.store, keys.restore_pending(p.other.store)),
+    "a new registered-last": lambda p: touch(p.other.store, keys.host_last(p.other.store, HOST)),
+    "another replica's attempt": lambda p: create(p.other.store, keys.fence_pending(p.other.store, HOST)),
+    "an attempt recorded": lambda p: create(p.other.store, keys.fence_history(p.other.store, HOST, 1)),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+@run_async
+async def test_fence_pending_compares_every_gate_it_read(etcd: EtcdServer, prefix: str, tmp_path: Path,
+                                                         change: str) -> None:
+    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
+    try:
+        sid = "sess-fence-txn-1"
+        await lost_with_a_reservation(p, sid)
+        pending = keys.fence_pending(p.store, HOST)
+        p.store.arm(writes(pending), lambda: CHANGES[change](p))  # type: ignore[arg-type, return-value]
+        with pytest.raises(Refused) as refused:
+            await fence_by_hand(p)
+        assert refused.value.reason == "HOST_FENCING"
+        assert p.store.outcomes_for(pending) == [False]
+        assert agent_runs(tmp_path) == []  # nothing was run: a power-off cannot be called back
+        assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_registration_compares_the_fence_pending_key(etcd: EtcdServer, prefix: str,
+                                                            tmp_path: Path) -> None:
+    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
+    try:
+        host_key = keys.host(p.store, HOST)
+        p.store.arm(writes(host_key), lambda: create(p.other.store, keys.fence_pending(p.other.store, HOST)))
+        with pytest.raises(CoordinatorError) as refused:
+            await register(p.victim, HOST)
+        assert refused.value.reason == "HOST_FENCING"
+        assert p.store.outcomes_for(host_key) == [False]
+        assert await p.other.store.get(host_key) is None
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_the_attempts_end_compares_its_pending_key(etcd: EtcdServer, prefix: str,
+                                                          tmp_path: Path) -> None:
+    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
+    try:
+        sid = "sess-fence-txn-2"
+        await lost_with_a_reservation(p, sid)
+        proof = keys.fenced(p.store, HOST)
+        p.store.arm(writes(proof), lambda: touch(p.other.store, keys.fence_pending(p.other.store, HOST)))
+        response = await fence_by_hand(p)
+        assert response.attempt.answer == "off" and list(response.results) == []  # recorded nothing
+        assert p.store.outcomes_for(proof) == [False]
+        assert await p.other.store.get(proof) is None
+        assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_each_session_freed_compares_the_proof(etcd: EtcdServer, prefix: str, tmp_path: Path) -> None:
+    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
+    try:
+        sid = "sess-fence-txn-3"
+        await lost_with_a_reservation(p, sid)
+        record = keys.session(p.store, sid)
+        p.store.arm(writes(record), lambda: touch(p.other.store, keys.fenced(p.other.store, HOST)))
+        response = await fence_by_hand(p)
+        assert response.attempt.answer == "off"
+        assert [(r.session_id, r.recovered) for r in response.results] == [(sid, False)]
+        assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
+        # Unchanged since, the proof frees it on the next pass (of any replica).
+        await p.other.host_fencing.pass_once()
+        freed = await record_of(p.other, sid)
+        assert freed is not None and freed.lease.claim_status == pb.RELEASED
+        assert freed.lease.death_evidence.kind == "host-fenced"
+    finally:
+        await p.close()
