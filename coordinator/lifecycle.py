@@ -20,7 +20,7 @@ import grpc
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
 from holdfast.common.reasons import Reason
-from holdfast.coordinator import adjudication, fencing, keys, lifecycle_rules, protojson, records, registry
+from holdfast.coordinator import adjudication, fencing, keys, lifecycle_rules, protojson, records
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
@@ -106,26 +106,6 @@ class Lifecycle:
         """The reads `revived` needs for an id with no record: its archive record and the restore
         epoch's floor. Read with the record, in the Acquire's one round trip."""
         return [keys.archive_record(self.store, session_id), keys.new_session_floor(self.store)]
-
-    async def grant_gates(self, host_id: str) -> tuple[pb.HostRegistration, list[Seen]]:
-        """The gates of a grant to `host_id`, each refused with its reason (nothing written): no
-        restore pending, the host registered, the host not draining. Returns the registration and
-        the three reads, which the grant's (and a force-pending's) transaction compares."""
-        gates, _ = await self.read_grant_gates(host_id)
-        return judge_grant_gates(host_id, gates)
-
-    async def read_grant_gates(self, host_id: str, *also: str) -> tuple[list[Seen], list[Seen]]:
-        """What `judge_grant_gates` decides on, and the keys `also`, in one round trip: a grant is on
-        every client's start path. The registration comes from the followed cache when it holds it."""
-        registry = self.sessions.registry
-        cached = registry.cached(host_id)
-        wanted = [*also, keys.draining(self.store, host_id), keys.restore_pending(self.store)]
-        if cached is None:
-            wanted.append(registry.key_of(host_id))
-        read = await self.store.read_all(wanted)
-        drain, restore = read[len(also)], read[len(also) + 1]
-        registration = cached if cached is not None else read[-1]
-        return [registration, drain, restore], read[: len(also)]
 
     async def purge_archives(
         self, request: pb.PurgeArchivesRequest
@@ -372,21 +352,6 @@ def revived(session_id: str, provider: str, location: str, archived: Seen,
         record.lease.minimum_next_fence = max(floor, epoch_floor)
         record.history_seq = old.history_seq
     return record
-
-
-def judge_grant_gates(host_id: str, reads: list[Seen]) -> tuple[pb.HostRegistration, list[Seen]]:
-    """`read_grant_gates`' reads judged: the registration and the reads, or the first gate closed."""
-    reg_read, drain_read, restore_read = reads
-    if restore_read.entry is not None:
-        why = restore_read.entry.value.decode(errors="replace")[:200]
-        raise CoordinatorError(Reason.RESTORE_PENDING, f"etcd was restored from a backup and restore-epoch "
-                               f"has not finished ({why}); no grants until it has")
-    host = registry.decode(reg_read)
-    if host is None:
-        raise CoordinatorError(Reason.HOST_NOT_REGISTERED, f"host {host_id} has no live agent registration")
-    if drain_read.entry is not None:
-        raise CoordinatorError(Reason.HOST_DRAINING, f"host {host_id} is draining; no grants there")
-    return host, reads
 
 
 def _floor(read: Seen) -> int:

@@ -25,6 +25,7 @@ from holdfast.coordinator import (
     attestation,
     carry,
     fencing,
+    grant_gates,
     keys,
     lifecycle,
     lifecycle_rules,
@@ -35,6 +36,7 @@ from holdfast.coordinator import (
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.grant_gates import GrantGates
 from holdfast.coordinator.host_fencing import FencingSettings, HostFencing
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.replays import ReplayLease
@@ -142,7 +144,7 @@ class Exited:
     owner: apb.ProcessIdentity
     result: apb.ProbeResult | None
     registration: Seen
-    held: tuple[list[Seen], list[Seen]] | None = None
+    held: tuple[GrantGates, list[Seen]] | None = None
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
@@ -199,7 +201,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            gate_reads, (replay, record_read, *revival), early = await self._read_for_grant(
+            gates, (replay, record_read, *revival), early = await self._read_for_grant(
                 request, ops_key, exited)
             exited = None
             entry = record_read.entry
@@ -216,7 +218,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             if gate_token and attested is None and verdict.action in (Action.GRANT, Action.PROBE):
                 # Before anything is decided, written or signalled: a gate that cannot be attested
                 # refuses here with nothing done, never after a force-pending write or a kill.
-                attested = await self._attest_gate(request, gate_token, record, gate_reads)
+                attested = await self._attest_gate(request, gate_token, record, gates)
             reads: list[Seen] = [replay]
             if verdict.action is Action.PROBE and record is not None:
                 if request.force:
@@ -238,13 +240,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     watch = (asyncio.ensure_future(self.sessions.wait_exit(record.lease.owner, remaining))
                              if remaining > 0 else None)
                     try:
-                        entry = await self._ask_owner(entry, record, request, gate_reads, replay)
+                        entry = await self._ask_owner(entry, record, gates, replay)
                         if entry is None:
                             continue
                         if watch is not None:
                             # Just asked, it is ending: a probe now would find it alive. Its exit is
                             # waited for instead, on the record as this transaction wrote it.
-                            exited = await self._wait_exit(record.lease.owner, watch, gate_reads,
+                            exited = await self._wait_exit(record.lease.owner, watch, gates,
                                                            [replay, Seen(record_read.key, entry), *revival])
                             continue
                     finally:
@@ -273,7 +275,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
                 exited = await self._wait_exit(record.lease.owner,
                                                self.sessions.wait_exit(record.lease.owner, remaining),
-                                               gate_reads, [replay, Seen(record_read.key, entry), *revival])
+                                               gates, [replay, Seen(record_read.key, entry), *revival])
                 continue
             if verdict.action is not Action.GRANT:
                 raise CoordinatorError(verdict.reason, verdict.detail)
@@ -282,7 +284,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 # Decided on the record as read: a release landing after this read is the next call's.
                 raise CoordinatorError(Reason.RELEASE_PENDING, f"the owner at fence {record.lease.fence} has "
                                        f"ended ({verdict.detail}) but has not released; nothing was granted")
-            response = await self._grant(entry, record, request, verdict, ops_key, gate_reads, reads,
+            response = await self._grant(entry, record, request, verdict, ops_key, gates, reads,
                                          revival, gate_token, attested)
             if response is not None:
                 if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
@@ -293,15 +295,15 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
 
     async def _attest_gate(self, request: pb.AcquireRequest, token: str, record: pb.SessionRecord | None,
-                           gate_reads: list[Seen]) -> attestation.Attested | None:
+                           gates: GrantGates) -> attestation.Attested | None:
         """The caller's gate attested by its host's agent, in a session cgroup named for the fence
         the grant would have now; None when the gate's token is not under the variable that host's
         agent reads (the grant is then a reservation, committed by CommitOwner as before)."""
-        host, _ = lifecycle.judge_grant_gates(request.host_id, gate_reads)
+        host = gates.judge()
         if host.spawn_token_env != request.gate.spawn_token_env:
             return None
         fence = fencing.next_fence(record.lease.fence, record.lease.minimum_next_fence) if record else 1
-        return await attestation.attest(self.router, request.host_id, gate_reads[0], token,
+        return await attestation.attest(self.router, request.host_id, gates.registration, token,
                                         host.spawn_token_env, request.gate.pid_hint, request.session_id,
                                         fence)
 
@@ -312,7 +314,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         request: pb.AcquireRequest,
         verdict: adjudication.Verdict,
         ops_key: str,
-        gate_reads: list[Seen],
+        gates: GrantGates,
         reads: Sequence[Seen],
         revival: list[Seen],
         gate_token: str = "",
@@ -323,9 +325,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         record and floor its first fence came from (`revival`, read with the record). With an
         attested gate whose registration is still the one read, the gate is the owner in the same
         transaction (commit at grant); else the grant is a reservation. None when it lost a race."""
-        host, gates = lifecycle.judge_grant_gates(request.host_id, gate_reads)
+        host = gates.judge()
         cluster_id, cluster_reads, cluster_puts = await self.cluster.for_grant()
-        reads = [*reads, *gates, *cluster_reads]
+        reads = [*reads, *gates.reads, *cluster_reads]
         if record is None:
             record = lifecycle.revived(request.session_id, request.provider, request.location, *revival)
             reads += revival
@@ -349,7 +351,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
         lease.death_evidence.CopyFrom(verdict.evidence or old.death_evidence)
         detail = verdict.reason.value
-        if attested is not None and attested.current(gates[0]):
+        if attested is not None and attested.current(gates.registration):
             attestation.commit(lease, attested.identity, at)
             detail += f"; committed pid {attested.identity.pid} on {attested.identity.host_id}"
         record.lease.CopyFrom(lease)
@@ -376,27 +378,27 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             metrics.GRANTS.labels(verdict.reason.value).inc()
         return response if ok else None
 
-    async def _ask_owner(self, entry: Entry | None, record: pb.SessionRecord, request: pb.AcquireRequest,
-                         gate_reads: list[Seen], replay: Seen) -> Entry | None:
+    async def _ask_owner(self, entry: Entry | None, record: pb.SessionRecord, gates: GrantGates,
+                         replay: Seen) -> Entry | None:
         """Writes a takeover's handoff request (`record` marked by `adjudication.ask_owner`),
         comparing the record, the grant's gates and this operation's replay key (read absent: a
         grant of this very operation meanwhile must not be asked to end); returns the record's new
         entry, None when the transaction lost. Refuses (writing nothing) when a gate is closed."""
-        lifecycle.judge_grant_gates(request.host_id, gate_reads)
-        return await self.sessions.transition_at(entry, record, "handoff-requested", request.host_id,
-                                                 reads=[replay, *gate_reads])
+        gates.judge()
+        return await self.sessions.transition_at(entry, record, "handoff-requested", gates.host_id,
+                                                 reads=[replay, *gates.reads])
 
     async def _wait_exit(self, owner: apb.ProcessIdentity,
-                         waiting: Awaitable[tuple[apb.ProbeResult | None, Seen]], gate_reads: list[Seen],
+                         waiting: Awaitable[tuple[apb.ProbeResult | None, Seen]], gates: GrantGates,
                          also: list[Seen]) -> Exited:
         """Until `waiting` (the owner's exit stream, `sessions.wait_exit`, begun by the caller) has
         the owner's first exit event or runs out; proves nothing by itself. Returns the owner and
         the event, with the reads the wait began on."""
-        return Exited(owner, *await waiting, held=(gate_reads, also))
+        return Exited(owner, *await waiting, held=(gates, also))
 
     async def _read_for_grant(
         self, request: pb.AcquireRequest, ops_key: str, exited: Exited | None
-    ) -> tuple[list[Seen], list[Seen], Exited | None]:
+    ) -> tuple[GrantGates, list[Seen], Exited | None]:
         """Everything a decision reads, in one round trip at one revision: the grant's gates, then
         this operation's replay, the record and what a new record's first fence rests on, each
         compared in the grant's transaction. After a wait ended by an owner's exit event, that
@@ -406,24 +408,24 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         owner. With the event's own proof, the reads are those the wait began on, no round trip:
         a grant may rest on them, nothing else (Acquire decides anything else on a fresh read)."""
         if exited is None or request.force:
-            gate_reads, also = await self._read(request, ops_key)
-            return gate_reads, also, None
+            gates, also = await self._read(request, ops_key)
+            return gates, also, None
         if exited.result is not None and adjudication.proves_gone(exited.result):
             if exited.held is not None:
                 # No round trip: the grant that may follow compares every one of these keys in its
                 # transaction, so a change since they were read makes it lose (and the next pass
                 # reads afresh); it can grant nothing a fresh read would refuse.
                 return *exited.held, exited
-            gate_reads, also = await self._read(request, ops_key)
-            return gate_reads, also, exited
-        (gate_reads, also), (probe, registration) = await asyncio.gather(
+            gates, also = await self._read(request, ops_key)
+            return gates, also, exited
+        (gates, also), (probe, registration) = await asyncio.gather(
             self._read(request, ops_key), self.sessions.probe(exited.owner))
-        return gate_reads, also, Exited(exited.owner, probe, registration)
+        return gates, also, Exited(exited.owner, probe, registration)
 
-    async def _read(self, request: pb.AcquireRequest, ops_key: str) -> tuple[list[Seen], list[Seen]]:
+    async def _read(self, request: pb.AcquireRequest, ops_key: str) -> tuple[GrantGates, list[Seen]]:
         sid = request.session_id
-        return await self.lifecycle.read_grant_gates(request.host_id, ops_key, self.sessions.key(sid),
-                                                     *self.lifecycle.revival_keys(sid))
+        return await grant_gates.read(self.store, self.registry, request.host_id, ops_key,
+                                      self.sessions.key(sid), *self.lifecycle.revival_keys(sid))
 
     async def _force_pending(
         self,
@@ -441,12 +443,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if not adjudication.force_allowed(record.lease, ask, is_operator(context)):
             raise CoordinatorError(Reason.FORCE_NOT_ALLOWED, "force is honoured only for the caller whose "
                                    "handoff request the record holds (run --takeover --force) or an operator")
-        _, gates = await self.lifecycle.grant_gates(request.host_id)
+        gates, _ = await grant_gates.read(self.store, self.registry, request.host_id)
+        gates.judge()
         lease = record.lease
         lease.handoff_stage = pb.FORCE_PENDING
         lease.handoff_operation_hash = ask.operation_hash
         lease.handoff_requested_by_host = request.host_id
-        return await self.sessions.transition_at(entry, record, "force-pending", request.host_id, reads=gates)
+        return await self.sessions.transition_at(entry, record, "force-pending", request.host_id,
+                                                 reads=gates.reads)
 
     @_handler
     async def CommitOwner(
