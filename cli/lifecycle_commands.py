@@ -22,31 +22,43 @@ from holdfast.cli.options import (
     session_id_arg,
 )
 from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.common.reasons import Reason
 from holdfast.coordinator import lifecycle_rules
 
 
 async def _drain(args: argparse.Namespace, client: Client) -> int:
-    reply = await client.drain(args.host, args.operator, draining=not args.undo)
+    try:
+        reply = await client.drain(args.host, args.operator, draining=not args.undo)
+    except ClientError as err:
+        if err.reason == Reason.HOST_NOT_REGISTERED:  # the table's next step names run's --host-id
+            err.hint = ("check the host id: `holdfast hosts` lists the registered hosts, `holdfast status` "
+                        "the hosts sessions name")
+        raise
+    if not args.json:  # what was done first, then the progress, then what is left
+        if reply.draining:
+            print(f"host {args.host}: draining (no new grants there); handoff requested for "
+                  f"{len(reply.handoff_requested)} sessions")
+        else:
+            print(f"host {args.host}: no longer draining (grants there again)")
+        for line in reply.skipped:
+            print(f"  skipped {line}")
     owned = list(reply.still_owned)
     deadline = time.monotonic() + args.wait
     while owned and time.monotonic() < deadline:
         # Progress: the owners let go by themselves (`holdfast run` watches its record); we only read.
         await asyncio.sleep(0.2)
         sessions = await client.list_sessions()
-        owned = [r.session_id for r in sessions if lifecycle_rules.claimed_on(r, args.host)]
-        if not args.json:
-            print(f"drain {args.host}: {len(owned)} sessions still held")
+        left = [r.session_id for r in sessions if lifecycle_rules.claimed_on(r, args.host)]
+        if not args.json and len(left) != len(owned):
+            print(f"drain {args.host}: {len(left)} sessions still held")
+        owned = left
     if args.json:
         print_json({"host": args.host, "draining": reply.draining,
                      "handoff_requested": list(reply.handoff_requested), "still_owned": owned,
                      "skipped": list(reply.skipped)})
-    else:
-        state = "draining (no new grants there)" if reply.draining else "no longer draining"
-        print(f"host {args.host}: {state}; handoff requested for {len(reply.handoff_requested)} sessions")
-        for line in reply.skipped:
-            print(f"  skipped {line}")
-        if owned:
-            print(f"  still held: {' '.join(owned)}; run `holdfast drain {args.host} --wait 60` again")
+    elif owned and reply.draining:
+        print(f"  still held: {' '.join(owned)}; run `holdfast drain {args.host} --wait 60` again")
     return 0 if not owned or args.undo else 75
 
 

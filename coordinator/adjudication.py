@@ -128,6 +128,15 @@ def requested_by_another(lease: pb.Lease, operation_hash: str) -> bool:
             and lease.handoff_operation_hash != operation_hash)
 
 
+def answer_drain_request(lease: pb.Lease) -> None:
+    """At a release: a drain's handoff request (it names no operation) is answered, and the stage
+    goes back to none (a released record showed `handoff-requested` in `status` and the metrics);
+    a takeover's stays, keeping the session for its operation (requested_by_another)."""
+    if lease.handoff_stage in HANDOFF_STAGES and not lease.handoff_operation_hash:
+        lease.handoff_stage = pb.NONE
+        lease.handoff_requested_by_host = ""
+
+
 def ask_owner(lease: pb.Lease, operation_hash: str, host_id: str) -> bool:
     """Marks `lease` handoff-requested by this operation (a drain's request, which names none, is
     taken over); False when this operation's request is already the record's: nothing to write.

@@ -519,6 +519,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         elif lease.claim_status != pb.RESERVED:
             raise CoordinatorError(Reason.STALE_FENCE, "this grant is no longer held")
         lease.claim_status = pb.RELEASED
+        adjudication.answer_drain_request(lease)
         lease.death_evidence.CopyFrom(
             pb.DeathEvidence(kind="released", observed_at_unix_ms=now_ms(), owner_fence=lease.fence)
         )

@@ -66,6 +66,7 @@ def test_drain_of_a_host_nobody_knows_is_refused_and_writes_nothing(coordinator:
                           capture_output=True, text=True, timeout=60)
     assert typo.returncode == 69, typo.stderr
     assert "HOST_NOT_REGISTERED" in typo.stderr and "no session names it" in typo.stderr
+    assert "holdfast hosts" in typo.stderr and "--host-id" not in typo.stderr  # drain has no --host-id
     assert snapshot(etcd_url, prefix) == before
     # A registered host (its agent need not answer for a drain with nothing on it) is drained.
     reg = pb.HostRegistration(host_id="host-known", address="127.0.0.1:9",
@@ -76,6 +77,11 @@ def test_drain_of_a_host_nobody_knows_is_refused_and_writes_nothing(coordinator:
     known = subprocess.run([*HOLDFAST, "drain", "host-known", "--json", "--coordinator",
                             coordinator.address], capture_output=True, text=True, timeout=60)
     assert known.returncode == 0 and json.loads(known.stdout)["draining"] is True, known.stderr
+    # Undone, it says so, and nothing of handoffs (it said "handoff requested for 0 sessions").
+    undone = subprocess.run([*HOLDFAST, "drain", "host-known", "--undo", "--coordinator",
+                             coordinator.address], capture_output=True, text=True, timeout=60)
+    assert undone.returncode == 0
+    assert undone.stdout == "host host-known: no longer draining (grants there again)\n"
 
 
 def test_nothing_listening_is_said_at_once(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from tests.integration.conftest import descendants
 from tests.integration.lifecycle_helpers import cli, fenced_put_reason, grant_copier
 from tests.integration.run_fixtures import CHILD, Cluster, until
 from tests.integration.test_run_sessions import gone, started
+
+HOLDFAST = [sys.executable, "-m", "holdfast.cli"]
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -97,13 +100,22 @@ def test_drain_hands_off_every_session_and_refuses_new_grants_there(cluster: Clu
     sessions = ["sess-drain-001", "sess-drain-002"]
     runs = [cluster.run(a, sid, cmd=child(cluster, sid)) for sid in sessions]
     until("both children", lambda: len(cluster.events("start")) == 2)
-    code, out = cli(cluster.coordinator.address, "drain", "host-dra", "--wait", "30")
-    assert code == 0, out
-    assert sorted(out["handoff_requested"]) == sessions and out["still_owned"] == []
+    code, out = cli(cluster.coordinator.address, "drain", "host-dra")
+    assert code == 75 and sorted(out["handoff_requested"]) == sorted(out["still_owned"]) == sessions, out
+    # Again, as text, waiting: what was done first, then the progress (a line at each change), and
+    # nothing is left held.
+    shown = subprocess.run([*HOLDFAST, "drain", "host-dra", "--wait", "30", "--coordinator",
+                            cluster.coordinator.address], capture_output=True, text=True, timeout=60)
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 0 and lines[0].startswith("host host-dra: draining (no new grants there)")
+    assert all(line.startswith("drain host-dra: ") for line in lines[1:]), lines
+    assert lines[1:] == [] or lines[-1] == "drain host-dra: 0 sessions still held"
     for run in runs:
         assert run.wait(30) == 0  # the children were ended gracefully by their own `run`
     for sid in sessions:
-        assert cluster.record(sid).record.lease.claim_status == pb.RELEASED
+        # Released, the drain's request is answered: no record stays `handoff-requested`.
+        lease = cluster.record(sid).record.lease
+        assert (lease.claim_status, lease.handoff_stage) == (pb.RELEASED, pb.NONE)
     refused = cluster.run(a, sessions[0], cmd=child(cluster, sessions[0]))
     assert refused.wait(30) == 75 and "HOST_DRAINING" in refused.err()
     assert cluster.record(sessions[0]).record.lease.fence == 1  # the refusal wrote nothing

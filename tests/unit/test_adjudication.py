@@ -9,6 +9,7 @@ from holdfast.coordinator.adjudication import (
     Action,
     Reason,
     adjudicate,
+    answer_drain_request,
     ask_owner,
     proves_gone,
     release_allowed,
@@ -171,6 +172,23 @@ def test_asking_the_owner_writes_only_what_is_not_the_records_already(stage, by,
             pb.HANDOFF_REQUESTED, "op-a", "host-b")
     else:
         assert lease == before
+
+
+@pytest.mark.parametrize("stage, by, after", [
+    (pb.HANDOFF_REQUESTED, "", pb.NONE),                   # a drain's: answered by the release
+    (pb.HANDOFF_REQUESTED, "op-a", pb.HANDOFF_REQUESTED),  # a takeover's: the session stays its
+    (pb.FORCE_PENDING, "op-a", pb.FORCE_PENDING),
+    (pb.MANUAL_RECOVERY, "", pb.MANUAL_RECOVERY),
+])
+def test_a_release_answers_a_drains_request_and_keeps_a_takeovers(stage, by, after) -> None:
+    lease = pb.Lease(fence=3, claim_status=pb.RELEASED, handoff_stage=stage, handoff_operation_hash=by,
+                     handoff_requested_by_host="drain of host-a" if not by else "host-b")
+    answer_drain_request(lease)
+    assert lease.handoff_stage == after
+    assert (lease.handoff_requested_by_host == "") == (after == pb.NONE)
+    # A takeover's request still reserves the released session for its operation.
+    assert adjudicate(pb.SessionRecord(lease=lease), AcquireAsk(None, "op-z"), None, 0).action == (
+        Action.GRANT if after == pb.NONE else Action.REFUSE)
 
 
 @pytest.mark.parametrize("outcome, checked, gone, contradiction, proven", [
