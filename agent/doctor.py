@@ -21,6 +21,7 @@ from holdfast.common.version import JSON_SCHEMA
 from holdfast.proc import cgroups
 from holdfast.proc.environ import read_environ
 from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
 CAP_SYS_PTRACE = 19
@@ -70,6 +71,7 @@ class Facts:
     unreadable: tuple[Unreadable, ...] = ()  # the denied processes themselves (environ_denied of them)
     cert_seconds_left: float | None = None  # this agent's certificate (with tls_dir); None: not checked
     cert_error: str = ""  # why it could not be read
+    fenced: str | None = None  # the fence that proved this very incarnation off; "" none; None: not asked
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,17 @@ def check_coordinator(f: Facts) -> Check:
 CERT_WARN_SECONDS = 6 * 3600
 
 
+def check_fenced(f: Facts) -> Check:
+    """This host's running incarnation is the one a fencer proved off: its sessions were freed on
+    the device's word, so whatever it runs may be a second writer (the coordinator refuses its
+    registration, HOST_FENCED)."""
+    if f.fenced is None:
+        return Check("fenced", "skip", "not asked (no coordinator configured, or it did not answer)")
+    return _result("fenced", not f.fenced, f.fenced or "this incarnation was not fenced",
+                   "this machine was reported powered off and is running: stop it now, then fix its "
+                   "fencer's options (plug, address) in the coordinator's settings")
+
+
 def check_certificate(f: Facts) -> Check:
     if f.cert_seconds_left is None and not f.cert_error:
         return Check("certificate", "skip", "no TLS configured (--tls-dir / HOLDFAST_TLS_DIR)")
@@ -175,7 +188,7 @@ def check_certificate(f: Facts) -> Check:
 
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
     check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_boot_id, check_coordinator,
-    check_certificate)
+    check_certificate, check_fenced)
 
 
 def run_checks(f: Facts) -> list[Check]:
@@ -276,6 +289,24 @@ def coordinator_error(address: str, tls_dir: Path | None, host_id: str) -> str:
         health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+def fenced_here(address: str, tls_dir: Path | None, host_id: str) -> str | None:
+    """The coordinator's word on whether this very incarnation was fenced: the proof's detail, ""
+    when not, None when it could not be asked."""
+    try:
+        with tls.open_channel(address, tls_dir, tls.Role("agent", host_id), sync=True) as channel:
+            listing = coordinator_pb2_grpc.CoordinatorStub(channel).ListHosts(
+                coordinator_pb2.ListHostsRequest(), timeout=HEALTH_TIMEOUT_S)
+    except (grpc.RpcError, OSError):
+        return None
+    mine = hostinfo.current_incarnation()
+    for state in listing.fence_states:
+        if state.host_id == host_id and state.state == "fenced" and state.attempt.incarnation == mine:
+            attempt = state.attempt
+            return (f"this incarnation was proven off by {attempt.program} from {attempt.coordinator} "
+                    f"({attempt.detail})")
+    return ""
+
+
 def in_init_pid_ns() -> bool:
     return os.stat("/proc/self/ns/pid").st_ino == INIT_PID_NS
 
@@ -294,6 +325,7 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
         coordinator=coordinator,
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
         unreadable=unreadable,
+        fenced=fenced_here(coordinator, tls_dir, host_id) if coordinator and host_id else None,
         **certificate_facts(tls_dir, host_id),
     )
 

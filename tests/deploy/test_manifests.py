@@ -432,7 +432,8 @@ def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
             alerts[r["alert"]] = r["expr"]
     assert alerts.keys() == {"HoldfastSessionIndeterminate", "HoldfastHostUnregistered",
                              "HoldfastCertificateNearExpiry", "HoldfastCertificateExpiring",
-                             "HoldfastCertificateRenewalFailing"}
+                             "HoldfastCertificateRenewalFailing", "HoldfastFenceFailed",
+                             "HoldfastFencedHostAlive", "HoldfastHostLost"}
     assert "holdfast_certificate_expiry_seconds" in alerts["HoldfastCertificateExpiring"]
     failing = alerts["HoldfastCertificateRenewalFailing"]
     assert 'holdfast_certificate_renewals_total{outcome="failed"}' in failing

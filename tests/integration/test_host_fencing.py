@@ -372,6 +372,13 @@ def test_the_incarnation_proven_off_is_refused_loudly_when_it_registers_again(fe
     assert '"alert": "fenced-host-alive"' in (fencing.tmp / "coordinator.log").read_text()
     code, out = cli(c.coordinator.address, "hosts")
     assert code == 0 and [(f["host_id"], f["state"]) for f in out["fencing"]] == [("fh-liar", "fenced")], out
+    # The node's own doctor says so too.
+    doctor = liar.spawn([sys.executable, "-m", "holdfast.cli", "agent", "doctor", "--json", "--coordinator",
+                         c.coordinator.address, "--host-id", "fh-liar"], stdout=subprocess.PIPE)
+    report, _ = doctor.communicate(timeout=60)
+    checks = {check["name"]: check for check in json.loads(report)["checks"]}
+    assert doctor.returncode == 1 and checks["fenced"]["status"] == "fail", checks["fenced"]
+    assert FENCER in checks["fenced"]["detail"]
 
 
 def test_an_operator_fences_by_hand(by_hand: Fencing) -> None:

@@ -10,7 +10,7 @@ GOOD = doctor.Facts(
     node=True, pid_ns=doctor.INIT_PID_NS, cap_eff=1 << doctor.CAP_SYS_PTRACE, environ_read=40,
     environ_denied=0, environ_other_users=12, environ_error="", pidfs=True, cgroup_root="/sys/fs/cgroup",
     cgroup_problem="", boot_id="b", machine_id="m", coordinator="c:1", coordinator_error="",
-    cert_seconds_left=20 * 3600.0,
+    cert_seconds_left=20 * 3600.0, fenced="",
 )
 
 
@@ -34,6 +34,7 @@ def test_each_broken_fact_fails_exactly_its_check_with_a_fix() -> None:
         "boot-id": {"machine_id": ""},
         "coordinator": {"coordinator_error": "unreachable (UNAVAILABLE)"},
         "certificate": {"cert_seconds_left": 5 * 3600.0},
+        "fenced": {"fenced": "this incarnation was proven off by /usr/sbin/fence_ipmilan"},
     }
     for name, change in broken.items():
         checks = doctor.run_checks(dataclasses.replace(GOOD, **change))
@@ -85,3 +86,7 @@ def test_an_expired_or_unreadable_certificate_fails_naming_how_to_get_one() -> N
         checks = doctor.run_checks(dataclasses.replace(GOOD, **change))
         [check] = [c for c in checks if c.name == "certificate"]
         assert check.status == "fail" and check.fix
+
+
+def test_the_fenced_check_is_skipped_when_the_coordinator_was_not_asked() -> None:
+    assert statuses(dataclasses.replace(GOOD, fenced=None))["fenced"] == "skip"
