@@ -3,7 +3,8 @@
 
 Each answer is the text `reply to: <the last user prompt>`. A prompt holding `HOLD` is a turn held
 open: the stub sends the stream's first event, appends `held <n>` to its log, and sends the rest
-only after `POST /_release` (or never, when the CLI is ended first — the mid-turn takeover).
+only after a `POST /_release` (one per held turn; or never, when the CLI is ended first — the
+mid-turn takeover).
 
 Run as `python stub_model.py READY_FILE LOG_FILE`: it listens on 127.0.0.1 (a free port), writes
 `{"port": N}` to READY_FILE once it listens, and appends one JSON line per request to LOG_FILE
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 HOLD = "HOLD"
-released = threading.Event()
+released = threading.Semaphore(0)  # one release lets one held turn go on
 log_lock = threading.Lock()
 LOG = Path()
 held = 0
@@ -106,7 +107,7 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
         if path == "/_release":
-            released.set()
+            released.release()
             self._plain(200, b"released\n")
             return
         try:
@@ -162,7 +163,7 @@ class Handler(BaseHTTPRequestHandler):
                         held += 1
                         number = held
                     log({"held": number, "prompt": prompt})
-                    released.wait()
+                    released.acquire()
         except (BrokenPipeError, ConnectionResetError):
             log({"gone": prompt})  # the CLI ended mid-turn
 

@@ -215,6 +215,32 @@ def test_of_two_concurrent_resumes_on_two_hosts_exactly_one_runs(agent: Agent) -
         [f"HOLD from {winner.host.host_id}"] * 2, "the loser's CLI never asked the model"
 
 
+def test_run_s_options_work_with_them(agent: Agent, tmp_path: Path) -> None:
+    """--report, --guard, --wait, and --takeover --force, through a provider command."""
+    cluster, stub = agent.cluster, agent.stub
+    a, b = agent.host("host-a"), agent.host("host-b")
+    sid, guard, report = f"sess-options-{agent.name}", tmp_path / "guard", tmp_path / "report.json"
+    guard.mkdir()
+    first = agent.run(a, sid, "--report", str(report), "--guard", f"dir://{guard}", prompt="HOLD one")
+    until("host 1's turn", stub.held, 60)
+    waited = agent.run(b, sid, "--wait", "1", prompt="not yet")
+    assert waited.wait(60) == 75 and "still held after --wait 1s" in waited.err(), waited.err()
+    stub.release()
+    assert first.wait(60) == 0
+    second = agent.run(b, sid, "--guard", f"dir://{guard}", prompt="two")
+    assert second.wait(60) == 0, second.err()
+    said = json.loads(report.read_text())
+    assert (said["ran"], said["cmd_status"], said["fence"], said["reason"]) == (True, 0, 1, "")
+    assert os.readlink(guard / "current") == "gen-2", "the guard's fence reached host 2's grant"
+    held = agent.run(a, sid, prompt="HOLD three")
+    until("host 1's second turn", lambda: len(stub.held()) == 2, 60)
+    taker = agent.run(b, sid, "--takeover", "--force", prompt="four")
+    assert taker.wait(60) == 0 and held.wait(30) != 0, taker.err()
+    [transcript] = agent.transcripts(b)
+    assert agent.prompts(transcript) == ["HOLD one", "two", "HOLD three", "four"]
+    assert cluster.record(sid).record.lease.fence == 4
+
+
 def test_a_handle_that_names_no_thread_passes_the_cli_s_error_through_and_releases(agent: Agent) -> None:
     cluster = agent.cluster
     a = agent.host("host-a")
