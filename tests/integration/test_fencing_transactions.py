@@ -4,8 +4,9 @@ transaction, and the transaction shown to lose (nothing written, the fence agent
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,17 @@ def truthful_agent(tmp: Path) -> FencingSettings:
     return FencingSettings((FencerSpec(HOST, str(program)),), host_loss_after=3600, timeout=10)
 
 
-def fencing_pair(etcd: EtcdServer, prefix: str, settings: FencingSettings) -> Pair:
-    return Pair(CoordinatorService(InterferingStore(open_channel(etcd.url), prefix), fencing=settings,
-                                   name="victim"),
-                CoordinatorService(Store(open_channel(etcd.url), prefix), fencing=settings, name="other"))
+@contextlib.asynccontextmanager
+async def replicas(etcd: EtcdServer, prefix: str, tmp: Path) -> AsyncIterator[Pair]:
+    """Two replicas fencing with the truthful agent; the victim's transactions can be interfered with."""
+    settings = truthful_agent(tmp)
+    p = Pair(CoordinatorService(InterferingStore(open_channel(etcd.url), prefix), fencing=settings,
+                                name="victim"),
+             CoordinatorService(Store(open_channel(etcd.url), prefix), fencing=settings, name="other"))
+    try:
+        yield p
+    finally:
+        await p.close()
 
 
 def agent_runs(tmp: Path) -> list[str]:
@@ -73,6 +81,14 @@ def fence_by_hand(p: Pair) -> Awaitable[pb.FenceHostResponse]:
     return p.victim.FenceHost(request, Context())  # type: ignore[return-value]
 
 
+async def fence_touching(p: Pair, sid: str, written: str, touched: str) -> pb.FenceHostResponse:
+    """A fence by hand of HOST (lost, with `sid` reserved there) during which another replica rewrites
+    `touched` just before the victim's transaction that writes `written`."""
+    await lost_with_a_reservation(p, sid)
+    p.store.arm(writes(written), lambda: touch(p.other.store, touched))
+    return await fence_by_hand(p)
+
+
 CHANGES: dict[str, Callable[[Pair], Awaitable[object]]] = {
     "the host registers": lambda p: register(p.other, HOST),
     "a drain": lambda p: create(p.other.store, keys.draining(p.other.store, HOST)),
@@ -87,8 +103,7 @@ CHANGES: dict[str, Callable[[Pair], Awaitable[object]]] = {
 @run_async
 async def test_fence_pending_compares_every_gate_it_read(etcd: EtcdServer, prefix: str, tmp_path: Path,
                                                          change: str) -> None:
-    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
-    try:
+    async with replicas(etcd, prefix, tmp_path) as p:
         sid = "sess-fence-txn-1"
         await lost_with_a_reservation(p, sid)
         pending = keys.fence_pending(p.store, HOST)
@@ -99,15 +114,12 @@ async def test_fence_pending_compares_every_gate_it_read(etcd: EtcdServer, prefi
         assert p.store.outcomes_for(pending) == [False]
         assert agent_runs(tmp_path) == []  # nothing was run: a power-off cannot be called back
         assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
-    finally:
-        await p.close()
 
 
 @run_async
 async def test_registration_compares_the_fence_pending_key(etcd: EtcdServer, prefix: str,
                                                             tmp_path: Path) -> None:
-    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
-    try:
+    async with replicas(etcd, prefix, tmp_path) as p:
         host_key = keys.host(p.store, HOST)
         p.store.arm(writes(host_key), lambda: create(p.other.store, keys.fence_pending(p.other.store, HOST)))
         with pytest.raises(CoordinatorError) as refused:
@@ -115,37 +127,25 @@ async def test_registration_compares_the_fence_pending_key(etcd: EtcdServer, pre
         assert refused.value.reason == "HOST_FENCING"
         assert p.store.outcomes_for(host_key) == [False]
         assert await p.other.store.get(host_key) is None
-    finally:
-        await p.close()
 
 
 @run_async
 async def test_the_attempts_end_compares_its_pending_key(etcd: EtcdServer, prefix: str,
                                                           tmp_path: Path) -> None:
-    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
-    try:
-        sid = "sess-fence-txn-2"
-        await lost_with_a_reservation(p, sid)
-        proof = keys.fenced(p.store, HOST)
-        p.store.arm(writes(proof), lambda: touch(p.other.store, keys.fence_pending(p.other.store, HOST)))
-        response = await fence_by_hand(p)
+    async with replicas(etcd, prefix, tmp_path) as p:
+        sid, proof = "sess-fence-txn-2", keys.fenced(p.store, HOST)
+        response = await fence_touching(p, sid, proof, keys.fence_pending(p.store, HOST))
         assert response.attempt.answer == "off" and list(response.results) == []  # recorded nothing
         assert p.store.outcomes_for(proof) == [False]
         assert await p.other.store.get(proof) is None
         assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
-    finally:
-        await p.close()
 
 
 @run_async
 async def test_each_session_freed_compares_the_proof(etcd: EtcdServer, prefix: str, tmp_path: Path) -> None:
-    p = fencing_pair(etcd, prefix, truthful_agent(tmp_path))
-    try:
+    async with replicas(etcd, prefix, tmp_path) as p:
         sid = "sess-fence-txn-3"
-        await lost_with_a_reservation(p, sid)
-        record = keys.session(p.store, sid)
-        p.store.arm(writes(record), lambda: touch(p.other.store, keys.fenced(p.other.store, HOST)))
-        response = await fence_by_hand(p)
+        response = await fence_touching(p, sid, keys.session(p.store, sid), keys.fenced(p.store, HOST))
         assert response.attempt.answer == "off"
         assert [(r.session_id, r.recovered) for r in response.results] == [(sid, False)]
         assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
@@ -154,5 +154,3 @@ async def test_each_session_freed_compares_the_proof(etcd: EtcdServer, prefix: s
         freed = await record_of(p.other, sid)
         assert freed is not None and freed.lease.claim_status == pb.RELEASED
         assert freed.lease.death_evidence.kind == "host-fenced"
-    finally:
-        await p.close()
