@@ -95,7 +95,14 @@ async def _purge(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _recover_host(args: argparse.Namespace, client: Client) -> int:
-    reply = await client.recover_host(args.host, args.reason, args.operator)
+    try:
+        reply = await client.recover_host(args.host, args.reason, args.operator)
+    except ClientError as err:
+        if err.reason == Reason.HOST_LIVE:  # the table's next step is a second agent's, at registration
+            err.hint = (f"host {args.host}'s agent is registered, so the host is not gone: drain it "
+                        f"(`holdfast drain {args.host}`), or stop its agent and let its registration lapse "
+                        "(`holdfast hosts`) before you recover it")
+        raise
     failed = [r for r in reply.results if not r.recovered]
     if args.json:
         print_json(as_dict(reply) | {"recovered": len(reply.results) - len(failed), "failed": len(failed)})

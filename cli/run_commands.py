@@ -301,12 +301,22 @@ async def _show(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def unasked(found: pb.ProbeSessionResponse) -> str:
+    """Why a probe gave no reason: no owner to ask (a released record said 'no reason given')."""
+    lease = found.record.lease
+    if found.verdict != "free" or lease.claim_status in OWNED:
+        return "no reason given"
+    if not lease.fence:
+        return "no owner to ask"
+    return f"no owner to ask ({claim_name(lease.claim_status)} at fence {lease.fence})"
+
+
 async def _probe(args: argparse.Namespace, client: Client) -> int:
     found = await client.probe(args.session)
     if args.json:
         print_json(as_dict(found))
         return reasons.probe_exit(found.verdict)
-    print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or 'no reason given'}")
+    print(f"{args.session}: {found.verdict} — {found.reason or found.probe.reason or unasked(found)}")
     if found.HasField("probe"):
         p = found.probe
         outcome = outcome_name(p.outcome)

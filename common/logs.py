@@ -39,6 +39,15 @@ class TextFormatter(logging.Formatter):
         return line + "".join(f" {k}={v}" for k, v in extra.items())
 
 
+def fatal(message: str) -> bool:
+    """A server's last words (e.g. its address taken) through the handler `setup` installed, so a
+    JSON log ends in JSON too; False when logging was not set up here (the caller prints them)."""
+    if not any(isinstance(h.formatter, (JsonFormatter, TextFormatter)) for h in logging.getLogger().handlers):
+        return False
+    logging.getLogger("holdfast").critical(message)
+    return True
+
+
 def setup(log_format: str = "json", level: str = "info") -> None:
     """A server's stderr, every line through one handler: holdfast's loggers at `level`, any other
     library's (asyncio's "Task exception was never retrieved", grpc's, aetcd's) at warning and up,

@@ -162,9 +162,10 @@ class Stack:
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 stop_process(proc)
-                why = _last_line(self.state_dir / f"{name}.log")
-                raise UpError(f"{name} did not start{': ' + why if why else ''}. Next: see "
-                              f"{self.state_dir}/{name}.log")
+                why, log = _last_line(self.state_dir / f"{name}.log"), self.state_dir / f"{name}.log"
+                if "Next:" in why:  # its own next step, said once ("Next: … Next: …" before)
+                    raise UpError(f"{name} did not start: {why} (its log: {log})")
+                raise UpError(f"{name} did not start{': ' + why if why else ''}. Next: see {log}")
             time.sleep(0.02)
         return proc, json.loads(ready.read_text())["address"]
 
@@ -279,12 +280,16 @@ async def _revoke(etcd_url: str, leases: list[int], etcd_tls_dir: Path | None) -
 
 
 def _last_line(log: Path) -> str:
-    """The last line a child logged (its reason for stopping, e.g. a taken port), '' if none."""
+    """The last line a child logged (its reason for stopping, e.g. a taken port), '' if none: of a
+    JSON log line, its message."""
     try:
         lines = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
-    return lines[-1].strip()[:300] if lines else ""
+    last = lines[-1].strip() if lines else ""
+    with contextlib.suppress(ValueError, AttributeError):
+        last = str(json.loads(last).get("msg", last))
+    return last[:300]
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -98,6 +98,9 @@ def test_probe_exits_with_its_verdict(cluster: Cluster) -> None:
     code, _ = cli(cluster, "recover", sid, "--fence", str(lease.fence), "--reason", "host stopped", "--json")
     assert code == 0
     assert probe() == (0, 0, "free")
+    said = subprocess.run([*HOLDFAST, "probe", sid, "--coordinator", cluster.coordinator.address],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert said == f"{sid}: free — no owner to ask (released at fence 1)\n"  # not "no reason given"
 
 
 def test_recover_of_an_owner_proven_alive_needs_yes(cluster: Cluster) -> None:

@@ -143,6 +143,9 @@ def test_recover_host_refused_while_registered_then_frees_every_session(
     before = raw_revision(cluster, sid1)
     code, out = cli(cluster.coordinator.address, "admin", "recover-host", "host-gone", "--reason", DISK)
     assert out["error"]["reason"] == "HOST_LIVE" and "drain" in out["error"]["message"], out
+    # The hint fits recover-host (the table's is a second agent's, at registration).
+    assert "`holdfast drain host-gone`" in out["error"]["next_step"], out
+    assert "another agent holds" not in out["error"]["next_step"], out
     assert raw_revision(cluster, sid1) == before
     # The node goes away for good; its registration lapses after its TTL (time grants nothing by
     # itself: it only ends the agent's own claim to answer).

@@ -111,6 +111,9 @@ def test_two_ups_cannot_serve_one_address(tmp_path: Path, ups: list[subprocess.P
                             capture_output=True, text=True, timeout=60)
     assert second.returncode == 69, second.stdout + second.stderr
     assert f"cannot listen on {coordinator} (listen): address in use, held by pid" in second.stderr
+    assert second.stderr.count("Next:") == 1, second.stderr  # the coordinator's own, said once
+    logged = (tmp_path / "second" / "coordinator.log").read_text().splitlines()
+    assert logged and all(json.loads(line)["msg"] for line in logged)  # its last words are JSON too
     holder = int(second.stderr.split("held by pid ", 1)[1].split()[0])
     assert holder in descendants(proc.pid), "the first up's coordinator is named as the holder"
     assert not (tmp_path / "second" / "up.json").exists()
