@@ -38,10 +38,14 @@ from holdfast.common.carry_rules import (
     root_name,
     root_sizes,
 )
+from holdfast.common.files import open_beneath
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
 NOT_A_ROOT = "not a regular file or a directory (name the file or directory itself, not a link or a device)"
+
+
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def failed(message: str, session: str = "") -> ClientError:
@@ -61,9 +65,13 @@ def _where(name: str, cwd: str) -> str:
     return name if os.path.isabs(name) else os.path.join(cwd, name)
 
 
-def _read_whole(path: str, shown: str) -> tuple[bytes, os.stat_result]:
-    """The file's bytes, refused if it changed while it was read (size or modification time)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+def _read_whole(path: str, shown: str, directory: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The file's bytes (`path` in the directory open as `directory`, if given), refused if it
+    changed while it was read (size or modification time)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, shown) from None  # named as the user knows it
     try:
         before = os.fstat(fd)
         with os.fdopen(os.dup(fd), "rb") as f:
@@ -81,24 +89,54 @@ def _read_whole(path: str, shown: str) -> tuple[bytes, os.stat_result]:
     return data, before
 
 
-def _tree(path: str, unread: list[str] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
-    """os.walk(path) top-down, no link followed, with a stack where os.walk recurses once per
-    level (a restored copy 1,500 levels deep made every later measure or pack of it raise
-    RecursionError). Directories then other names, as found; a caller may prune `dirs`. A
-    directory that cannot be listed is appended to `unread` with why, not silently taken as empty."""
-    stack = [path]
+Listed = list[tuple[str, os.stat_result]]
+
+
+def _listed(directory: int) -> Listed:
+    """The names in the directory open as `directory`, sorted, each with its lstat."""
+    found: Listed = []
+    for name in sorted(os.listdir(directory)):
+        with contextlib.suppress(FileNotFoundError):  # removed since it was listed
+            found.append((name, os.stat(name, dir_fd=directory, follow_symlinks=False)))
+    return found
+
+
+def _tree(top: int, unread: list[str]) -> Iterator[tuple[str, int, Listed]]:
+    """Each directory below the one open as `top`, top-down in name order, as (its path relative to
+    `top`, a descriptor on it valid until the next step, its names with their lstat). Each is
+    reached from `top` one O_NOFOLLOW component at a time and each name looked at through that
+    descriptor, so a directory another user swaps for a link meanwhile (a restored copy may carry
+    0o777 ones) is refused, never read through by a root `run` to upload what it leads to. A
+    stack, where os.walk recursed once per level: a copy 1,100 levels deep made every later
+    measure or pack of it raise RecursionError. A directory that cannot be opened or listed is
+    added to `unread` with why; a name that is not UTF-8 (never carried) is not entered."""
+    stack = [""]
     while stack:
-        top = stack.pop()
+        rel = stack.pop()
         try:
-            with os.scandir(top) as found:
-                names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+            fd = open_beneath(top, rel.split("/") if rel else [])
         except OSError as exc:
-            if unread is not None:
-                unread.append(f"{os.path.relpath(top, path)}: {exc.strerror}")
+            unread.append(f"{rel or '.'}: {exc.strerror}")
             continue
-        dirs = [name for name, is_dir in names if is_dir]
-        yield top, dirs, [name for name, is_dir in names if not is_dir]
-        stack.extend(os.path.join(top, name) for name in reversed(dirs))
+        try:
+            try:
+                listed = _listed(fd)
+            except OSError as exc:
+                unread.append(f"{rel or '.'}: {exc.strerror}")
+                continue
+            yield rel, fd, listed  # what the caller raises meanwhile is its own: not caught here
+        finally:
+            os.close(fd)
+        dirs = [name for name, st in listed if stat.S_ISDIR(st.st_mode) and _utf8(name)]
+        stack.extend(f"{rel}/{name}" if rel else name for name in reversed(dirs))
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
@@ -121,45 +159,40 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
                 f"--carry {name}: {NOT_A_ROOT}; nothing was asked of the session's owner",
             )
         total = 0
-        for top, _, files in _tree(path):
-            for f in files:
-                with contextlib.suppress(OSError):
-                    s = os.lstat(os.path.join(top, f))
-                    if stat.S_ISREG(s.st_mode):
-                        total += s.st_size
+        with contextlib.suppress(OSError):  # an unreadable root measures what could be read
+            top = os.open(path, OPEN_DIR)
+            try:
+                for _, _, listed in _tree(top, []):
+                    total += sum(s.st_size for _, s in listed if stat.S_ISREG(s.st_mode))
+            finally:
+                os.close(top)
         sizes[name] = total
     return sizes
 
 
-def _walk_root(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], list[str]]:
-    """A directory root's entries below it in walk order as (path, kind, mode, link target), each
-    parent before its children, and what is left out, with why."""
-    entries: list[tuple[str, str, int, str]] = []
+Entry = tuple[str, str, int, str, bytes]  # path, kind, mode, link target, a file's bytes
+
+
+def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
+    """A directory root's entries below it (open as `top`) in walk order, each parent before its
+    children, files read as they are met; and what is left out, with why."""
+    entries: list[Entry] = []
     skipped: list[str] = []
     unread: list[str] = []
-    for top, dirs, files in _tree(path, unread):
-        dirs.sort()
-        for entry in sorted(dirs + files):
-            full = os.path.join(top, entry)
-            rel = os.path.relpath(full, path)
+    for where, fd, listed in _tree(top, unread):
+        for entry, s in listed:
+            rel = f"{where}/{entry}" if where else entry
             shown = os.path.join(name, rel)
-            s = os.lstat(full)
-            try:
-                rel.encode()
-            except UnicodeEncodeError:
+            if not _utf8(rel):
                 skipped.append(f"{shown!r}: its name is not UTF-8; not carried")
-                if stat.S_ISDIR(s.st_mode):
-                    dirs.remove(entry)
-                continue
-            if stat.S_ISDIR(s.st_mode):
-                entries.append((rel, "dir", stat.S_IMODE(s.st_mode) & 0o777, ""))
+            elif stat.S_ISDIR(s.st_mode):
+                entries.append((rel, "dir", stat.S_IMODE(s.st_mode) & 0o777, "", b""))
             elif stat.S_ISREG(s.st_mode):
-                entries.append((rel, "file", stat.S_IMODE(s.st_mode) & 0o777, ""))
+                data, st = _read_whole(entry, shown, fd)
+                entries.append((rel, "file", stat.S_IMODE(st.st_mode) & 0o777, "", data))
             elif stat.S_ISLNK(s.st_mode):
-                target = os.readlink(full)
-                try:
-                    target.encode()
-                except UnicodeEncodeError:  # a manifest holds UTF-8 only: it would not encode
+                target = os.readlink(entry, dir_fd=fd)
+                if not _utf8(target):  # a manifest holds UTF-8 only: it would not encode
                     skipped.append(f"{shown}: its link's target is not UTF-8; not carried")
                     continue
                 try:
@@ -167,13 +200,13 @@ def _walk_root(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], l
                 except CarryRefused as exc:
                     skipped.append(f"{shown}: {exc}")
                     continue
-                entries.append((rel, "symlink", 0o777, target))
+                entries.append((rel, "symlink", 0o777, target, b""))
             else:
                 skipped.append(f"{shown}: not a file, directory or symlink; not carried")
     skipped += [f"{os.path.join(name, what)}: its contents could not be read; not carried" for what in unread]
     # A link that leaves the directory once the tree's other links are followed is left out; each
     # one left out changes where others lead, so this repeats until none leaves.
-    while escaping := escaping_links({p: t for p, kind, _, t in entries if kind == "symlink"}):
+    while escaping := escaping_links({e[0]: e[3] for e in entries if e[1] == "symlink"}):
         skipped += [f"{os.path.join(name, p)}: its link leads outside the carried directory; not carried"
                     for p in escaping]
         entries = [e for e in entries if e[0] not in escaping]
@@ -187,16 +220,9 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
     skipped: list[str] = []
     stream: list[bytes] = []
 
-    def add_file(root: int, rel: str, path: str, shown: str) -> None:
-        data, st = _read_whole(path, shown)
-        manifest.entries.add(
-            root=root,
-            path=rel,
-            kind="file",
-            mode=stat.S_IMODE(st.st_mode) & 0o777,
-            size=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
+    def add_file(root: int, rel: str, mode: int, data: bytes) -> None:
+        manifest.entries.add(root=root, path=rel, kind="file", mode=mode, size=len(data),
+                             sha256=hashlib.sha256(data).hexdigest())
         stream.append(data)
 
     try:
@@ -210,17 +236,22 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
                 ) from None
             if stat.S_ISREG(st.st_mode):
                 manifest.roots.add(path=name, kind="file")
-                add_file(index, "", path, name)
+                data, st = _read_whole(path, name)
+                add_file(index, "", stat.S_IMODE(st.st_mode) & 0o777, data)
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
             manifest.roots.add(path=name, kind="dir")
             manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
-            entries, left_out = _walk_root(path, name)
+            top = os.open(path, OPEN_DIR)  # the root itself swapped for a link is refused
+            try:
+                entries, left_out = _walk_root(top, name)
+            finally:
+                os.close(top)
             skipped += left_out
-            for rel, kind, mode, target in entries:
+            for rel, kind, mode, target, body in entries:
                 if kind == "file":
-                    add_file(index, rel, os.path.join(path, rel), os.path.join(name, rel))
+                    add_file(index, rel, mode, body)
                 else:
                     manifest.entries.add(root=index, path=rel, kind=kind, mode=mode, link_target=target)
     except OSError as exc:

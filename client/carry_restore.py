@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from holdfast.client.errors import ClientError
 from holdfast.common.carry_rules import CarryRefused, check_manifest, describe, root_name
-from holdfast.common.files import remove_tree
+from holdfast.common.files import open_beneath, remove_tree
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -36,18 +36,12 @@ def _failed(message: str, session: str) -> ClientError:
 def _walk(top: int, parts: Sequence[str]) -> int:
     """A new descriptor on the directory `parts` below `top`, each component opened with
     O_NOFOLLOW: a link or a file where a directory was built is refused, never followed."""
-    fd = os.dup(top)
-    for index, part in enumerate(parts):
-        try:
-            nxt = os.open(part, OPEN_DIR, dir_fd=fd)
-        except OSError as exc:
-            os.close(fd)
-            raise CarryRefused(
-                f"{'/'.join(parts[: index + 1])!r} is not a directory this restore made ({exc.strerror})"
-            ) from None
-        os.close(fd)
-        fd = nxt
-    return fd
+    try:
+        return open_beneath(top, parts)
+    except OSError as exc:
+        raise CarryRefused(
+            f"{'/'.join(parts)!r} is not a directory this restore made ({exc.strerror})"
+        ) from None
 
 
 def _mkdtemp(parent: int, prefix: str) -> str:

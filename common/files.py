@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -29,6 +30,22 @@ def open_private_dir(path: str | os.PathLike[str]) -> int:
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
         os.close(fd)
         raise NotPrivate(f"{os.fspath(path)} is not a directory of uid {os.getuid()} that only it may write")
+    return fd
+
+
+def open_beneath(top: int, parts: Sequence[str]) -> int:
+    """A new descriptor on the directory `parts` below the one open as `top`, each component opened
+    with O_NOFOLLOW: a link where a directory was — one another user swapped in meanwhile — is
+    refused (OSError), never followed."""
+    fd = os.dup(top)
+    try:
+        for part in parts:
+            below = os.open(part, OPEN_DIR | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 

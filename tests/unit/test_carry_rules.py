@@ -357,14 +357,14 @@ def test_a_file_gone_before_it_is_read_fails_the_copy_with_a_message(
     owner does not catch (only ClientError), ending its checkpoints or its release."""
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "scratch").write_text("s")
-    real_walk = carry._walk_root
+    real_listed = carry._listed
 
-    def walk_then_remove(path: str, name: str) -> tuple[list[tuple[str, str, int, str]], list[str]]:
-        found = real_walk(path, name)
-        (tmp_path / "notes" / "scratch").unlink()  # CMD, between the walk and the read
+    def list_then_remove(directory: int) -> carry.Listed:
+        found = real_listed(directory)
+        (tmp_path / "notes" / "scratch").unlink()  # CMD, between the listing and the read
         return found
 
-    monkeypatch.setattr(carry, "_walk_root", walk_then_remove)
+    monkeypatch.setattr(carry, "_listed", list_then_remove)
     with pytest.raises(ClientError, match=r"notes/scratch: No such file or directory; nothing of this copy"):
         carry.pack(["notes"], str(tmp_path), "sess-unit-gone")
 
@@ -419,3 +419,34 @@ def test_a_root_with_a_long_name_restores(tmp_path: Path) -> None:
     restore(packed.manifest, b"".join(packed.chunks), [name], str(tmp_path / "dst"))
     assert sorted(p.name for p in (tmp_path / "dst" / name).iterdir()) == ["a"]
     assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == [name]
+
+
+def test_a_directory_swapped_for_a_link_while_packing_is_not_read_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restored copy may carry a 0o777 directory; while a root `run` packs it at release,
+    another user swaps it for a link to /etc between the walk and the read. pack opened
+    'notes/pub/x/secret' by path (O_NOFOLLOW guards the last component only), read the file the
+    link leads to as root, and uploaded it for the session's owner to download."""
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "secret").write_text("root's secret")
+    (tmp_path / "notes" / "pub" / "x").mkdir(parents=True)
+    (tmp_path / "notes" / "pub" / "x" / "secret").write_text("planted")
+    real_open = os.open
+    swapped: list[bool] = []
+
+    def swap_then_open(path: str, flags: int, *args: object, **kwargs: object) -> int:
+        if os.fspath(path).endswith("secret") and not swapped:  # the other user, just in time
+            os.rename(tmp_path / "notes" / "pub" / "x", tmp_path / "notes" / "pub" / "was")
+            os.symlink(tmp_path / "victim", tmp_path / "notes" / "pub" / "x")
+            swapped.append(True)
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    try:
+        packed = carry.pack(["notes"], str(tmp_path), "sess-unit-swap")
+    except ClientError:
+        return  # refused: nothing read through the link
+    finally:
+        monkeypatch.undo()
+    assert swapped and b"root's secret" not in b"".join(packed.chunks)
