@@ -35,6 +35,30 @@ COMMANDS = {
     **dict.fromkeys(["codex", "claude"], "holdfast.cli.provider_commands"),
 }
 
+# Each command's line in `holdfast --help`, here so that the top-level help, `--version` and
+# `version` import no command module: each imports gRPC and the protos (`holdfast --version` took
+# ~190 ms). tests/unit/test_cli_commands.py keeps each equal to the help its module registers.
+SUMMARIES = {
+    "agent": "the per-host agent",
+    "certs": "make a local CA and a certificate per role",
+    "coordinator": "the etcd-backed lease service",
+    "run": "run CMD as the session's single writer",
+    "put": "fenced write from inside `holdfast run`",
+    "handle": "record the provider's handle (e.g. a thread id) from inside `holdfast run`",
+    "get": "read a session's fenced data",
+    "status": "hosts (draining ones marked) and sessions",
+    "show": "one session's record and history",
+    "probe": "ask the owner's host whether it lives",
+    "recover": "operator: invalidate a fence you know is dead (the only way out of unknown)",
+    "hosts": "registered hosts, which are draining, and lost hosts' fencing",
+    "drain": "hand off every session on HOST and refuse new grants there",
+    "admin": "operator procedures",
+    "up": "etcd, a coordinator and agents on this machine",
+    "exec": "run CMD on a simulated host of `holdfast up --hosts N`",
+    "codex": "a `codex` turn as the session's single writer, resumed on any host",
+    "claude": "a `claude` turn as the session's single writer, resumed on any host",
+}
+
 EX_USAGE = 2
 EX_PIPE = 128 + 13  # SIGPIPE
 EX_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
@@ -93,8 +117,10 @@ def quiet_grpc() -> Iterator[None]:
         os.environ.pop("GRPC_VERBOSITY", None)
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser, or with `only` (a key of COMMANDS) just `version` and that command's module."""
+def build_parser(only: str | None = None, *, light: bool = False) -> argparse.ArgumentParser:
+    """The whole parser; with `only` (a key of COMMANDS) just `version` and that command's module;
+    `light`: every command named with its summary, no command module imported (the top-level
+    help, `--version`, `version`, a mistyped command)."""
     parser = argparse.ArgumentParser(prog="holdfast", description="At most one live writer per session.")
     parser.add_argument("--version", action=_VersionFlag)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,9 +128,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                              "`holdfast hosts`)")
     version.add_argument("--json", action="store_true", help="print one JSON document")
     version.set_defaults(handler=_version)
-    modules = [COMMANDS[only]] if only else list(dict.fromkeys(COMMANDS.values()))
+    modules = [] if light else [COMMANDS[only]] if only else list(dict.fromkeys(COMMANDS.values()))
     for module in modules:
         importlib.import_module(module).register(sub)
+    if light:
+        for name in COMMANDS:
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
     if not only:
         completion.register(sub, parser)  # last: it completes every command registered above
     return parser
@@ -120,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
+    first = words[0] if words else ""
     with quiet_grpc():
-        parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+        # `completion` completes every command: it alone needs them all.
+        parser = build_parser(first if first in COMMANDS else None,
+                              light=first not in COMMANDS and first != "completion")
         args = parser.parse_args(words)
     try:
         code = int(args.handler(args) or 0)

@@ -77,3 +77,38 @@ def test_up_and_exec_help_name_the_state_directory_they_use() -> None:
                                text=True, check=True, env={**env, "XDG_STATE_HOME": "/nowhere/xdg",
                                                           "COLUMNS": "400"}).stdout
         assert "here /nowhere/xdg/holdfast" in shown and "./state" not in shown, shown
+
+
+def listing(parser: argparse.ArgumentParser) -> dict[str, str | None]:
+    """What `--help` says of each top-level command."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {action.dest: action.help for action in sub._choices_actions}
+
+
+def test_the_top_level_summaries_are_the_ones_the_modules_register() -> None:
+    registered = listing(main.build_parser())
+    assert {name: registered[name] for name in main.COMMANDS} == main.SUMMARIES
+    assert listing(main.build_parser(light=True)) == registered
+
+
+# What the top-level help and the version import: neither gRPC nor the protos (190 ms of a
+# `holdfast --version` was importing them).
+IMPORTED = """
+import json, sys
+from holdfast.cli.main import main
+try:
+    main(json.loads(sys.argv[1]))
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["version"], ["version", "--json"], [],
+                                  ["nosuchcommand"]])
+def test_version_and_help_import_neither_grpc_nor_the_protos(argv: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", IMPORTED, json.dumps(argv)], capture_output=True, text=True,
+                          timeout=60)
+    loaded = json.loads(done.stderr.splitlines()[-1])
+    assert "holdfast.cli.main" in loaded
+    assert [m for m in loaded if m.startswith(("grpc", "holdfast.v1", "google.protobuf"))] == [], argv
