@@ -133,7 +133,7 @@ def build_parser(only: str | None = None, *, light: bool = False) -> argparse.Ar
         importlib.import_module(module).register(sub)
     if light:
         for name in COMMANDS:
-            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
+            sub.add_parser(name, help=SUMMARIES.get(name), add_help=False)
     if not only:
         completion.register(sub, parser)  # last: it completes every command registered above
     return parser
