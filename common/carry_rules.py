@@ -32,7 +32,7 @@ MANIFEST_BYTES = 1536 * 1024 - 32 * 1024
 UPLOAD_FIELDS_BYTES = 1024  # what an upload adds to a packed manifest: fence, slot, host id, reason
 MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup (MAXSYMLINKS)
 NAME_MAX = 255      # bytes in one path component, as the kernel allows
-PATH_MAX = 4096     # bytes in a path or a link target
+PATH_MAX = 4096     # bytes in a path; a link target is shorter (symlink(2) counts its NUL)
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -97,11 +97,11 @@ def check_entry(path: str, kind: str, mode: int, link_target: str = "") -> None:
     if not path:
         raise CarryRefused("a carried root is a file or a directory, not a symlink")
     if not link_target or link_target.startswith("/") or "\0" in link_target or (
-        len(link_target.encode()) > PATH_MAX
+        len(link_target.encode()) >= PATH_MAX
     ):
         raise CarryRefused(
             f"carry entry {_shown(path)}: symlink target {link_target[:256]!r} is empty, absolute, "
-            f"holds a NUL or is over {PATH_MAX} bytes"
+            f"holds a NUL or is over {PATH_MAX - 1} bytes"
         )
 
 

@@ -450,3 +450,14 @@ def test_a_directory_swapped_for_a_link_while_packing_is_not_read_through(
     finally:
         monkeypatch.undo()
     assert swapped and b"root's secret" not in b"".join(packed.chunks)
+
+
+def test_a_link_target_is_at_most_what_the_kernel_makes(tmp_path: Path) -> None:
+    """symlink(2) refuses a target of PATH_MAX (4,096) bytes: a copy holding one was committed and
+    then failed every restore."""
+    check_entry("l", "symlink", 0o777, "a" * 4095)
+    os.symlink("a" * 4095, tmp_path / "l")
+    with pytest.raises(CarryRefused):
+        check_entry("l", "symlink", 0o777, "a" * 4096)
+    with pytest.raises(OSError):
+        os.symlink("a" * 4096, tmp_path / "m")
