@@ -62,10 +62,10 @@ def session_row(record: pb.SessionRecord) -> list[str]:
     host = owner.host_id or lease.reserved_host_id or "-"
     return [record.session_id, host, _incarnation(owner.incarnation), str(owner.pid or "-"), str(lease.fence),
             claim_name(lease.claim_status), stage_name(lease.handoff_stage),
-            _when(lease.owner_since_unix_ms or lease.reserved_at_unix_ms)]
+            _when(lease.owner_since_unix_ms or lease.reserved_at_unix_ms), record.tenant or "(default)"]
 
 
-SESSION_HEADER = ["SESSION", "HOST", "INCARNATION", "PID", "FENCE", "CLAIM", "STAGE", "SINCE"]
+SESSION_HEADER = ["SESSION", "HOST", "INCARNATION", "PID", "FENCE", "CLAIM", "STAGE", "SINCE", "TENANT"]
 HOST_HEADER = ["HOST", "ADDRESS", "INCARNATION", "TOKEN VARIABLE", "VERSION", "REGISTERED", "DRAINING"]
 
 

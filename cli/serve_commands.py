@@ -79,6 +79,9 @@ SETTINGS = [
             "carried state of all sessions together: keep it at most a quarter of etcd's "
             "--quota-backend-bytes "
             "(at its quota etcd refuses every write, heartbeats included)", default=carry.DEFAULT_BUDGET),
+    Setting("default_tenant", "HOLDFAST_DEFAULT_TENANT", config.tenant,
+            "tenant of a client certificate that names none, and of sessions recorded before tenants "
+            "existed (keep it the same across restarts and replicas)", default="default"),
     Setting("fencers", "HOLDFAST_FENCERS", fence_rules.parse_fencers,
             "fence agents for lost hosts: a list of tables (TOML [[coordinator.fencers]]: hosts, program, "
             "options, secrets) or the same as JSON; none: lost hosts wait for an operator", default=()),
@@ -136,7 +139,8 @@ def _serve(raw: argparse.Namespace) -> int:
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls_dir, etcd_tls, args.metrics_listen,
                                  args.census_seconds, args.health_listen, args.commit_window_seconds, issuer,
-                                 (args.carry_session_cap_bytes, args.carry_budget_bytes), fencing))
+                                 (args.carry_session_cap_bytes, args.carry_budget_bytes), fencing,
+                                 args.default_tenant))
     except (ValueError, FileNotFoundError) as exc:
         print(f"holdfast coordinator: {exc}", file=sys.stderr)
         return EX_USAGE

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from holdfast.common import config
-from holdfast.common.tls import AGENT_CA_NAME, AGENT_CA_STEM, ETCD_SUBDIR, Role
+from holdfast.common.tls import AGENT_CA_NAME, AGENT_CA_STEM, ALL_TENANTS, ETCD_SUBDIR, TENANT, Role
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
@@ -120,6 +120,8 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
     ca_key, ca_cert = load_ca(directory)
     key = _new_key()
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role.uri())]
+    if role.tenant:
+        names.append(x509.UniformResourceIdentifier(role.tenant_uri()))
     for host in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
@@ -177,7 +179,7 @@ def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
     if not (directory / f"{AGENT_CA_STEM}.key").exists():
         init_agent_ca(directory)
     wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), []),
-              (directory, Role("operator"), []), (directory, Role("maintenance"), [])]
+              (directory, Role("operator", "", ALL_TENANTS), []), (directory, Role("maintenance"), [])]
     wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
     etcd = directory / ETCD_SUBDIR
     wanted += [(etcd, Role("etcd"), etcd_serve_on or serve_on), (etcd, Role("coordinator"), [])]
@@ -218,6 +220,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "coordinators dial)")
     one.add_argument("--out", type=Path, metavar="OUTDIR",
                      help="write the certificate, its key and a copy of ca.pem here (default: DIR)")
+    scope = one.add_mutually_exclusive_group()
+    scope.add_argument("--tenant", metavar="TENANT",
+                       help="with --role client or operator: the one tenant whose sessions it acts on "
+                       "(a DNS label; without it, the coordinator's default tenant; needs --out)")
+    scope.add_argument("--all-tenants", action="store_true",
+                       help="with --role operator: act on every tenant's sessions (needs --out)")
     one.set_defaults(handler=_issue_command, parser=one)
 
 
@@ -243,8 +251,18 @@ def _issue_command(args: argparse.Namespace) -> int:
         host = config.host_id(args.host) if args.host else ""
     except ValueError as exc:
         args.parser.error(f"--host: {exc}")
+    tenant = ALL_TENANTS if args.all_tenants else (args.tenant or "")
+    if tenant:
+        if args.role not in ("client", "operator") or (args.all_tenants and args.role != "operator"):
+            args.parser.error("--tenant goes with --role client or operator, "
+                              "--all-tenants with --role operator")
+        if tenant != ALL_TENANTS and not TENANT.fullmatch(tenant):
+            args.parser.error(f"--tenant {tenant[:80]!r}: a tenant is a DNS label ({TENANT.pattern})")
+        if args.out is None:
+            args.parser.error("--tenant and --all-tenants need --out: the certificate keeps its role's file "
+                              "name (client.pem, operator.pem), which the CLI finds in its --tls-dir")
     try:
-        path = issue_one(args.directory, Role(args.role, host), args.serve_on, args.out)
+        path = issue_one(args.directory, Role(args.role, host, tenant), args.serve_on, args.out)
     except (FileNotFoundError, FileExistsError) as exc:
         print(f"holdfast certs: {exc}", flush=True)
         return 1

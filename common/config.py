@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from holdfast.common.identifiers import HOST_ID
+from holdfast.common.tls import TENANT
 
 CONFIG_ENV = "HOLDFAST_CONFIG"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -68,6 +69,13 @@ def host_id(raw: Any) -> str:
     value = text(raw)
     if not HOST_ID.fullmatch(value):
         raise ValueError(f"{value[:40]!r} must match {HOST_ID.pattern}")
+    return value
+
+
+def tenant(raw: Any) -> str:
+    value = text(raw)
+    if not TENANT.fullmatch(value):
+        raise ValueError(f"{value[:80]!r} is not a tenant: a DNS label ({TENANT.pattern})")
     return value
 
 

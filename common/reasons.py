@@ -55,6 +55,7 @@ class Reason(StrEnum):
     WRONG_CLUSTER = "WRONG_CLUSTER"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     FORCE_NOT_ALLOWED = "FORCE_NOT_ALLOWED"
+    WRONG_TENANT = "WRONG_TENANT"              # the session is another tenant's: nothing read for it
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     NOT_FOUND = "NOT_FOUND"
     UNAVAILABLE = "UNAVAILABLE"
@@ -172,6 +173,10 @@ TABLE: dict[Reason, Meaning] = {
         grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
         "force ends only an owner whose handoff this caller asked for: `holdfast run --takeover --force` "
         "(the same takeover), or an operator certificate; nothing was signalled"),
+    Reason.WRONG_TENANT: Meaning(
+        grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
+        "the session id belongs to another tenant: pick another id, or use your own tenant's "
+        "certificate (`holdfast certs issue --role client --tenant T`); nothing was asked or written"),
     Reason.INVALID_ARGUMENT: Meaning(
         grpc.StatusCode.INVALID_ARGUMENT, EX_USAGE,
         "fix the argument; see `holdfast --help`"),

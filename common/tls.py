@@ -1,14 +1,17 @@
 """mTLS for holdfast's gRPC links, and the role a peer's CA-signed certificate gives it.
 
 Each certificate carries exactly one role as a URI SAN, `holdfast://<kind>[/<name>]`
-(`coordinator`, `client`, `agent/<host_id>`, `operator`, `maintenance`; docs/design.md §4). A server
-reads the role from the verified peer certificate in the gRPC auth context, never from a request:
-without TLS there is no role at all, and an ambiguous certificate (two roles) has none either.
+(`coordinator`, `client`, `agent/<host_id>`, `operator`, `maintenance`; docs/design.md §4), and at
+most one tenant as another, `holdfast-tenant://<tenant>` (`holdfast-tenant://*`: every tenant, for
+an operator alone; docs/tenants.md). A server reads both from the verified peer certificate in the
+gRPC auth context, never from a request: without TLS there is no role at all, and an ambiguous
+certificate (two roles, two tenants, a malformed tenant, all tenants on a runtime's) has none.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,10 @@ if TYPE_CHECKING:
     from cryptography import x509
 
 ROLE_SCHEME = "holdfast"
+TENANT_SCHEME = "holdfast-tenant"
+ALL_TENANTS = "*"  # an operator's scope over every tenant; only `certs issue --all-tenants` writes it
+# A tenant is a DNS label, as a Kubernetes namespace is: a session pod's namespace can name its tenant.
+TENANT = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 # `etcd` is only ever issued by the separate etcd CA (`<tls dir>/etcd/`), which holdfast's servers
 # do not trust: a client or agent certificate must never reach etcd and write around the fences.
 # `client` is a runtime; `operator` overrides evidence or touches every session; `maintenance` runs
@@ -37,13 +44,19 @@ AGENT_CA_NAME = "holdfast agent CA (agent roles only)"
 
 @dataclass(frozen=True)
 class Role:
-    """What a peer certificate says it is: `agent` carries the host id it may speak for."""
+    """What a peer certificate says it is: `agent` carries the host id it may speak for; `tenant`
+    the tenant whose sessions it acts on ("" when the certificate names none: the coordinator's
+    default tenant; ALL_TENANTS for an operator over every tenant)."""
 
     kind: str
     name: str = ""
+    tenant: str = ""
 
     def uri(self) -> str:
         return f"{ROLE_SCHEME}://{self.kind}/{self.name}" if self.name else f"{ROLE_SCHEME}://{self.kind}"
+
+    def tenant_uri(self) -> str:
+        return f"{TENANT_SCHEME}://{self.tenant}" if self.tenant else ""
 
     @property
     def file_stem(self) -> str:
@@ -72,11 +85,26 @@ def role_of_certificate(cert: x509.Certificate) -> Role | None:
         return None
     uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
     roles = {role for role in map(role_from_uri, uris) if role is not None}
-    # A certificate claiming two roles is ambiguous; ambiguity grants nothing.
-    if len(roles) != 1:
+    tenants = [uri for uri in uris if uri.startswith(f"{TENANT_SCHEME}:")]
+    # A certificate claiming two roles, or two tenants, is ambiguous; ambiguity grants nothing.
+    if len(roles) != 1 or len(tenants) > 1:
         return None
     role = roles.pop()
+    if tenants:
+        tenant = tenant_from_uri(tenants[0])
+        if tenant is None or (tenant == ALL_TENANTS and role.kind != "operator"):
+            return None
+        role = Role(role.kind, role.name, tenant)
     return None if role.kind != "agent" and is_agent_ca_issued(cert) else role
+
+
+def tenant_from_uri(uri: str) -> str | None:
+    """The tenant a `holdfast-tenant://` URI names, or None for one that is not exactly that."""
+    prefix = f"{TENANT_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    tenant = uri[len(prefix):]
+    return tenant if tenant == ALL_TENANTS or TENANT.fullmatch(tenant) else None
 
 
 def is_agent_ca_issued(cert: x509.Certificate) -> bool:

@@ -200,7 +200,10 @@ class Lifecycle:
         return response
 
     # --- bulk recovery ---------------------------------------------------------------------
-    async def recover_host(self, request: pb.RecoverHostRequest, peer: str) -> pb.RecoverHostResponse:
+    async def recover_host(self, request: pb.RecoverHostRequest, peer: str,
+                           in_scope: Callable[[pb.SessionRecord], bool]) -> pb.RecoverHostResponse:
+        """Every session the host holds and `in_scope` admits (the operator's tenants), released on
+        the operator's word; those of other tenants are counted, left as they are."""
         host_id = identifiers.check_host_id(request.host_id)
         who = operator_text(request.operator, request.reason)
         registration = await self.sessions.registry.seen(host_id)
@@ -212,9 +215,20 @@ class Lifecycle:
                                    "it (`holdfast drain`), or stop its agent and let its lease expire first")
         # The compare on each record's mod revision is the expected-fence check: the fence read is the
         # one freed.
-        return await self.free_claims(lambda _, record: lifecycle_rules.claimed_on(record, host_id),
-                                      "operator-asserted", f"host {host_id} gone: {who}", "recover",
-                                      f"host {host_id} by {peer}", [registration])
+        skipped = 0
+
+        def select(_: Entry, record: pb.SessionRecord) -> bool:
+            nonlocal skipped
+            if not lifecycle_rules.claimed_on(record, host_id):
+                return False
+            admitted = in_scope(record)
+            skipped += not admitted
+            return admitted
+
+        response = await self.free_claims(select, "operator-asserted", f"host {host_id} gone: {who}",
+                                          "recover", f"host {host_id} by {peer}", [registration])
+        response.skipped_other_tenants = skipped
+        return response
 
     async def free_claims(self, select: Callable[[Entry, pb.SessionRecord], bool], kind: str, evidence: str,
                           transition: str, detail: str, reads: list[Seen]) -> pb.RecoverHostResponse:
@@ -338,6 +352,10 @@ class Lifecycle:
         return row
 
 
+def archived_record(archived: Seen) -> pb.SessionRecord | None:
+    return records.decode_record(archived.entry.value) if archived.entry is not None else None
+
+
 def revived(session_id: str, provider: str, location: str, archived: Seen,
             floor_read: Seen) -> pb.SessionRecord:
     """A new record: above the archived fence and history when the id was archived before, and
@@ -346,11 +364,12 @@ def revived(session_id: str, provider: str, location: str, archived: Seen,
     record = records.new_record(session_id, provider, location)
     epoch_floor = _floor(floor_read)
     record.lease.minimum_next_fence = epoch_floor
-    if archived.entry is not None:
-        old = records.decode_record(archived.entry.value)
+    old = archived_record(archived)
+    if old is not None:
         floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
         record.lease.minimum_next_fence = max(floor, epoch_floor)
         record.history_seq = old.history_seq
+        record.tenant = old.tenant
     return record
 
 

@@ -31,9 +31,10 @@ def purge_due(archived: pb.SessionRecord, cutoff_ms: int) -> bool:
 
 
 def floor_only(archived: pb.SessionRecord) -> pb.SessionRecord:
-    """What an archive keeps forever: enough that a revived id starts above every fence it had."""
+    """What an archive keeps forever: enough that a revived id starts above every fence it had,
+    and belongs to the tenant it belonged to."""
     kept = pb.SessionRecord(schema_version=archived.schema_version, session_id=archived.session_id,
-                            history_seq=archived.history_seq)
+                            history_seq=archived.history_seq, tenant=archived.tenant)
     kept.lease.fence = archived.lease.fence
     kept.lease.minimum_next_fence = archived.lease.minimum_next_fence
     kept.lease.death_evidence.CopyFrom(archived.lease.death_evidence)

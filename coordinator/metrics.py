@@ -30,6 +30,8 @@ TAKEOVER_SECONDS = Histogram("holdfast_takeover_seconds", "Acquire calls that to
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 REFUSALS = Counter("holdfast_refusals", "Refused calls, by RPC and reason (a refusal writes nothing)",
                    ["rpc", "reason"])
+TENANT_REFUSALS = Counter("holdfast_tenant_refusals", "Calls refused because the session is another "
+                          "tenant's (WRONG_TENANT), by RPC; each is logged with both identities", ["rpc"])
 ETCD_ERRORS = Counter("holdfast_etcd_errors", "Calls that found etcd unavailable", ["rpc"])
 SESSIONS = Gauge("holdfast_sessions", "Session records by claim status and handoff stage (census)",
                  ["claim_status", "handoff_stage"])

@@ -26,6 +26,7 @@ from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
+from holdfast.coordinator.tenancy import DEFAULT_TENANT
 from holdfast.enrollment import issuer as issuer_
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -50,7 +51,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                 commit_window_seconds: float = 30.0,
                 issuer: tuple[str, issuer_.Issuer] | None = None,
                 carry_limits: tuple[int, int] = (carry.DEFAULT_SESSION_CAP, carry.DEFAULT_BUDGET),
-                fencing: FencingSettings | None = None) -> None:
+                fencing: FencingSettings | None = None, default_tenant: str = DEFAULT_TENANT) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
@@ -61,7 +62,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     name = f"{socket.gethostname()} pid {os.getpid()} listening on {listen}"
     service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000),
                                  carry_session_cap=carry_limits[0], carry_budget=carry_limits[1],
-                                 fencing=fencing, name=name)
+                                 fencing=fencing, name=name, default_tenant=default_tenant)
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -32,6 +33,7 @@ from holdfast.coordinator import (
     metrics,
     protojson,
     records,
+    tenancy,
 )
 from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
@@ -133,6 +135,18 @@ def _stream_handler(fn: Callable[..., AsyncIterator[object]]) -> Callable[..., A
     return wrapped
 
 
+def _tenant_checked(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
+    """The caller admitted to the request's session (its tenant's, coordinator/tenancy.py) before
+    the handler reads anything for it, asks an agent or writes: WRONG_TENANT otherwise."""
+
+    async def wrapped(self: CoordinatorService, request: Any, context: grpc.aio.ServicerContext) -> object:
+        await self.tenancy.admit(fn.__name__, request.session_id, context)
+        return await fn(self, request, context)
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
 @dataclass(frozen=True)
 class Exited:
     """An owner whose exit event ended a wait, with what its agent answered (the event's result, or
@@ -151,8 +165,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None,
                  commit_window_ms: int = COMMIT_WINDOW_MS, carry_session_cap: int = carry.DEFAULT_SESSION_CAP,
                  carry_budget: int = carry.DEFAULT_BUDGET, fencing: FencingSettings | None = None,
-                 name: str = "") -> None:
+                 name: str = "", default_tenant: str = tenancy.DEFAULT_TENANT) -> None:
         self.store = store
+        self.tenancy = tenancy.Tenancy(store, default_tenant)
         self.commit_window_ms = commit_window_ms
         self.registry = Registry(store)
         self.router = Router(agent_tls_dir)
@@ -188,6 +203,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if not 0 <= request.wait_seconds <= 3600:
             raise identifiers.InvalidInput("wait_seconds must be in 0..3600")
         gate_token = attestation.check_gate(request.gate) if request.HasField("gate") else ""
+        caller = self.tenancy.caller(context)
         attested: attestation.Attested | None = None
         ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
         ops_key = keys.op(self.store, sid, ohash)
@@ -206,6 +222,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             exited = None
             entry = record_read.entry
             record = self.sessions.decode(entry) if entry is not None else None
+            # On every reading, before anything is decided, asked or written: the id may have been
+            # made by another tenant since the last one (the grant compares it read absent).
+            self.tenancy.judge("Acquire", sid, record or lifecycle.archived_record(revival[0]), caller)
             if replay.entry is not None:
                 # This operation was granted already (an earlier try, or the same call racing itself).
                 stored = protojson.parse(replay.entry.value, pb.AcquireResponse)
@@ -285,7 +304,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 raise CoordinatorError(Reason.RELEASE_PENDING, f"the owner at fence {record.lease.fence} has "
                                        f"ended ({verdict.detail}) but has not released; nothing was granted")
             response = await self._grant(entry, record, request, verdict, ops_key, gates, reads,
-                                         revival, gate_token, attested)
+                                         revival, caller.tenant, gate_token, attested)
             if response is not None:
                 if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
                     metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - started)
@@ -317,6 +336,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         gates: GrantGates,
         reads: Sequence[Seen],
         revival: list[Seen],
+        tenant: str,
         gate_token: str = "",
         attested: attestation.Attested | None = None,
     ) -> pb.AcquireResponse | None:
@@ -330,6 +350,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         reads = [*reads, *gates.reads, *cluster_reads]
         if record is None:
             record = lifecycle.revived(request.session_id, request.provider, request.location, *revival)
+            record.tenant = record.tenant or tenant  # a revived id stays its tenant's
             reads += revival
         old = record.lease
         secret, at = fencing.mint_secret(), now_ms()
@@ -453,6 +474,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                                  reads=gates.reads)
 
     @_handler
+    @_tenant_checked
     async def CommitOwner(
         self, request: pb.CommitOwnerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CommitOwnerResponse:
@@ -477,6 +499,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 
     @_handler
+    @_tenant_checked
     async def RecordProviderHandle(
         self, request: pb.RecordProviderHandleRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecordProviderHandleResponse:
@@ -497,6 +520,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return pb.RecordProviderHandleResponse(record=record, cluster_id=cluster)
 
     @_handler
+    @_tenant_checked
     async def Release(
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
@@ -529,6 +553,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     # --- fenced data ---------------------------------------------------------------------
     @_handler
+    @_tenant_checked
     async def FencedPut(
         self, request: pb.FencedPutRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedPutResponse:
@@ -548,6 +573,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         raise CoordinatorError(Reason.NOT_LIVE, "fenced writes need a live owner")
 
     @_handler
+    @_tenant_checked
     async def FencedGet(
         self, request: pb.FencedGetRequest, context: grpc.aio.ServicerContext
     ) -> pb.FencedGetResponse:
@@ -559,12 +585,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     # --- carried state (coordinator/carry.py) -------------------------------------------
     @_handler
+    @_tenant_checked
     async def BeginCarry(self, request: pb.BeginCarryRequest,
                          context: grpc.aio.ServicerContext) -> pb.BeginCarryResponse:
         cluster = await self._check_cluster(request.cluster_id)
         return pb.BeginCarryResponse(slot=await self.carried.begin(request), cluster_id=cluster)
 
     @_handler
+    @_tenant_checked
     async def PutCarryChunk(self, request: pb.PutCarryChunkRequest,
                             context: grpc.aio.ServicerContext) -> pb.PutCarryChunkResponse:
         cluster = await self._check_cluster(request.cluster_id)
@@ -572,12 +600,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return pb.PutCarryChunkResponse(cluster_id=cluster)
 
     @_handler
+    @_tenant_checked
     async def CommitCarry(self, request: pb.CommitCarryRequest,
                           context: grpc.aio.ServicerContext) -> pb.CommitCarryResponse:
         cluster = await self._check_cluster(request.cluster_id)
         return pb.CommitCarryResponse(revision=await self.carried.commit(request), cluster_id=cluster)
 
     @_handler
+    @_tenant_checked
     async def GetCarry(self, request: pb.GetCarryRequest,
                        context: grpc.aio.ServicerContext) -> pb.GetCarryResponse:
         if request.with_chunk:
@@ -586,6 +616,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     # --- reads ---------------------------------------------------------------------------
     @_handler
+    @_tenant_checked
     async def GetSession(
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
@@ -604,8 +635,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             after = self.sessions.key(identifiers.check_session_id(request.page_token))
         entries, more = await self.store.list_prefix(keys.sessions_prefix(self.store), after, size)
         page = [self.sessions.decode(e) for e in entries]
+        caller = self.tenancy.caller(context)
         return pb.ListSessionsResponse(
-            records=page, next_page_token=page[-1].session_id if more and page else ""
+            records=[r for r in page if caller.may_act_on(tenancy.tenant_of(r, self.tenancy.default))],
+            next_page_token=page[-1].session_id if more and page else "",
         )
 
     # --- hosts ---------------------------------------------------------------------------
@@ -636,6 +669,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     # --- handoff, probes, recovery -------------------------------------------------------
     @_handler
+    @_tenant_checked
     async def RequestHandoff(
         self, request: pb.RequestHandoffRequest, context: grpc.aio.ServicerContext
     ) -> pb.RequestHandoffResponse:
@@ -656,6 +690,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
 
     @_handler
+    @_tenant_checked
     async def ProbeSession(
         self, request: pb.ProbeSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProbeSessionResponse:
@@ -670,6 +705,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         )
 
     @_handler
+    @_tenant_checked
     async def Recover(
         self, request: pb.RecoverRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecoverResponse:
@@ -689,11 +725,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     # --- lifecycle (coordinator/lifecycle.py) --------------------------------------------
     @_handler
+    @_tenant_checked
     async def ArchiveSession(self, request: pb.ArchiveSessionRequest,
                              context: grpc.aio.ServicerContext) -> pb.ArchiveSessionResponse:
         return await self.lifecycle.archive(request)
 
     @_handler
+    @_tenant_checked
     async def GetArchivedSession(self, request: pb.GetArchivedSessionRequest,
                                  context: grpc.aio.ServicerContext) -> pb.GetArchivedSessionResponse:
         return await self.lifecycle.archived(request)
@@ -706,21 +744,26 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     @_handler
     async def DrainHost(self, request: pb.DrainHostRequest,
                         context: grpc.aio.ServicerContext) -> pb.DrainHostResponse:
+        self.tenancy.require_all("DrainHost", context)
         return await self.lifecycle.drain(request)
 
     @_handler
     async def RecoverHost(self, request: pb.RecoverHostRequest,
                           context: grpc.aio.ServicerContext) -> pb.RecoverHostResponse:
-        return await self.lifecycle.recover_host(request, context.peer())
+        caller = self.tenancy.caller(context)
+        return await self.lifecycle.recover_host(
+            request, context.peer(), lambda r: caller.may_act_on(tenancy.tenant_of(r, self.tenancy.default)))
 
     @_handler
     async def FenceHost(self, request: pb.FenceHostRequest,
                         context: grpc.aio.ServicerContext) -> pb.FenceHostResponse:
+        self.tenancy.require_all("FenceHost", context)
         return await self.host_fencing.fence_by_hand(request)
 
     @_handler
     async def RestoreEpoch(self, request: pb.RestoreEpochRequest,
                            context: grpc.aio.ServicerContext) -> pb.RestoreEpochResponse:
+        self.tenancy.require_all("RestoreEpoch", context)
         return await self.lifecycle.restore_epoch(request)
 
     # --- watch ---------------------------------------------------------------------------
@@ -730,24 +773,40 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.SessionEvent]:
         sid = request.session_id
         key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
+        caller = (await self.tenancy.admit("WatchSessions", sid, context) if sid
+                  else self.tenancy.caller(context))
         prefix = key or keys.sessions_prefix(self.store)
         cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
+        # Another tenant's sessions are never shown, nor their deletion: a deleted record names no
+        # tenant, so a deletion is shown only for an id this stream showed the caller.
+        shown: set[str] = set()
+
+        def visible(record: pb.SessionRecord) -> bool:
+            if caller.may_act_on(tenancy.tenant_of(record, self.tenancy.default)):
+                shown.add(record.session_id)
+                return True
+            return False
+
         while True:
             # List first, then watch from the listing's revision: after a compaction, list again.
             revision = await self.store.current_revision()
             entries, _ = await self.store.list_prefix(prefix)
             for e in entries:
                 if key is None or e.key == key:
-                    yield pb.SessionEvent(record=self.sessions.decode(e), resync=True, cluster_id=cluster)
+                    record = self.sessions.decode(e)
+                    if visible(record):
+                        yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
             try:
                 async for change in self.store.watch_prefix(prefix, revision + 1):
                     if isinstance(change, str):
-                        if key is None or change == key:
-                            sid = change.rsplit("/", 1)[1]
+                        sid = change.rsplit("/", 1)[1]
+                        if (key is None or change == key) and (caller.all_tenants or sid in shown):
                             yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
                                                   cluster_id=cluster)
                     elif key is None or change.key == key:
-                        yield pb.SessionEvent(record=self.sessions.decode(change), cluster_id=cluster)
+                        record = self.sessions.decode(change)
+                        if visible(record):
+                            yield pb.SessionEvent(record=record, cluster_id=cluster)
             except Compacted:
                 continue
             return

@@ -34,13 +34,14 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def up_tls(tmp_path: Path) -> Iterator[tuple[Path, dict]]:  # type: ignore[type-arg]
+def up_tls(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, dict]]:  # type: ignore[type-arg]
+    hosts = str(getattr(request, "param", 1))
     state = tmp_path / "state"
     out = tmp_path / "up.out"
     with out.open("wb") as sink:
         # Its own default state directory (XDG_STATE_HOME), where it says which state directory
         # serves its address; a CLI under another one has no such word.
-        proc = subprocess.Popen([*CLI, "up", "--tls", "--hosts", "1", "--listen", "127.0.0.1:0",
+        proc = subprocess.Popen([*CLI, "up", "--tls", "--hosts", hosts, "--listen", "127.0.0.1:0",
                                  "--ip-base", str(IP_BASE), "--state-dir", str(state)],
                                 stdout=sink, stderr=subprocess.STDOUT, cwd=tmp_path,
                                 env=clean_env(XDG_STATE_HOME=str(tmp_path / "xdg")))
@@ -150,3 +151,43 @@ def test_plaintext_to_up_tls_is_told_at_once_and_the_cli_finds_its_certificates(
     assert upstate.pointed(recorded["coordinator"]) is None  # under `elsewhere`: no word there
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert upstate.pointed(recorded["coordinator"]) == state.resolve()
+
+
+@pytest.mark.parametrize("up_tls", [2], indirect=True)
+def test_two_tenants_on_up_tls(up_tls, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Tenant b's forced takeover of tenant a's live session is refused (77) and a's CMD runs on;
+    b's status never shows a's session, nor does the default tenant's (up's client.pem)."""
+    state, recorded = up_tls
+    ca, address = recorded["tls_dir"], recorded["coordinator"]
+    for team in ("team-a", "team-b"):
+        issued = holdfast("certs", "issue", ca, "--role", "client", "--tenant", team, "--out",
+                          str(tmp_path / team), cwd=tmp_path)
+        assert issued.returncode == 0, issued.stderr
+    sid = "session-of-team-a"
+    owner = subprocess.Popen([*CLI, "exec", "--host", "1", "--state-dir", str(state), "--", *CLI, "run",
+                              "--tls-dir", str(tmp_path / "team-a"), "--session", sid, "--", "sh", "-c",
+                              "echo $$ > owner.pid; exec sleep 300"],
+                             cwd=tmp_path, env=clean_env(), stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "owner.pid").exists():
+            assert owner.poll() is None and time.monotonic() < deadline, owner.stderr.read()  # type: ignore[union-attr]
+            time.sleep(0.05)
+        taken = holdfast("exec", "--host", "2", "--state-dir", str(state), "--", *CLI, "run", "--tls-dir",
+                         str(tmp_path / "team-b"), "--session", sid, "--takeover", "--force", "--", "true",
+                         cwd=tmp_path)
+        assert taken.returncode == 77 and "WRONG_TENANT" in taken.stderr, taken.stderr
+        assert owner.poll() is None
+        os.kill(int((tmp_path / "owner.pid").read_text()), 0)  # a's CMD (in host 1's namespace) runs on
+
+        def sessions(tls_dir: str) -> dict[str, str]:
+            shown = holdfast("status", "--json", "--coordinator", address, "--tls-dir", tls_dir, cwd=tmp_path)
+            assert shown.returncode == 0, shown.stderr
+            return {s["session_id"]: s.get("tenant", "") for s in json.loads(shown.stdout)["sessions"]}
+
+        assert sid not in sessions(str(tmp_path / "team-b"))
+        assert sessions(str(tmp_path / "team-a"))[sid] == "team-a"
+        assert sid not in sessions(ca), "up's client.pem names no tenant: the default tenant's view"
+    finally:
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(30)

@@ -30,14 +30,15 @@ def test_init_issues_one_certificate_per_role_signed_by_the_ca(tmp_path: Path) -
         roles.append((path.parent.name, tls.role_of_certificate(cert)))
         assert stat.S_IMODE(path.with_suffix(".key").stat().st_mode) == 0o600
     top = tmp_path.name
-    assert roles == [(top, Role("coordinator")), (top, Role("client")), (top, Role("operator")),
+    # The local stack's own operator acts on every tenant's sessions.
+    assert roles == [(top, Role("coordinator")), (top, Role("client")), (top, Role("operator", "", "*")),
                      (top, Role("maintenance")), (top, Role("agent", "node-a")),
                      ("etcd", Role("etcd")), ("etcd", Role("coordinator"))]
     assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
     uris = {name: _load(tmp_path / f"{name}.pem").extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value.get_values_for_type(x509.UniformResourceIdentifier)
         for name in ("operator", "maintenance")}
-    assert uris == {"operator": ["holdfast://operator"], "maintenance": ["holdfast://maintenance"]}
+    assert uris == {"operator": ["holdfast://operator", "holdfast-tenant://*"], "maintenance": ["holdfast://maintenance"]}
 
 
 def test_an_older_directory_gets_only_what_it_lacks(tmp_path: Path) -> None:

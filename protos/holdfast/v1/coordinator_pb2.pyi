@@ -97,7 +97,7 @@ class Lease(_message.Message):
     def __init__(self, fence: _Optional[int] = ..., minimum_next_fence: _Optional[int] = ..., claim_status: _Optional[_Union[ClaimStatus, str]] = ..., handoff_stage: _Optional[_Union[HandoffStage, str]] = ..., owner: _Optional[_Union[_agent_pb2.ProcessIdentity, _Mapping]] = ..., reserved_spawn_token: _Optional[str] = ..., spawn_token_env: _Optional[str] = ..., reserved_host_id: _Optional[str] = ..., reserved_at_unix_ms: _Optional[int] = ..., commit_deadline_unix_ms: _Optional[int] = ..., live_on_commit: _Optional[bool] = ..., grant_secret_hash: _Optional[str] = ..., death_evidence: _Optional[_Union[DeathEvidence, _Mapping]] = ..., last_proven_alive_at_unix_ms: _Optional[int] = ..., handoff_operation_hash: _Optional[str] = ..., handoff_requested_by_host: _Optional[str] = ..., owner_since_unix_ms: _Optional[int] = ...) -> None: ...
 
 class SessionRecord(_message.Message):
-    __slots__ = ("schema_version", "session_id", "provider", "location", "lease", "provider_handle_chain", "history_seq")
+    __slots__ = ("schema_version", "session_id", "provider", "location", "lease", "provider_handle_chain", "history_seq", "tenant")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class SessionRecord(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_HANDLE_CHAIN_FIELD_NUMBER: _ClassVar[int]
     HISTORY_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     session_id: str
     provider: str
@@ -112,7 +113,8 @@ class SessionRecord(_message.Message):
     lease: Lease
     provider_handle_chain: _containers.RepeatedCompositeFieldContainer[ProviderHandleLink]
     history_seq: int
-    def __init__(self, schema_version: _Optional[int] = ..., session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., provider_handle_chain: _Optional[_Iterable[_Union[ProviderHandleLink, _Mapping]]] = ..., history_seq: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, schema_version: _Optional[int] = ..., session_id: _Optional[str] = ..., provider: _Optional[str] = ..., location: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., provider_handle_chain: _Optional[_Iterable[_Union[ProviderHandleLink, _Mapping]]] = ..., history_seq: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class HistoryEntry(_message.Message):
     __slots__ = ("seq", "at_unix_ms", "transition", "fence", "detail")
@@ -641,10 +643,12 @@ class RecoverHostResult(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., recovered: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RecoverHostResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "skipped_other_tenants")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_OTHER_TENANTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[RecoverHostResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ...) -> None: ...
+    skipped_other_tenants: int
+    def __init__(self, results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ..., skipped_other_tenants: _Optional[int] = ...) -> None: ...
 
 class RestoreEpochRequest(_message.Message):
     __slots__ = ("epoch", "operator", "reason", "expected_hosts")

@@ -1,0 +1,105 @@
+"""Which tenant a caller acts for, and whether a session is that tenant's (docs/tenants.md).
+
+Guarantee: a session belongs to the tenant that first acquired it — written in its record when the
+record is made, in the grant's own transaction (compared absent), and never changed; kept in its
+archive record and in the floor a purge leaves, so a revived id is judged too. A record with no
+tenant (written before tenants) belongs to the configured default tenant, never to whoever acquires
+it next. A caller of another tenant is refused WRONG_TENANT by `admit` before its handler reads
+anything for the session, asks an agent or writes anything; the refusal is logged with both
+identities and counted. Not isolated: an all-tenants operator (its certificate says so); a plaintext
+coordinator (no identities at all: every caller is the default tenant and sees every session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from holdfast.common import identifiers
+from holdfast.common.reasons import Reason
+from holdfast.common.tls import ALL_TENANTS, peer_role
+from holdfast.coordinator import keys, metrics, records
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.store import Store
+from holdfast.v1 import coordinator_pb2 as pb
+
+log = logging.getLogger(__name__)
+DEFAULT_TENANT = "default"
+# Roles that act on every tenant's sessions by what they are: a coordinator (a peer replica).
+UNSCOPED_KINDS = ("coordinator",)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The tenant a caller's sessions are bound to, and whether it may act on every tenant's."""
+
+    tenant: str
+    all_tenants: bool
+    who: str  # the certificate's role and tenant, for the audit log
+
+    def may_act_on(self, tenant: str) -> bool:
+        return self.all_tenants or tenant == self.tenant
+
+
+def caller(context: grpc.aio.ServicerContext, default: str) -> Caller:
+    role = peer_role(context)
+    if role is None:
+        # Only a plaintext link reaches a handler without a role: TLS refuses it at the gate.
+        return Caller(default, True, "plaintext")
+    who = " ".join(filter(None, (role.uri(), role.tenant_uri())))
+    if role.tenant == ALL_TENANTS or role.kind in UNSCOPED_KINDS:
+        return Caller(default, True, who)
+    return Caller(role.tenant or default, False, who)
+
+
+def tenant_of(record: pb.SessionRecord, default: str) -> str:
+    return record.tenant or default
+
+
+class Tenancy:
+    def __init__(self, store: Store, default: str = DEFAULT_TENANT) -> None:
+        self.store = store
+        self.default = default
+
+    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        return caller(context, self.default)
+
+    def judge(self, rpc: str, sid: str, found: pb.SessionRecord | None, who: Caller) -> None:
+        """Refuses WRONG_TENANT when `found` (the session's record, or its archive) is another
+        tenant's; a session never seen is anyone's to create."""
+        if found is None or who.may_act_on(tenant_of(found, self.default)):
+            return
+        metrics.TENANT_REFUSALS.labels(rpc).inc()
+        log.warning("refused %s of session %s: caller %s (tenant %s), session of tenant %s", rpc, sid,
+                    who.who, who.tenant, tenant_of(found, self.default))
+        raise CoordinatorError(Reason.WRONG_TENANT, f"session {sid} belongs to another tenant; nothing "
+                               "was read for it, asked or written")
+
+    async def bound(self, sid: str) -> pb.SessionRecord | None:
+        """What binds the id to a tenant: its record, else its archive record (or floor)."""
+        live, archived = await asyncio.gather(self.store.get(keys.session(self.store, sid)),
+                                              self.store.get(keys.archive_record(self.store, sid)))
+        found = live or archived
+        return records.decode_record(found.value) if found is not None else None
+
+    async def admit(self, rpc: str, sid: str, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller, once it may act on the session; WRONG_TENANT otherwise."""
+        sid = identifiers.check_session_id(sid)
+        who = self.caller(context)
+        if not who.all_tenants:
+            self.judge(rpc, sid, await self.bound(sid), who)
+        return who
+
+    def require_all(self, rpc: str, context: grpc.aio.ServicerContext) -> None:
+        """A call whose effect reaches every tenant on a host or in the cluster (a drain flag, a
+        power-off, a restore epoch) is an all-tenants operator's alone."""
+        who = self.caller(context)
+        if not who.all_tenants:
+            metrics.TENANT_REFUSALS.labels(rpc).inc()
+            log.warning("refused %s: caller %s is scoped to tenant %s", rpc, who.who, who.tenant)
+            raise CoordinatorError(Reason.WRONG_TENANT, f"{rpc} reaches every tenant's sessions: it needs an "
+                                   "operator certificate for all tenants (`holdfast certs issue --role "
+                                   "operator --all-tenants`); nothing was done")

@@ -1,0 +1,279 @@
+"""Sessions belong to their tenant, over mTLS with a real etcd, coordinator, agent and `holdfast run`.
+
+Tenant a's session runs a real CMD. Every session RPC by tenant b's runtime is refused WRONG_TENANT
+with etcd byte-identical, no agent asked (the coordinator's routed probes and the agent's own
+counters unchanged) and a's CMD untouched — a forced takeover from b kills nothing. Listings and
+watches never show b a's session. A scoped operator is refused on a's session and on host-wide
+calls; an all-tenants operator is not. A record written before tenants is the default tenant's, and
+an archived or purged id stays its tenant's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+
+from holdfast.common import certs, tls
+from holdfast.common.reasons import reason_of
+from holdfast.common.tls import Role
+from holdfast.coordinator import records
+from holdfast.coordinator.store import Put, Store, etcd_credentials
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+from tests.integration.conftest import AgentProcess
+from tests.integration.coordinator_fixtures import Coordinator, snapshot
+from tests.integration.run_fixtures import until
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.root,
+              pytest.mark.skipif(os.geteuid() != 0, reason="agents read other processes' environments")]
+CALLERS = {"team-a": Role("client", "", "team-a"), "team-b": Role("client", "", "team-b"),
+           "op-b": Role("operator", "", "team-b"), "op-all": Role("operator", "", "*")}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = Path(tmp_path_factory.mktemp("pki-tenants"))
+    certs.init_local(base / "ca", ["host-a"], ["127.0.0.1", "localhost"])
+    for name, role in CALLERS.items():
+        certs.issue_one(base / "ca", role, [], base / name)
+    return base
+
+
+@pytest.fixture(scope="module")
+def etcd_tls(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-tenants")) / "data", fast_election=True,
+                        tls_dir=pki / "ca" / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def stack(etcd_tls: EtcdServer, tmp_path: Path, prefix: str,
+          pki: Path) -> Iterator[tuple[Coordinator, Path]]:
+    coordinator = Coordinator(etcd_tls.url, tmp_path, prefix, args=(
+        "--tls-dir", str(pki / "ca"), "--metrics-listen", "127.0.0.1:0")).start()
+    agent = AgentProcess(tmp_path, "host-a", args=[
+        "--tls-dir", str(pki / "ca"), "--coordinator", coordinator.address,
+        "--metrics-listen", "127.0.0.1:0"])
+    try:
+        until("host-a registered", lambda: any(
+            h.host_id == "host-a" for h in as_(coordinator, pki, "op-all").ListHosts(
+                pb.ListHostsRequest(), timeout=5).hosts))
+        yield coordinator, tmp_path
+    finally:
+        agent.stop()
+        coordinator.stop()
+
+
+def as_(coordinator: Coordinator, pki: Path, who: str) -> coordinator_pb2_grpc.CoordinatorStub:
+    directory = pki / who if who in CALLERS else pki / "ca"
+    role = Role(CALLERS[who].kind if who in CALLERS else "client")
+    return coordinator_pb2_grpc.CoordinatorStub(
+        tls.open_channel(coordinator.address, directory, role, sync=True))
+
+
+def state(etcd: EtcdServer, prefix: str, pki: Path) -> list[tuple[str, bytes]]:
+    return snapshot(etcd.url, prefix, etcd_credentials(etcd.url, pki / "ca" / "etcd"))
+
+
+def agent_calls(coordinator: Coordinator, tmp: Path) -> dict[str, float]:
+    """Every counter of what was asked of agents: the coordinator's routed probes and kills, and
+    the agent's own probes, attestations, scans and exit watches."""
+    import json
+
+    agent_metrics = json.loads((tmp / "ready-host-a.json").read_text())["metrics"]
+    counts = {}
+    for address, wanted in ((coordinator.metrics, "holdfast_probes"), (agent_metrics, "holdfast_agent_")):
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith(wanted) and re.match(r"\S+(_total|_count)(\{.*\})? ", line):
+                name, value = line.rsplit(" ", 1)
+                counts[f"{address} {name}"] = float(value)
+    return counts
+
+
+def wrong_tenant(call: Callable[..., object], request: object) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        result = call(request, timeout=10)
+        if not hasattr(result, "SerializeToString"):
+            next(iter(result))  # type: ignore[call-overload]
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value  # type: ignore[attr-defined]
+    assert reason_of(err.value) == "WRONG_TENANT", err.value
+
+
+def run(pki: Path, who: str, coordinator: Coordinator, tmp: Path, sid: str, *args: str,
+        cmd: list[str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HOLDFAST_COORDINATOR": coordinator.address, "HOLDFAST_HOST_ID": "host-a",
+           "TMPDIR": str(tmp), "XDG_STATE_HOME": str(tmp / f"state-{who}")}
+    return subprocess.Popen([sys.executable, "-m", "holdfast.cli", "run", "--session", sid, "--tls-dir",
+                             str(pki / who), *args, "--", *cmd], env=env, cwd=tmp,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def acquire(stub: coordinator_pb2_grpc.CoordinatorStub, sid: str, **fields: object) -> pb.AcquireResponse:
+    return stub.Acquire(pb.AcquireRequest(session_id=sid, operation_id=os.urandom(16).hex(), host_id="host-a",
+                                          **fields), timeout=30)  # type: ignore[arg-type]
+
+
+def test_another_tenant_is_refused_on_every_rpc_and_changes_nothing(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    coordinator, tmp = stack
+    sid = "sess-tenant-a"
+    owner = run(pki, "team-a", coordinator, tmp, sid,
+                cmd=["sh", "-c", "echo $$ > owner.pid; exec sleep 300"])
+    try:
+        until("team a's CMD running", (tmp / "owner.pid").exists)
+        pid = int((tmp / "owner.pid").read_text())
+        a, b = as_(coordinator, pki, "team-a"), as_(coordinator, pki, "team-b")
+        own = acquire(b, "sess-tenant-b")  # b's own session: its listings are not empty
+        record = a.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record
+        assert record.tenant == "team-a" and record.lease.claim_status in (pb.COMMITTED, pb.LIVE)
+        fence, op = record.lease.fence, os.urandom(16).hex()
+        before, calls = state(etcd_tls, prefix, pki), agent_calls(coordinator, tmp)
+
+        grant = dict(session_id=sid, fence=fence, secret="0" * 64)
+        for call, request in [
+            (b.Acquire, pb.AcquireRequest(session_id=sid, operation_id=op, host_id="host-a")),
+            (b.Acquire, pb.AcquireRequest(session_id=sid, operation_id=op, host_id="host-a", takeover=True)),
+            (b.Acquire, pb.AcquireRequest(session_id=sid, operation_id=op, host_id="host-a", takeover=True,
+                                          force=True)),
+            (b.Acquire, pb.AcquireRequest(session_id=sid, operation_id=op, host_id="host-a", wait_seconds=5)),
+            (b.RequestHandoff, pb.RequestHandoffRequest(session_id=sid, operation_id=op, host_id="host-a")),
+            (b.CommitOwner, pb.CommitOwnerRequest(**grant)),
+            (b.Release, pb.ReleaseRequest(**grant)),
+            (b.RecordProviderHandle, pb.RecordProviderHandleRequest(**grant, handle="h")),
+            (b.FencedPut, pb.FencedPutRequest(**grant, key="k", value=b"v")),
+            (b.FencedGet, pb.FencedGetRequest(session_id=sid, key="k")),
+            (b.BeginCarry, pb.BeginCarryRequest(**grant, total_bytes=1, chunks=1)),
+            (b.PutCarryChunk, pb.PutCarryChunkRequest(**grant, slot=0, index=0, data=b"x")),
+            (b.CommitCarry, pb.CommitCarryRequest(**grant)),
+            (b.GetCarry, pb.GetCarryRequest(session_id=sid)),
+            (b.ProbeSession, pb.ProbeSessionRequest(session_id=sid)),
+            (b.GetSession, pb.GetSessionRequest(session_id=sid)),
+            (b.GetArchivedSession, pb.GetArchivedSessionRequest(session_id=sid)),
+            (b.WatchSessions, pb.WatchSessionsRequest(session_id=sid)),
+        ]:
+            wrong_tenant(call, request)
+        taker = run(pki, "team-b", coordinator, tmp, sid, "--takeover", "--force", cmd=["true"])
+        _, err = taker.communicate(timeout=60)
+        assert taker.returncode == 77 and b"WRONG_TENANT" in err, err
+        op_b = as_(coordinator, pki, "op-b")
+        wrong_tenant(op_b.Recover, pb.RecoverRequest(session_id=sid, expected_fence=fence, operator="o",
+                                                     reason="r"))
+        wrong_tenant(op_b.ArchiveSession, pb.ArchiveSessionRequest(session_id=sid, expected_fence=fence,
+                                                                   operator="o", reason="r"))
+        wrong_tenant(op_b.DrainHost, pb.DrainHostRequest(host_id="host-a", draining=True, operator="o"))
+        wrong_tenant(op_b.RestoreEpoch, pb.RestoreEpochRequest(operator="o", reason="r"))
+
+        assert state(etcd_tls, prefix, pki) == before, "nothing written"
+        assert agent_calls(coordinator, tmp) == calls, "no agent asked"
+        os.kill(pid, 0)  # a's CMD still runs: nothing was signalled
+        assert owner.poll() is None
+
+        # b's listings and watches show its own session, never a's; a's and an all-tenants operator's do.
+        listed = {r.session_id for r in b.ListSessions(pb.ListSessionsRequest(), timeout=10).records}
+        assert own.grant.session_id in listed and sid not in listed
+        seen = []
+        for event in b.WatchSessions(pb.WatchSessionsRequest(), timeout=30):
+            seen.append(event.record.session_id)
+            if event.record.session_id == own.grant.session_id:
+                break
+        assert sid not in seen, "sorted before b's own, a's session would have come first"
+        for who in ("team-a", "op-all"):
+            assert sid in {r.session_id for r in as_(coordinator, pki, who).ListSessions(
+                pb.ListSessionsRequest(), timeout=10).records}
+        as_(coordinator, pki, "op-all").GetSession(pb.GetSessionRequest(session_id=sid), timeout=10)
+    finally:
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(30)
+
+
+def test_a_record_from_before_tenants_is_the_default_tenants(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    coordinator, _ = stack
+    plain = as_(coordinator, pki, "default")  # ca/client.pem names no tenant
+    sid = "sess-tenant-old"
+    granted = acquire(plain, sid)
+    assert granted.record.tenant == "default"
+    old = granted.record
+    old.ClearField("tenant")  # as a coordinator before tenants wrote it
+
+    async def rewrite() -> None:
+        credentials = etcd_credentials(etcd_tls.url, pki / "ca" / "etcd")
+        store = Store.connect(etcd_tls.url, credentials, prefix=prefix)
+        try:
+            assert (await store.txn([], [Put(store.key("sessions", sid), records.encode(old))]))[0]
+        finally:
+            await store.close()
+
+    asyncio.run(rewrite())
+    assert plain.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.tenant == ""
+    before = state(etcd_tls, prefix, pki)
+    a = as_(coordinator, pki, "team-a")
+    wrong_tenant(a.GetSession, pb.GetSessionRequest(session_id=sid))
+    wrong_tenant(a.Acquire, pb.AcquireRequest(session_id=sid, operation_id=os.urandom(16).hex(),
+                                              host_id="host-a"))
+    assert state(etcd_tls, prefix, pki) == before
+
+
+def test_an_archived_or_purged_id_stays_its_tenants(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    coordinator, _ = stack
+    a, b, op = (as_(coordinator, pki, who) for who in ("team-a", "team-b", "op-all"))
+    sid = "sess-tenant-archived"
+    granted = acquire(a, sid)
+    a.Release(pb.ReleaseRequest(session_id=sid, fence=granted.grant.fence, secret=granted.grant.secret,
+                                cluster_id=granted.grant.cluster_id), timeout=10)
+    op.ArchiveSession(pb.ArchiveSessionRequest(session_id=sid, expected_fence=granted.grant.fence,
+                                               operator="o", reason="done"), timeout=10)
+    wrong_tenant(b.Acquire, pb.AcquireRequest(session_id=sid, operation_id=os.urandom(16).hex(),
+                                              host_id="host-a"))
+    wrong_tenant(b.GetArchivedSession, pb.GetArchivedSessionRequest(session_id=sid))
+    maintenance = coordinator_pb2_grpc.CoordinatorStub(
+        tls.open_channel(coordinator.address, pki / "ca", Role("maintenance"), sync=True))
+    maintenance.PurgeArchives(pb.PurgeArchivesRequest(older_than_seconds=0, limit=100), timeout=10)
+    wrong_tenant(b.Acquire, pb.AcquireRequest(session_id=sid, operation_id=os.urandom(16).hex(),
+                                              host_id="host-a"))
+    again = acquire(a, sid)
+    assert again.record.tenant == "team-a" and again.grant.fence > granted.grant.fence
+
+
+def _cert(pki: Path, who: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate((pki / who / f"{CALLERS[who].kind}.pem").read_bytes())
+
+
+def test_a_certificate_names_one_tenant_or_gets_no_role(pki: Path, tmp_path: Path) -> None:
+    assert tls.role_of_certificate(_cert(pki, "team-a")) == Role("client", "", "team-a")
+    assert tls.role_of_certificate(_cert(pki, "op-all")) == Role("operator", "", "*")
+    ca_key, ca_cert = certs.load_ca(pki / "ca")
+    key = certs._new_key()  # a certificate no `certs issue` would write
+
+    def with_uris(*uris: str) -> x509.Certificate:
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in uris]
+        return certs._leaf(ca_key, ca_cert, "t", key.public_key(), names,
+                           certs.LEAF_LIFETIME)
+
+    for uris in (("holdfast://client", "holdfast-tenant://a", "holdfast-tenant://b"),  # two tenants
+                 ("holdfast://client", "holdfast-tenant://Team_A"),                 # malformed
+                 ("holdfast://client", "holdfast-tenant://"),
+                 ("holdfast://client", "holdfast-tenant://*")):                     # all, on a runtime
+        assert tls.role_of_certificate(with_uris(*uris)) is None, uris
+    assert tls.role_of_certificate(with_uris("holdfast://client")) == Role("client")
