@@ -28,8 +28,6 @@ from holdfast.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
-# Roles that act on every tenant's sessions by what they are: a coordinator (a peer replica).
-UNSCOPED_KINDS = ("coordinator",)
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def caller(context: grpc.aio.ServicerContext, default: str) -> Caller:
         # Only a plaintext link reaches a handler without a role: TLS refuses it at the gate.
         return Caller(default, True, "plaintext")
     who = " ".join(filter(None, (role.uri(), role.tenant_uri())))
-    if role.tenant == ALL_TENANTS or role.kind in UNSCOPED_KINDS:
+    if role.tenant == ALL_TENANTS:
         return Caller(default, True, who)
     return Caller(role.tenant or default, False, who)
 
