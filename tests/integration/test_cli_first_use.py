@@ -1,5 +1,6 @@
 """What a newcomer meets first: a watch that fails as `status` fails when it never connected, and
-says so when it loses the coordinator later. Against real coordinators and etcd."""
+says so when it loses the coordinator later; completion of the ids a coordinator knows. Against real
+coordinators and etcd."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
 from holdfast.common import certs, serving, tls
 from holdfast.common.tls import Role
 from holdfast.localstack.etcd_server import free_port
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration.conftest import signals_as_at_a_terminal
 from tests.integration.coordinator_fixtures import Coordinator
 
@@ -82,3 +86,23 @@ def test_a_watch_says_when_it_lost_the_coordinator_and_reconnects(coordinator: C
         if watch.poll() is None:
             watch.kill()
             watch.wait()
+
+
+def test_completion_offers_the_coordinators_ids_and_nothing_when_none_answers(coordinator: Coordinator,
+                                                                             tmp_path: Path) -> None:
+    reg = pb.HostRegistration(host_id="host-completed", address="127.0.0.1:9",
+                              spawn_token_env="HOLDFAST_SPAWN_TOKEN")
+    with grpc.insecure_channel(coordinator.address) as channel:
+        coordinator_pb2_grpc.CoordinatorStub(channel).RegisterHost(
+            pb.RegisterHostRequest(registration=reg, ttl_seconds=30), timeout=10)
+
+    def ids(kind: str, address: str) -> tuple[int, str, str]:
+        env = clean_env(HOLDFAST_COORDINATOR=address, XDG_STATE_HOME=str(tmp_path))
+        done = subprocess.run([*HOLDFAST, "completion", "--ids", kind], capture_output=True, text=True,
+                              timeout=60, env=env)
+        return done.returncode, done.stdout, done.stderr
+
+    assert ids("hosts", coordinator.address) == (0, "host-completed\n", "")
+    assert ids("sessions", coordinator.address) == (0, "", "")  # none yet
+    # Nothing listening: nothing offered, nothing said (a completion must not print errors).
+    assert ids("hosts", f"127.0.0.1:{free_port()}") == (0, "", "")
