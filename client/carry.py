@@ -213,9 +213,40 @@ def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
     return entries, skipped
 
 
-def pack(names: list[str], cwd: str, session_id: str) -> Packed:
+# The roots that did not exist when the run started: each one's directory, resolved then, as
+# (device, inode).
+Absent = dict[str, tuple[int, int]]
+
+
+def _created(name: str, path: str, parent: tuple[int, int]) -> tuple[int | None, str]:
+    """For a root absent at the run's start: a descriptor on its directory when CMD made a plain
+    file or directory there, in the very directory resolved at the start (a directory swapped for
+    another, or a link put in its place, would have a root `run` upload what it leads to); else
+    None and why it is not carried ('' when CMD made nothing there)."""
+    try:
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, f"--carry {name}: its directory cannot be opened ({exc.strerror}); not carried"
+    st = os.fstat(fd)
+    try:
+        made = os.stat(os.path.basename(path), dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        os.close(fd)
+        return None, ""
+    if (st.st_dev, st.st_ino) != parent:
+        why = "its directory is not the one it was when the run started"
+    elif not (stat.S_ISREG(made.st_mode) or stat.S_ISDIR(made.st_mode)):
+        why = NOT_A_ROOT
+    else:
+        return fd, ""
+    os.close(fd)
+    return None, f"--carry {name}: {why}; not carried"
+
+
+def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = None) -> Packed:
     """The named roots as one copy: files in walk order, a stream cut into chunks; a copy the
-    rules of restore would refuse is refused here, before anything is uploaded."""
+    rules of restore would refuse is refused here, before anything is uploaded. A root in `absent`
+    is carried only if CMD created it (`_created`), and left out otherwise."""
     manifest = pb.CarryManifest(session_id=session_id)
     skipped: list[str] = []
     stream: list[bytes] = []
@@ -225,25 +256,38 @@ def pack(names: list[str], cwd: str, session_id: str) -> Packed:
                              sha256=hashlib.sha256(data).hexdigest())
         stream.append(data)
 
+    index = -1
     try:
-        for index, name in enumerate(names):
-            path = _where(name, cwd)
+        for name in names:
+            path = where = _where(name, cwd)
+            parent: int | None = None
+            if absent and name in absent:
+                parent, why = _created(name, path, absent[name])
+                if parent is None:
+                    skipped.append(why or f"--carry {name}: CMD did not create it; not carried")
+                    continue
+                where = os.path.basename(path)
+            index += 1
             try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                raise failed(
-                    f"--carry {name}: no such file or directory here (in {cwd})", session_id
-                ) from None
-            if stat.S_ISREG(st.st_mode):
-                manifest.roots.add(path=name, kind="file")
-                data, st = _read_whole(path, name)
-                add_file(index, "", stat.S_IMODE(st.st_mode) & 0o777, data)
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
+                try:
+                    st = os.stat(where, dir_fd=parent, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise failed(
+                        f"--carry {name}: no such file or directory here (in {cwd})", session_id
+                    ) from None
+                if stat.S_ISREG(st.st_mode):
+                    manifest.roots.add(path=name, kind="file")
+                    data, st = _read_whole(where, name, parent)
+                    add_file(index, "", stat.S_IMODE(st.st_mode) & 0o777, data)
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
+                top = os.open(where, OPEN_DIR, dir_fd=parent)  # the root itself swapped for a link is refused
+            finally:
+                if parent is not None:
+                    os.close(parent)
             manifest.roots.add(path=name, kind="dir")
             manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
-            top = os.open(path, OPEN_DIR)  # the root itself swapped for a link is refused
             try:
                 entries, left_out = _walk_root(top, name)
             finally:
@@ -337,31 +381,37 @@ async def download(client: Client, grant: Grant) -> tuple[pb.CarryManifest, byte
 # --- a run's carried state: checked at its start, restored between commit and exec ----------------
 async def check_at_start(
     client: Client, session_id: str, paths: list[str], cwd: str
-) -> tuple[list[str], int]:
-    """The --carry roots as the manifest names them, and the coordinator's per-session cap, checked
-    before anything is asked of the session's owner: each root exists here or in the session's last
-    copy, and what this run would carry (the copy's roots restored, the rest as they are here) fits
-    the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
+) -> tuple[list[str], int, Absent]:
+    """The --carry roots as the manifest names them, the coordinator's per-session cap, and the
+    roots that exist neither here nor in the session's last copy (each with its directory, resolved
+    now: CMD may create the root there), checked before anything is asked of the session's owner:
+    each root's directory exists, and what this run would carry (the copy's roots restored, the
+    rest as they are here) fits the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
     try:
         names = list(dict.fromkeys(root_name(path) for path in paths))
     except CarryRefused as exc:
         raise ClientError(Reason.INVALID_ARGUMENT, str(exc), session_id) from None
     if not names:
-        return [], 0
+        return [], 0, {}
     carried = await client.get_carry(session_id)
     in_copy = {path: size for path, _, size in root_sizes(carried.manifest)} if carried.found else {}
     here = await asyncio.to_thread(local_size, [n for n in names if n not in in_copy], cwd)
-    missing = [name for name, size in here.items() if size is None]
-    if missing and not await _session_exists(client, session_id):
-        # With an owner, the copy may yet come (a takeover's owner uploads as it lets go); with no
-        # record at all, nothing ever could.
-        raise ClientError(
-            Reason.INVALID_ARGUMENT,
-            f"--carry {', '.join(missing)}: no such file or directory "
-            f"here (in {cwd}), and the session carries no copy of it; create it first. "
-            "Nothing was asked of the session's owner",
-            session_id,
-        )
+    absent: Absent = {}
+    for name in (n for n, size in here.items() if size is None):
+        directory = os.path.dirname(_where(name, cwd))
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            os.close(fd)
+        except OSError as exc:
+            raise ClientError(
+                Reason.INVALID_ARGUMENT,
+                f"--carry {name}: no such file or directory here, nor in the session's copy, and its "
+                f"directory {directory} cannot be used ({exc.strerror}); create it first. Nothing was "
+                "asked of the session's owner",
+                session_id,
+            ) from None
+        absent[name] = (st.st_dev, st.st_ino)
     total = sum(in_copy.get(n, 0) for n in names) + sum(size or 0 for size in here.values())
     try:
         check_cap(total, carried.session_cap_bytes)
@@ -369,17 +419,7 @@ async def check_at_start(
         raise ClientError(
             Reason.CARRY_TOO_LARGE, f"{exc}; nothing was asked of the session's owner", session_id
         ) from None
-    return names, carried.session_cap_bytes
-
-
-async def _session_exists(client: Client, session_id: str) -> bool:
-    try:
-        await client.get_session(session_id)
-    except ClientError as err:
-        if err.reason == Reason.NOT_FOUND:
-            return False
-        raise
-    return True
+    return names, carried.session_cap_bytes, absent
 
 
 async def restore_before_exec(

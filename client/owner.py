@@ -147,10 +147,11 @@ class Owner:
 
     def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
                  workdir: str, record: pb.SessionRecord, say: Say, terminal: int | None = None,
-                 carried: Sequence[str] = ()) -> None:
+                 carried: Sequence[str] = (), absent: carry.Absent | None = None) -> None:
         self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
         self.workdir, self.record, self.say, self.terminal = workdir, record, say, terminal
         self.carried = list(carried)  # --carry roots, as the manifest names them
+        self.absent = absent or {}  # those that existed nowhere at the start: carried if CMD made them
         self.ended_by = ""   # "", "handoff" or "lost"
         self.carry_error: ClientError | None = None  # the last upload's failure, if it failed
 
@@ -199,7 +200,7 @@ class Owner:
 
     @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
-                     carried: tuple[list[str], int]) -> Owner:
+                     carried: tuple[list[str], int, carry.Absent]) -> Owner:
         workdir = grantdir.make()  # mode 0700; a dead run's is removed by the next one
         grant_file = os.path.join(workdir, GRANT_FILE)
         secret = spawn_tokens.mint_secret()
@@ -237,7 +238,7 @@ class Owner:
             grant.write(workdir, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
-            names, cap = carried
+            names, cap, _ = carried
             if names:
                 await carry.restore_before_exec(client, grant, names, spec.cwd or os.getcwd(), cap, say)
         except BaseException:
@@ -258,7 +259,7 @@ class Owner:
         if not owner.cgroup.path:
             say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
                 "is proven by its spawn token alone, and a process that drops it is not found")
-        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal, carried[0])
+        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal, carried[0], carried[2])
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
@@ -358,9 +359,12 @@ class Owner:
         good copy then stands) and returns whether the new copy was committed."""
         cwd = self.spec.cwd or os.getcwd()
         try:
-            packed = await asyncio.to_thread(carry.pack, self.carried, cwd, self.grant.session_id)
+            packed = await asyncio.to_thread(carry.pack, self.carried, cwd, self.grant.session_id,
+                                             self.absent)
             for line in packed.skipped:
                 self.say(f"not carried: {line}")
+            if not packed.manifest.roots:  # none existed at the start and CMD made none
+                return True
             await carry.upload(self.client, self.grant, packed, reason)
         except ClientError as err:
             self.carry_error = err

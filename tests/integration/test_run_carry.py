@@ -169,9 +169,10 @@ def test_bad_paths_are_refused_before_anything_is_asked(cluster: Cluster, tmp_pa
     (home / "big").mkdir()
     (home / "big" / "blob").write_bytes(os.urandom(CAP + 1))
     sid = "sess-carry-04"
-    missing = cluster.run(a, sid, "--carry", "nothing-here", cmd=["touch", "ran"], cwd=home)
+    missing = cluster.run(a, sid, "--carry", "no-dir/nothing-here", cmd=["touch", "ran"], cwd=home)
     assert missing.wait(30) == 2
-    assert "--carry nothing-here: no such file or directory" in missing.err()
+    assert "--carry no-dir/nothing-here: no such file or directory here" in missing.err()
+    assert f"its directory {home}/no-dir cannot be used" in missing.err()
     os.symlink("big", home / "link")
     linked = cluster.run(a, sid, "--carry", "link", cmd=["touch", "ran"], cwd=home)
     assert linked.wait(30) == 2
@@ -182,6 +183,36 @@ def test_bad_paths_are_refused_before_anything_is_asked(cluster: Cluster, tmp_pa
     assert not (home / "ran").exists()
     listing = cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10)
     assert sid not in [r.session_id for r in listing.records], "nothing was asked: no record was made"
+
+
+def test_a_path_that_does_not_exist_yet_is_carried_if_cmd_makes_it(cluster: Cluster, tmp_path: Path) -> None:
+    """On a first run there is nothing to restore; at the end the root is uploaded only if CMD made
+    a plain file or directory there, in the directory it had at the start."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b, home_c, home_d = homes(tmp_path, "home-a", "home-b", "home-c", "home-d")
+    nothing = cluster.run(a, "sess-carry-new-0", "--carry", "state", cmd=["true"], cwd=home_a)
+    assert nothing.wait(30) == 0, nothing.err()
+    assert "state: CMD did not create it; not carried" in nothing.err()
+    assert not carry_of(cluster, "sess-carry-new-0").found, "nothing was uploaded"
+    first = cluster.run(a, "sess-carry-new-1", "--carry", "state", cmd=["sh", "-c", WRITE], cwd=home_a)
+    assert first.wait(30) == 0, first.err()
+    second = cluster.run(b, "sess-carry-new-1", "--carry", "state", cmd=["cat", "state/notes"], cwd=home_b)
+    assert second.wait(30) == 0, second.err()
+    assert (home_b / "state" / "notes").read_text() == "v1"
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret").write_text("not to be carried")
+    linked = cluster.run(a, "sess-carry-new-2", "--carry", "state", cmd=["ln", "-s", "../elsewhere", "state"],
+                         cwd=home_c)
+    assert linked.wait(30) == 0, linked.err()
+    assert "state: not a regular file or a directory" in linked.err()
+    assert not carry_of(cluster, "sess-carry-new-2").found
+    # CMD swaps the directory for another, and makes the root in the new one.
+    swap = "mv ../home-d ../home-d.old && mkdir ../home-d ../home-d/state && touch ../home-d/state/f"
+    swapped = cluster.run(a, "sess-carry-new-3", "--carry", str(home_d / "state"), cmd=["sh", "-c", swap],
+                          cwd=home_d)
+    assert swapped.wait(30) == 0, swapped.err()
+    assert "state: its directory is not the one it was when the run started" in swapped.err()
+    assert not carry_of(cluster, "sess-carry-new-3").found
 
 
 def test_a_corrupt_chunk_is_refused_and_the_local_files_are_kept(cluster: Cluster, tmp_path: Path) -> None:
