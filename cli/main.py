@@ -151,9 +151,10 @@ def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     first = words[0] if words else ""
     with quiet_grpc():
-        # `completion` completes every command: it alone needs them all.
+        # A completion script completes every command: it alone needs them all (its --ids, at
+        # every press of Tab, none).
         parser = build_parser(first if first in COMMANDS else None,
-                              light=first not in COMMANDS and first != "completion")
+                              light=first not in COMMANDS and (first != "completion" or "--ids" in words))
         args = parser.parse_args(words)
     try:
         code = int(args.handler(args) or 0)
