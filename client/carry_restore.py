@@ -12,18 +12,22 @@ root is built; a failed restore removes what it built and says what, if anything
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from holdfast.client.errors import ClientError
-from holdfast.common.carry_rules import CarryRefused, check_manifest, describe, root_name
+from holdfast.common.carry_rules import MAX_LINK_HOPS, CarryRefused, check_manifest, describe, root_name
 from holdfast.common.files import open_beneath, remove_tree
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
+T = TypeVar("T")
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_NAME = "file"  # a carried file's name inside its temporary directory
@@ -62,8 +66,101 @@ def _write_file(directory: int, name: str, data: bytes, entry: pb.CarryEntry) ->
         os.fchmod(f.fileno(), entry.mode)
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root + os.sep)
+@dataclass
+class _Follow:
+    """One link's target being followed on disk from the link's own directory: the directories
+    reached (each found on disk, none a link), how many components below them are missing, and
+    the links followed."""
+
+    link: tuple[int, int]
+    parts: list[str]
+    here: list[str]
+    at: int = 0
+    below: int = 0
+    hops: int = 1
+
+
+def _escaping_on_disk(top: int, links: Sequence[str]) -> str | None:
+    """The first of `links` (paths below the directory open as `top`) that, followed on disk as
+    the kernel follows it (every link read back with readlink, at most MAX_LINK_HOPS in one
+    lookup, a missing component taken as a plain directory, as the rules take it), leaves `top`
+    or loops; None when none does. Every name is looked up with lstat beneath `top`, so a
+    filesystem that folds names is judged by what it finds, not by what the manifest says; each
+    link's end is worked out once and remembered by its inode: os.path.realpath per link walked a
+    hop bomb's 62,400 components again for every link, minutes for one restore."""
+    ends: dict[tuple[int, int], tuple[list[str], int, int] | None] = {}
+
+    def at(here: list[str], name: str, op: Callable[[str, int], T]) -> T:
+        try:
+            return op("/".join([*here, name]), top)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+        fd = open_beneath(top, here)  # a path of PATH_MAX bytes, which no one call may name
+        try:
+            return op(name, fd)
+        finally:
+            os.close(fd)
+
+    def lookup(here: list[str], name: str) -> os.stat_result | None:
+        try:
+            return at(here, name, lambda p, d: os.stat(p, dir_fd=d, follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def target(here: list[str], name: str) -> list[str]:
+        return at(here, name, lambda p, d: os.readlink(p, dir_fd=d)).split("/")
+
+    for path in links:
+        *parent, name = path.split("/")
+        found = lookup(parent, name)
+        if found is None or not stat.S_ISLNK(found.st_mode):
+            return path  # not the link this restore made
+        start = (found.st_dev, found.st_ino)
+        stack = [] if start in ends else [_Follow(start, target(parent, name), parent)]
+        following = {start}
+        while stack:
+            walk = stack[-1]
+            if walk.at == len(walk.parts):
+                stack.pop()
+                following.discard(walk.link)
+                ends[walk.link] = (walk.here, walk.below, walk.hops)
+                continue
+            part = walk.parts[walk.at]
+            if part in ("", "."):
+                walk.at += 1
+            elif part == "..":
+                if walk.below:
+                    walk.below -= 1
+                elif not walk.here:
+                    walk.hops = MAX_LINK_HOPS + 1  # above the root
+                else:
+                    walk.here = walk.here[:-1]
+                walk.at += 1
+            elif walk.below or (found := lookup(walk.here, part)) is None:
+                walk.below += 1
+                walk.at += 1
+            elif not stat.S_ISLNK(found.st_mode):
+                walk.here = [*walk.here, part]
+                walk.at += 1
+            elif (link := (found.st_dev, found.st_ino)) in following:
+                walk.hops = MAX_LINK_HOPS + 1  # a link met again while it is followed loops
+            elif link not in ends:
+                following.add(link)
+                stack.append(_Follow(link, target(walk.here, part), walk.here))
+                continue
+            elif (end := ends[link]) is None:
+                walk.hops = MAX_LINK_HOPS + 1
+            else:
+                walk.here, walk.below, walk.hops = end[0], end[1], walk.hops + end[2]
+                walk.at += 1
+            if walk.hops > MAX_LINK_HOPS:
+                for failed in stack:  # each waits on the one above it
+                    ends[failed.link] = None
+                stack = []
+        if ends[start] is None:
+            return path
+    return None
 
 
 @dataclass
@@ -116,12 +213,12 @@ class _Root:
             self._make(entry, data)
         for entry in links:
             self._make(entry, b"")
-        top = os.path.realpath(f"/proc/self/fd/{self.temp_fd}")
-        for entry in links:
-            if not _inside(os.path.realpath(f"/proc/self/fd/{self.temp_fd}/{entry.path}"), top):
-                raise CarryRefused(
-                    f"carry entry {entry.path!r}: its link resolves outside the carried directory on disk"
-                )
+        escaping = _escaping_on_disk(self.temp_fd, [entry.path for entry in links])
+        if escaping is not None:
+            raise CarryRefused(
+                f"carry entry {escaping!r}: its link resolves outside the carried directory on disk, "
+                f"or through more than {MAX_LINK_HOPS} links"
+            )
         for entry in sorted(dirs, key=lambda e: e.path.count("/") + bool(e.path), reverse=True):
             fd = _walk(self.temp_fd, entry.path.split("/") if entry.path else [])
             try:

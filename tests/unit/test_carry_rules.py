@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.client import carry
+from holdfast.client import carry, carry_restore
 from holdfast.client.carry_restore import restore
 from holdfast.client.errors import ClientError
 from holdfast.common import files
@@ -461,3 +461,66 @@ def test_a_link_target_is_at_most_what_the_kernel_makes(tmp_path: Path) -> None:
         check_entry("l", "symlink", 0o777, "a" * 4096)
     with pytest.raises(OSError):
         os.symlink("a" * 4096, tmp_path / "m")
+
+
+def test_a_hop_bomb_restores_in_time_linear_in_its_size(tmp_path: Path) -> None:
+    """39 links of 4,000 bytes (800 names down, 800 up) and links each through all 39: valid, so
+    the restore checks every link on disk, and os.path.realpath per link walked all 62,400
+    components of each again (0.13 s a link: minutes for the thousands a manifest may hold)."""
+    m = pb.CarryManifest(session_id="sess-unit-bomb", written_at_unix_ms=1)
+    m.roots.add(path="notes", kind="dir")
+    m.entries.add(root=0, path="", kind="dir", mode=0o755)
+    for k in range(39):
+        m.entries.add(root=0, path=f"z{k}", kind="symlink", mode=0o777,
+                      link_target="/".join(["a"] * 800 + [".."] * 800))
+    for i in range(300):
+        m.entries.add(root=0, path=f"b{i}", kind="symlink", mode=0o777,
+                      link_target="/".join(f"z{k}" for k in range(39)))
+    started = time.monotonic()
+    restore(m, b"", ["notes"], str(tmp_path))
+    assert time.monotonic() - started < 5
+    assert os.readlink(tmp_path / "notes" / "b299") == "/".join(f"z{k}" for k in range(39))
+
+
+def test_a_link_whose_path_is_path_max_bytes_restores(tmp_path: Path) -> None:
+    """Entry paths may be PATH_MAX (4,096) bytes, which no single system call may name: the
+    restore reaches each by its components, and checks the link there too."""
+    dirs = ["/".join(["d" * 254] * level) for level in range(1, 17)]
+    m = pb.CarryManifest(session_id="sess-unit-pathmax", written_at_unix_ms=1)
+    m.roots.add(path="notes", kind="dir")
+    m.entries.add(root=0, path="", kind="dir", mode=0o755)
+    for path in dirs:
+        m.entries.add(root=0, path=path, kind="dir", mode=0o755)
+    link = f"{dirs[-1]}/{'l' * 16}"
+    assert len(link.encode()) == 4096
+    m.entries.add(root=0, path=link, kind="symlink", mode=0o777, link_target="..")
+    restore(m, b"", ["notes"], str(tmp_path))
+    top = os.open(tmp_path / "notes", os.O_RDONLY)
+    fd = files.open_beneath(top, dirs[-1].split("/"))
+    try:
+        assert os.readlink("l" * 16, dir_fd=fd) == ".."
+    finally:
+        os.close(fd)
+        os.close(top)
+
+
+@pytest.mark.parametrize("links", [
+    [("l", "..")],
+    [("s", "."), ("l", "s/s/s/../..")],
+    [("a", "b"), ("b", "a")],
+    [("d", "s/" * 41 + "x"), ("s", ".")],
+])
+def test_the_disk_check_alone_refuses_what_leaves_or_loops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: list[tuple[str, str]]
+) -> None:
+    """Should the rules ever pass a link that leaves, the check of the links as made on disk
+    refuses it before anything is put in place."""
+    monkeypatch.setattr(carry_restore, "check_manifest", lambda manifest: None)
+    m = pb.CarryManifest(session_id="sess-unit-disk", written_at_unix_ms=1)
+    m.roots.add(path="notes", kind="dir")
+    m.entries.add(root=0, path="", kind="dir", mode=0o755)
+    for path, target in links:
+        m.entries.add(root=0, path=path, kind="symlink", mode=0o777, link_target=target)
+    with pytest.raises(ClientError, match="on disk"):
+        restore(m, b"", ["notes"], str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
