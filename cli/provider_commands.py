@@ -53,8 +53,9 @@ def _provider_handler(args: argparse.Namespace) -> int:
     if provider.name == rules.CLAUDE and (refused := command(_check_cwd)(args)):
         return refused
     carried = rules.carried_path(provider, rules.state_dir(provider, os.environ), os.getcwd())
-    # Made before the first run, which has nothing to restore into it (the CLI would create it).
-    os.makedirs(carried, exist_ok=True)
+    # The CLI's state directory, where a first run's CLI makes what is carried: `run --carry` needs
+    # the directory of a path that does not exist yet, and uploads the path if the CLI made it.
+    os.makedirs(os.path.dirname(carried), exist_ok=True)
     words = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     args.cmd = [sys.executable, "-m", "holdfast.client.provider", args.command, cli, *words]
     args.carry = [*args.carry, carried]
