@@ -87,6 +87,8 @@ class HostFencing:
             except StoreUnavailable as exc:
                 metrics.ETCD_ERRORS.labels("host-fencing").inc()
                 log.warning("host fencing pass skipped: %s", exc)
+            except Exception:  # a bug must not end fencing for good: logged, and the next pass runs
+                log.exception("host fencing pass failed")
             await asyncio.sleep(self.settings.interval)
 
     async def pass_once(self) -> None:
