@@ -1,0 +1,384 @@
+"""Acquire: one call's way from its request to a grant or a refusal, as an `Acquisition` holding the
+call's state (the ask, its operation's replay key, the deadline, the owner whose exit ended the
+last wait, the HELD verdict a wait began on, the attested gate), one method per phase: read,
+attest, ask the owner, wait for the exit, grant.
+
+Guarantee: only a grant mints a fence, token and secret, in one transaction comparing every key
+the decision read (the record, the replay, the revival keys, the grant's gates, the probed owner's
+registration, the cluster identity); a refusal writes nothing and signals nothing (a forced Acquire
+kills only after a `force-pending` transition comparing every precondition of the grant; a gate is
+attested before anything is decided, written or signalled); indeterminate never grants; a lost
+race re-reads and decides again, at most RACE_RETRIES times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, replace
+
+import grpc
+
+from holdfast.common import identifiers, tls
+from holdfast.common.reasons import Reason
+from holdfast.coordinator import (
+    adjudication,
+    attestation,
+    fencing,
+    grant_gates,
+    keys,
+    metrics,
+    protojson,
+    records,
+)
+from holdfast.coordinator.adjudication import AcquireAsk, Action
+from holdfast.coordinator.cluster import ClusterIdentity
+from holdfast.coordinator.errors import CoordinatorError
+from holdfast.coordinator.grant_gates import GrantGates
+from holdfast.coordinator.lifecycle import Lifecycle, archived_record, revived
+from holdfast.coordinator.registry import Registry
+from holdfast.coordinator.replays import ReplayLease
+from holdfast.coordinator.routing import Router
+from holdfast.coordinator.sessions import Sessions, now_ms
+from holdfast.coordinator.store import Entry, Put, Seen, Store
+from holdfast.coordinator.tenancy import Tenancy
+from holdfast.v1 import agent_pb2 as apb
+from holdfast.v1 import coordinator_pb2 as pb
+
+RACE_RETRIES = 16
+
+
+def caller_of(context: grpc.aio.ServicerContext, host_id: str) -> str:
+    # No mTLS identity yet: the peer address (without its ephemeral port) plus the claimed host id.
+    peer = context.peer()
+    return f"{peer.rsplit(':', 1)[0]}|{host_id}"
+
+
+def op_hash(rpc: str, caller: str, operation_id: str) -> str:
+    return hashlib.sha256(f"{rpc}\0{caller}\0{operation_id}".encode()).hexdigest()
+
+
+def handoff_hash(operation_id: str) -> str:
+    """What a record keeps of the operation that asked for its handoff (never the id itself)."""
+    return hashlib.sha256(f"handoff\0{operation_id}".encode()).hexdigest()
+
+
+def is_operator(context: grpc.aio.ServicerContext) -> bool:
+    """The verified peer certificate says operator (never a claim in the request)."""
+    role = tls.peer_role(context)
+    return role is not None and role.kind == "operator"
+
+
+@dataclass(frozen=True)
+class Exited:
+    """An owner whose exit event ended a wait, with what its agent answered (the event's result, or
+    a probe's; None: no event came) and the registration of that agent, compared by a decision
+    that uses the answer. `held`: the reads the wait began on (the grant's gates, then the replay,
+    the record as read or as this call wrote it, the revival keys), which a grant on the event's
+    proof may rest on instead of a re-read."""
+
+    owner: apb.ProcessIdentity
+    result: apb.ProbeResult | None
+    registration: Seen
+    held: tuple[GrantGates, list[Seen]] | None = None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What every Acquire works with, made once by the service."""
+
+    store: Store
+    registry: Registry
+    router: Router
+    sessions: Sessions
+    lifecycle: Lifecycle
+    replays: ReplayLease
+    cluster: ClusterIdentity
+    tenancy: Tenancy
+    commit_window_ms: int
+
+
+def check(request: pb.AcquireRequest) -> str:
+    """The request whole, before anything is read: the session id, or InvalidInput."""
+    sid = identifiers.check_session_id(request.session_id)
+    identifiers.check_operation_id(request.operation_id)
+    identifiers.check_host_id(request.host_id)
+    identifiers.check_text("provider", request.provider, 128)
+    identifiers.check_text("location", request.location, 1024)
+    if request.has_expected_fence and request.expected_fence > identifiers.MAX_FENCE:
+        raise identifiers.InvalidInput("expected fence out of range")
+    if not 0 <= request.wait_seconds <= 3600:
+        raise identifiers.InvalidInput("wait_seconds must be in 0..3600")
+    return sid
+
+
+class Acquisition:
+    """One Acquire call."""
+
+    def __init__(self, parts: Parts, request: pb.AcquireRequest, context: grpc.aio.ServicerContext) -> None:
+        self.parts = parts
+        self.request = request
+        self.context = context
+        self.sid = check(request)
+        self.gate_token = attestation.check_gate(request.gate) if request.HasField("gate") else ""
+        self.caller = parts.tenancy.caller(context)
+        self.attested: attestation.Attested | None = None
+        ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
+        self.ops_key = keys.op(parts.store, self.sid, ohash)
+        self.ask = AcquireAsk(
+            request.expected_fence if request.has_expected_fence else None, handoff_hash(request.operation_id)
+        )
+        self.started = time.monotonic()
+        self.deadline = self.started + request.wait_seconds
+        self.last_held: adjudication.Verdict | None = None  # the HELD verdict the last wait began on
+        self.exited: Exited | None = None  # the owner whose exit event ended the last wait
+
+    async def run(self) -> pb.AcquireResponse:
+        request, sid, ask, parts = self.request, self.sid, self.ask, self.parts
+        attempts = 0
+        while attempts < RACE_RETRIES:
+            attempts += 1
+            gates, (replay, record_read, *revival), early = await self.read()
+            self.exited = None
+            entry = record_read.entry
+            record = parts.sessions.decode(entry) if entry is not None else None
+            # On every reading, before anything is decided, asked or written: the id may have been
+            # made by another tenant since the last one (the grant compares it read absent).
+            parts.tenancy.judge("Acquire", sid, record or archived_record(revival[0]), self.caller)
+            if replay.entry is not None:
+                # This operation was granted already (an earlier try, or the same call racing itself).
+                stored = protojson.parse(replay.entry.value, pb.AcquireResponse)
+                if adjudication.replay_still_valid(stored.grant.fence, record):
+                    return stored
+                if not adjudication.replay_released(stored.grant.fence, record):
+                    raise CoordinatorError(Reason.STALE_FENCE,
+                                           "the fence has moved since this operation's grant")
+            verdict = adjudication.adjudicate(record, ask, None, now_ms())
+            if self.gate_token and self.attested is None and verdict.action in (Action.GRANT, Action.PROBE):
+                # Before anything is decided, written or signalled: a gate that cannot be attested
+                # refuses here with nothing done, never after a force-pending write or a kill.
+                self.attested = await self.attest(record, gates)
+            reads: list[Seen] = [replay]
+            if verdict.action is Action.PROBE and record is not None:
+                if request.force:
+                    # The kill is authorised only by a force-pending transaction comparing every
+                    # precondition of the grant; until it lands, nothing is signalled.
+                    entry = await self.force_pending(entry, record)
+                    if entry is None:
+                        continue  # the record or a precondition changed: re-read, re-decide
+                elif request.takeover and adjudication.ask_owner(record.lease, ask.operation_hash,
+                                                                 request.host_id):
+                    # The owner is asked to let go by the takeover itself, once its gate is attested
+                    # and every gate of the grant is open: a takeover refused up to here asked
+                    # nothing of anyone, and the owner's ending overlaps no second round trip.
+                    # Its exit stream is opened beside the request's transaction, so it is armed
+                    # (a pidfd on the owner) before the owner can hear the request: opened after,
+                    # it would add 1-5 ms to every handoff. The stream reads and signals nothing: a
+                    # request that loses or is refused drops it, having asked nothing of anyone.
+                    remaining = self.deadline - time.monotonic()
+                    watch = (asyncio.ensure_future(parts.sessions.wait_exit(record.lease.owner, remaining))
+                             if remaining > 0 else None)
+                    try:
+                        entry = await self.ask_owner(entry, record, gates, replay)
+                        if entry is None:
+                            continue
+                        if watch is not None:
+                            # Just asked, it is ending: a probe now would find it alive. Its exit is
+                            # waited for instead, on the record as this transaction wrote it.
+                            held_reads = [replay, Seen(record_read.key, entry), *revival]
+                            self.exited = await self.wait_exit(record.lease.owner, watch, gates, held_reads)
+                            continue
+                    finally:
+                        if watch is not None:
+                            watch.cancel()
+                if early is not None and early.result is not None and early.owner == record.lease.owner:
+                    probe, registration = early.result, early.registration
+                else:
+                    probe, registration = await parts.sessions.probe(record.lease.owner, kill=request.force)
+                reads.append(registration)
+                verdict = adjudication.adjudicate(record, ask, probe, now_ms())
+            if early is not None and early.held is not None and (
+                    verdict.action is not Action.GRANT or request.await_release):
+                # Decided on the reads held over the wait: only a grant may rest on them (its
+                # transaction compares each one). Anything else is decided again on a fresh read.
+                self.exited = replace(early, held=None)
+                continue
+            metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
+            if verdict.action is Action.TO_MANUAL and record is not None:
+                record.lease.handoff_stage = pb.MANUAL_RECOVERY
+                await parts.sessions.transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
+                raise CoordinatorError(Reason.MANUAL_RECOVERY, verdict.detail)
+            remaining = self.deadline - time.monotonic()
+            if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
+                self.last_held = verdict
+                # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
+                self.exited = await self.wait_exit(record.lease.owner,
+                                                   parts.sessions.wait_exit(record.lease.owner, remaining),
+                                                   gates, [replay, Seen(record_read.key, entry), *revival])
+                continue
+            if verdict.action is not Action.GRANT:
+                raise CoordinatorError(verdict.reason, verdict.detail)
+            if (request.await_release and verdict.reason is adjudication.Reason.OWNER_DEAD
+                    and record is not None and record.lease.claim_status in (pb.COMMITTED, pb.LIVE)):
+                # Decided on the record as read: a release landing after this read is the next call's.
+                raise CoordinatorError(Reason.RELEASE_PENDING, f"the owner at fence {record.lease.fence} has "
+                                       f"ended ({verdict.detail}) but has not released; nothing was granted")
+            response = await self.grant(entry, record, verdict, gates, reads, revival)
+            if response is not None:
+                if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
+                    took = time.monotonic() - self.started
+                    metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(took)
+                return response
+        if self.last_held is not None:
+            raise CoordinatorError(self.last_held.reason, self.last_held.detail)
+        raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
+
+    # --- read -------------------------------------------------------------------------------
+    async def read(self) -> tuple[GrantGates, list[Seen], Exited | None]:
+        """Everything a decision reads, in one round trip at one revision: the grant's gates, then
+        this operation's replay, the record and what a new record's first fence rests on, each
+        compared in the grant's transaction. After a wait ended by an owner's exit event, that
+        owner's proof comes with the read: the event's own when its agent proved the tree gone with
+        it, else a probe beside the read (never a kill). Either proves the same whichever lands
+        first, the grant still follows both, and it is used only if the record still names that
+        owner. With the event's own proof, the reads are those the wait began on, no round trip:
+        a grant may rest on them, nothing else (`run` decides anything else on a fresh read)."""
+        exited = self.exited
+        if exited is None or self.request.force:
+            gates, also = await self._read_keys()
+            return gates, also, None
+        if exited.result is not None and adjudication.proves_gone(exited.result):
+            if exited.held is not None:
+                # No round trip: the grant that may follow compares every one of these keys in its
+                # transaction, so a change since they were read makes it lose (and the next pass
+                # reads afresh); it can grant nothing a fresh read would refuse.
+                return *exited.held, exited
+            gates, also = await self._read_keys()
+            return gates, also, exited
+        (gates, also), (probe, registration) = await asyncio.gather(
+            self._read_keys(), self.parts.sessions.probe(exited.owner))
+        return gates, also, Exited(exited.owner, probe, registration)
+
+    async def _read_keys(self) -> tuple[GrantGates, list[Seen]]:
+        parts, sid = self.parts, self.sid
+        return await grant_gates.read(parts.store, parts.registry, self.request.host_id, self.ops_key,
+                                      parts.sessions.key(sid), *parts.lifecycle.revival_keys(sid))
+
+    # --- attest -----------------------------------------------------------------------------
+    async def attest(self, record: pb.SessionRecord | None, gates: GrantGates) -> attestation.Attested | None:
+        """The caller's gate attested by its host's agent, in a session cgroup named for the fence
+        the grant would have now; None when the gate's token is not under the variable that host's
+        agent reads (the grant is then a reservation, committed by CommitOwner as before)."""
+        request = self.request
+        host = gates.judge()
+        if host.spawn_token_env != request.gate.spawn_token_env:
+            return None
+        fence = fencing.next_fence(record.lease.fence, record.lease.minimum_next_fence) if record else 1
+        return await attestation.attest(self.parts.router, request.host_id, gates.registration,
+                                        self.gate_token, host.spawn_token_env, request.gate.pid_hint,
+                                        request.session_id, fence)
+
+    # --- ask the owner ------------------------------------------------------------------------
+    async def force_pending(self, entry: Entry | None, record: pb.SessionRecord) -> Entry | None:
+        """Authorises a forced Acquire's kill: refuses (writing nothing) unless this caller's
+        handoff request is the record's, or the peer is an operator, and unless every gate of the
+        grant is open; then one transaction marks the record force-pending, comparing the record
+        (adjudicated already: stale fence, manual recovery, another operation's request) and every
+        gate it read. Returns the force-pending record's entry, None when that transaction lost."""
+        request, parts = self.request, self.parts
+        if not adjudication.force_allowed(record.lease, self.ask, is_operator(self.context)):
+            raise CoordinatorError(Reason.FORCE_NOT_ALLOWED, "force is honoured only for the caller whose "
+                                   "handoff request the record holds (run --takeover --force) or an operator")
+        gates, _ = await grant_gates.read(parts.store, parts.registry, request.host_id)
+        gates.judge()
+        lease = record.lease
+        lease.handoff_stage = pb.FORCE_PENDING
+        lease.handoff_operation_hash = self.ask.operation_hash
+        lease.handoff_requested_by_host = request.host_id
+        return await parts.sessions.transition_at(entry, record, "force-pending", request.host_id,
+                                                  reads=gates.reads)
+
+    async def ask_owner(self, entry: Entry | None, record: pb.SessionRecord, gates: GrantGates,
+                        replay: Seen) -> Entry | None:
+        """Writes a takeover's handoff request (`record` marked by `adjudication.ask_owner`),
+        comparing the record, the grant's gates and this operation's replay key (read absent: a
+        grant of this very operation meanwhile must not be asked to end); returns the record's new
+        entry, None when the transaction lost. Refuses (writing nothing) when a gate is closed."""
+        gates.judge()
+        return await self.parts.sessions.transition_at(entry, record, "handoff-requested", gates.host_id,
+                                                       reads=[replay, *gates.reads])
+
+    # --- wait for the exit ----------------------------------------------------------------------
+    async def wait_exit(self, owner: apb.ProcessIdentity,
+                        waiting: Awaitable[tuple[apb.ProbeResult | None, Seen]], gates: GrantGates,
+                        also: list[Seen]) -> Exited:
+        """Until `waiting` (the owner's exit stream, `sessions.wait_exit`, begun by the caller) has
+        the owner's first exit event or runs out; proves nothing by itself. Returns the owner and
+        the event, with the reads the wait began on."""
+        return Exited(owner, *await waiting, held=(gates, also))
+
+    # --- grant --------------------------------------------------------------------------------
+    async def grant(self, entry: Entry | None, record: pb.SessionRecord | None,
+                    verdict: adjudication.Verdict, gates: GrantGates, reads: Sequence[Seen],
+                    revival: list[Seen]) -> pb.AcquireResponse | None:
+        """The grant transaction, comparing the record, what the verdict read (the owner host's
+        registration when probed), the grant's gates and, for an id with no record, the archive
+        record and floor its first fence came from (`revival`, read with the record). With an
+        attested gate whose registration is still the one read, the gate is the owner in the same
+        transaction (commit at grant); else the grant is a reservation. None when it lost a race."""
+        request, parts, attested = self.request, self.parts, self.attested
+        host = gates.judge()
+        cluster_id, cluster_reads, cluster_puts = await parts.cluster.for_grant()
+        reads = [*reads, *gates.reads, *cluster_reads]
+        if record is None:
+            record = revived(request.session_id, request.provider, request.location, *revival)
+            record.tenant = record.tenant or self.caller.tenant  # a revived id stays its tenant's
+            reads += revival
+        old = record.lease
+        secret, at = fencing.mint_secret(), now_ms()
+        # A gate's token is its own (its run minted the secret it derives from); else a fresh one.
+        token = self.gate_token or fencing.mint_spawn_token()
+        lease = pb.Lease(
+            fence=fencing.next_fence(old.fence, old.minimum_next_fence),
+            minimum_next_fence=old.minimum_next_fence,
+            claim_status=pb.RESERVED,
+            handoff_stage=pb.NONE,
+            reserved_spawn_token=token,
+            spawn_token_env=host.spawn_token_env,
+            reserved_host_id=request.host_id,
+            reserved_at_unix_ms=at,
+            commit_deadline_unix_ms=at + parts.commit_window_ms,
+            live_on_commit=request.live_on_commit,
+            grant_secret_hash=fencing.hash_secret(secret),
+            last_proven_alive_at_unix_ms=old.last_proven_alive_at_unix_ms,
+        )
+        lease.death_evidence.CopyFrom(verdict.evidence or old.death_evidence)
+        detail = verdict.reason.value
+        if attested is not None and attested.current(gates.registration):
+            attestation.commit(lease, attested.identity, at)
+            detail += f"; committed pid {attested.identity.pid} on {attested.identity.host_id}"
+        record.lease.CopyFrom(lease)
+        grant = pb.Grant(
+            session_id=record.session_id,
+            fence=lease.fence,
+            secret=secret,
+            spawn_token=token,
+            spawn_token_env=lease.spawn_token_env,
+            commit_deadline_unix_ms=lease.commit_deadline_unix_ms,
+            cluster_id=cluster_id,
+        )
+        response = pb.AcquireResponse(grant=grant, record=record)
+        replay_lease = await parts.replays.current()
+        stored = Put(self.ops_key, records.encode(response), replay_lease)
+        try:
+            ok = await parts.sessions.transition(entry, record, "grant", detail, (stored, *cluster_puts),
+                                                 reads)
+        except grpc.aio.AioRpcError as exc:
+            if not parts.replays.lost(exc, replay_lease):
+                raise
+            return None  # nothing was written; the caller's next attempt uses a new lease
+        if ok:
+            metrics.GRANTS.labels(verdict.reason.value).inc()
+        return response if ok else None
