@@ -27,16 +27,19 @@ import contextlib
 import fcntl
 import os
 import re
-import shutil
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from holdfast.common import files
+
 MARKER_TABLE = "holdfast_fence"
 SCHEMES = ("sqlite", "postgresql", "redis", "dir")
 _GENERATION = re.compile(r"gen-(\d+)")
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class GuardError(Exception):
@@ -267,34 +270,55 @@ class DirGuard(Guard):
         _current(root)  # a `current` that names something else is refused before any grant
 
     def bump(self, session: str, fence: int) -> None:
-        # The directory is shared with other writers, earlier owners among them: a `.lock` or a
-        # generation they replaced by a link is refused, never opened or copied through.
-        fd = os.open(self.root / ".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        with open(fd, "rb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            seen = _current(self.root)
-            if seen > fence:
-                raise StaleFence(f"{self.url}: generation {seen} is current, newer than fence {fence}")
-            if seen == fence:
-                return
-            made = self.root / f"gen-{fence}"
-            staging = self.root / f".gen-{fence}.staging"
-            shutil.rmtree(staging, ignore_errors=True)
+        # The directory is shared with other writers, earlier owners among them: everything is
+        # reached from one descriptor on it, and a `.lock` (a link, or a FIFO that would be waited
+        # on forever), a generation or a staging directory they replaced by a link is refused,
+        # never opened, copied or written through.
+        top = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o666, dir_fd=top)
+            with open(fd, "rb") as lock:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise GuardError(f"{self.url}: .lock is not a regular file")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._bump_locked(top, fence)
+        finally:
+            os.close(top)
+
+    def _bump_locked(self, top: int, fence: int) -> None:
+        seen = _current(self.root)
+        if seen > fence:
+            raise StaleFence(f"{self.url}: generation {seen} is current, newer than fence {fence}")
+        if seen == fence:
+            return
+        made, staging = f"gen-{fence}", f".gen-{fence}.staging"
+        with contextlib.suppress(OSError):
+            files.remove_tree(top, staging)
+        os.mkdir(staging, 0o777, dir_fd=top)
+        into = os.open(staging, OPEN_DIR, dir_fd=top)
+        try:
             if seen:
-                source = self.root / f"gen-{seen}"
-                if source.is_symlink() or not source.is_dir():
+                try:
+                    source = os.open(f"gen-{seen}", OPEN_DIR, dir_fd=top)
+                except OSError:
                     raise GuardError(
                         f"{self.url}: gen-{seen} is not a directory (a link is never copied through)"
-                    )
-                shutil.copytree(source, staging, symlinks=True)
-            else:
-                staging.mkdir()
-            shutil.rmtree(made, ignore_errors=True)  # a bump that died between its two renames
-            staging.rename(made)
-            link = self.root / ".current.staging"
-            link.unlink(missing_ok=True)
-            link.symlink_to(made.name)
-            os.replace(link, self.root / "current")
+                    ) from None
+                try:
+                    files.copy_tree(source, into)
+                    os.fchmod(into, stat.S_IMODE(os.fstat(source).st_mode))
+                finally:
+                    os.close(source)
+        finally:
+            os.close(into)
+        with contextlib.suppress(OSError):
+            files.remove_tree(top, made)  # a bump that died between its two renames
+        os.rename(staging, made, src_dir_fd=top, dst_dir_fd=top)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(".current.staging", dir_fd=top)
+        os.symlink(made, ".current.staging", dir_fd=top)
+        os.replace(".current.staging", "current", src_dir_fd=top, dst_dir_fd=top)
 
     def marker(self, session: str) -> int:
         return _current(self.root)

@@ -7,13 +7,17 @@ within that same directory, so a link planted at the name or at any temporary na
 user, or by whoever owned the directory before — is replaced, never written through; a reader
 sees the old file or the whole new one. `open_private_dir` refuses a directory that is a link, is
 not this user's, or that others may write. `remove_tree` removes a tree from a directory it is
-given open, following no link and holding no Python frame per level.
+given open, following no link and holding no Python frame per level; `copy_tree` copies one
+directory's contents into another the same way, so a directory swapped for a link on either side
+meanwhile is refused, never read or written through.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Sequence
 
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -103,6 +107,65 @@ def remove_tree(parent: int, name: str) -> None:
             os.rmdir(here, dir_fd=above)
     finally:
         for _, _, fd, _ in stack:
+            os.close(fd)
+
+
+def _copy_file(source: int, target: int, name: str, st: os.stat_result) -> None:
+    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source)
+    try:
+        fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=target)
+        try:
+            while chunk := os.read(fin, 1 << 20):
+                os.write(fout, chunk)
+            os.fchmod(fout, stat.S_IMODE(st.st_mode))
+            os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def copy_tree(source: int, target: int) -> None:
+    """Copies everything beneath the directory open as `source` into the empty directory open as
+    `target`: directories and files with their permission bits and times, links as links. Each
+    directory is reached from `source` and `target` one O_NOFOLLOW component at a time
+    (open_beneath), each name is opened or made relative to its directory's descriptor without
+    following a link, files are created O_EXCL, and the walk keeps a stack rather than recursing:
+    a directory another writer swaps for a link meanwhile, on either side, is refused (OSError),
+    never read or written through. A FIFO, socket or device is refused too: opening a FIFO to copy
+    it waits for a writer forever."""
+    stack: list[list[str]] = [[]]
+    made: list[tuple[list[str], os.stat_result]] = []
+    while stack:
+        parts = stack.pop()
+        src = open_beneath(source, parts)
+        try:
+            dst = open_beneath(target, parts)
+            try:
+                for name in sorted(os.listdir(src)):
+                    st = os.stat(name, dir_fd=src, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+                    elif stat.S_ISREG(st.st_mode):
+                        _copy_file(src, dst, name, st)
+                    elif stat.S_ISDIR(st.st_mode):
+                        os.mkdir(name, 0o700, dir_fd=dst)
+                        stack.append([*parts, name])
+                        made.append((stack[-1], st))
+                    else:
+                        raise OSError(errno.EINVAL, "not a file, directory or link: not copied", name)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+    # Modes last, deepest first: a copied 0o555 or 0o000 directory is still written into until then.
+    for parts, st in reversed(made):
+        fd = open_beneath(target, parts)
+        try:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
             os.close(fd)
 
 

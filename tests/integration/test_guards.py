@@ -214,3 +214,53 @@ def test_a_dir_guard_opens_and_copies_through_no_link(tmp_path: Path) -> None:
     with pytest.raises(GuardError, match="gen-1 is not a directory"):
         guard.bump(SESSION, 2)
     assert not (root / "gen-2").exists() and guards.dir_write_path(root, 1) == root / "gen-1"
+
+
+def test_a_dir_guard_copies_into_no_link_swapped_in_for_its_staging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer of the shared directory swaps `.gen-N.staging` for a link just after the
+    bump makes it: copytree then wrote the generation's files through the link, as root, into
+    whatever directory it named."""
+    root, victim = tmp_path / "home", tmp_path / "victim"
+    victim.mkdir()
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    (guards.dir_write_path(root, 1) / "cron-job").write_text("* * * * * root evil")
+    real_mkdir = os.mkdir
+
+    def mkdir_then_swap(path: str, *args: object, **kwargs: object) -> None:
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+        if os.fspath(path).endswith(".staging"):  # the other writer, just in time
+            os.rename(root / ".gen-2.staging", tmp_path / "moved")
+            (root / ".gen-2.staging").symlink_to(victim)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
+    with pytest.raises((GuardError, OSError)):
+        guard.bump(SESSION, 2)
+    monkeypatch.undo()
+    assert list(victim.iterdir()) == [], "nothing was written through the link"
+
+
+def test_a_dir_guard_lock_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """An earlier owner leaves `.lock` as a FIFO: opening it for reading waited for a writer
+    forever, so every later bump (and the run waiting on it) hung."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    os.mkfifo(root / ".lock")
+    failed: list[BaseException] = []
+
+    def bump() -> None:
+        try:
+            guard.bump(SESSION, 1)
+        except BaseException as exc:  # the refusal this test expects
+            failed.append(exc)
+
+    worker = threading.Thread(target=bump, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    if worker.is_alive():  # free it: a writer at the FIFO's other end
+        os.close(os.open(root / ".lock", os.O_WRONLY | os.O_NONBLOCK))
+        worker.join()
+        pytest.fail("bump waited on a FIFO at .lock")
+    assert failed and isinstance(failed[0], (GuardError, OSError))
