@@ -37,9 +37,9 @@ from holdfast.coordinator.adjudication import AcquireAsk, Action
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.grant_gates import GrantGates
-from holdfast.coordinator.lifecycle import Lifecycle, archived_record, revived
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.replays import ReplayLease
+from holdfast.coordinator.revival import archived_record, revival_keys, revived
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, Store
@@ -93,7 +93,6 @@ class Parts:
     registry: Registry
     router: Router
     sessions: Sessions
-    lifecycle: Lifecycle
     replays: ReplayLease
     cluster: ClusterIdentity
     tenancy: Tenancy
@@ -264,7 +263,7 @@ class Acquisition:
     async def _read_keys(self) -> tuple[GrantGates, list[Seen]]:
         parts, sid = self.parts, self.sid
         return await grant_gates.read(parts.store, parts.registry, self.request.host_id, self.ops_key,
-                                      parts.sessions.key(sid), *parts.lifecycle.revival_keys(sid))
+                                      parts.sessions.key(sid), *revival_keys(parts.store, sid))
 
     # --- attest -----------------------------------------------------------------------------
     async def attest(self, record: pb.SessionRecord | None, gates: GrantGates) -> attestation.Attested | None:

@@ -20,7 +20,7 @@ import grpc
 from holdfast.common import identifiers
 from holdfast.common.names import claim_name, outcome_name
 from holdfast.common.reasons import Reason
-from holdfast.coordinator import adjudication, fencing, keys, lifecycle_rules, protojson, records
+from holdfast.coordinator import adjudication, keys, lifecycle_rules, protojson, records, revival
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
@@ -101,11 +101,6 @@ class Lifecycle:
         return pb.GetArchivedSessionResponse(
             record=records.decode_record(entry.value),
             history=[protojson.parse(e.value, pb.HistoryEntry) for e in history])
-
-    def revival_keys(self, session_id: str) -> list[str]:
-        """The reads `revived` needs for an id with no record: its archive record and the restore
-        epoch's floor. Read with the record, in the Acquire's one round trip."""
-        return [keys.archive_record(self.store, session_id), keys.new_session_floor(self.store)]
 
     async def purge_archives(
         self, request: pb.PurgeArchivesRequest
@@ -324,7 +319,7 @@ class Lifecycle:
         """Read-modify-write of the floor, compared: two restore-epochs at once both raise it."""
         for _ in range(8):
             read = await self.store.read(keys.new_session_floor(self.store))
-            floor = lifecycle_rules.new_session_floor(_floor(read), epoch)
+            floor = lifecycle_rules.new_session_floor(revival.floor_of(read), epoch)
             ok, _ = await self.store.txn(unchanged([read]), [Put(read.key, str(floor).encode())])
             if ok:
                 return
@@ -351,27 +346,3 @@ class Lifecycle:
                 f"pid {identity.pid}" + ("" if stopped else f": {result.tree_reason or result.reason}"))
         return row
 
-
-def archived_record(archived: Seen) -> pb.SessionRecord | None:
-    return records.decode_record(archived.entry.value) if archived.entry is not None else None
-
-
-def revived(session_id: str, provider: str, location: str, archived: Seen,
-            floor_read: Seen) -> pb.SessionRecord:
-    """A new record: above the archived fence and history when the id was archived before, and
-    above the restore epoch's floor for sessions the restored etcd never saw. The grant compares
-    both reads (a re-archive or a new floor meanwhile would reuse a fence)."""
-    record = records.new_record(session_id, provider, location)
-    epoch_floor = _floor(floor_read)
-    record.lease.minimum_next_fence = epoch_floor
-    old = archived_record(archived)
-    if old is not None:
-        floor = fencing.next_fence(old.lease.fence, old.lease.minimum_next_fence)
-        record.lease.minimum_next_fence = max(floor, epoch_floor)
-        record.history_seq = old.history_seq
-        record.tenant = old.tenant
-    return record
-
-
-def _floor(read: Seen) -> int:
-    return int(read.entry.value) if read.entry is not None else 0

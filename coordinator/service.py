@@ -134,8 +134,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.host_fencing = HostFencing(self.lifecycle, fencing or FencingSettings(), name)
         self.replays = ReplayLease(store)
         self.cluster = ClusterIdentity(store)
-        self.acquiring = acquire.Parts(store, self.registry, self.router, self.sessions, self.lifecycle,
-                                       self.replays, self.cluster, self.tenancy, commit_window_ms)
+        self.acquiring = acquire.Parts(store, self.registry, self.router, self.sessions, self.replays,
+                                       self.cluster, self.tenancy, commit_window_ms)
 
     async def _check_cluster(self, cluster_id: str) -> str:
         """A grant minted by another holdfast cluster is refused before anything is read or written;
