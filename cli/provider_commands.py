@@ -12,16 +12,16 @@ session recorded for another working directory is refused (2), naming that direc
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import sys
 
 from holdfast.cli import run_commands
-from holdfast.cli.options import command
+from holdfast.cli.options import failed
 from holdfast.client import provider_rules as rules
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
-from holdfast.common import reasons
 from holdfast.common.reasons import Reason
 
 
@@ -33,25 +33,39 @@ def _run_parser() -> argparse.ArgumentParser:
     return scratch.choices["run"]
 
 
-async def _check_cwd(args: argparse.Namespace, client: Client) -> int:
-    found = await client.fenced_get(args.session, rules.CLAUDE_CWD_KEY)
+async def _check_cwd(args: argparse.Namespace) -> None:
+    async with Client(args.coordinator, args.host_id, args.tls_dir) as client:
+        found = await client.fenced_get(args.session, rules.CLAUDE_CWD_KEY)
     try:
         rules.check_cwd(found.value.decode() if found.found else "", os.getcwd())
     except rules.ProviderRefused as refused:
         raise ClientError(Reason.INVALID_ARGUMENT, str(refused), args.session) from None
-    return 0
+
+
+def _check(args: argparse.Namespace, provider: rules.Provider) -> str:
+    """The CLI's path, once nothing stands in the way; else the refusal, before anything is asked
+    of the session."""
+    cli = shutil.which(provider.command)
+    if not cli:
+        raise ClientError(Reason.CMD_NOT_FOUND, f"{provider.command}: command not found on PATH; nothing was "
+                          f"asked of session {args.session}. Next: install it (tests/clis/package.json pins "
+                          "the tested version) or put it on PATH", args.session)
+    if provider.name == rules.CLAUDE:
+        asyncio.run(_check_cwd(args))
+    return cli
 
 
 def _provider_handler(args: argparse.Namespace) -> int:
     provider = rules.PROVIDERS[args.command]
-    cli = shutil.which(provider.command)
-    if not cli:
-        print(f"holdfast {args.command}: {provider.command}: command not found on PATH; nothing was asked "
-              f"of session {args.session}. Next: install it (tests/clis/package.json pins the tested "
-              "version) or put it on PATH", file=sys.stderr)
-        return reasons.EX_NOTFOUND
-    if provider.name == rules.CLAUDE and (refused := command(_check_cwd)(args)):
-        return refused
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        args.parser.error(f"--report {args.report}: no such directory")  # a refusal below writes it
+    try:
+        cli = _check(args, provider)
+    except ClientError as err:
+        code = failed(args, err)
+        if args.report:  # as `run` writes it for a refusal: CMD never ran
+            run_commands.write_report(args.report, run_commands.run_report(args.session, code, None, 0, err))
+        return code
     carried = rules.carried_path(provider, rules.state_dir(provider, os.environ), os.getcwd())
     # The CLI's state directory, where a first run's CLI makes what is carried: `run --carry` needs
     # the directory of a path that does not exist yet, and uploads the path if the CLI made it.

@@ -173,7 +173,9 @@ def main() -> None:
     ready, LOG = Path(sys.argv[1]), Path(sys.argv[2])
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    ready.write_text(json.dumps({"port": server.server_address[1]}))
+    partial = ready.with_name(ready.name + ".partial")  # renamed: a reader never sees it half written
+    partial.write_text(json.dumps({"port": server.server_address[1]}))
+    partial.rename(ready)
     server.serve_forever()
 
 

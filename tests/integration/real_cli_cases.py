@@ -260,8 +260,12 @@ def test_a_handle_that_names_no_thread_passes_the_cli_s_error_through_and_releas
 def test_a_missing_cli_is_127_before_anything_is_asked(agent: Agent) -> None:
     cluster = agent.cluster
     a = agent.host("host-a")
-    run = agent.run(a, "sess-nocli", prompt="hi", path=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin")
+    report = cluster.tmp / "report.json"
+    run = agent.run(a, "sess-nocli", "--report", str(report), prompt="hi",
+                    path=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin")
     assert run.wait(30) == 127 and "command not found" in run.err(), run.err()
+    said = json.loads(report.read_text())
+    assert (said["ran"], said["exit_code"], said["reason"]) == (False, 127, "CMD_NOT_FOUND")
     sessions = cluster.stub.ListSessions(pb.ListSessionsRequest()).records
     assert "sess-nocli" not in {r.session_id for r in sessions}
 
