@@ -176,6 +176,7 @@ class _Root:
     temp_fd: int = -1
     placed: bool = False
     notes: list[str] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)  # missing parents made to hold it, outermost first
 
     @property
     def base(self) -> str:
@@ -189,8 +190,14 @@ class _Root:
     def open(self) -> None:
         directory = os.path.dirname(self.path) or "."
         # The directory this run's own --carry names (its parents are the user's path, made if
-        # missing); everything below it is reached from this one descriptor.
+        # missing, and said if the restore then fails); everything below it is reached from this
+        # one descriptor.
+        missing, probe = [], directory
+        while not os.path.lexists(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe) or "."
         os.makedirs(directory, exist_ok=True)
+        self.made = missing[::-1]
         self.parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.temp = _mkdtemp(self.parent, self.beside("restore"))
         self.temp_fd = os.open(self.temp, OPEN_DIR, dir_fd=self.parent)
@@ -335,9 +342,12 @@ def _restore_named(
             current.open()
             current.build()
         except (CarryRefused, OSError) as exc:
+            made = [d for r in roots for d in r.made]
             raise _failed(
                 f"restoring {root.path}: {exc}; nothing of the carried state was put in place, and "
-                "nothing was written outside its temporary directory, which is removed",
+                "nothing was written outside its temporary directory, which is removed"
+                + (f", except the missing directories made to hold the roots ({', '.join(made)}), which "
+                   "are left" if made else ""),
                 manifest.session_id,
             ) from None
     placed: list[str] = []

@@ -524,3 +524,13 @@ def test_the_disk_check_alone_refuses_what_leaves_or_loops(
     with pytest.raises(ClientError, match="on disk"):
         restore(m, b"", ["notes"], str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_restore_says_which_missing_parents_it_made(tmp_path: Path) -> None:
+    """The root's missing parents are made before it is built; a restore failing after that said
+    'nothing was written outside its temporary directory' while they stayed."""
+    m = deep_copy(0, "0" * 64)
+    m.roots[0].path = "a/b/notes"
+    with pytest.raises(ClientError, match=r"except the missing directories made to hold .*a/b"):
+        restore(m, b"x", ["a/b/notes"], str(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == []
