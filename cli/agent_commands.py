@@ -93,14 +93,14 @@ def _serve(raw: argparse.Namespace) -> int:
     logs.setup(args.log_format, args.log_level)
     if args.node and not doctor.in_init_pid_ns():
         # A pod without hostPID numbers pids in its own namespace: its probes would judge strangers.
-        print("holdfast agent serve: setting node is on but this process is not in the init PID namespace; "
-              "refusing to serve probes. Next: run with hostPID: true, or without --node off a node",
-              file=sys.stderr)
+        logs.fatal("holdfast agent serve: setting node is on but this process is not in the init PID "
+                   "namespace; refusing to serve probes. Next: run with hostPID: true, or without --node off "
+                   "a node")
         return EX_USAGE
     if args.node_cgroup_namespace and (why := cgroups.join_node_namespace()):
-        print(f"holdfast agent serve: cannot join the node's cgroup namespace: {why}. Next: give the agent "
-              "CAP_SYS_ADMIN and hostPID, or run it without --node-cgroup-namespace (then its trees' end "
-              "rests on the token scan alone)", file=sys.stderr)
+        logs.fatal(f"holdfast agent serve: cannot join the node's cgroup namespace: {why}. Next: give the "
+                   "agent CAP_SYS_ADMIN and hostPID, or run it without --node-cgroup-namespace (then its "
+                   "trees' end rests on the token scan alone)")
         return EX_USAGE
 
     enroller = None

@@ -161,11 +161,12 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
     except SystemExit as exit_:
         # A server refusing to start after it set up its log (its address taken): said in that log.
+        if not isinstance(exit_.code, str):
+            raise
         from holdfast.common import logs
 
-        if isinstance(exit_.code, str) and logs.fatal(exit_.code):
-            return 1
-        raise
+        logs.fatal(exit_.code)
+        return 1
     except BrokenPipeError:
         # The reader is gone (`| head -1`): nothing more to say to it, and no traceback. Point
         # stdout at /dev/null so the interpreter's own flush at exit cannot fail a second time.

@@ -142,7 +142,7 @@ def _serve(raw: argparse.Namespace) -> int:
                                  (args.carry_session_cap_bytes, args.carry_budget_bytes), fencing,
                                  args.default_tenant))
     except (ValueError, FileNotFoundError) as exc:
-        print(f"holdfast coordinator: {exc}", file=sys.stderr)
+        logs.fatal(f"holdfast coordinator: {exc}")  # its log is set up: JSON by default
         return EX_USAGE
     return 0
 

@@ -39,13 +39,13 @@ class TextFormatter(logging.Formatter):
         return line + "".join(f" {k}={v}" for k, v in extra.items())
 
 
-def fatal(message: str) -> bool:
-    """A server's last words (e.g. its address taken) through the handler `setup` installed, so a
-    JSON log ends in JSON too; False when logging was not set up here (the caller prints them)."""
-    if not any(isinstance(h.formatter, (JsonFormatter, TextFormatter)) for h in logging.getLogger().handlers):
-        return False
-    logging.getLogger("holdfast").critical(message)
-    return True
+def fatal(message: str) -> None:
+    """Last words (e.g. a server's address taken): through the handler `setup` installed, so a JSON
+    log ends in JSON too; on stderr as they are where logging was not set up."""
+    if any(isinstance(h.formatter, (JsonFormatter, TextFormatter)) for h in logging.getLogger().handlers):
+        logging.getLogger("holdfast").critical(message)
+    else:
+        print(message, file=sys.stderr)
 
 
 def setup(log_format: str = "json", level: str = "info") -> None:

@@ -55,8 +55,8 @@ def test_both_formats_carry_session_fence_and_host() -> None:
     assert "session grant session=sess-0001 fence=7 host=node-a transition=grant" in text
 
 
-# What a server's stderr met besides holdfast's own lines: another library's logger, a warning, an
-# exception in a thread, and an uncaught CancelledError ending asyncio.run.
+# What a server's stderr met besides holdfast's own lines: another library's logger, a warning, its
+# last words, an exception in a thread, and an uncaught CancelledError ending asyncio.run.
 NOISE = """
 import asyncio, logging, threading, warnings
 from holdfast.common import logs
@@ -66,6 +66,7 @@ logging.getLogger("holdfast.coordinator").debug("below the level")
 logging.getLogger("asyncio").error("Task exception was never retrieved")
 logging.getLogger("aetcd").info("a library's info")
 warnings.warn("an old call")
+logs.fatal("cannot listen on 127.0.0.1:1: address in use")
 worker = threading.Thread(target=lambda: 1 / 0, name="worker")
 worker.start()
 worker.join()
@@ -83,6 +84,6 @@ def test_a_json_log_is_one_object_a_line_whatever_writes_to_it() -> None:
     lines = [json.loads(line) for line in done.stderr.splitlines()]  # each line one JSON object
     assert [(e["logger"], e["level"]) for e in lines] == [
         ("holdfast.coordinator", "info"), ("asyncio", "error"), ("py.warnings", "warning"),
-        ("holdfast.uncaught", "critical"), ("holdfast.uncaught", "critical")]
-    assert lines[0]["session"] == "s-1" and "an old call" in lines[2]["msg"]
-    assert "ZeroDivisionError" in lines[3]["error"] and "CancelledError" in lines[4]["error"]
+        ("holdfast", "critical"), ("holdfast.uncaught", "critical"), ("holdfast.uncaught", "critical")]
+    assert lines[0]["session"] == "s-1" and "an old call" in lines[2]["msg"] and "in use" in lines[3]["msg"]
+    assert "ZeroDivisionError" in lines[4]["error"] and "CancelledError" in lines[5]["error"]
