@@ -23,9 +23,7 @@ from holdfast.client import provider_rules as rules
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
-from holdfast.common import reasons
-
-HANDLE_ENV, GRANT_ENV = "HOLDFAST_PROVIDER_HANDLE", "HOLDFAST_GRANT_FILE"
+from holdfast.common import env, reasons
 
 
 async def _record(grant: Grant, handle: str, cwd: str = "") -> None:
@@ -80,9 +78,9 @@ def _codex(grant: Grant, cli: str, handle: str, args: list[str]) -> int:
 def main(argv: list[str]) -> int:
     name, cli, *args = argv
     provider = rules.PROVIDERS[name]
-    handle = os.environ.get(HANDLE_ENV, "")
+    handle = os.environ.get(env.PROVIDER_HANDLE, "")
     try:
-        grant = Grant.from_file(os.environ[GRANT_ENV])
+        grant = Grant.from_file(os.environ[env.GRANT_FILE])
         turn = _codex if provider.name == rules.CODEX else _claude
         return turn(grant, cli, handle, args)
     except rules.ProviderRefused as refused:
