@@ -236,6 +236,22 @@ def check_tree(entries: Sequence[tuple[str, str, int, str]], root_kind: str) -> 
         )
 
 
+def _overlapping(names: Sequence[str]) -> tuple[str, str] | None:
+    """Two roots of which one is the other or holds it; None if there are none. A trie of path
+    components, so the cost is one step a component: comparing every root with every other took
+    50 s of the coordinator's event loop for the 20,000 roots a manifest may name."""
+    child: dict[tuple[int, str], int] = {}
+    root_at: dict[int, str] = {}
+    for name in sorted(names, key=lambda n: n.count("/")):  # each root after any that holds it
+        node = 0
+        for part in name.split("/"):
+            node = child.setdefault((node, part), len(child) + 1)
+            if node in root_at:
+                return root_at[node], name
+        root_at[node] = name
+    return None
+
+
 def check_manifest(manifest: pb.CarryManifest) -> None:
     """Every root and entry of a copy as a restore would write it; raises CarryRefused."""
     if len(manifest.entries) > MAX_ENTRIES:
@@ -246,12 +262,9 @@ def check_manifest(manifest: pb.CarryManifest) -> None:
     for name in names:
         if root_name(name) != name:
             raise CarryRefused(f"carried root {name[:256]!r} is not written in its normalised form")
-    for name in sorted(names):
-        inside = [other for other in names if other == name or other.startswith(name + "/")]
-        if len(inside) > 1:
-            raise CarryRefused(
-                f"carried roots {', '.join(map(repr, inside))} overlap: a root is carried once"
-            )
+    overlap = _overlapping(names)
+    if overlap:
+        raise CarryRefused(f"carried roots {overlap[0]!r}, {overlap[1]!r} overlap: a root is carried once")
     trees: list[list[tuple[str, str, int, str]]] = [[] for _ in manifest.roots]
     files = 0
     for entry in manifest.entries:

@@ -534,3 +534,18 @@ def test_a_failed_restore_says_which_missing_parents_it_made(tmp_path: Path) -> 
     with pytest.raises(ClientError, match=r"except the missing directories made to hold .*a/b"):
         restore(m, b"x", ["a/b/notes"], str(tmp_path))
     assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == []
+
+
+def test_many_roots_are_judged_in_time_linear_in_their_number() -> None:
+    """20,000 roots fit a manifest (670 KB); comparing each with every other took 50 s of the
+    coordinator's event loop at CommitCarry, before any root was found to lack its entry."""
+    m = pb.CarryManifest(session_id="sess-unit-roots")
+    for i in range(20_000):
+        m.roots.add(path=f"r/{i}", kind="dir")
+    started = time.monotonic()
+    with pytest.raises(CarryRefused, match="starts with its own entry"):
+        check_manifest(m)
+    assert time.monotonic() - started < 2
+    m.roots.add(path="r", kind="dir")  # holds every other root
+    with pytest.raises(CarryRefused, match="'r', 'r/0' overlap"):
+        check_manifest(m)
