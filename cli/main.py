@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -139,6 +140,22 @@ def build_parser(only: str | None = None, *, light: bool = False) -> argparse.Ar
     return parser
 
 
+@contextlib.contextmanager
+def held_interrupt() -> Iterator[list[int]]:
+    """A Ctrl-C while the command's modules load is held, and noted in the list yielded: the command
+    then ends as interrupted before it asks anything (`run --report` written, saying so). Raised as
+    it came, it left no report. A SIGINT this process ignores stays ignored."""
+    noted: list[int] = []
+    holding = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if holding:
+        signal.signal(signal.SIGINT, lambda *_: noted.append(1))
+    try:
+        yield noted
+    finally:
+        if holding:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -150,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     first = words[0] if words else ""
-    with quiet_grpc():
+    with quiet_grpc(), held_interrupt() as interrupted:
         # A completion script completes every command: it alone needs them all (its --ids, at
         # every press of Tab, none).
         parser = build_parser(first if first in COMMANDS else None,
                               light=first not in COMMANDS and (first != "completion" or "--ids" in words))
         args = parser.parse_args(words)
+    args.interrupted = bool(interrupted)
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below

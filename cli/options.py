@@ -16,17 +16,20 @@ import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import Message
 
 from holdfast.client import guards
 from holdfast.client.acquire import MAX_WAIT_S
-from holdfast.client.connection import Client
+from holdfast.client.connection import Client, local_host_id
 from holdfast.client.errors import ClientError
-from holdfast.common import identifiers, upstate
+from holdfast.common import env, identifiers, tls, upstate
 from holdfast.common.reasons import Reason
 from holdfast.common.version import JSON_SCHEMA
+
+if TYPE_CHECKING:
+    from holdfast.client.enrollment import Enroller
 
 
 def default_operator() -> str:
@@ -116,9 +119,16 @@ def command(body: Body) -> Callable[[argparse.Namespace], int]:
     """Runs one command against the coordinator; a ClientError becomes its exit code and next step."""
 
     def handler(args: argparse.Namespace) -> int:
+        if getattr(args, "interrupted", False):  # Ctrl-C while it was loading: nothing asked
+            return failed(args, interrupted())
+
         async def main() -> int:
-            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir,
-                              getattr(args, "tls_role", "client")) as client:
+            role = getattr(args, "tls_role", "client")
+            enroller = session_enroller(args) if role == "client" else None
+            if enroller is not None:
+                await enroller.ensure()
+            async with Client(args.coordinator, getattr(args, "host_id", None), args.tls_dir, role,
+                              enroller) as client:
                 return await body(args, client)
 
         try:
@@ -129,6 +139,16 @@ def command(body: Body) -> Callable[[argparse.Namespace], int]:
             return failed(args, interrupted())
 
     return handler
+
+
+def session_enroller(args: argparse.Namespace) -> Enroller | None:
+    """A session pod's enrollment when HOLDFAST_ENROLL asks for one (holdfast.client.enrollment):
+    the runtime's certificate is its own, from the issuer, not a mounted secret."""
+    if not os.environ.get(env.ENROLL):
+        return None
+    from holdfast.client.enrollment import Enroller  # x509: only an enrolling pod pays for it
+
+    return Enroller.from_env(tls.tls_dir(args.tls_dir), local_host_id(getattr(args, "host_id", None)))
 
 
 def interrupted() -> ClientError:

@@ -368,7 +368,7 @@ def _run_handler(args: argparse.Namespace) -> int:
         # Before any call, like CMD: a caller relying on the report must not be left without one.
         args.parser.error(f"--report {args.report}: its directory does not exist or is not writable")
     args.cmd = cmd
-    args.outcome = {}
+    args.outcome = {"error": interrupted()} if getattr(args, "interrupted", False) else {}  # for --report
     code = command(_run)(args)
     if args.report:
         o = args.outcome

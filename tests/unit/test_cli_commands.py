@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,32 @@ def test_version_and_help_import_neither_grpc_nor_the_protos(argv: list[str]) ->
     loaded = json.loads(done.stderr.splitlines()[-1])
     assert "holdfast.cli.main" in loaded
     assert [m for m in loaded if m.startswith(("grpc", "holdfast.v1", "google.protobuf"))] == [], argv
+
+
+# A Ctrl-C while `run`'s modules load (sent from inside the parser's build, as it would come then).
+LOADING = """
+import os, signal, sys
+from holdfast.cli import main as cli
+build = cli.build_parser
+
+def interrupted_build(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    return build(*args, **kwargs)
+
+cli.build_parser = interrupted_build
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.exit(cli.main(["run", "--session", "sess-held-0001", "--report", sys.argv[1], "--coordinator",
+                   "127.0.0.1:1", "--", "true"]))
+"""
+
+
+def test_a_ctrl_c_while_loading_ends_the_command_interrupted_with_its_report(tmp_path: Path) -> None:
+    """It raised KeyboardInterrupt from an import: no report. Held, the command ends as interrupted
+    before it asks anything (127.0.0.1:1 answers nothing: asked, it would be 69)."""
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-c", LOADING, str(report)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 130 and done.stderr.startswith("holdfast: INTERRUPTED: "), done.stderr
+    assert done.stderr.count("\n") == 1
+    said = json.loads(report.read_text())
+    assert (said["ran"], said["exit_code"], said["reason"]) == (False, 130, "INTERRUPTED")
