@@ -53,8 +53,9 @@ class FencingSettings:
 
     @property
     def interval(self) -> float:
-        """How often a replica looks: a fraction of `host_loss_after`, within 0.2..5 s."""
-        return min(max(self.host_loss_after / 5, 0.2), 5.0)
+        """How often a replica looks: a twentieth of `host_loss_after`, within 0.1..1 s (a pass with
+        every host registered reads two small listings)."""
+        return min(max(self.host_loss_after / 20, 0.1), 1.0)
 
 
 @dataclass
@@ -77,6 +78,8 @@ class HostFencing:
         self.retry_at: dict[str, float] = {}      # monotonic: no automatic attempt before
         self.failure_seen: dict[str, str] = {}    # the last unproven attempt's history key backed off for
         self.unfenceable: dict[str, str] = {}     # why a host is not fenced, logged once per reason
+        self.unnamed: dict[str, int] = {}         # absent hosts no session names, by host-last revision
+        self.lost: set[str] = set()               # absent hosts sessions name: candidates for a fence
 
     # --- the loop --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -92,44 +95,55 @@ class HostFencing:
             await asyncio.sleep(self.settings.interval)
 
     async def pass_once(self) -> None:
-        claims = await self.lifecycle.all_sessions()
-        await self._recover_proven(claims)
-        named = fence_rules.hosts_named(record for _, record in claims)
+        """One look: which hosts that ever registered have no registration now (two small listings,
+        the whole pass when every host is registered); only while one of them may be named by a
+        session are the sessions read, to fence what is due and free what a proof covers."""
+        lasts, _ = await self.store.list_prefix(keys.host_last_prefix(self.store))
         registered = {host.host_id for host in await self.sessions.registry.list()}
-        await self._note_absences(named - registered)
+        missing = {_host_of(e.key): e.mod_revision for e in lasts if _host_of(e.key) not in registered}
+        self._note_absences(missing)
+        named: set[str] = set()
+        if any(self.unnamed.get(host_id) != revision for host_id, revision in missing.items()):
+            claims = await self.lifecycle.all_sessions()
+            named = fence_rules.hosts_named(record for _, record in claims) & set(missing)
+            # An absent host no session names stays so until it registers again (a grant to it needs
+            # its registration): the sessions are not read again for it until its host-last moves.
+            self.unnamed = {h: r for h, r in missing.items() if h not in named}
+            await self._recover_proven(claims, missing)
         now = time.monotonic()
-        for host_id in sorted(named - registered):
+        for host_id in sorted(named):
             absence = self.absent[host_id]
             metrics.HOST_ABSENT_SECONDS.labels(host_id).set(fence_rules.lost_for(absence.since, now))
             if fence_rules.due(absence.since, now, self.settings.host_loss_after, self.retry_at.get(host_id)):
                 await self.fence(host_id, fence_rules.HOST_LOST)
-        for host_id in set(self.absent) - (named - registered):
-            del self.absent[host_id]
+        for host_id in set(self.lost) - named:
             metrics.HOST_ABSENT_SECONDS.remove(host_id)
+        self.lost = named
 
-    async def _recover_proven(self, claims: list[tuple[Entry, pb.SessionRecord]]) -> None:
+    async def _recover_proven(self, claims: list[tuple[Entry, pb.SessionRecord]],
+                              missing: dict[str, int]) -> None:
         """What a proof covers and is not freed yet (a record that lost a race, a replica that died
-        between the proof and the recovery) is freed on a later pass, by any replica; what it does
-        not cover (a new incarnation's owners) never is."""
+        between the proof and the recovery) is freed on a later pass, by any replica, while the host
+        has not registered again; what it does not cover (a new incarnation's owners) never is."""
         proofs, _ = await self.store.list_prefix(keys.fenced_prefix(self.store))
         for proof in proofs:
-            host_id = proof.key.rsplit("/", 1)[1]
+            host_id = _host_of(proof.key)
             fenced = protojson.parse(proof.value, pb.FenceAttempt)
-            if any(fence_rules.recoverable(record, host_id, fenced, entry.mod_revision, proof.mod_revision)
-                   for entry, record in claims):
+            if host_id in missing and any(
+                    fence_rules.recoverable(record, host_id, fenced, entry.mod_revision, proof.mod_revision)
+                    for entry, record in claims):
                 await self.recover(host_id)
 
-    async def _note_absences(self, missing: set[str]) -> None:
+    def _note_absences(self, missing: dict[str, int]) -> None:
         """Starts (or restarts) this replica's clock of each missing host: a registration between two
         passes shows as a new registered-last revision."""
-        hosts = sorted(missing)
-        lasts = await self.store.read_all([keys.host_last(self.store, h) for h in hosts]) if hosts else []
         now, wall = time.monotonic(), now_ms()
-        for host_id, last in zip(hosts, lasts, strict=True):
-            revision = last.entry.mod_revision if last.entry is not None else 0
+        for host_id, revision in missing.items():
             seen = self.absent.get(host_id)
             if seen is None or seen.last_revision != revision:
                 self.absent[host_id] = Absence(now, wall, revision)
+        for host_id in set(self.absent) - set(missing):
+            del self.absent[host_id]
 
     def absent_since_unix_ms(self, host_id: str) -> int:
         seen = self.absent.get(host_id)
@@ -285,8 +299,8 @@ class HostFencing:
         replica first saw it absent, and where its fencing stands (its last attempt says it)."""
         pending, _ = await self.store.list_prefix(keys.fence_pending_prefix(self.store))
         fenced, _ = await self.store.list_prefix(keys.fenced_prefix(self.store))
-        running = {entry.key.rsplit("/", 1)[1]: entry for entry in pending}
-        hosts = set(self.absent) | set(running) | {entry.key.rsplit("/", 1)[1] for entry in fenced}
+        running = {_host_of(entry.key): entry for entry in pending}
+        hosts = self.lost | set(running) | {_host_of(entry.key) for entry in fenced}
         rows = []
         for host_id in sorted(hosts):
             spec = fence_rules.fencer_for(self.settings.fencers, host_id)
@@ -304,6 +318,10 @@ class HostFencing:
                     row.attempt.CopyFrom(last)
             rows.append(row)
         return rows
+
+
+def _host_of(key: str) -> str:
+    return key.rsplit("/", 1)[1]
 
 
 def _decode(seen: Seen, kind: type[M]) -> M | None:

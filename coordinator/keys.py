@@ -146,6 +146,10 @@ def host_last(store: Store, host_id: str) -> str:
     return store.key(HOST_LAST, host_id)
 
 
+def host_last_prefix(store: Store) -> str:
+    return store.key(HOST_LAST, "")
+
+
 def fence_pending(store: Store, host_id: str) -> str:
     return store.key(FENCE_PENDING, host_id)
 

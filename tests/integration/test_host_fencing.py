@@ -327,8 +327,8 @@ def test_a_host_rebooted_before_the_proof_keeps_its_new_owners(fencing: Fencing)
     c.run(lost, new_sid, cmd=child(c, new_sid))
     until("the new incarnation's owner", lambda: owned(c, new_sid), 30)
     before = c.record(new_sid).SerializeToString()
-    # Another host lost later: the pass that fences it has gone over the old proof with the new
-    # owner recorded, and must have left that owner alone.
+    # Another host lost later: every pass until its fence (and the one that fences it) ran with the
+    # old proof and the new owner both recorded, and left that owner alone.
     c.run(other, later_sid, cmd=child(c, later_sid))
     until("the later owner", lambda: owned(c, later_sid), 30)
     os.kill(other.reaper_pid, signal.SIGKILL)
