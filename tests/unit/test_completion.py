@@ -94,8 +94,7 @@ def test_session_and_host_ids_come_from_the_coordinator_where_an_id_is_typed(stu
 
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
 def test_zsh_and_fish_complete_as_bash_does(shell: str, stub_path: str) -> None:
-    if shutil.which(shell) is None:
-        pytest.skip(f"needs {shell}")
+    assert shutil.which(shell), f"{shell} is missing: ./scripts/setup installs it"
     for words in (("st",), ("admin", ""), ("run", "--re"), ("run", "--session", ""), ("drain", "h"),
                   ("show", "sess-a"), ("agent", "doctor", "--no")):
         assert complete(*words, shell=shell, path=stub_path) == complete(*words, path=stub_path), words
