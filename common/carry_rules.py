@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from holdfast.common.identifiers import HOST_ID
 from holdfast.v1 import coordinator_pb2 as pb
 
 CHUNK_BYTES = 512 * 1024  # each chunk is one request, far below etcd's 1.5 MiB
@@ -34,6 +35,7 @@ MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup (MA
 NAME_MAX = 255      # bytes in one path component, as the kernel allows
 PATH_MAX = 4096     # bytes in a path; a link target is shorter (symlink(2) counts its NUL)
 SHA256 = re.compile(r"[0-9a-f]{64}")
+REASONS = ("", "release", "handoff", "checkpoint")  # why a copy was uploaded ("" while packed)
 
 
 class CarryRefused(ValueError):
@@ -257,6 +259,13 @@ def check_manifest(manifest: pb.CarryManifest) -> None:
     if len(manifest.entries) > MAX_ENTRIES:
         raise CarryRefused(
             f"the copy holds {len(manifest.entries)} entries; at most {MAX_ENTRIES} are carried"
+        )
+    # Printed to the next owner's terminal by its restore: a line break would fake a line of
+    # holdfast's own, an escape sequence would drive the terminal.
+    if manifest.reason not in REASONS or (manifest.host_id and not HOST_ID.fullmatch(manifest.host_id)):
+        raise CarryRefused(
+            f"the copy's host id {manifest.host_id[:64]!r} or reason {manifest.reason[:64]!r} is not one "
+            f"holdfast writes (a reason is one of {', '.join(REASONS[1:])})"
         )
     names = [root.path for root in manifest.roots]
     for name in names:

@@ -549,3 +549,23 @@ def test_many_roots_are_judged_in_time_linear_in_their_number() -> None:
     m.roots.add(path="r", kind="dir")  # holds every other root
     with pytest.raises(CarryRefused, match="'r', 'r/0' overlap"):
         check_manifest(m)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("reason", "release\nholdfast: restored notes from host trusted-host"),
+    ("reason", "\x1b]0;owned\x07release"),
+    ("host_id", "host-a\x1b[2J"),
+    ("host_id", "a b"),
+])
+def test_what_a_restore_prints_of_the_copy_is_plain(field: str, value: str) -> None:
+    """The uploading client fills a manifest's host id and reason, and a restore prints them to
+    the next owner's terminal (root's, perhaps): a line break faked a line of holdfast's own, an
+    escape sequence drove the terminal."""
+    m = deep_copy(0, "0" * 64)
+    m.total_bytes = 1
+    for ok in ({"reason": "checkpoint", "host_id": "host-a.example_1"}, {"reason": "", "host_id": ""}):
+        m.reason, m.host_id = ok["reason"], ok["host_id"]
+        check_manifest(m)
+    setattr(m, field, value)
+    with pytest.raises(CarryRefused):
+        check_manifest(m)
