@@ -75,14 +75,14 @@ def is_operator(context: grpc.aio.ServicerContext) -> bool:
 class Exited:
     """An owner whose exit event ended a wait, with what its agent answered (the event's result, or
     a probe's; None: no event came) and the registration of that agent, compared by a decision
-    that uses the answer. `held`: the reads the wait began on (the grant's gates, then the replay,
+    that uses the answer. `wait_reads`: the reads the wait began on (the grant's gates, then the replay,
     the record as read or as this call wrote it, the revival keys), which a grant on the event's
     proof may rest on instead of a re-read."""
 
     owner: apb.ProcessIdentity
     result: apb.ProbeResult | None
     registration: Seen
-    held: tuple[GrantGates, list[Seen]] | None = None
+    wait_reads: tuple[GrantGates, list[Seen]] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class Acquisition:
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            gates, (replay, record_read, *revival), early = await self.read()
+            gates, (replay, record_read, *revival), woken_by = await self.read()
             self.exited = None
             entry = record_read.entry
             record = parts.sessions.decode(entry) if entry is not None else None
@@ -192,17 +192,18 @@ class Acquisition:
                     finally:
                         if watch is not None:
                             watch.cancel()
-                if early is not None and early.result is not None and early.owner == record.lease.owner:
-                    probe, registration = early.result, early.registration
+                if (woken_by is not None and woken_by.result is not None
+                        and woken_by.owner == record.lease.owner):
+                    probe, registration = woken_by.result, woken_by.registration
                 else:
                     probe, registration = await parts.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
-            if early is not None and early.held is not None and (
+            if woken_by is not None and woken_by.wait_reads is not None and (
                     verdict.action is not Action.GRANT or request.await_release):
                 # Decided on the reads held over the wait: only a grant may rest on them (its
                 # transaction compares each one). Anything else is decided again on a fresh read.
-                self.exited = replace(early, held=None)
+                self.exited = replace(woken_by, wait_reads=None)
                 continue
             metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
             if verdict.action is Action.TO_MANUAL and record is not None:
@@ -246,19 +247,19 @@ class Acquisition:
         a grant may rest on them, nothing else (`run` decides anything else on a fresh read)."""
         exited = self.exited
         if exited is None or self.request.force:
-            gates, also = await self._read_keys()
-            return gates, also, None
+            gates, keys_read = await self._read_keys()
+            return gates, keys_read, None
         if exited.result is not None and adjudication.proves_gone(exited.result):
-            if exited.held is not None:
+            if exited.wait_reads is not None:
                 # No round trip: the grant that may follow compares every one of these keys in its
                 # transaction, so a change since they were read makes it lose (and the next pass
                 # reads afresh); it can grant nothing a fresh read would refuse.
-                return *exited.held, exited
-            gates, also = await self._read_keys()
-            return gates, also, exited
-        (gates, also), (probe, registration) = await asyncio.gather(
+                return *exited.wait_reads, exited
+            gates, keys_read = await self._read_keys()
+            return gates, keys_read, exited
+        (gates, keys_read), (probe, registration) = await asyncio.gather(
             self._read_keys(), self.parts.sessions.probe(exited.owner))
-        return gates, also, Exited(exited.owner, probe, registration)
+        return gates, keys_read, Exited(exited.owner, probe, registration)
 
     async def _read_keys(self) -> tuple[GrantGates, list[Seen]]:
         parts, sid = self.parts, self.sid
@@ -312,11 +313,11 @@ class Acquisition:
     # --- wait for the exit ----------------------------------------------------------------------
     async def wait_exit(self, owner: apb.ProcessIdentity,
                         waiting: Awaitable[tuple[apb.ProbeResult | None, Seen]], gates: GrantGates,
-                        also: list[Seen]) -> Exited:
+                        keys_read: list[Seen]) -> Exited:
         """Until `waiting` (the owner's exit stream, `sessions.wait_exit`, begun by the caller) has
         the owner's first exit event or runs out; proves nothing by itself. Returns the owner and
         the event, with the reads the wait began on."""
-        return Exited(owner, *await waiting, held=(gates, also))
+        return Exited(owner, *await waiting, wait_reads=(gates, keys_read))
 
     # --- grant --------------------------------------------------------------------------------
     async def grant(self, entry: Entry | None, record: pb.SessionRecord | None,
