@@ -333,7 +333,9 @@ def _restore_named(
     said: list[str] = []
     for root, entries in zip(manifest.roots, _by_root(manifest, data), strict=True):
         if root.path not in names:
-            said.append(f"carried {root.path} not restored: this run does not name it with --carry")
+            # The uploader's text, not this run's: shown quoted unless every character prints.
+            shown = root.path if root.path.isprintable() else repr(root.path)
+            said.append(f"carried {shown} not restored: this run does not name it with --carry")
             continue
         current = _Root(root, entries, os.path.join(cwd, root.path))  # an absolute path stays itself
         roots.append(current)

@@ -569,3 +569,14 @@ def test_what_a_restore_prints_of_the_copy_is_plain(field: str, value: str) -> N
     setattr(m, field, value)
     with pytest.raises(CarryRefused):
         check_manifest(m)
+
+
+def test_a_root_this_run_does_not_name_is_said_without_its_control_characters(tmp_path: Path) -> None:
+    """A root the restoring run did not name is the uploader's text: printed as it was, an escape
+    sequence in it drove the next owner's terminal."""
+    m = deep_copy(0, hashlib.sha256(b"x").hexdigest())
+    m.roots.add(path="evil\x1b[2J\nholdfast: restored", kind="dir")
+    m.entries.add(root=1, path="", kind="dir", mode=0o755)
+    said = restore(m, b"x", ["notes"], str(tmp_path))
+    assert "\x1b" not in "".join(said) and "\n" not in "".join(said)
+    assert said[0].startswith("carried 'evil\\x1b[2J\\nholdfast: restored' not restored")
