@@ -20,8 +20,6 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from google.protobuf import json_format
-
 from holdfast.client.carry_restore import restore
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
@@ -316,7 +314,11 @@ def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = No
         raise failed(
             f"the carried state cannot be carried: {exc}; nothing was uploaded", session_id
         ) from None
-    # Checked here, as CommitCarry checks it, so a copy it would refuse is not uploaded whole first.
+    # Checked here, measured as CommitCarry measures it (the JSON etcd stores: coordinator/protojson
+    # writes exactly this), so a copy it would refuse is not uploaded whole first. Imported here:
+    # packing happens after CMD, and `run`'s path to CMD stays without json_format.
+    from google.protobuf import json_format
+
     size = len(json_format.MessageToJson(manifest, indent=None, sort_keys=True).encode())
     if size + UPLOAD_FIELDS_BYTES > MANIFEST_BYTES:
         raise ClientError(
