@@ -31,7 +31,7 @@ from holdfast.cli.options import (
     seconds_arg,
     session_id_arg,
 )
-from holdfast.client.acquire import MAX_WAIT_S, RunSpec
+from holdfast.client.acquire import MAX_WAIT_S, RunSpec, say_stderr
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
@@ -130,6 +130,17 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
                    wait=args.wait or 0.0, grace=args.grace, guards=args.guard, carry=args.carry,
                    carry_every=args.carry_every or 0.0)
     outcome = args.outcome  # what the handler's --report says; filled as far as the run got
+    # A session pod's own certificate is renewed for as long as `run` lasts: its wait, CMD, the release.
+    renewal = (asyncio.create_task(client.enroller.renew_forever(client.renewed, say_stderr))
+               if client.enroller is not None else None)
+    try:
+        return await _run_owner(spec, client, outcome)
+    finally:
+        if renewal is not None:
+            renewal.cancel()
+
+
+async def _run_owner(spec: RunSpec, client: Client, outcome: dict[str, Any]) -> int:
     try:
         owner = await Owner.start(client, spec)
     except ClientError as err:

@@ -114,6 +114,15 @@ SETTINGS = [
             "pod's namespace, else holdfast)", default=""),
     Setting("enroll_lifetime_hours", "HOLDFAST_ENROLL_LIFETIME_HOURS", lifetime_hours,
             "lifetime of an agent certificate the issuer signs (agents renew at two thirds)", default=24.0),
+    Setting("session_namespaces", "HOLDFAST_SESSION_NAMESPACES", config.text,
+            "namespaces whose pods may enroll for a session certificate (signed with "
+            "<tls dir>/session-ca.key): `team-a, team-b=shared` (a namespace is its own tenant, or the one "
+            "after =), `*` every namespace but the issuer's own (docs/tenants.md); empty: none", default=""),
+    Setting("session_lifetime_seconds", "HOLDFAST_SESSION_LIFETIME_SECONDS", config.integer_in(10, 86400),
+            "lifetime of a session pod's certificate (renewed at two thirds)", default=3600),
+    Setting("trust_domain", "HOLDFAST_TRUST_DOMAIN", config.text,
+            "the SPIFFE trust domain of session certificates' spiffe://<domain>/ns/<ns>/sa/<sa> names",
+            default="cluster.local"),
     *config.logging_settings(),
 ]
 
@@ -156,11 +165,16 @@ def _issuer(args: argparse.Namespace, tls_dir: Path | None) -> tuple[str, Any] |
     import datetime
 
     from holdfast.enrollment import issuer as enrollment
+    from holdfast.enrollment import session_rules
 
-    kube = enrollment.KubeApi(args.enroll_api_server, args.enroll_api_ca, args.enroll_api_token_file)
     namespace = args.enroll_namespace or enrollment.namespace_default()
+    policy = session_rules.parse_namespaces(args.session_namespaces, namespace, args.trust_domain)
+    sessions = (enrollment.SessionSigning.from_dir(tls_dir, policy,
+                                                   datetime.timedelta(seconds=args.session_lifetime_seconds))
+                if policy.tenants or policy.any_namespace else None)
+    kube = enrollment.KubeApi(args.enroll_api_server, args.enroll_api_ca, args.enroll_api_token_file)
     return args.enroll_listen, enrollment.Issuer.from_dir(
-        tls_dir, kube, namespace, datetime.timedelta(hours=args.enroll_lifetime_hours))
+        tls_dir, kube, namespace, datetime.timedelta(hours=args.enroll_lifetime_hours), sessions)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:

@@ -14,6 +14,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -26,6 +27,9 @@ from holdfast.common.tls import Role
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
+
+if TYPE_CHECKING:  # imported by the caller that enrolls: x509 would cost every `run` its start
+    from holdfast.client.enrollment import Enroller
 
 CALL_TIMEOUT_S = 10.0
 RETRY_BUDGET_S = 5.0
@@ -78,17 +82,20 @@ class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
     def __init__(self, address: str | None = None, host_id: str | None = None,
-                 tls_dir: str | os.PathLike[str] | None = None, role: str = "client") -> None:
+                 tls_dir: str | os.PathLike[str] | None = None, role: str = "client",
+                 enroller: Enroller | None = None) -> None:
         """`role` picks the certificate presented with TLS (`<role>.pem` in the directory): a
-        runtime is `client`; the operator commands present `operator` (docs/design.md §4)."""
+        runtime is `client`; the operator commands present `operator` (docs/design.md §4). With
+        `enroller`, the pair it installed in its directory (a session pod's own; `renewed`)."""
         self.address = coordinator_address(address)
         self.host_id = local_host_id(host_id)
-        self.tls_dir = client_tls_dir(tls_dir, self.address)
-        try:
-            self.channel = tls.open_channel(self.address, self.tls_dir, Role(role))
-        except FileNotFoundError as missing:  # its message names the file and how to make it
-            raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
+        self.role = Role(role)
+        self.enroller = enroller
+        self.tls_dir = enroller.tls_dir if enroller is not None else client_tls_dir(tls_dir, self.address)
+        self.channel = self._open()
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        # Channels presenting a certificate since renewed: their calls go on until the client closes.
+        self.retired: list[grpc.aio.Channel] = []
         # Connecting (TCP, HTTP/2 settings, TLS) starts now, on grpc's own threads, while `run` does
         # its local work (CMD resolved, grant directory, gate spawned): the first call no longer waits
         # for it. 1.2 ms from the gate's spawn to the Acquire reaching the coordinator, not 2.7-4.9.
@@ -101,11 +108,30 @@ class Client:
         # (it cost 5.7 s of retries to say UNREACHABLE, with the advice to start a coordinator).
         self.speaks_tls = False
 
+    def _open(self) -> grpc.aio.Channel:
+        if self.enroller is not None:
+            return grpc.aio.secure_channel(self.address, self.enroller.credentials())
+        try:
+            return tls.open_channel(self.address, self.tls_dir, self.role)
+        except FileNotFoundError as missing:  # its message names the file and how to make it
+            raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
+
+    async def renewed(self) -> None:
+        """The certificate was renewed: later calls, and a watch's reconnect, go on a channel
+        presenting the new one (a channel keeps its certificate, and an expired one fails every
+        reconnect). The old channel is not closed until the client is: closing a channel cancels its
+        calls — an Acquire waiting for its session, the owner's watch — as if `run` were interrupted.
+        Idle, it holds no connection (gRPC's client idle timeout)."""
+        old, self.channel = self.channel, self._open()
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        self.retired.append(old)
+
     def _retryable(self, exc: BaseException) -> bool:
         return transient(exc) and (self.answered or not refused(exc)) and not self.speaks_tls
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in [*self.retired, self.channel]:
+            await channel.close()
 
     async def __aenter__(self) -> Client:
         return self

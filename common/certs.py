@@ -20,10 +20,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from holdfast.common import config
-from holdfast.common.tls import AGENT_CA_NAME, AGENT_CA_STEM, ALL_TENANTS, ETCD_SUBDIR, TENANT, Role
+from holdfast.common.tls import (
+    AGENT_CA_NAME,
+    AGENT_CA_STEM,
+    ALL_TENANTS,
+    ETCD_SUBDIR,
+    SESSION_CA_NAME,
+    SESSION_CA_STEM,
+    TENANT,
+    Role,
+)
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
+# Valid from a little before now, so a peer whose clock runs behind ours accepts it at once.
+BACKDATE = datetime.timedelta(minutes=5)
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -46,14 +57,15 @@ def _cert_pem(cert: x509.Certificate) -> bytes:
 
 
 def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey,
-             lifetime: datetime.timedelta) -> x509.CertificateBuilder:
+             lifetime: datetime.timedelta,
+             backdate: datetime.timedelta = BACKDATE) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
             .issuer_name(issuer)
             .public_key(public_key)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_before(now - backdate)
             .not_valid_after(now + lifetime))
 
 
@@ -82,6 +94,13 @@ def init_agent_ca(directory: Path) -> None:
     init_ca(directory, AGENT_CA_STEM, AGENT_CA_NAME)
 
 
+def init_session_ca(directory: Path) -> None:
+    """The session CA (session-ca.pem/.key), with which the issuer signs session pods' certificates.
+    Servers accept its certificates only as a client of one tenant (holdfast.common.tls): a stolen
+    key mints runtimes, never agents or operators."""
+    init_ca(directory, SESSION_CA_STEM, SESSION_CA_NAME)
+
+
 def load_ca(directory: Path, stem: str = "ca") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = serialization.load_pem_private_key((directory / f"{stem}.key").read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -91,8 +110,8 @@ def load_ca(directory: Path, stem: str = "ca") -> tuple[ec.EllipticCurvePrivateK
 
 def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, subject: str,
           public_key: ec.EllipticCurvePublicKey, names: list[x509.GeneralName],
-          lifetime: datetime.timedelta) -> x509.Certificate:
-    return (_builder(subject, ca_cert.subject, public_key, lifetime)
+          lifetime: datetime.timedelta, backdate: datetime.timedelta = BACKDATE) -> x509.Certificate:
+    return (_builder(subject, ca_cert.subject, public_key, lifetime, backdate)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
@@ -107,6 +126,16 @@ def sign_agent(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
     (the name a coordinator checks when it dials that node's agent)."""
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri) for uri in uris]
     return _leaf(ca_key, ca_cert, uris[0], public_key, [*names, x509.DNSName(node)], lifetime)
+
+
+def sign_session(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+                 public_key: ec.EllipticCurvePublicKey, uris: list[str],
+                 lifetime: datetime.timedelta) -> x509.Certificate:
+    """An enrolled session pod's certificate: its role, tenant and identity URIs, no DNS name (it
+    serves nothing). Backdated by a quarter of its lifetime at most, so that renewal at two thirds
+    of its validity still comes before its end for a lifetime of seconds."""
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri) for uri in uris]
+    return _leaf(ca_key, ca_cert, uris[0], public_key, names, lifetime, min(BACKDATE, lifetime / 4))
 
 
 def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None) -> Path:
@@ -169,15 +198,18 @@ def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
     init_ca(directory)
     init_ca(directory / ETCD_SUBDIR)
     init_agent_ca(directory)
+    init_session_ca(directory)
     return ensure_issued(directory, agent_hosts, serve_on, etcd_serve_on)
 
 
 def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
                   etcd_serve_on: list[str] | None = None) -> list[Path]:
     """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet, and
-    the agent CA an older directory lacks."""
+    the agent and session CAs an older directory lacks."""
     if not (directory / f"{AGENT_CA_STEM}.key").exists():
         init_agent_ca(directory)
+    if not (directory / f"{SESSION_CA_STEM}.key").exists():
+        init_session_ca(directory)
     wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), []),
               (directory, Role("operator", "", ALL_TENANTS), []), (directory, Role("maintenance"), [])]
     wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
@@ -190,8 +222,9 @@ def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
 def register(subparsers: argparse._SubParsersAction) -> None:
     certs = subparsers.add_parser("certs", help="make a local CA and a certificate per role")
     actions = certs.add_subparsers(dest="certs_command", required=True)
-    init = actions.add_parser("init", help="create DIR with ca.pem, the agent CA the enrollment issuer signs "
-                              "with (agent-ca.pem/.key), and coordinator, client (runtime), operator, "
+    init = actions.add_parser("init", help="create DIR with ca.pem, the agent and session CAs the enrollment "
+                              "issuer signs with (agent-ca.pem/.key, session-ca.pem/.key), and coordinator, "
+                              "client (runtime), operator, "
                               "maintenance and any --agent-host certificates")
     init.add_argument("directory", type=Path)
     init.add_argument("--add-missing", action="store_true",

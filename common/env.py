@@ -17,3 +17,8 @@ PROVIDER = "HOLDFAST_PROVIDER"
 PROVIDER_HANDLE = "HOLDFAST_PROVIDER_HANDLE"  # the newest handle of the chain, to resume from
 HOST_ID = "HOLDFAST_HOST_ID"
 TLS_DIR = "HOLDFAST_TLS_DIR"
+# A session pod's enrollment (docs/tenants.md, Session pods); the agent reads the same names.
+ENROLL = "HOLDFAST_ENROLL"                        # the issuer's host:port: enroll for client.pem
+ENROLL_CA = "HOLDFAST_ENROLL_CA"                  # the CA of the issuer's server certificate
+ENROLL_SERVER_NAME = "HOLDFAST_ENROLL_SERVER_NAME"  # the name in it, when not the address's host
+TOKEN_FILE = "HOLDFAST_TOKEN_FILE"                # the projected ServiceAccount token (audience holdfast)

@@ -69,6 +69,8 @@ class Reason(StrEnum):
     TLS_FILE_MISSING = "TLS_FILE_MISSING"      # a certificate or key --tls-dir should hold is not there
     TLS_HANDSHAKE_FAILED = "TLS_HANDSHAKE_FAILED"  # the coordinator's certificate and ours do not trust
     TLS_REQUIRED = "TLS_REQUIRED"              # a plaintext call to a coordinator that answered in TLS
+    ENROLLMENT_REFUSED = "ENROLLMENT_REFUSED"  # the issuer refused this pod's token: no certificate
+    ENROLLMENT_UNAVAILABLE = "ENROLLMENT_UNAVAILABLE"  # the issuer (or its API server) did not answer
     OWNER_ALIVE = "OWNER_ALIVE"                # `recover` refused by the CLI itself: the owner is alive
     GUARD_UNREACHABLE = "GUARD_UNREACHABLE"    # a --guard store failed before any call: nothing was asked
     GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
@@ -210,6 +212,16 @@ TABLE: dict[Reason, Meaning] = {
         None, EX_NOPERM,
         "pass --tls-dir DIR (or set HOLDFAST_TLS_DIR) with certificates of the coordinator's CA (`holdfast "
         "certs init`; a `holdfast up --tls` keeps them in its state directory's tls/)"),
+    Reason.ENROLLMENT_REFUSED: Meaning(
+        None, EX_NOPERM,
+        "the enrollment issuer (HOLDFAST_ENROLL) refused this pod's token, for the reason in the message: "
+        "HOLDFAST_TOKEN_FILE must be a projected ServiceAccount token of audience holdfast, the pod's "
+        "namespace listed in the coordinator's session_namespaces, HOLDFAST_HOST_ID the pod's "
+        "spec.nodeName (docs/tenants.md, Session pods)"),
+    Reason.ENROLLMENT_UNAVAILABLE: Meaning(
+        None, EX_UNAVAILABLE,
+        "the enrollment issuer at HOLDFAST_ENROLL (or the API server it asks) did not answer: check the "
+        "address, the coordinator's --enroll-listen and its log, then retry"),
     Reason.TLS_HANDSHAKE_FAILED: Meaning(
         None, EX_NOPERM,
         "a certificate problem, not a missing coordinator: the coordinator's certificate is not from the "

@@ -44,7 +44,8 @@ class Material:
 def role_files(directory: Path, role: tls.Role) -> list[Path]:
     """The files a role's TLS credentials are read from: key, certificate, and the trust bundle's."""
     return [directory / f"{role.file_stem}.key", directory / f"{role.file_stem}.pem",
-            directory / "ca.pem", directory / f"{tls.AGENT_CA_STEM}.pem"]
+            directory / "ca.pem", directory / f"{tls.AGENT_CA_STEM}.pem",
+            directory / f"{tls.SESSION_CA_STEM}.pem"]
 
 
 def files_stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:

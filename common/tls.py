@@ -40,6 +40,11 @@ ETCD_SUBDIR = "etcd"
 # only ca.pem and this CA are trusted, so the issuer name tells which of the two signed it.
 AGENT_CA_STEM = "agent-ca"
 AGENT_CA_NAME = "holdfast agent CA (agent roles only)"
+# The session CA, the issuer's key for session pods (docs/tenants.md): a certificate it issued is a
+# runtime of exactly one tenant or nothing, so a pod's token can never mint an operator, an agent,
+# a maintenance job, a coordinator or an all-tenants identity, whatever SANs a CSR smuggled in.
+SESSION_CA_STEM = "session-ca"
+SESSION_CA_NAME = "holdfast session CA (one tenant's client role only)"
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ def role_of_certificate(cert: x509.Certificate) -> Role | None:
         if tenant is None or (tenant == ALL_TENANTS and role.kind != "operator"):
             return None
         role = Role(role.kind, role.name, tenant)
-    return None if role.kind != "agent" and is_agent_ca_issued(cert) else role
+    return role if issuer_admits(cert, role) else None
 
 
 def tenant_from_uri(uri: str) -> str | None:
@@ -107,11 +112,17 @@ def tenant_from_uri(uri: str) -> str | None:
     return tenant if tenant == ALL_TENANTS or TENANT.fullmatch(tenant) else None
 
 
-def is_agent_ca_issued(cert: x509.Certificate) -> bool:
+def issuer_admits(cert: x509.Certificate, role: Role) -> bool:
+    """Whether the CA that signed `cert` may give `role`: the agent CA agent roles only, the session
+    CA a client of one named tenant only, ca.pem any role."""
     from cryptography import x509  # as in role_of_certificate
 
-    names = cert.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
-    return any(name.value == AGENT_CA_NAME for name in names)
+    names = {name.value for name in cert.issuer.get_attributes_for_oid(x509.NameOID.COMMON_NAME)}
+    if AGENT_CA_NAME in names:
+        return role.kind == "agent"
+    if SESSION_CA_NAME in names:
+        return role.kind == "client" and bool(role.tenant) and role.tenant != ALL_TENANTS
+    return True
 
 
 def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
@@ -133,10 +144,10 @@ def _read(directory: Path, name: str) -> bytes:
 
 
 def trust_bundle(directory: Path) -> bytes:
-    """ca.pem, plus agent-ca.pem where it is: enrolled agents' certificates come from the latter."""
-    agent_ca = directory / f"{AGENT_CA_STEM}.pem"
-    extra = agent_ca.read_bytes() if agent_ca.exists() else b""
-    return _read(directory, "ca.pem") + extra
+    """ca.pem, plus agent-ca.pem and session-ca.pem where they are: enrolled agents' and session
+    pods' certificates come from those."""
+    extra = [directory / f"{stem}.pem" for stem in (AGENT_CA_STEM, SESSION_CA_STEM)]
+    return _read(directory, "ca.pem") + b"".join(path.read_bytes() for path in extra if path.exists())
 
 
 def server_credentials(directory: Path, role: Role) -> grpc.ServerCredentials:

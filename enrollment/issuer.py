@@ -1,9 +1,11 @@
-"""The enrollment issuer: holdfast.v1.Enrollment/Enroll on its own server-auth-only TLS listener.
+"""The enrollment issuer: holdfast.v1.Enrollment on its own server-auth-only TLS listener.
 
-Guarantee: a certificate is signed only after every rule of holdfast.enrollment.issuer_rules
+Guarantee: an agent certificate is signed only after every rule of holdfast.enrollment.issuer_rules
 admitted the request against the API server's answers of this call (TokenReview, the bound pod,
-its node), and only ever with the agent CA's key, for `holdfast://agent/<the pod's node>`; every
-decision is logged with its reason, and a refusal signs nothing. The API server is asked through
+its node), and only ever with the agent CA's key, for `holdfast://agent/<the pod's node>`; a session
+certificate only after every rule of holdfast.enrollment.session_rules admitted it, only with the
+session CA's key, for `holdfast://client` of the pod's namespace's tenant; every decision is logged
+with its reason, and a refusal signs nothing. The API server is asked through
 the official `kubernetes` client (in-cluster configuration unless an API URL is given); its calls
 are blocking, so they run on a worker thread, never on the event loop.
 """
@@ -15,9 +17,10 @@ import datetime
 import functools
 import json
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from cryptography import x509
@@ -28,14 +31,19 @@ from prometheus_client import Counter
 from holdfast.common import certs, reasons, tls
 from holdfast.common import serving as serving_
 from holdfast.enrollment import issuer_rules as rules
+from holdfast.enrollment import session_rules
 from holdfast.v1 import enrollment_pb2 as pb
 from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
 
 log = logging.getLogger("holdfast.enrollment")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Enrollment"].full_name
 DEFAULT_LIFETIME = datetime.timedelta(hours=24)
+# A session pod's certificate lives an hour, as its projected token does (docs/decisions.md): no
+# revocation list exists, so a deleted pod's key is good for at most what is left of that hour.
+DEFAULT_SESSION_LIFETIME = datetime.timedelta(hours=1)
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 API_TIMEOUT_SECONDS = 5.0
+Answer = TypeVar("Answer", pb.EnrollResponse, pb.EnrollSessionResponse)
 ENROLLMENTS = Counter("holdfast_enrollments", "Enroll calls, by outcome (signed or the refusal reason)",
                       ["outcome"])
 
@@ -120,6 +128,45 @@ def identify(kube: KubeReader, namespace: str, csr: x509.CertificateSigningReque
     return rules.Identity(node, node_uid, claim.pod_name, claim.pod_uid)
 
 
+def identify_session(kube: KubeReader, policy: session_rules.SessionPolicy,
+                     csr: x509.CertificateSigningRequest, token: str,
+                     said_node: str) -> session_rules.SessionIdentity:
+    """Blocking: as `identify`, for a session pod. A namespace the policy does not allow is refused
+    before its pod is read."""
+    try:
+        review = kube.token_review(token, [rules.AUDIENCE])
+        claim = session_rules.check_review(review, token)
+        tenant = policy.tenant(claim.namespace)
+        pod = rules.found_pod(kube.read_pod(claim.namespace, claim.pod.pod_name), claim.pod)
+        session_rules.check_pod(pod, claim, said_node)
+        node = rules.running_node(pod, claim.pod)
+        rules.check_node(kube.read_node(node), node, claim.pod)
+    except rules.Refusal:
+        raise
+    except Exception as exc:  # as in identify
+        why = f"the API server did not answer: {type(exc).__name__}: {str(exc)[:200]}"
+        raise rules.Refusal(rules.Reason.ISSUER_UNAVAILABLE, why) from None
+    session_rules.check_csr(csr, tenant)
+    return session_rules.SessionIdentity(tenant, session_rules.spiffe_id(policy.trust_domain, claim),
+                                         claim.pod.pod_uid, node)
+
+
+@dataclass(frozen=True)
+class SessionSigning:
+    """The session CA and what it may sign: which namespaces, as which tenants, for how long."""
+
+    ca_key: ec.EllipticCurvePrivateKey
+    ca_cert: x509.Certificate
+    policy: session_rules.SessionPolicy
+    lifetime: datetime.timedelta = DEFAULT_SESSION_LIFETIME
+
+    @classmethod
+    def from_dir(cls, tls_dir: Path, policy: session_rules.SessionPolicy,
+                 lifetime: datetime.timedelta = DEFAULT_SESSION_LIFETIME) -> SessionSigning:
+        key, cert = certs.load_ca(tls_dir, tls.SESSION_CA_STEM)
+        return cls(key, cert, policy, lifetime)
+
+
 @dataclass
 class Issuer:
     """Checks a request with the API server and signs with the agent CA."""
@@ -130,13 +177,15 @@ class Issuer:
     trust: bytes
     namespace: str
     lifetime: datetime.timedelta = DEFAULT_LIFETIME
+    sessions: SessionSigning | None = None
     issued: int = field(default=0)
 
     @classmethod
     def from_dir(cls, tls_dir: Path, kube: KubeReader, namespace: str,
-                 lifetime: datetime.timedelta = DEFAULT_LIFETIME) -> Issuer:
+                 lifetime: datetime.timedelta = DEFAULT_LIFETIME,
+                 sessions: SessionSigning | None = None) -> Issuer:
         key, cert = certs.load_ca(tls_dir, tls.AGENT_CA_STEM)
-        return cls(kube, key, cert, tls.trust_bundle(tls_dir), namespace, lifetime)
+        return cls(kube, key, cert, tls.trust_bundle(tls_dir), namespace, lifetime, sessions)
 
     async def enroll(self, csr_pem: bytes, token: str) -> pb.EnrollResponse:
         rules.check_sizes(csr_pem, token)
@@ -155,14 +204,45 @@ class Issuer:
                                  ca_bundle_pem=self.trust, node=identity.node,
                                  not_after_unix=int(cert.not_valid_after_utc.timestamp()))
 
+    async def enroll_session(self, csr_pem: bytes, token: str, node: str) -> pb.EnrollSessionResponse:
+        rules.check_sizes(csr_pem, token)
+        if self.sessions is None:
+            raise rules.Refusal(rules.Reason.NAMESPACE_NOT_ALLOWED, "this issuer signs no session "
+                                "certificates (the coordinator's session_namespaces setting is empty)")
+        csr = rules.parse_csr(csr_pem)
+        signing = self.sessions
+        identity = await asyncio.to_thread(identify_session, self.kube, signing.policy, csr, token, node)
+        public_key = csr.public_key()
+        assert isinstance(public_key, ec.EllipticCurvePublicKey)  # parse_csr admitted only P-256
+        cert = certs.sign_session(signing.ca_key, signing.ca_cert, public_key, identity.uris(),
+                                  signing.lifetime)
+        self.issued += 1
+        log.info("session enrollment signed", extra={"fields": {
+            "tenant": identity.tenant, "spiffe_id": identity.spiffe_id, "pod_uid": identity.pod_uid,
+            "node": identity.node, "serial": format(cert.serial_number, "x"),
+            "not_after": cert.not_valid_after_utc.isoformat()}})
+        return pb.EnrollSessionResponse(certificate_pem=cert.public_bytes(serialization.Encoding.PEM),
+                                        ca_bundle_pem=self.trust, tenant=identity.tenant,
+                                        spiffe_id=identity.spiffe_id,
+                                        not_after_unix=int(cert.not_valid_after_utc.timestamp()))
+
 
 class EnrollmentService(pb_grpc.EnrollmentServicer):
     def __init__(self, issuer: Issuer) -> None:
         self.issuer = issuer
 
     async def Enroll(self, request: pb.EnrollRequest, context: grpc.aio.ServicerContext) -> pb.EnrollResponse:
+        return await self._answer(self.issuer.enroll(request.csr_pem, request.token), context)
+
+    async def EnrollSession(self, request: pb.EnrollSessionRequest,
+                            context: grpc.aio.ServicerContext) -> pb.EnrollSessionResponse:
+        return await self._answer(self.issuer.enroll_session(request.csr_pem, request.token, request.node),
+                                  context)
+
+    async def _answer(self, signing: Awaitable[Answer], context: grpc.aio.ServicerContext) -> Answer:
+        """The signed answer, or the refusal as its ErrorInfo reason; each one counted and logged."""
         try:
-            response = await self.issuer.enroll(request.csr_pem, request.token)
+            response = await signing
         except rules.Refusal as refusal:
             ENROLLMENTS.labels(refusal.reason.value).inc()
             log.warning("enrollment refused", extra={"fields": {"reason": refusal.reason.value,

@@ -56,6 +56,8 @@ class Reason(StrEnum):
     POD_NOT_BOUND = "POD_NOT_BOUND"                # not a running pod of the holdfast-agent DaemonSet
     NODE_MISMATCH = "NODE_MISMATCH"
     NODE_NOT_FOUND = "NODE_NOT_FOUND"
+    NAMESPACE_NOT_ALLOWED = "NAMESPACE_NOT_ALLOWED"  # a session pod's namespace the issuer's table lacks
+    ROLE_NOT_ALLOWED = "ROLE_NOT_ALLOWED"            # a session CSR asking for more than its client role
     ISSUER_UNAVAILABLE = "ISSUER_UNAVAILABLE"      # the API server did not answer: retry
 
 
@@ -65,7 +67,8 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.ISSUER_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     **{reason: grpc.StatusCode.PERMISSION_DENIED for reason in (
         Reason.TOKEN_REJECTED, Reason.WRONG_AUDIENCE, Reason.WRONG_SERVICE_ACCOUNT, Reason.POD_NOT_FOUND,
-        Reason.POD_NOT_BOUND, Reason.NODE_MISMATCH, Reason.NODE_NOT_FOUND)},
+        Reason.POD_NOT_BOUND, Reason.NODE_MISMATCH, Reason.NODE_NOT_FOUND, Reason.NAMESPACE_NOT_ALLOWED,
+        Reason.ROLE_NOT_ALLOWED)},
 }
 
 
@@ -156,8 +159,9 @@ def _first(extra: dict[str, Any], key: str) -> str:
     return values[0] if len(values) == 1 and isinstance(values[0], str) else ""
 
 
-def check_review(review: dict[str, Any], token: str, namespace: str) -> PodClaim:
-    """A TokenReview answer (apis/authentication.k8s.io/v1) -> the pod the token is bound to."""
+def authenticated_user(review: dict[str, Any], token: str) -> dict[str, Any]:
+    """A TokenReview answer (apis/authentication.k8s.io/v1) -> the user it authenticated for
+    audience holdfast."""
     status = review.get("status") or {}
     if not status.get("authenticated"):
         error = str(status.get("error") or "not authenticated")[:300]
@@ -169,12 +173,11 @@ def check_review(review: dict[str, Any], token: str, namespace: str) -> PodClaim
     if AUDIENCE not in (status.get("audiences") or []):
         raise Refusal(Reason.WRONG_AUDIENCE, f"the token was authenticated for {status.get('audiences')}, "
                       f"not audience {AUDIENCE!r}")
-    user = status.get("user") or {}
-    wanted = f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
-    username = str(user.get("username", ""))
-    if username != wanted:
-        raise Refusal(Reason.WRONG_SERVICE_ACCOUNT, f"the token is {username[:253]!r}'s; only {wanted!r} "
-                      "(the holdfast-agent DaemonSet's service account) may enroll")
+    return status.get("user") or {}
+
+
+def pod_claim(user: dict[str, Any]) -> PodClaim:
+    """The pod (and node) an authenticated bound token names."""
     extra = user.get("extra") or {}
     claim = PodClaim(_first(extra, EXTRA_POD_NAME), _first(extra, EXTRA_POD_UID),
                      _first(extra, EXTRA_NODE_NAME), _first(extra, EXTRA_NODE_UID))
@@ -184,19 +187,42 @@ def check_review(review: dict[str, Any], token: str, namespace: str) -> PodClaim
     return claim
 
 
-def check_pod(pod: dict[str, Any] | None, claim: PodClaim) -> str:
-    """The pod read by name (None: 404) -> the node it runs on."""
+def check_review(review: dict[str, Any], token: str, namespace: str) -> PodClaim:
+    """A TokenReview answer -> the holdfast-agent pod the token is bound to."""
+    user = authenticated_user(review, token)
+    wanted = f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
+    username = str(user.get("username", ""))
+    if username != wanted:
+        raise Refusal(Reason.WRONG_SERVICE_ACCOUNT, f"the token is {username[:253]!r}'s; only {wanted!r} "
+                      "(the holdfast-agent DaemonSet's service account) may enroll")
+    return pod_claim(user)
+
+
+def found_pod(pod: dict[str, Any] | None, claim: PodClaim) -> dict[str, Any]:
+    """The pod read by name (None: 404) -> the pod, if it is the one the token is bound to."""
     if pod is None:
         raise Refusal(Reason.POD_NOT_FOUND, f"pod {claim.pod_name!r} the token is bound to does not exist")
     meta = pod.get("metadata") or {}
     if meta.get("uid") != claim.pod_uid:
         raise Refusal(Reason.POD_NOT_FOUND, f"pod {claim.pod_name!r} (uid {claim.pod_uid}) is gone; a pod "
                       f"of that name now has uid {meta.get('uid')}")
+    return pod
+
+
+def check_pod(pod: dict[str, Any] | None, claim: PodClaim) -> str:
+    """The pod read by name (None: 404) -> the node it runs on."""
+    found = found_pod(pod, claim)
+    meta = found.get("metadata") or {}
     owners = [(o.get("kind"), o.get("name")) for o in meta.get("ownerReferences") or []
               if o.get("controller", True)]
     if ("DaemonSet", DAEMONSET) not in owners:
         raise Refusal(Reason.POD_NOT_BOUND, f"pod {claim.pod_name!r} is owned by {owners[:4]}, not the "
                       f"DaemonSet {DAEMONSET!r}")
+    return running_node(found, claim)
+
+
+def running_node(pod: dict[str, Any], claim: PodClaim) -> str:
+    """The node a Running pod is on, if it is the node the token names (when it names one)."""
     phase = (pod.get("status") or {}).get("phase")
     if phase != "Running":
         raise Refusal(Reason.POD_NOT_BOUND, f"pod {claim.pod_name!r} is {phase}, not Running")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1choldfast/v1/enrollment.proto\x12\x0bholdfast.v1\"/\n\rEnrollRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\r\n\x05token\x18\x02 \x01(\t\"f\n\x0e\x45nrollResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x15\n\rca_bundle_pem\x18\x02 \x01(\x0c\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x16\n\x0enot_after_unix\x18\x04 \x01(\x03\x32O\n\nEnrollment\x12\x41\n\x06\x45nroll\x12\x1a.holdfast.v1.EnrollRequest\x1a\x1b.holdfast.v1.EnrollResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1choldfast/v1/enrollment.proto\x12\x0bholdfast.v1\"/\n\rEnrollRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\r\n\x05token\x18\x02 \x01(\t\"f\n\x0e\x45nrollResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x15\n\rca_bundle_pem\x18\x02 \x01(\x0c\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x16\n\x0enot_after_unix\x18\x04 \x01(\x03\"D\n\x14\x45nrollSessionRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"\x82\x01\n\x15\x45nrollSessionResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x15\n\rca_bundle_pem\x18\x02 \x01(\x0c\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x11\n\tspiffe_id\x18\x04 \x01(\t\x12\x16\n\x0enot_after_unix\x18\x05 \x01(\x03\x32\xa7\x01\n\nEnrollment\x12\x41\n\x06\x45nroll\x12\x1a.holdfast.v1.EnrollRequest\x1a\x1b.holdfast.v1.EnrollResponse\x12V\n\rEnrollSession\x12!.holdfast.v1.EnrollSessionRequest\x1a\".holdfast.v1.EnrollSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENROLLREQUEST']._serialized_end=92
   _globals['_ENROLLRESPONSE']._serialized_start=94
   _globals['_ENROLLRESPONSE']._serialized_end=196
-  _globals['_ENROLLMENT']._serialized_start=198
-  _globals['_ENROLLMENT']._serialized_end=277
+  _globals['_ENROLLSESSIONREQUEST']._serialized_start=198
+  _globals['_ENROLLSESSIONREQUEST']._serialized_end=266
+  _globals['_ENROLLSESSIONRESPONSE']._serialized_start=269
+  _globals['_ENROLLSESSIONRESPONSE']._serialized_end=399
+  _globals['_ENROLLMENT']._serialized_start=402
+  _globals['_ENROLLMENT']._serialized_end=569
 # @@protoc_insertion_point(module_scope)

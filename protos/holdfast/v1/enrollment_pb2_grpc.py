@@ -39,12 +39,23 @@ class EnrollmentStub:
                 request_serializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollResponse.FromString,
                 _registered_method=True)
+        self.EnrollSession = channel.unary_unary(
+                '/holdfast.v1.Enrollment/EnrollSession',
+                request_serializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollSessionRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollSessionResponse.FromString,
+                _registered_method=True)
 
 
 class EnrollmentServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Enroll(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnrollSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_EnrollmentServicer_to_server(servicer, server):
                     servicer.Enroll,
                     request_deserializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollResponse.SerializeToString,
+            ),
+            'EnrollSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnrollSession,
+                    request_deserializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollSessionRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_enrollment__pb2.EnrollSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class Enrollment:
             '/holdfast.v1.Enrollment/Enroll',
             holdfast_dot_v1_dot_enrollment__pb2.EnrollRequest.SerializeToString,
             holdfast_dot_v1_dot_enrollment__pb2.EnrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnrollSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/holdfast.v1.Enrollment/EnrollSession',
+            holdfast_dot_v1_dot_enrollment__pb2.EnrollSessionRequest.SerializeToString,
+            holdfast_dot_v1_dot_enrollment__pb2.EnrollSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
