@@ -258,12 +258,19 @@ class _Root:
             self.placed = True
             return
         old = _mkdtemp(self.parent, self.beside("old"))
-        os.rename(self.base, f"{old}/was", src_dir_fd=self.parent, dst_dir_fd=self.parent)
+        try:
+            os.rename(self.base, f"{old}/was", src_dir_fd=self.parent, dst_dir_fd=self.parent)
+        except OSError:  # a mount point, another user's name in a sticky directory: no holder left
+            os.rmdir(old, dir_fd=self.parent)
+            raise
         try:
             os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
         except OSError:
-            os.rename(f"{old}/was", self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
-            os.rmdir(old, dir_fd=self.parent)
+            try:
+                os.rename(f"{old}/was", self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
+                os.rmdir(old, dir_fd=self.parent)
+            except OSError as exc:
+                self.notes.append(f"what was there before is kept in '{old}/was' beside it ({exc.strerror})")
             raise
         self.placed = True
         try:

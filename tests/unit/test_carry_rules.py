@@ -580,3 +580,33 @@ def test_a_root_this_run_does_not_name_is_said_without_its_control_characters(tm
     said = restore(m, b"x", ["notes"], str(tmp_path))
     assert "\x1b" not in "".join(said) and "\n" not in "".join(said)
     assert said[0].startswith("carried 'evil\\x1b[2J\\nholdfast: restored' not restored")
+
+
+@pytest.mark.parametrize("failing", [("notes",), (".notes.holdfast-restore-", "/was")])
+def test_a_put_in_place_that_fails_leaves_no_unsaid_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: tuple[str, ...]
+) -> None:
+    """The local root cannot be moved aside (a mount point, another user's in a sticky /tmp): the
+    empty '.notes.holdfast-old-*' holder stayed, unsaid. The copy cannot be renamed in and the
+    local root cannot be put back: the local files stayed in the holder while the message said
+    nothing was put in place."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "local").write_text("mine")
+    real_rename = os.rename
+
+    def rename(src: str, dst: str, **kwargs: object) -> None:
+        if any(src.startswith(f) or src.endswith(f) for f in failing):
+            raise PermissionError(1, "Operation not permitted")
+        real_rename(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(ClientError) as failed:
+        restore(deep_copy(0, hashlib.sha256(b"x").hexdigest()), b"x", ["notes"], str(tmp_path))
+    monkeypatch.undo()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    if left == ["notes"]:
+        assert (tmp_path / "notes" / "local").read_text() == "mine"
+    else:
+        [holder] = [name for name in left if name.startswith(".notes.holdfast-old-")]
+        assert f"kept in '{holder}/was'" in failed.value.message
+        assert (tmp_path / holder / "was" / "local").read_text() == "mine"
