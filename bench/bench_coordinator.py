@@ -91,7 +91,7 @@ def register_host(coordinator: str, host: SimulatedHost) -> None:
 async def spawn_owner(host: SimulatedHost) -> tuple[asyncio.subprocess.Process, pb.GateSpawn]:
     """A gate as `run` spawns it before its Acquire: a token carrier inside the simulated host
     (exits when its stdin closes), and what an Acquire that commits it at its grant carries."""
-    secret = spawn_tokens.mint_secret()
+    secret = spawn_tokens.mint_spawn_secret()
     child = await asyncio.create_subprocess_exec(
         "nsenter",
         "--target",

@@ -33,7 +33,7 @@ async def populate(url: str, n: int = N) -> None:
         for i in range(start, start + 100):
             rec = records.new_record(f"session-{i:06d}", "codex", "/work")
             rec.lease.fence, rec.lease.claim_status = 1, pb.RELEASED
-            rec.lease.grant_secret_hash = fencing.hash_secret(fencing.mint_secret())
+            rec.lease.grant_secret_hash = fencing.hash_secret(fencing.mint_grant_secret())
             puts.append(Put(store.key("sessions", rec.session_id), records.encode(rec)))
         await store.txn([], puts)
     await store.close()

@@ -203,7 +203,7 @@ class Owner:
                      carried: tuple[list[str], int, carry.Absent]) -> Owner:
         workdir = grantdir.make()  # mode 0700; a dead run's is removed by the next one
         grant_file = os.path.join(workdir, GRANT_FILE)
-        secret = spawn_tokens.mint_secret()
+        secret = spawn_tokens.mint_spawn_secret()
         token, token_env = spawn_tokens.spawn_token_for(secret), spawn_tokens.expected_variable()
         guarded = [guard.url for guard in guards]
         gate: Gate | None = None

@@ -15,7 +15,7 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 OPERATION_ID = re.compile(r"^[0-9a-f]{32}$")
 HOST_ID = re.compile(r"^[A-Za-z0-9._-]{1,253}$")
 SPAWN_TOKEN = re.compile(r"^[0-9a-f]{32}$")   # the form of common/spawn_tokens.spawn_token_for
-SPAWN_SECRET = re.compile(r"^[0-9a-f]{64}$")  # the form of common/spawn_tokens.mint_secret
+SPAWN_SECRET = re.compile(r"^[0-9a-f]{64}$")  # the form of common/spawn_tokens.mint_spawn_secret
 MAX_FENCE = 2**63 - 1
 
 

@@ -24,7 +24,7 @@ def random_hex(nbytes: int) -> str:
     return os.urandom(nbytes).hex()
 
 
-def mint_secret() -> str:
+def mint_spawn_secret() -> str:
     return random_hex(32)
 
 

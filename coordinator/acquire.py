@@ -297,7 +297,7 @@ class Acquisition:
         lease.handoff_stage = pb.FORCE_PENDING
         lease.handoff_operation_hash = self.ask.operation_hash
         lease.handoff_requested_by_host = request.host_id
-        return await parts.sessions.transition_at(entry, record, "force-pending", request.host_id,
+        return await parts.sessions.transition_entry(entry, record, "force-pending", request.host_id,
                                                   reads=gates.reads)
 
     async def ask_owner(self, entry: Entry | None, record: pb.SessionRecord, gates: GrantGates,
@@ -307,7 +307,7 @@ class Acquisition:
         grant of this very operation meanwhile must not be asked to end); returns the record's new
         entry, None when the transaction lost. Refuses (writing nothing) when a gate is closed."""
         gates.judge()
-        return await self.parts.sessions.transition_at(entry, record, "handoff-requested", gates.host_id,
+        return await self.parts.sessions.transition_entry(entry, record, "handoff-requested", gates.host_id,
                                                        reads=[replay, *gates.reads])
 
     # --- wait for the exit ----------------------------------------------------------------------
@@ -337,7 +337,7 @@ class Acquisition:
             record.tenant = record.tenant or self.caller.tenant  # a revived id stays its tenant's
             reads += revival
         old = record.lease
-        secret, at = fencing.mint_secret(), now_ms()
+        secret, at = fencing.mint_grant_secret(), now_ms()
         # A gate's token is its own (its run minted the secret it derives from); else a fresh one.
         token = self.gate_token or fencing.mint_spawn_token()
         lease = pb.Lease(

@@ -23,7 +23,7 @@ def next_fence(fence: int, minimum_next_fence: int) -> int:
     return max(fence + 1, minimum_next_fence)
 
 
-def mint_secret() -> str:
+def mint_grant_secret() -> str:
     return secrets.token_hex(32)
 
 

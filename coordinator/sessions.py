@@ -69,9 +69,10 @@ class Sessions:
         extra: tuple[Put, ...] = (),
         reads: Sequence[Seen] = (),
     ) -> bool:
-        return await self.transition_at(entry, record, transition, detail, extra, reads) is not None
+        """`transition_entry`, saying only whether the transaction applied."""
+        return await self.transition_entry(entry, record, transition, detail, extra, reads) is not None
 
-    async def transition_at(
+    async def transition_entry(
         self,
         entry: Entry | None,
         record: pb.SessionRecord,

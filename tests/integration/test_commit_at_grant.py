@@ -70,13 +70,13 @@ def test_a_process_is_attested_only_for_the_secret_of_its_token(cluster: Cluster
     writes nothing and leaves the process in its cgroup; only its own secret makes it an owner."""
     a = cluster.host("host-a")
     sid = "sess-named-gate"
-    secret = spawn_tokens.mint_secret()
+    secret = spawn_tokens.mint_spawn_secret()
     token = spawn_tokens.spawn_token_for(secret)
     victim = a.spawn(["sleep", "600"], env={**os.environ, VAR: token})
     try:
         pid, outer = a.host_pid(victim), a.outer_pid(victim)
         before = Path(f"/proc/{outer}/cgroup").read_text()
-        for guess in (spawn_tokens.mint_secret(), token + token):
+        for guess in (spawn_tokens.mint_spawn_secret(), token + token):
             gate = pb.GateSpawn(pid_hint=pid, token_secret=guess, spawn_token_env=VAR)
             request = pb.AcquireRequest(session_id=sid, host_id="host-a", operation_id=secrets.token_hex(16),
                                         live_on_commit=True, gate=gate)
@@ -103,7 +103,7 @@ def test_a_takeover_whose_gate_cannot_be_attested_asks_nothing_of_the_owner(clus
     sid = "sess-takeover-bad-gate"
     with frozen_owner(cluster, a, sid) as (first, child):
         before = cluster.record(sid)
-        gate = pb.GateSpawn(pid_hint=1, token_secret=spawn_tokens.mint_secret(), spawn_token_env=VAR)
+        gate = pb.GateSpawn(pid_hint=1, token_secret=spawn_tokens.mint_spawn_secret(), spawn_token_env=VAR)
         request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=secrets.token_hex(16),
                                     takeover=True, wait_seconds=5, live_on_commit=True, gate=gate)
         assert refused(cluster, request) == "ATTESTATION_FAILED"
@@ -124,7 +124,7 @@ def test_a_forced_takeover_whose_gate_cannot_be_attested_kills_nothing_and_write
         before = cluster.record(sid)
         # A gate pid carrying no token of this secret: the force is honoured for this operation,
         # and would kill A's tree, but the gate is attested first.
-        gate = pb.GateSpawn(pid_hint=1, token_secret=spawn_tokens.mint_secret(), spawn_token_env=VAR)
+        gate = pb.GateSpawn(pid_hint=1, token_secret=spawn_tokens.mint_spawn_secret(), spawn_token_env=VAR)
         request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
                                     force=True, live_on_commit=True, gate=gate)
         assert refused(cluster, request) == "ATTESTATION_FAILED"
@@ -149,7 +149,7 @@ def test_a_takeover_replaying_an_earlier_runs_grant_releases_it_and_is_granted_a
     (state / "holdfast" / "takeovers").mkdir(parents=True, mode=0o700)
     (state / "holdfast" / "takeovers" / f"host-b.{sid}").write_text(operation)
     # The earlier run: its gate committed by its grant under that operation id, then gone with it.
-    secret = spawn_tokens.mint_secret()
+    secret = spawn_tokens.mint_spawn_secret()
     earlier = b.spawn(["sleep", "600"], env={**os.environ, VAR: spawn_tokens.spawn_token_for(secret)})
     gate = pb.GateSpawn(pid_hint=b.host_pid(earlier), token_secret=secret, spawn_token_env=VAR)
     granted = cluster.stub.Acquire(pb.AcquireRequest(

@@ -36,7 +36,7 @@ def test_channel_target_lists_every_endpoint() -> None:
 async def test_fenced_write_is_one_compare_on_the_fence_key(etcd: EtcdServer, prefix: str) -> None:
     store = Store.connect(etcd.url, prefix=prefix)
     try:
-        secret = fencing.mint_secret()
+        secret = fencing.mint_grant_secret()
         fence_key = store.key("fence", "s1")
         live = fencing.fence_value(7, pb.LIVE, fencing.hash_secret(secret))
         assert (await store.txn([absent(fence_key)], [Put(fence_key, live.encode())]))[0]
@@ -45,7 +45,7 @@ async def test_fenced_write_is_one_compare_on_the_fence_key(etcd: EtcdServer, pr
                                 [Put(data, b"v1")])
         assert ok
         # An old grant and a wrong secret both fail the same compare and write nothing.
-        for fence, sec in ((6, secret), (7, fencing.mint_secret())):
+        for fence, sec in ((6, secret), (7, fencing.mint_grant_secret())):
             expected = fencing.expected_fence_value(fence, pb.LIVE, sec)
             ok, _ = await store.txn([value_equals(fence_key, expected)], [Put(data, b"evil")])
             assert not ok

@@ -494,7 +494,7 @@ async def test_a_grant_compares_both_readings_of_a_registration_it_read_twice(
         owners[0].wait(5)
         gate = None
         if gated:
-            secret = spawn_tokens.mint_secret()
+            secret = spawn_tokens.mint_spawn_secret()
             owners.append(subprocess.Popen(["sleep", "300"], env={
                 **os.environ, grant.spawn_token_env: spawn_tokens.spawn_token_for(secret)}))
             gate = pb.GateSpawn(pid_hint=owners[-1].pid, token_secret=secret,

@@ -10,18 +10,18 @@ from holdfast.v1 import coordinator_pb2 as pb
 
 
 def test_fence_value_layout_and_secret_binding() -> None:
-    secret = fencing.mint_secret()
+    secret = fencing.mint_grant_secret()
     value = fencing.fence_value(7, pb.LIVE, fencing.hash_secret(secret))
     assert value == f"7:live:{fencing.hash_secret(secret)}"
     assert fencing.expected_fence_value(7, pb.LIVE, secret) == value
     assert fencing.expected_fence_value(6, pb.LIVE, secret) != value
     assert fencing.expected_fence_value(7, pb.COMMITTED, secret) != value
-    assert fencing.expected_fence_value(7, pb.LIVE, fencing.mint_secret()) != value
+    assert fencing.expected_fence_value(7, pb.LIVE, fencing.mint_grant_secret()) != value
     assert secret not in value
 
 
 def test_secret_matches_only_its_hash() -> None:
-    secret = fencing.mint_secret()
+    secret = fencing.mint_grant_secret()
     assert fencing.secret_matches(secret, fencing.hash_secret(secret))
     assert not fencing.secret_matches(secret, "")
     assert not fencing.secret_matches("", fencing.hash_secret(secret))
