@@ -98,11 +98,11 @@ def check_handle(handle: str) -> str:
 
 
 def check_cwd(recorded: str, cwd: str) -> None:
-    """Claude Code resumes a transcript only from the directory it was keyed by (elsewhere it answers
-    "No conversation found"), and holdfast carries that directory's transcripts only."""
+    """A session's transcript is carried under the key of the directory it started in: from another
+    directory it would be neither restored nor found (`--resume` answers "No conversation found")."""
     if recorded and recorded != cwd:
         raise ProviderRefused(f"this session's Claude Code transcript is kept for the working directory "
-                              f"{recorded}, and this is {cwd}: Claude Code resumes it only from there. "
+                              f"{recorded}, and this is {cwd}: it is carried and found only from there. "
                               f"Next: cd {recorded} (the same path on this host) and run it again")
 
 
