@@ -47,13 +47,18 @@ def root_name(path: str) -> str:
     expanded, relative paths kept relative (to run's working directory, on whichever host)."""
     if "\0" in path:
         raise CarryRefused(f"--carry {path[:256]!r}: a path holds no NUL byte")
-    name = os.path.normpath(os.path.expanduser(path))
-    if name in (".", "/") or name.startswith("../") or name == "..":
+    return _normal(os.path.expanduser(path), path)
+
+
+def _normal(name: str, given: str) -> str:
+    """`name` normalised; refused if it holds a NUL, is '.' or '/', or goes through '..'."""
+    normal = os.path.normpath(name)
+    if "\0" in name or normal in (".", "/") or normal.startswith("../") or normal == "..":
         raise CarryRefused(
-            f"--carry {path!r}: name a file or directory below the working directory or by "
-            "its absolute path (not '.', '/' or a path through '..')"
+            f"--carry {given[:256]!r}: name a file or directory below the working directory or by "
+            "its absolute path (not '.', '/' or a path through '..'; no NUL)"
         )
-    return name
+    return normal
 
 
 def _shown(path: str) -> str:
@@ -269,7 +274,8 @@ def check_manifest(manifest: pb.CarryManifest) -> None:
         )
     names = [root.path for root in manifest.roots]
     for name in names:
-        if root_name(name) != name:
+        # Normalised, not expanded: expanding '~name' looks the user up, once a root.
+        if _normal(name, name) != name:
             raise CarryRefused(f"carried root {name[:256]!r} is not written in its normalised form")
     overlap = _overlapping(names)
     if overlap:

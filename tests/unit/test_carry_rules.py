@@ -610,3 +610,16 @@ def test_a_put_in_place_that_fails_leaves_no_unsaid_holder(
         [holder] = [name for name in left if name.startswith(".notes.holdfast-old-")]
         assert f"kept in '{holder}/was'" in failed.value.message
         assert (tmp_path / holder / "was" / "local").read_text() == "mine"
+
+
+def test_judging_a_manifest_looks_up_no_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root written '~name' made check_manifest expand it, one passwd lookup a root (NSS, LDAP
+    perhaps) for each of the 45,000 roots a manifest may hold, in the coordinator's event loop."""
+    def no_lookup(path: str) -> str:
+        raise AssertionError(f"looked up {path!r}")
+
+    m = pb.CarryManifest(session_id="sess-unit-tilde")
+    m.roots.add(path="~nobody/notes", kind="dir")
+    m.entries.add(root=0, path="", kind="dir", mode=0o755)
+    monkeypatch.setattr(os.path, "expanduser", no_lookup)
+    check_manifest(m)  # as written: normalised; a restoring run names its roots expanded
