@@ -433,7 +433,7 @@ def test_prometheus_rule_has_the_three_alerts_with_valid_shape() -> None:
     assert alerts.keys() == {"HoldfastSessionIndeterminate", "HoldfastHostUnregistered",
                              "HoldfastCertificateNearExpiry", "HoldfastCertificateExpiring",
                              "HoldfastCertificateRenewalFailing", "HoldfastFenceFailed",
-                             "HoldfastFencedHostAlive", "HoldfastHostLost"}
+                             "HoldfastFencedHostAlive", "HoldfastHostLost", "HoldfastCrossTenantCalls"}
     assert "holdfast_certificate_expiry_seconds" in alerts["HoldfastCertificateExpiring"]
     failing = alerts["HoldfastCertificateRenewalFailing"]
     assert 'holdfast_certificate_renewals_total{outcome="failed"}' in failing
@@ -486,8 +486,10 @@ def test_requirements_lock_pins_the_whole_runtime_closure() -> None:
         if line and not line.startswith("#"):
             name, version = line.split("==")
             pins[name.lower().replace("_", "-")] = version
-    todo = [_requirement_name(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())
-            ["project"]["dependencies"]]
+    # The image serves both servers: the base install and the [agent] and [coordinator] extras.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    todo = [_requirement_name(r) for r in [*project["dependencies"], *extras["agent"], *extras["coordinator"]]]
     seen: set[str] = set()
     while todo:
         name = todo.pop()
