@@ -226,11 +226,17 @@ def test_service_accounts_mount_no_token_and_rbac_is_minimal() -> None:
     for obj in objs:
         if obj["kind"] == "ServiceAccount":
             assert obj["automountServiceAccountToken"] is False
-    # The only cluster-wide grant is the enrollment issuer's: check a token, read a node.
-    (cluster_role,) = [o for o in objs if o["kind"] == "ClusterRole"]
-    assert cluster_role["metadata"]["name"] == "holdfast-enrollment"
-    assert sorted((r["apiGroups"], r["resources"], r["verbs"]) for r in cluster_role["rules"]) == [
+    # The only cluster-wide grant is the enrollment issuer's: check a token, read a node. Reading a
+    # session pod is a ClusterRole bound by no ClusterRoleBinding: each session namespace binds it.
+    cluster_roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole"}
+    assert cluster_roles.keys() == {"holdfast-enrollment", "holdfast-session-enrollment"}
+    rules = {name: sorted((r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"])
+             for name, role in cluster_roles.items()}
+    assert rules["holdfast-enrollment"] == [
         ([""], ["nodes"], ["get"]), (["authentication.k8s.io"], ["tokenreviews"], ["create"])]
+    assert rules["holdfast-session-enrollment"] == [([""], ["pods"], ["get"])]
+    bound = {b["roleRef"]["name"] for b in objs if b["kind"] == "ClusterRoleBinding"}
+    assert bound == {"holdfast-enrollment"}
     for binding in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "holdfast-coordinator",
                                         "namespace": "holdfast"}]
@@ -509,9 +515,9 @@ def _example_pod_spec(obj: Obj) -> Obj:
     return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
 
 
-def test_examples_are_a_session_pod_and_a_job_that_validate() -> None:
+def test_examples_are_a_session_pod_and_a_job_and_their_namespaces_access_that_validate() -> None:
     objs = [d for path in EXAMPLES for d in yaml.safe_load_all(path.read_text()) if d]
-    assert {o["kind"] for o in objs} == {"Pod", "Job"}
+    assert {o["kind"] for o in objs} == {"Pod", "Job", "ServiceAccount", "RoleBinding"}
     for obj in objs:
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -519,7 +525,10 @@ def test_examples_are_a_session_pod_and_a_job_that_validate() -> None:
             pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+SESSIONS = [path for path in EXAMPLES if path.name != "session-access.yaml"]
+
+
+@pytest.mark.parametrize("path", SESSIONS, ids=lambda p: p.name)
 def test_example_session_runs_its_cli_under_holdfast_run_wired_to_the_coordinator(path: Path) -> None:
     (obj,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
     spec = _example_pod_spec(obj)
@@ -539,9 +548,7 @@ def test_example_session_runs_its_cli_under_holdfast_run_wired_to_the_coordinato
     service = one(render("external-etcd"), "Service", "holdfast-coordinator")
     assert service["spec"]["ports"][0]["port"] == 7600
     mounts = _mounts(container)
-    assert env["HOLDFAST_TLS_DIR"]["value"] == mounts["client-tls"]
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["client-tls"]["secret"]["secretName"] == "holdfast-client-tls"
     # `run --takeover` writes its operation id under XDG_STATE_HOME: writable with a read-only root.
     assert env["XDG_STATE_HOME"]["value"] == mounts["state"] and "emptyDir" in volumes["state"]
     # Unprivileged: its tree cannot leave the cgroup the agent nests under the container's, so an
@@ -551,3 +558,69 @@ def test_example_session_runs_its_cli_under_holdfast_run_wired_to_the_coordinato
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+
+
+def _mounted_secrets(spec: Obj) -> list[str]:
+    """Every secret a pod spec mounts, as a volume or as a projected volume's source."""
+    names = [v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v]
+    return names + [source["secret"]["name"] for v in spec.get("volumes", []) if "projected" in v
+                    for source in v["projected"]["sources"] if "secret" in source]
+
+
+@pytest.mark.parametrize("path", SESSIONS, ids=lambda p: p.name)
+def test_example_sessions_mount_no_secret_and_enroll_for_their_own_certificate(path: Path) -> None:
+    """No shared client key: each session pod makes its key in a memory-backed volume and trades its
+    projected token (audience holdfast) for its own certificate at the coordinator's issuer."""
+    (obj,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    spec = _example_pod_spec(obj)
+    (container,) = spec["containers"]
+    assert _mounted_secrets(spec) == []
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    mounts = _mounts(container)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert env["HOLDFAST_TLS_DIR"] == mounts["tls"] and volumes["tls"]["emptyDir"]["medium"] == "Memory"
+    assert not [m for m in container["volumeMounts"] if m["name"] == "tls" and m.get("readOnly")]
+    ((source,),) = [v["projected"]["sources"] for v in spec["volumes"] if "projected" in v]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == "holdfast" and token["expirationSeconds"] <= 3600
+    assert env["HOLDFAST_TOKEN_FILE"] == f"{mounts['enroll-token']}/{token['path']}"
+    assert env["HOLDFAST_ENROLL_CA"].startswith(mounts["ca"] + "/")
+    assert volumes["ca"]["configMap"]["name"] == "holdfast-ca"
+    host, port = env["HOLDFAST_ENROLL"].rsplit(":", 1)
+    service = one(render("external-etcd"), "Service", "holdfast-coordinator")
+    assert host == "holdfast-coordinator.holdfast.svc"
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["enroll"] == int(port)
+    # The ServiceAccount the pod runs as, and the issuer's right to read this namespace's pods.
+    access = {o["kind"]: o for o in yaml.safe_load_all((DEPLOY / "examples" / "session-access.yaml")
+                                                       .read_text()) if o}
+    assert spec["serviceAccountName"] == access["ServiceAccount"]["metadata"]["name"]
+    assert access["ServiceAccount"]["automountServiceAccountToken"] is False
+    binding = access["RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "holdfast-session-enrollment"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "holdfast-coordinator",
+                                    "namespace": "holdfast"}]
+
+
+def test_no_shared_client_key_is_mounted_anywhere_in_deploy() -> None:
+    """Runtime keys are each session pod's own (enrolled): no manifest mounts a client secret, and
+    the coordinator holds the session CA its issuer signs them with."""
+    specs = [_example_pod_spec(d) for path in SESSIONS for d in yaml.safe_load_all(path.read_text()) if d]
+    for overlay in OVERLAYS:
+        objs = render(overlay)
+        specs += [o["spec"]["template"]["spec"] for o in objs
+                  if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+        specs += [o["spec"]["jobTemplate"]["spec"]["template"]["spec"] for o in objs
+                  if o["kind"] == "CronJob"]
+        (tls_volume,) = [v for v in pod_spec(objs, "Deployment", "holdfast-coordinator")["volumes"]
+                         if v["name"] == "tls"]
+        items = {i["path"] for s in tls_volume["projected"]["sources"] if "secret" in s
+                 for i in s["secret"].get("items", [])}
+        assert {"session-ca.pem", "session-ca.key"} <= items, overlay
+    mounted = {name for spec in specs for name in _mounted_secrets(spec)}
+    assert "holdfast-client-tls" not in mounted
+    assert mounted <= {"holdfast-coordinator-tls", "holdfast-agent-ca", "holdfast-session-ca",
+                       "holdfast-etcd-client-tls", "holdfast-etcd-server-tls",
+                       "holdfast-maintenance-tls"}, mounted
+    text = "".join(path.read_text() for path in DEPLOY.rglob("*.yaml"))
+    assert "holdfast-client-tls" not in text and "client.key" not in text
