@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from holdfast.client.errors import ClientError
-from holdfast.common.carry_rules import MAX_LINK_HOPS, CarryRefused, check_manifest, describe, root_name
+from holdfast.common.carry_rules import (
+    MAX_LINK_HOPS,
+    CarryRefused,
+    check_manifest,
+    describe,
+    root_name,
+    shown_root,
+)
 from holdfast.common.files import open_beneath, remove_tree
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
@@ -340,9 +347,9 @@ def _restore_named(
     said: list[str] = []
     for root, entries in zip(manifest.roots, _by_root(manifest, data), strict=True):
         if root.path not in names:
-            # The uploader's text, not this run's: shown quoted unless every character prints.
-            shown = root.path if root.path.isprintable() else repr(root.path)
-            said.append(f"carried {shown} not restored: this run does not name it with --carry")
+            said.append(
+                f"carried {shown_root(root.path)} not restored: this run does not name it with --carry"
+            )
             continue
         current = _Root(root, entries, os.path.join(cwd, root.path))  # an absolute path stays itself
         roots.append(current)

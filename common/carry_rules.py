@@ -325,11 +325,17 @@ def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
     return [(root.path, files[i], size[i]) for i, root in enumerate(manifest.roots)]
 
 
+def shown_root(path: str) -> str:
+    """A root's name as said to a person: the uploader's text, quoted unless every character prints
+    (an escape sequence would drive the reader's terminal, a line break fake a line of holdfast's)."""
+    return path if path.isprintable() else repr(path)
+
+
 def describe(manifest: pb.CarryManifest, path: str, files: int, size: int, now_unix_s: float) -> str:
     """One root of a copy as a person reads it: what, written by which grant where, and how old."""
     age = age_text(max(now_unix_s - manifest.written_at_unix_ms / 1000, 0))
     return (
-        f"{path} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
+        f"{shown_root(path)} ({files} files, {size} bytes) carried at fence {manifest.fence} from host "
         f"{manifest.host_id or '?'} on {manifest.reason or 'upload'}, {age} old"
     )
 

@@ -27,6 +27,7 @@ from holdfast.common.carry_rules import (
     check_manifest,
     check_tree,
     chunked,
+    describe,
     root_name,
 )
 from holdfast.common.reasons import Reason
@@ -623,3 +624,11 @@ def test_judging_a_manifest_looks_up_no_user(monkeypatch: pytest.MonkeyPatch) ->
     m.entries.add(root=0, path="", kind="dir", mode=0o755)
     monkeypatch.setattr(os.path, "expanduser", no_lookup)
     check_manifest(m)  # as written: normalised; a restoring run names its roots expanded
+
+
+def test_show_describes_a_root_without_its_control_characters() -> None:
+    """`holdfast show` prints every root of a copy through describe: the uploader's text."""
+    m = pb.CarryManifest(session_id="sess-unit-show", written_at_unix_ms=1)
+    said = describe(m, "evil\x1b]0;x\x07\n", 0, 0, 1.0)
+    assert said.startswith("'evil\\x1b]0;x\\x07\\n' (0 files") and "\x1b" not in said
+    assert describe(m, "notes", 0, 0, 1.0).startswith("notes (0 files")
