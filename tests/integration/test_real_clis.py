@@ -4,7 +4,8 @@ by `holdfast codex` and `holdfast claude`, against the stub model server (tests/
 Everything — etcd, the coordinator, the simulated hosts, the stub, the CLIs — runs inside one network
 namespace with only loopback up, so no request can leave the machine whatever a CLI tries: this test
 runs the cases (real_cli_cases.py) in a pytest of their own under `unshare --net`. The CLIs are
-installed by ./scripts/setup (`npm ci`); where that could not be done, this test fails saying why.
+installed by ./scripts/test's set-up (`scripts/setup --with-clis`: `npm ci`); where that could not
+be done, this test fails saying why.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def installed() -> str:
         return ""
     log = CLIS / "npm-ci.log"
     said = log.read_text(errors="replace").strip()[-2000:] if log.exists() else "(setup never ran npm ci)"
-    return (f"the pinned agent CLIs are not installed in {CLIS}/node_modules: ./scripts/setup runs `npm ci` "
-            f"there, which needs node, npm and the npm registry. It said:\n{said}")
+    return (f"the pinned agent CLIs are not installed in {CLIS}/node_modules: `./scripts/setup --with-clis` "
+            f"(run by ./scripts/test) runs `npm ci` there, which needs node, npm and the npm registry. It "
+            f"said:\n{said}")
 
 
 def test_the_real_clis_move_between_hosts_inside_a_loopback_only_network(tmp_path: Path) -> None:
