@@ -8,8 +8,9 @@ holds only settings a server reads; the NetworkPolicy admits only coordinators t
 scrapers to their metrics); every link is mTLS from mounted secrets, with kubelet probes on the
 plaintext health ports; the retention CronJob's command parses; the Dockerfile's base is a build
 argument and its entrypoints exist, and the pinned lock covers every runtime dependency; the session
-examples (a Pod and a Job) run their CLI under `holdfast run`, wired to the coordinator and the client
-certificate. (scripts/container-test builds the image and runs it.)
+examples (a Pod and a Job) run their CLI under `holdfast run`, wired to the coordinator, and mount no
+secret: each enrolls for its own certificate, and no manifest mounts a shared client key.
+(scripts/container-test builds the image and runs it.)
 """
 
 from __future__ import annotations
