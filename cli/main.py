@@ -1,7 +1,8 @@
 """The `holdfast` command line: one parser, each command group contributed by the module that owns it.
 
 Exit codes (docs/design.md §6): CMD's status for `run`; 75 held or unknown (EX_TEMPFAIL); 69 coordinator
-unreachable; 77 authentication failure; 2 usage errors; 130 (128 + SIGINT) interrupted by Ctrl-C; 141
+unreachable; 77 authentication failure; 2 usage errors; 78 (EX_CONFIG) a command whose extra this
+install lacks (the message names it); 130 (128 + SIGINT) interrupted by Ctrl-C; 141
 (128 + SIGPIPE, as a shell reports a command ended by a closed pipe) when the reader of stdout went
 away, e.g. `holdfast status | head -1`.
 """
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Iterator
 
 from holdfast.cli import completion
-from holdfast.common.version import JSON_SCHEMA, VERSION
+from holdfast.common.version import JSON_SCHEMA, VERSION, install_hint
 
 # The module that contributes each top-level command. Parsing a known command imports only its own
 # module: `run` starts every session, and importing every part (the agent, the coordinator's etcd
@@ -60,7 +61,15 @@ SUMMARIES = {
     "claude": "a `claude` turn as the session's single writer, resumed on any host",
 }
 
+# The base install is the client (pyproject.toml): a server command, or a client feature that needs
+# x509, imports what only an extra installs. The command's own extra, else the one with that module,
+# is named instead of a traceback.
+COMMAND_EXTRAS = {"agent": "agent", "coordinator": "coordinator", "up": "server", "exec": "server"}
+MODULE_EXTRAS = {"cryptography": "certs", "aetcd": "coordinator", "kubernetes": "coordinator",
+                 "prometheus_client": "server", "grpc_health": "server", "grpc_reflection": "server"}
+
 EX_USAGE = 2
+EX_CONFIG = 78
 EX_PIPE = 128 + 13  # SIGPIPE
 EX_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
 
@@ -131,7 +140,12 @@ def build_parser(only: str | None = None, *, light: bool = False) -> argparse.Ar
     version.set_defaults(handler=_version)
     modules = [] if light else [COMMANDS[only]] if only else list(dict.fromkeys(COMMANDS.values()))
     for module in modules:
-        importlib.import_module(module).register(sub)
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as err:
+            # The completion script of a client-only install completes the commands it can run.
+            if only or missing_extra("", err) is None:
+                raise
     if light:
         for name in COMMANDS:
             sub.add_parser(name, help=SUMMARIES.get(name), add_help=False)
@@ -156,16 +170,32 @@ def held_interrupt() -> Iterator[list[int]]:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def missing_extra(command: str, err: ModuleNotFoundError) -> str | None:
+    """The extra that installs the module `command` missed; None when no extra has it (a bug)."""
+    module = (err.name or "").split(".")[0]
+    if module not in MODULE_EXTRAS:
+        return None
+    return COMMAND_EXTRAS.get(command, MODULE_EXTRAS[module])
+
+
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
     try:
-        return _main(argv)
+        return _main(words)
+    except ModuleNotFoundError as err:
+        command = words[0] if words else ""
+        extra = missing_extra(command, err)
+        if extra is None:
+            raise
+        print(f"holdfast: `holdfast {command}` needs {err.name}, which this install lacks: "
+              f"{install_hint(extra)}", file=sys.stderr)
+        return EX_CONFIG
     except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (e.g. while importing)
         print("holdfast: interrupted (Ctrl-C)", file=sys.stderr)
         return EX_INTERRUPTED
 
 
-def _main(argv: list[str] | None) -> int:
-    words = sys.argv[1:] if argv is None else argv
+def _main(words: list[str]) -> int:
     first = words[0] if words else ""
     with quiet_grpc(), held_interrupt() as interrupted:
         # A completion script completes every command: it alone needs them all (its --ids, at

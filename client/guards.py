@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from holdfast.common import files
+from holdfast.common.version import install_hint
 
 MARKER_TABLE = "holdfast_fence"
 SCHEMES = ("sqlite", "postgresql", "redis", "dir")
@@ -86,7 +87,7 @@ def open_guard(url: str, connect_timeout: float = 5.0) -> Guard:
     except GuardError:
         raise
     except ImportError as exc:
-        raise GuardError(f"{url}: {exc.name} is not installed (pip install 'holdfast[guards]')") from exc
+        raise GuardError(f"{url}: {exc.name} is not installed ({install_hint('guards')})") from exc
     except Exception as exc:  # each driver has its own exception tree: say which store and why
         raise GuardError(f"{url}: {type(exc).__name__}: {exc}") from exc
 

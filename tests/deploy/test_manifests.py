@@ -496,7 +496,8 @@ def test_requirements_lock_pins_the_whole_runtime_closure() -> None:
     # The image serves both servers: the base install and the [agent] and [coordinator] extras.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    todo = [_requirement_name(r) for r in [*project["dependencies"], *extras["agent"], *extras["coordinator"]]]
+    runtime = [*project["dependencies"], *extras["agent"], *extras["coordinator"]]
+    todo = [_requirement_name(r) for r in runtime]
     seen: set[str] = set()
     while todo:
         name = todo.pop()
