@@ -120,8 +120,12 @@ def run_report(session: str, exit_code: int, cmd_status: int | None, fence: int 
 def write_report(path: str, report: dict[str, object]) -> None:
     """Whole or not at all, never through a link planted at `path` or beside it (common/files)."""
     target = os.path.abspath(path)
-    files.write_whole(os.path.dirname(target), os.path.basename(target),
-                      (json.dumps(report, sort_keys=True) + "\n").encode(), mode=0o644)
+    directory, _ = files.open_user_dir(os.path.dirname(target))  # through no link another user planted
+    try:
+        files.write_whole(directory, os.path.basename(target),
+                          (json.dumps(report, sort_keys=True) + "\n").encode(), mode=0o644)
+    finally:
+        os.close(directory)
 
 
 async def _run(args: argparse.Namespace, client: Client) -> int:

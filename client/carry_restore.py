@@ -30,7 +30,7 @@ from holdfast.common.carry_rules import (
     root_name,
     shown_root,
 )
-from holdfast.common.files import open_beneath, remove_tree
+from holdfast.common.files import open_beneath, open_user_dir, remove_tree
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -197,15 +197,9 @@ class _Root:
     def open(self) -> None:
         directory = os.path.dirname(self.path) or "."
         # The directory this run's own --carry names (its parents are the user's path, made if
-        # missing, and said if the restore then fails); everything below it is reached from this
-        # one descriptor.
-        missing, probe = [], directory
-        while not os.path.lexists(probe):
-            missing.append(probe)
-            probe = os.path.dirname(probe) or "."
-        os.makedirs(directory, exist_ok=True)
-        self.made = missing[::-1]
-        self.parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # missing, and said if the restore then fails; a link on the way that another user planted
+        # is not followed); everything below it is reached from this one descriptor.
+        self.parent, self.made = open_user_dir(directory, make=True)
         self.temp = _mkdtemp(self.parent, self.beside("restore"))
         self.temp_fd = os.open(self.temp, OPEN_DIR, dir_fd=self.parent)
 

@@ -9,7 +9,10 @@ sees the old file or the whole new one. `open_private_dir` refuses a directory t
 not this user's, or that others may write. `remove_tree` removes a tree from a directory it is
 given open, following no link and holding no Python frame per level; `copy_tree` copies one
 directory's contents into another the same way, so a directory swapped for a link on either side
-meanwhile is refused, never read or written through.
+meanwhile is refused, never read or written through. `open_user_dir` opens a directory a user
+named, following a link on the way only where the kernel's `fs.protected_symlinks` would in a
+sticky directory — the link is the user's own, root's, or its directory owner's — whatever that
+setting is here: a link another user planted at `/tmp/x` never takes a root run's writes elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ import stat
 from collections.abc import Sequence
 
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup
+
+
+class UntrustedLink(OSError):
+    """A path a user named passes through a link that neither the user, root nor the owner of the
+    directory holding it made: another user's, planted where the path leads."""
 
 
 class NotPrivate(OSError):
@@ -35,6 +44,54 @@ def open_private_dir(path: str | os.PathLike[str]) -> int:
         os.close(fd)
         raise NotPrivate(f"{os.fspath(path)} is not a directory of uid {os.getuid()} that only it may write")
     return fd
+
+
+def open_user_dir(path: str | os.PathLike[str], make: bool = False) -> tuple[int, list[str]]:
+    """A descriptor on the directory `path` names (relative to the working directory), each
+    component opened from the one before; with `make`, the directories missing on the way are
+    made (0o777 less the umask). Returns the descriptor and the directories made, in order.
+    Raises UntrustedLink for a link on the way that only another user could have made."""
+    name = os.fspath(path)
+    todo = list(reversed(name.split("/")))
+    fd = os.open("/" if name.startswith("/") else ".", OPEN_DIR)
+    where = "/" if name.startswith("/") else "."
+    made: list[str] = []
+    hops = 0
+    try:
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not make:
+                    raise
+                os.mkdir(part, 0o777, dir_fd=fd)
+                made.append(os.path.join(where, part))
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                holder = os.fstat(fd).st_uid
+                if st.st_uid not in (os.getuid(), 0, holder):
+                    raise UntrustedLink(errno.EPERM, f"{os.path.join(where, part)} is a link of uid "
+                                        f"{st.st_uid}, which neither you, root nor its directory's owner "
+                                        "made: not followed")
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    raise OSError(errno.ELOOP, f"{name}: more than {MAX_LINK_HOPS} links")
+                target = os.readlink(part, dir_fd=fd)
+                todo.extend(reversed(target.split("/")))
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd, where = os.open("/", OPEN_DIR), "/"
+                continue
+            below = os.open(part, OPEN_DIR | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd, where = below, os.path.join(where, part)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, made
 
 
 def open_beneath(top: int, parts: Sequence[str]) -> int:

@@ -117,3 +117,25 @@ def test_a_tree_is_copied_with_its_links_modes_and_depth_and_a_fifo_refused(tmp_
         os.close(src)
         os.close(dst)
         (source / "d").chmod(0o755)
+
+
+def test_a_users_path_follows_only_links_it_could_trust(tmp_path: Path) -> None:
+    """As fs.protected_symlinks would in a sticky directory, whatever it is set to here: a link
+    another user planted where a root run's path leads is not followed, and nothing is made."""
+    shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)
+    elsewhere.mkdir()
+    (shared / "mine").symlink_to(elsewhere)
+    fd, made = files.open_user_dir(shared / "mine" / "a" / "b", make=True)
+    os.close(fd)
+    assert made == [str(elsewhere / "a"), str(elsewhere / "a" / "b")], "named where they are"
+    assert (elsewhere / "a" / "b").is_dir(), "a link of this user's is followed"
+    if os.geteuid() == 0:
+        (shared / "theirs").symlink_to(elsewhere)
+        os.lchown(shared / "theirs", 65534, 65534)
+        with pytest.raises(files.UntrustedLink, match="uid 65534"):
+            files.open_user_dir(shared / "theirs" / "c", make=True)
+        assert not (elsewhere / "c").exists(), "nothing made through another user's link"
+    with pytest.raises(FileNotFoundError):
+        files.open_user_dir(shared / "missing")
