@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import tempfile
 
+from holdfast.common import files
 from holdfast.proc.environ import read_proc_file
 from holdfast.proc.procstat import StatParseError, parse_stat
 
@@ -86,6 +86,6 @@ def sweep(directory: str | None = None) -> list[str]:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             continue
         if _gone(int(found[2]), int(found[3])):
-            shutil.rmtree(entry.path, ignore_errors=True)
+            files.remove_quietly(entry.path)
             removed.append(entry.path)
     return removed

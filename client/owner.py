@@ -33,7 +33,7 @@ from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.guards import Guard
 from holdfast.client.tree import Tree, end_tree
 from holdfast.common import env as cmd_env
-from holdfast.common import spawn_tokens
+from holdfast.common import files, spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -248,7 +248,7 @@ class Owner:
             if grant is not None:
                 with contextlib.suppress(ClientError):
                     await client.release(grant)  # its gate ended unrun: lets the next caller in at once
-            shutil.rmtree(workdir, ignore_errors=True)
+            files.remove_quietly(workdir)
             raise
         tree = Tree.of_gate(grant.spawn_token_env, grant.spawn_token, gate.pid)  # before CMD can move
         terminal = hand_terminal(gate.pid)
@@ -422,7 +422,7 @@ class Owner:
             with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.terminal, os.getpgrp())
             signal.signal(signal.SIGTTOU, previous)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        files.remove_quietly(self.workdir)
 
 
 async def run(spec: RunSpec, address: str | None = None, host_id: str | None = None,

@@ -139,3 +139,19 @@ def test_a_users_path_follows_only_links_it_could_trust(tmp_path: Path) -> None:
         assert not (elsewhere / "c").exists(), "nothing made through another user's link"
     with pytest.raises(FileNotFoundError):
         files.open_user_dir(shared / "missing")
+
+
+def test_a_run_removes_its_directory_however_deep_its_cmd_built_it() -> None:
+    """shutil.rmtree raised RecursionError past ~1,000 levels, from a run's clean-up after CMD."""
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="holdfast-deep-")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1_500):
+        os.mkdir("d", dir_fd=fd)
+        below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(fd)
+    files.remove_quietly(top)
+    assert not os.path.lexists(top)
