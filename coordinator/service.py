@@ -111,7 +111,8 @@ def _tenant_checked(fn: Callable[..., Awaitable[object]]) -> Callable[..., Await
     the handler reads anything for it, asks an agent or writes: WRONG_TENANT otherwise."""
 
     async def wrapped(self: CoordinatorService, request: Any, context: grpc.aio.ServicerContext) -> object:
-        await self.tenancy.admit(fn.__name__, request.session_id, context)
+        if await self.tenancy.admit(fn.__name__, request.session_id, context) is None:
+            return self._unheld(request)
         return await fn(self, request, context)
 
     wrapped.__name__ = fn.__name__
@@ -136,6 +137,16 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.cluster = ClusterIdentity(store)
         self.acquiring = acquire.Parts(store, self.registry, self.router, self.sessions, self.replays,
                                        self.cluster, self.tenancy, commit_window_ms)
+
+    def _unheld(self, request: Any) -> object:
+        """The answer to a caller of one tenant on an id no tenant holds, read from nothing
+        (coordinator/tenancy.py: another tenant may make the id meanwhile): the same answer as for
+        an id that was never acquired."""
+        if isinstance(request, pb.FencedGetRequest):
+            return pb.FencedGetResponse(found=False)
+        if isinstance(request, pb.GetCarryRequest) and not request.with_chunk:
+            return pb.GetCarryResponse(session_cap_bytes=self.carried.session_cap)
+        raise CoordinatorError(Reason.NOT_FOUND, f"unknown session {request.session_id}")
 
     async def _check_cluster(self, cluster_id: str) -> str:
         """A grant minted by another holdfast cluster is refused before anything is read or written;
@@ -454,8 +465,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.SessionEvent]:
         sid = request.session_id
         key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
-        caller = (await self.tenancy.admit("WatchSessions", sid, context) if sid
-                  else self.tenancy.caller(context))
+        if sid:
+            # WRONG_TENANT for another tenant's id; one no tenant holds yet is watched all the same,
+            # for every record below is judged as it comes.
+            await self.tenancy.admit("WatchSessions", sid, context)
+        caller = self.tenancy.caller(context)
         prefix = key or keys.sessions_prefix(self.store)
         cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
         # Another tenant's sessions are never shown, nor their deletion: a deleted record names no

@@ -12,7 +12,6 @@ coordinator (no identities at all: every caller is the default tenant and sees e
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -77,19 +76,28 @@ class Tenancy:
                                "was read for it, asked or written")
 
     async def bound(self, sid: str) -> pb.SessionRecord | None:
-        """What binds the id to a tenant: its record, else its archive record (or floor)."""
-        live, archived = await asyncio.gather(self.store.get(keys.session(self.store, sid)),
-                                              self.store.get(keys.archive_record(self.store, sid)))
-        found = live or archived
+        """What binds the id to a tenant: its record, else its archive record (or floor). Both at one
+        revision: read apart, an archive landing between the two reads (record deleted, archive
+        record put, in one transaction) would show neither, and the id would look unheld."""
+        live, archived = await self.store.read_all([keys.session(self.store, sid),
+                                                    keys.archive_record(self.store, sid)])
+        found = live.entry or archived.entry
         return records.decode_record(found.value) if found is not None else None
 
-    async def admit(self, rpc: str, sid: str, context: grpc.aio.ServicerContext) -> Caller:
-        """The caller, once it may act on the session; WRONG_TENANT otherwise."""
+    async def admit(self, rpc: str, sid: str, context: grpc.aio.ServicerContext) -> Caller | None:
+        """The caller, once it may act on the session; WRONG_TENANT otherwise. None for a caller
+        scoped to one tenant on an id no tenant holds: its handler must then read nothing for the
+        id, for another tenant may make it between this read and the handler's own, which would act
+        on that tenant's new record (answer it, ask its agent, hand it off, recover it). Past a
+        Caller, every read finds the caller's own tenant's session or none: a binding, once made,
+        never changes and never goes (an archive keeps it, and so does a purge's floor)."""
         sid = identifiers.check_session_id(sid)
         who = self.caller(context)
-        if not who.all_tenants:
-            self.judge(rpc, sid, await self.bound(sid), who)
-        return who
+        if who.all_tenants:
+            return who
+        found = await self.bound(sid)
+        self.judge(rpc, sid, found, who)
+        return who if found is not None else None
 
     def require_all(self, rpc: str, context: grpc.aio.ServicerContext) -> None:
         """A call whose effect reaches every tenant on a host or in the cluster (a drain flag, a

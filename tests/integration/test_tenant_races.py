@@ -1,0 +1,114 @@
+"""A tenant's admission holds for the record its handler reads, against a real etcd: another tenant
+makes the id between a scoped caller's admission read and the handler's own read (an awaited hook
+right after the admission read, no sleep), and the caller still never gets that record, that
+session's data, a write on it or an agent asked about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from holdfast.common import certs
+from holdfast.common.tls import Role
+from holdfast.coordinator import keys
+from holdfast.coordinator.service import CoordinatorService
+from holdfast.coordinator.store import Entry, Put, Seen, Store, open_channel
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.coordinator_fixtures import run_async
+from tests.integration.txn_harness import Context, Refused, acquire, record_of, register
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [pytest.mark.timeout(120)]
+HOST = "host-race"
+CALLERS = {"team-a": Role("client", "", "team-a"), "team-b": Role("client", "", "team-b"),
+           "op-b": Role("operator", "", "team-b")}
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    base = Path(tmp_path_factory.mktemp("pki-tenant-races"))
+    certs.init_local(base / "ca", [], ["127.0.0.1"])
+    return {name: certs.issue_one(base / "ca", role, [], base / name).read_bytes()
+            for name, role in CALLERS.items()}
+
+
+class As(Context):
+    """A peer whose verified certificate is `pem` (what gRPC hands a handler after the handshake)."""
+
+    def __init__(self, pem: bytes) -> None:
+        super().__init__()
+        self.pem = pem
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_pem_cert": [self.pem]}
+
+
+class AfterFirstRead(Store):
+    """A store that, once armed, awaits a hook right after the first read that includes `key`."""
+
+    armed: tuple[str, Callable[[], Awaitable[None]]] | None = None
+
+    async def _after(self, keys_read: Sequence[str]) -> None:
+        armed = self.armed
+        if armed is not None and armed[0] in keys_read:
+            self.armed = None
+            await armed[1]()
+
+    async def get(self, key: str) -> Entry | None:
+        entry = await super().get(key)
+        await self._after([key])
+        return entry
+
+    async def read_all(self, keys_read: Sequence[str]) -> list[Seen]:
+        seen = await super().read_all(keys_read)
+        await self._after(keys_read)
+        return seen
+
+
+def call(svc: CoordinatorService, rpc: str, sid: str, pems: dict[str, bytes]) -> Awaitable[object]:
+    """B's call on the id, as the hostile tenant would make it."""
+    b, op_b = As(pems["team-b"]), As(pems["op-b"])
+    if rpc == "GetSession":
+        return svc.GetSession(pb.GetSessionRequest(session_id=sid), b)
+    if rpc == "FencedGet":
+        return svc.FencedGet(pb.FencedGetRequest(session_id=sid, key="k"), b)
+    if rpc == "RequestHandoff":
+        return svc.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id="b" * 32,
+                                                           host_id=HOST), b)
+    return svc.Recover(pb.RecoverRequest(session_id=sid, expected_fence=1, operator="b", reason="race"),
+                       op_b)
+
+
+@pytest.mark.parametrize("rpc", ["GetSession", "FencedGet", "RequestHandoff", "Recover"])
+@run_async
+async def test_an_id_made_by_another_tenant_after_admission_is_never_reached(
+        etcd: EtcdServer, prefix: str, pems: dict[str, bytes], rpc: str) -> None:
+    store = AfterFirstRead(open_channel(etcd.url), prefix)
+    victim, other = CoordinatorService(store), CoordinatorService(Store(open_channel(etcd.url), prefix))
+    try:
+        sid = f"sess-race-{rpc.lower()}"
+        await register(other, HOST)
+        made: list[pb.SessionRecord | None] = []
+
+        async def a_makes_it() -> None:
+            await acquire(other, As(pems["team-a"]), sid, HOST)
+            # a's fenced data, as its owner's FencedPut would leave it
+            await other.store.txn([], [Put(keys.data(other.store, sid, "k"), b"a's secret")])
+            made.append(await record_of(other, sid))
+
+        store.armed = (store.key("sessions", sid), a_makes_it)
+        try:
+            answer = await call(victim, rpc, sid, pems)
+        except Refused as refused:
+            assert refused.reason in ("NOT_FOUND", "WRONG_TENANT"), refused
+            answer = None
+        assert made, "the hook ran: a's record existed before b's handler read anything"
+        assert answer is None or (isinstance(answer, pb.FencedGetResponse) and not answer.found), answer
+        assert await record_of(other, sid) == made[0], "nothing written on a's session"
+    finally:
+        await store.close()
+        await other.store.close()
