@@ -325,13 +325,21 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         after = ""
         if request.page_token:
             after = self.sessions.key(identifiers.check_session_id(request.page_token))
-        entries, more = await self.store.list_prefix(keys.sessions_prefix(self.store), after, size)
-        page = [self.sessions.decode(e) for e in entries]
         caller = self.tenancy.caller(context)
+        shown: list[pb.SessionRecord] = []
+        more = True
+        # Read on past other tenants' sessions until one record beyond the page is the caller's or
+        # none is left: the token is then the last session shown, and a token at all says only that
+        # more of the caller's own follow (the last key read, as a token, would name another
+        # tenant's session to a caller paging one record at a time).
+        while more and len(shown) <= size:
+            entries, more = await self.store.list_prefix(keys.sessions_prefix(self.store), after, MAX_PAGE)
+            shown += [record for record in map(self.sessions.decode, entries)
+                      if caller.may_act_on(tenancy.tenant_of(record, self.tenancy.default))]
+            after = entries[-1].key if entries else after
+            more = more and bool(entries)
         return pb.ListSessionsResponse(
-            records=[r for r in page if caller.may_act_on(tenancy.tenant_of(r, self.tenancy.default))],
-            next_page_token=page[-1].session_id if more and page else "",
-        )
+            records=shown[:size], next_page_token=shown[size - 1].session_id if len(shown) > size else "")
 
     # --- hosts ---------------------------------------------------------------------------
     @_handler

@@ -204,6 +204,31 @@ def test_another_tenant_is_refused_on_every_rpc_and_changes_nothing(
         owner.wait(30)
 
 
+def test_a_listing_page_token_names_only_sessions_shown(
+    stack: tuple[Coordinator, Path], pki: Path
+) -> None:
+    coordinator, _ = stack
+    a, b = as_(coordinator, pki, "team-a"), as_(coordinator, pki, "team-b")
+    for sid in ("sess-page-a1", "sess-page-a2", "sess-page-c"):
+        acquire(a, sid)
+    acquire(b, "sess-page-b")
+
+    def pages(stub: coordinator_pb2_grpc.CoordinatorStub) -> tuple[list[str], list[str]]:
+        shown, tokens, token = [], [], ""
+        while True:  # one record at a time through all the caller may see
+            page = stub.ListSessions(pb.ListSessionsRequest(page_size=1, page_token=token), timeout=10)
+            shown += [r.session_id for r in page.records]
+            token = page.next_page_token
+            if not token:
+                return shown, tokens
+            tokens.append(token)
+
+    shown, tokens = pages(b)
+    assert shown == ["sess-page-b"] and tokens == [], f"a token names another tenant's session: {tokens}"
+    everything = ["sess-page-a1", "sess-page-a2", "sess-page-b", "sess-page-c"]
+    assert pages(as_(coordinator, pki, "op-all")) == (everything, everything[:-1])
+
+
 def test_a_record_from_before_tenants_is_the_default_tenants(
     stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
 ) -> None:
