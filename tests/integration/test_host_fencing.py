@@ -94,21 +94,33 @@ class Fencing:
         return [(k, v) for k, v in snapshot(self.etcd.url, self.prefix) if k.startswith(self.prefix + kind)]
 
 
-def namespace(host: SimulatedHost) -> int:
-    return os.stat(f"/proc/{host.reaper_pid}/ns/pid").st_ino
+def start_ticks(pid: int) -> int | None:
+    try:
+        return ticks(pid)
+    except FileNotFoundError:
+        return None
 
 
-def in_namespace(inode: int) -> list[int]:
-    """Every process of the machine in that PID namespace, read from /proc."""
-    found = []
+def namespace(host: SimulatedHost) -> frozenset[tuple[int, int]]:
+    """Every process of the host's PID namespace now, as (pid, start ticks), read from /proc. Kept
+    as processes, not as the namespace's inode: nsfs inodes are reused, and other suites on this
+    machine make namespaces all the time."""
+    inode = os.stat(f"/proc/{host.reaper_pid}/ns/pid").st_ino
+    found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 if os.stat(f"/proc/{entry}/ns/pid").st_ino == inode:
-                    found.append(int(entry))
+                    found.add((int(entry), ticks(int(entry))))
             except OSError:
                 continue  # exited while listed
-    return found
+    assert len(found) >= 2, found  # its PID 1 and its agent at least
+    return frozenset(found)
+
+
+def in_namespace(members: frozenset[tuple[int, int]]) -> list[int]:
+    """Those of `members` that still exist (the same pid, started at the same tick)."""
+    return [pid for pid, start in members if start_ticks(pid) == start]
 
 
 def fencer_settings(tmp: Path) -> str:
@@ -152,7 +164,8 @@ def metric(address: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def assert_fenced_then_granted(fencing: Fencing, sid: str, lost: int, fence: int = 2) -> list[str]:
+def assert_fenced_then_granted(fencing: Fencing, sid: str, lost: frozenset[tuple[int, int]],
+                               fence: int = 2) -> list[str]:
     """The waiter's CMD started at `fence`, after the fence's proof; then no process of the lost
     namespace exists, the flock was never held twice, and the evidence is `host-fenced`."""
     c = fencing.cluster
@@ -177,10 +190,10 @@ def test_a_lost_host_is_fenced_and_its_waiter_granted(fencing: Fencing) -> None:
     c.run(lost, sid)
     started(c, 1)
     c.run(other, sid, "--wait", "120")
-    inode = namespace(lost)
+    members = namespace(lost)
     killed = time.monotonic()
     os.kill(lost.reaper_pid, signal.SIGKILL)  # power loss: the whole namespace ends
-    assert_fenced_then_granted(fencing, sid, inode)
+    assert_fenced_then_granted(fencing, sid, members)
     took = time.monotonic() - killed
     print(f"host lost -> next CMD running: {took:.2f}s (registration_ttl {TTL}s, host_loss_after {LOSS}s)")
     assert fencing.runs("off")[0][1] == "fh-lost"
@@ -194,10 +207,10 @@ def test_a_cut_off_host_is_fenced_before_its_session_moves(fencing: Fencing) -> 
     sid = "sess-fence-cut-1"
     owner = c.run(cut, sid)
     started(c, 1)
-    inode = namespace(cut)
+    members = namespace(cut)
     os.kill(fencing.agent_pid(cut), signal.SIGSTOP)  # cut off: the agent is silent, CMD runs on
     c.run(other, sid, "--wait", "120")
-    assert_fenced_then_granted(fencing, sid, inode)
+    assert_fenced_then_granted(fencing, sid, members)
     assert owner.proc.wait(10) != 0  # the old owner's run ended with its host
 
 
@@ -209,7 +222,7 @@ def test_a_fence_that_proves_nothing_frees_nothing_and_is_retried(fencing: Fenci
     sid = "sess-fence-bad-1"
     c.run(cut, sid)
     started(c, 1)
-    inode = namespace(cut)
+    members = namespace(cut)
     waiter = c.run(other, sid, "--wait", "150")
     os.kill(fencing.agent_pid(cut), signal.SIGSTOP)
     until("the registration to lapse", lambda: "fh-bad" not in fencing.registered(), 20)
@@ -231,12 +244,12 @@ def test_a_fence_that_proves_nothing_frees_nothing_and_is_retried(fencing: Fenci
     attempted = c.coordinator.metrics, "holdfast_fence_attempts_total"
     assert metric(*attempted, host="fh-bad", answer="unknown") >= 4  # the alert's counter
     assert metric(*attempted, host="fh-bad", answer="on") == 1
-    assert in_namespace(inode)  # nothing killed it: it runs on, unfenced
+    assert in_namespace(members)  # nothing killed it: it runs on, unfenced
     assert c.events("start") and all(e[1] == "1" for e in c.events("start"))
     assert waiter.proc.poll() is None
     # The sixth attempt is truthful: only now is the session freed.
     start = started(c, 2, timeout=60)
-    assert in_namespace(inode) == []
+    assert in_namespace(members) == []
     assert c.events("overlap") == []
     assert len(fencing.runs("off")) == 6 and int(fencing.runs("status")[-1][3]) < int(start[4])
 
@@ -289,7 +302,7 @@ def test_two_replicas_run_one_fence(fencing: Fencing) -> None:
         sid = "sess-fence-two-1"
         c.run(lost, sid)
         started(c, 1)
-        inode = namespace(lost)
+        members = namespace(lost)
         c.run(other, sid, "--wait", "120")
         os.kill(lost.reaper_pid, signal.SIGKILL)
         until("the fence to begin", lambda: fencing.runs("off"), 30)
@@ -303,7 +316,7 @@ def test_two_replicas_run_one_fence(fencing: Fencing) -> None:
 
         until("the other replica's try", each_tried, 30)
         go.write_text("\n")
-        assert_fenced_then_granted(fencing, sid, inode)
+        assert_fenced_then_granted(fencing, sid, members)
     finally:
         second.stop()
 
@@ -387,7 +400,7 @@ def test_an_operator_fences_by_hand(by_hand: Fencing) -> None:
     sid = "sess-fence-hand-1"
     c.run(host, sid)
     started(c, 1)
-    inode = namespace(host)
+    members = namespace(host)
     code, out = cli(c.coordinator.address, "admin", "fence", "fh-hand", "--reason", "rack on fire")
     assert code == 75 and out["error"]["reason"] == "HOST_LIVE", out  # a registered agent: never
     assert by_hand.runs() == []
@@ -397,7 +410,7 @@ def test_an_operator_fences_by_hand(by_hand: Fencing) -> None:
     assert code == 0, out
     assert out["attempt"]["answer"] == "off" and "rack on fire" in out["attempt"]["requested_by"]
     assert [(r["session_id"], r["recovered"]) for r in out["results"]] == [(sid, True)]
-    assert in_namespace(inode) == []
+    assert in_namespace(members) == []
     evidence = c.record(sid).record.lease.death_evidence
     assert evidence.kind == "host-fenced" and "rack on fire" in evidence.detail
     hosts = [sys.executable, "-m", "holdfast.cli", "hosts", "--coordinator", c.coordinator.address]
