@@ -78,6 +78,15 @@ async def speaks_tls(address: str, timeout: float = 2.0) -> bool:
     return len(first) == 2 and first[0] in (21, 22) and first[1] == 3
 
 
+def not_the_caller(pid: int, session: str) -> None:
+    """A session's owner is a child this process spawned behind its gate, never this process: only a
+    child's whole tree can be attested by its spawn token, held in a session cgroup and proven ended."""
+    if pid == os.getpid():
+        raise ClientError(Reason.INVALID_ARGUMENT, f"pid {pid} is this process itself: holdfast commits a "
+                          "child it spawned behind its gate (CMD), never the caller's own pid; run the "
+                          "writer as CMD (holdfast.client.session)", session)
+
+
 class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
@@ -176,6 +185,8 @@ class Client:
                       gate: pb.GateSpawn | None = None) -> tuple[Grant, pb.SessionRecord]:
         """The grant, and the record as granted: with `gate`, its owner already that gate when the
         coordinator could attest it (commit at grant), else a reservation for `commit`."""
+        if gate is not None:
+            not_the_caller(gate.pid_hint, session_id)
         request = pb.AcquireRequest(
             session_id=session_id, provider=provider, location=location, operation_id=operation_id,
             host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,
@@ -203,6 +214,7 @@ class Client:
                      is_ours: Callable[[apb.ProcessIdentity], bool]) -> pb.SessionRecord:
         """Commits the reservation to the process at `pid_hint`; `is_ours` tells that process's
         attested identity from any other's (client.gate.Gate.is_process)."""
+        not_the_caller(pid_hint, grant.session_id)
         request = pb.CommitOwnerRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
                                         pid_hint=pid_hint, cluster_id=grant.cluster_id)
         try:

@@ -83,6 +83,19 @@ class Reason(StrEnum):
     RELEASE_PENDING = "RELEASE_PENDING"  # asked for with await_release: the owner ended, not yet released
 
 
+class Family(StrEnum):
+    """Which typed exception the client library raises for a reason (holdfast.client.errors), so a
+    caller catches what it can act on — wait, take over, retry later, fix its input — by type."""
+
+    NONE = ""                      # not a refusal a caller branches on: the plain ClientError
+    HELD = "held"                  # a live owner (or one starting or ending) has the session
+    UNKNOWN = "unknown-ownership"  # whether its owner lives is not proven either way
+    STALE = "stale-fence"          # this grant no longer writes: the session moved on or let go
+    PERMISSION = "permission"      # certificates, roles, tenants, secrets
+    UNAVAILABLE = "unavailable"    # the coordinator, this host's agent or a store cannot serve now
+    BAD_INPUT = "bad-input"        # the caller's own argument: fix it, retrying will not help
+
+
 @dataclass(frozen=True)
 class Meaning:
     code: grpc.StatusCode | None  # None: the client's own, never on the wire
@@ -90,6 +103,7 @@ class Meaning:
     next_step: str                # may name {session} and {fence}
     waitable: bool = False        # the coordinator answered, and the answer can change by itself
     verdict: str = ""             # `holdfast probe`'s word for it, where a probe can answer it
+    family: Family = Family.NONE  # the client library's exception type for it
 
 
 TABLE: dict[Reason, Meaning] = {
@@ -100,50 +114,52 @@ TABLE: dict[Reason, Meaning] = {
         F, EX_TEMPFAIL,
         "wait for it with `--wait`, or ask for it with `--takeover` (add `--force` to have its host's "
         "agent end the old tree)",
-        waitable=True, verdict="held"),
+        waitable=True, verdict="held", family=Family.HELD),
     Reason.RESERVED: Meaning(
         F, EX_TEMPFAIL,
         "another client is starting this session; retry after its commit deadline or use `--wait`",
-        waitable=True, verdict="reserved"),
+        waitable=True, verdict="reserved", family=Family.HELD),
     Reason.OWNERSHIP_UNKNOWN: Meaning(
         F, EX_TEMPFAIL,
         "`holdfast probe {session}` shows why; only if you know the owner is gone: `holdfast recover "
         "{session} --fence {fence} --reason TEXT`",
-        waitable=True, verdict="unknown"),
+        waitable=True, verdict="unknown", family=Family.UNKNOWN),
     Reason.MANUAL_RECOVERY: Meaning(
         F, EX_TEMPFAIL,
         "`holdfast show {session}`, then `holdfast recover {session} --fence {fence} --reason TEXT`",
-        verdict="manual-recovery"),
+        verdict="manual-recovery", family=Family.UNKNOWN),
     Reason.OPERATION_CONFLICT: Meaning(
         grpc.StatusCode.ABORTED, EX_TEMPFAIL,
         "another takeover is in progress; `holdfast show {session}` and retry once it has finished",
-        verdict="held"),
+        verdict="held", family=Family.HELD),
     Reason.STALE_FENCE: Meaning(
         F, EX_TEMPFAIL,
         "the session has moved on; `holdfast show {session}` and retry",
-        verdict="unknown"),
+        verdict="unknown", family=Family.STALE),
     Reason.TREE_ALIVE: Meaning(
         F, EX_TEMPFAIL,
-        "processes of the session's tree are still running; end them, then `holdfast probe {session}`"),
+        "processes of the session's tree are still running; end them, then `holdfast probe {session}`",
+        family=Family.HELD),
     Reason.ATTESTATION_FAILED: Meaning(
         F, EX_TEMPFAIL,
         "this host's agent did not attest the spawn token (the message says whether it was unreachable or"
         " found no single carrier); check `holdfast hosts` lists this host, with a live agent, under the "
-        "id `run` uses (--host-id / HOLDFAST_HOST_ID), then retry"),
+        "id `run` uses (--host-id / HOLDFAST_HOST_ID), then retry", family=Family.UNAVAILABLE),
     Reason.NOT_LIVE: Meaning(
         F, EX_TEMPFAIL,
-        "fenced writes need the session's live owner; run them from inside `holdfast run`"),
+        "fenced writes need the session's live owner; run them from inside `holdfast run`",
+        family=Family.STALE),
     Reason.HOST_LIVE: Meaning(
         F, EX_TEMPFAIL,
         "another agent holds this host id; stop it or wait for its lease to expire"),
     Reason.HOST_DRAINING: Meaning(
         F, EX_TEMPFAIL,
         "this host is draining for maintenance; run on another host, or lift it with `holdfast drain HOST"
-        " --undo`"),
+        " --undo`", family=Family.UNAVAILABLE),
     Reason.HOST_FENCING: Meaning(
         F, EX_TEMPFAIL,
         "this host is being fenced (its registration had lapsed); a power-off cannot be called back: the "
-        "agent registers again once the attempt ends (`holdfast hosts` shows it)"),
+        "agent registers again once the attempt ends (`holdfast hosts` shows it)", family=Family.UNAVAILABLE),
     Reason.HOST_FENCED: Meaning(
         F, EX_TEMPFAIL,
         "this very host incarnation was proven off by its fencer and is running: the fence device lied or "
@@ -152,90 +168,96 @@ TABLE: dict[Reason, Meaning] = {
     Reason.RESTORE_PENDING: Meaning(
         F, EX_TEMPFAIL,
         "etcd was restored from a backup: an operator must finish `holdfast admin restore-epoch` "
-        "(docs/operations.md, Back up and restore etcd); retry after it reports grants reopened"),
+        "(docs/operations.md, Back up and restore etcd); retry after it reports grants reopened",
+        family=Family.UNAVAILABLE),
     Reason.CHAIN_FULL: Meaning(
         F, EX_FAILURE,
         "the provider handle chain is full; start a new session id"),
     Reason.HOST_NOT_REGISTERED: Meaning(
         F, EX_UNAVAILABLE,
         "start this host's agent with `--coordinator ADDR` (or `holdfast up`), or pass the registered id "
-        "with --host-id"),
+        "with --host-id", family=Family.UNAVAILABLE),
     Reason.WRONG_CLUSTER: Meaning(
         F, EX_UNAVAILABLE,
         "two holdfast clusters answer this coordinator address (e.g. two `holdfast up` on one port): stop"
         " the one that is not yours, and point --coordinator / HOLDFAST_COORDINATOR at the one that "
-        "granted"),
+        "granted", family=Family.UNAVAILABLE),
     Reason.UNAVAILABLE: Meaning(
         grpc.StatusCode.UNAVAILABLE, EX_UNAVAILABLE,
-        "the coordinator cannot reach etcd; check etcd, then retry"),
+        "the coordinator cannot reach etcd; check etcd, then retry", family=Family.UNAVAILABLE),
     Reason.PERMISSION_DENIED: Meaning(
         grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
-        "the grant secret does not match; use the grant file of the current owner (HOLDFAST_GRANT_FILE)"),
+        "the grant secret does not match; use the grant file of the current owner (HOLDFAST_GRANT_FILE)",
+        family=Family.PERMISSION),
     Reason.FORCE_NOT_ALLOWED: Meaning(
         grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
         "force ends only an owner whose handoff this caller asked for: `holdfast run --takeover --force` "
-        "(the same takeover), or an operator certificate; nothing was signalled"),
+        "(the same takeover), or an operator certificate; nothing was signalled", family=Family.PERMISSION),
     Reason.WRONG_TENANT: Meaning(
         grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
         "the session id belongs to another tenant: pick another id, or use your own tenant's "
-        "certificate (`holdfast certs issue --role client --tenant T`); nothing was asked or written"),
+        "certificate (`holdfast certs issue --role client --tenant T`); nothing was asked or written",
+        family=Family.PERMISSION),
     Reason.INVALID_ARGUMENT: Meaning(
         grpc.StatusCode.INVALID_ARGUMENT, EX_USAGE,
-        "fix the argument; see `holdfast --help`"),
+        "fix the argument; see `holdfast --help`", family=Family.BAD_INPUT),
     Reason.NOT_FOUND: Meaning(
         grpc.StatusCode.NOT_FOUND, EX_FAILURE,
-        "no such session; `holdfast status` lists the sessions"),
+        "no such session; `holdfast status` lists the sessions", family=Family.BAD_INPUT),
     Reason.UNAUTHENTICATED: Meaning(
         grpc.StatusCode.UNAUTHENTICATED, EX_NOPERM,
-        "present a client certificate the coordinator trusts"),
+        "present a client certificate the coordinator trusts", family=Family.PERMISSION),
     Reason.WRONG_ROLE: Meaning(
         grpc.StatusCode.PERMISSION_DENIED, EX_NOPERM,
         "use the certificate of your role: client.pem for runtimes (`run`, `put`), operator.pem for "
         "`recover`, `drain` and `admin` (the CLI presents it from --tls-dir), maintenance.pem for "
         "purge-archives, agent-<host id>.pem for that host's agent (`holdfast certs init`, "
-        "`--add-missing` for an older directory)"),
+        "`--add-missing` for an older directory)", family=Family.PERMISSION),
     Reason.UNREACHABLE: Meaning(
         None, EX_UNAVAILABLE,
         "start one with `holdfast up`, or point --coordinator / HOLDFAST_COORDINATOR at a running "
-        "coordinator"),
+        "coordinator", family=Family.UNAVAILABLE),
     Reason.CMD_NOT_FOUND: Meaning(
         None, EX_NOTFOUND,
-        "check the command's spelling, or give its path; `run` looks it up on PATH as the shell does"),
+        "check the command's spelling, or give its path; `run` looks it up on PATH as the shell does",
+        family=Family.BAD_INPUT),
     Reason.CMD_NOT_EXECUTABLE: Meaning(
         None, EX_NOEXEC,
-        "make it executable (`chmod +x`), or run it through its interpreter"),
+        "make it executable (`chmod +x`), or run it through its interpreter", family=Family.BAD_INPUT),
     Reason.TLS_FILE_MISSING: Meaning(
         None, EX_NOPERM,
         "make it with `holdfast certs init DIR` (`--add-missing` adds what an existing directory lacks), "
-        "or point --tls-dir / HOLDFAST_TLS_DIR at the directory that has it"),
+        "or point --tls-dir / HOLDFAST_TLS_DIR at the directory that has it", family=Family.PERMISSION),
     Reason.TLS_REQUIRED: Meaning(
         None, EX_NOPERM,
         "pass --tls-dir DIR (or set HOLDFAST_TLS_DIR) with certificates of the coordinator's CA (`holdfast "
-        "certs init`; a `holdfast up --tls` keeps them in its state directory's tls/)"),
+        "certs init`; a `holdfast up --tls` keeps them in its state directory's tls/)",
+        family=Family.PERMISSION),
     Reason.ENROLLMENT_REFUSED: Meaning(
         None, EX_NOPERM,
         "the enrollment issuer (HOLDFAST_ENROLL) refused this pod's token, for the reason in the message: "
         "HOLDFAST_TOKEN_FILE must be a projected ServiceAccount token of audience holdfast, the pod's "
         "namespace listed in the coordinator's session_namespaces, HOLDFAST_HOST_ID the pod's "
-        "spec.nodeName (docs/tenants.md, Session pods)"),
+        "spec.nodeName (docs/tenants.md, Session pods)", family=Family.PERMISSION),
     Reason.ENROLLMENT_UNAVAILABLE: Meaning(
         None, EX_UNAVAILABLE,
         "the enrollment issuer at HOLDFAST_ENROLL (or the API server it asks) did not answer: check the "
-        "address, the coordinator's --enroll-listen and its log, then retry"),
+        "address, the coordinator's --enroll-listen and its log, then retry", family=Family.UNAVAILABLE),
     Reason.TLS_HANDSHAKE_FAILED: Meaning(
         None, EX_NOPERM,
         "a certificate problem, not a missing coordinator: the coordinator's certificate is not from the "
         "CA in --tls-dir / HOLDFAST_TLS_DIR (or it serves plaintext: drop --tls-dir); check both sides' "
-        "ca.pem"),
+        "ca.pem", family=Family.PERMISSION),
     Reason.OWNER_ALIVE: Meaning(
         None, EX_TEMPFAIL,
         "end the owner first — `holdfast run --session {session} --takeover --force -- CMD` from another "
         "host has its agent end the tree — or stop it on its host; only if you mean to leave it running: "
-        "add --yes"),
+        "add --yes", family=Family.HELD),
     Reason.GUARD_UNREACHABLE: Meaning(
         None, EX_UNAVAILABLE,
         "the guarded store named by --guard did not answer or refused; nothing was asked of the session's "
-        "owner and nothing was written: fix the URL or start the store, then retry"),
+        "owner and nothing was written: fix the URL or start the store, then retry",
+        family=Family.UNAVAILABLE),
     Reason.GUARD_FAILED: Meaning(
         None, EX_TEMPFAIL,
         "CMD did not run and the grant was released: a guarded store could not take fence {fence} (it "
@@ -245,7 +267,7 @@ TABLE: dict[Reason, Meaning] = {
         F, EX_TEMPFAIL,
         "the owner's CMD has ended and its `run` has not released yet (it may be uploading carried "
         "state); `run --carry` waits for that by itself — retry, or drop --carry to take the session now",
-        waitable=True),
+        waitable=True, family=Family.HELD),
     Reason.CARRY_FAILED: Meaning(
         None, EX_TEMPFAIL,
         "the carried state named by --carry could not be packed or restored (the message says which "
@@ -257,7 +279,8 @@ TABLE: dict[Reason, Meaning] = {
     Reason.CARRY_TOO_LARGE: Meaning(
         F, EX_USAGE,
         "carry less (a smaller --carry PATH), raise the coordinator's carry_session_cap_bytes, or keep "
-        "large state on a shared home or a blob store (docs/carry.md); the last good copy is kept"),
+        "large state on a shared home or a blob store (docs/carry.md); the last good copy is kept",
+        family=Family.BAD_INPUT),
     Reason.CARRY_BUDGET_EXHAUSTED: Meaning(
         grpc.StatusCode.RESOURCE_EXHAUSTED, EX_TEMPFAIL,
         "the cluster's carried state has reached carry_budget_bytes: archive finished sessions "
@@ -291,6 +314,10 @@ def next_step(reason: str, session: str = "SESSION", fence: int = 0) -> str:
     """`fence` is the session's current fence when the caller knows it (0: shown as N)."""
     step = meaning(reason).next_step or UNKNOWN.next_step
     return step.format(session=session or "SESSION", fence=fence or "N")
+
+
+def family(reason: str) -> Family:
+    return meaning(reason).family
 
 
 def waitable(reason: str) -> bool:

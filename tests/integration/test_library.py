@@ -1,0 +1,106 @@
+"""The public library (holdfast.client) against a real stack — etcd, a coordinator, simulated hosts
+with their agents — in both forms: leaving the block releases the grant with CMD's tree gone; an
+exception in it does too and goes on; a takeover from another host makes the old owner's fenced
+write raise StaleFence. The example program runs as documented, and `mypy --strict` accepts it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.run_fixtures import Cluster, until
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = str(Path(__file__).with_name("library_driver.py"))
+EXAMPLE = ROOT / "examples" / "embed.py"
+FORMS = ["sync", "async"]
+
+
+def drive(cluster: Cluster, host_id: str, form: str, scenario: str, session: str) -> subprocess.Popen[bytes]:
+    host = cluster.hosts.get(host_id) or cluster.host(host_id)
+    return host.spawn([sys.executable, DRIVER, form, scenario, session], env=cluster.env(host),
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def lease(cluster: Cluster, session: str) -> tuple[int, int]:
+    record = cluster.record(session).record
+    return record.lease.claim_status, record.lease.fence
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_leaving_the_block_ends_cmd_and_releases(cluster: Cluster, form: str) -> None:
+    session = f"lib-exit-{form}"
+    out, err = drive(cluster, f"lib-exit-{form}", form, "exit", session).communicate(timeout=60)
+    lines = out.decode().splitlines()
+    assert lines[0].split()[:2] == ["held", "1"] and int(lines[0].split()[2]) > 0, err.decode()
+    assert lines[1:] == ["released False True", "done"], err.decode()
+    assert lease(cluster, session) == (pb.RELEASED, 1)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_exception_in_the_block_releases_and_goes_on(cluster: Cluster, form: str) -> None:
+    session = f"lib-raise-{form}"
+    proc = drive(cluster, f"lib-raise-{form}", form, "raise", session)
+    out, err = proc.communicate(timeout=60)
+    assert out.decode().splitlines() == ["reraised inside True", "done"], err.decode()
+    assert lease(cluster, session) == (pb.RELEASED, 1)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_takeover_from_another_host_makes_the_old_owners_write_stale(cluster: Cluster, form: str) -> None:
+    session = f"lib-takeover-{form}"
+    old = drive(cluster, f"lib-old-{form}", form, "takeover", session)
+    assert old.stdout is not None and old.stdin is not None
+    assert old.stdout.readline() == b"held 1\n", old.stderr.read() if old.stderr else b""
+    taker = cluster.run(cluster.host(f"lib-new-{form}"), session, "--takeover", cmd=["sleep", "600"])
+    until("the takeover's commit", lambda: lease(cluster, session) == (pb.LIVE, 2))
+    old.stdin.write(b"go\n")
+    old.stdin.flush()
+    out, err = old.communicate(timeout=60)
+    assert out.decode().splitlines() == ["stale STALE_FENCE handoff", "done"], err.decode()
+    assert lease(cluster, session) == (pb.LIVE, 2) and taker.proc.poll() is None
+
+
+def test_the_example_program_starts_writes_and_hands_off(cluster: Cluster) -> None:
+    host = cluster.host("lib-example")
+    proc = host.spawn([sys.executable, str(EXAMPLE), "lib-example"], env=cluster.env(host),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("fence 1: wrote progress at revision "), out
+    assert lines[1:] == ["fence 2: took over; the first run ended by handoff",
+                         "fence 1's late write: refused STALE_FENCE", "progress: b'step 2'",
+                         f"handed off; the second run's worker ended with status {128 + 15}"], err.decode()
+    assert lease(cluster, "lib-example") == (pb.RELEASED, 2)
+
+
+def installed_tree(tmp: Path) -> Path:
+    """The import package `holdfast` as an installed copy lays it out (pyproject's package-dir), for
+    mypy, which does not run the editable install's import hook."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, directory in config["package-dir"].items():
+        target = tmp.joinpath(*package.split("."))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(ROOT / directory)
+    return tmp
+
+
+def test_mypy_strict_accepts_the_example_program(tmp_path: Path) -> None:
+    tree = installed_tree(tmp_path / "site")
+    # Only the example is checked: the library's modules (and the generated protos' stubs, which
+    # follow-imports does not silence) are read for their types, their own findings not reported.
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\nfollow_imports = silent\n[mypy-holdfast.*]\nignore_errors = True\n")
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--config-file", str(config), "--no-incremental",
+         "--cache-dir", os.devnull, str(EXAMPLE)],
+        env={**os.environ, "MYPYPATH": str(tree)}, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
