@@ -155,7 +155,7 @@ async def _run_owner(spec: RunSpec, client: Client, outcome: dict[str, Any]) -> 
         raise
     outcome["fence"] = owner.grant.fence
     try:
-        status = await owner.supervise()
+        status = await owner.supervise(forward_signals=True)  # `holdfast run` passes signals on to CMD
     except (ClientError, asyncio.CancelledError) as exc:  # what came after CMD's start failed
         outcome["error"] = exc if isinstance(exc, ClientError) else interrupted()
         if owner.gate.process.returncode is not None:

@@ -294,8 +294,10 @@ class Owner:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.gate.pid, sig)
 
-    async def supervise(self, forward_signals: bool = True) -> int:
-        """Until CMD's tree is gone and released; returns CMD's status as a shell reports it.
+    async def supervise(self, forward_signals: bool = False) -> int:
+        """Until CMD's tree is gone and released; returns CMD's status as a shell reports it. With
+        `forward_signals` (the CLI's), the signals `holdfast run` forwards go to CMD's process group
+        from this loop's handlers; a library caller's own handlers are left alone by default.
         Cancelled (a Ctrl-C that came before the signals were forwarded, or the caller's cancel),
         it ends the tree and releases the grant, then lets the cancel go on: a cancel never leaves
         the session held by a tree nobody supervises."""
@@ -426,8 +428,8 @@ class Owner:
 
 
 async def run(spec: RunSpec, address: str | None = None, host_id: str | None = None,
-              say: Say = say_stderr) -> int:
+              say: Say = say_stderr, forward_signals: bool = False) -> int:
     """`holdfast run`: CMD's status, or raises ClientError (nothing ran)."""
     async with Client(address, host_id) as client:
         owner = await Owner.start(client, spec, say)
-        return await owner.supervise()
+        return await owner.supervise(forward_signals)
