@@ -103,11 +103,12 @@ class Lifecycle:
             history=[protojson.parse(e.value, pb.HistoryEntry) for e in history])
 
     async def purge_archives(
-        self, request: pb.PurgeArchivesRequest
+        self, request: pb.PurgeArchivesRequest, in_scope: Callable[[pb.SessionRecord], bool]
     ) -> pb.PurgeArchivesResponse:
-        """Retention of archives: history older than the age is dropped, a bounded number per call.
-        The archived record shrinks to its fence floor, which is kept forever (a few bytes): a revived
-        id must never reuse a fence number."""
+        """Retention of archives: history older than the age is dropped, a bounded number per call,
+        of the archives `in_scope` admits (the caller's tenants). The archived record shrinks to its
+        fence floor, which is kept forever (a few bytes): a revived id must never reuse a fence
+        number."""
         limit = min(request.limit or 100, MAX_PURGE)
         cutoff = now_ms() - request.older_than_seconds * 1000
         response = pb.PurgeArchivesResponse()
@@ -119,7 +120,7 @@ class Lifecycle:
                 if not entry.key.endswith("/record"):
                     continue
                 record = records.decode_record(entry.value)
-                if not lifecycle_rules.purge_due(record, cutoff):
+                if not in_scope(record) or not lifecycle_rules.purge_due(record, cutoff):
                     continue
                 if len(response.purged) >= limit:
                     response.more = True

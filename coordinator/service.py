@@ -439,7 +439,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     @_handler
     async def PurgeArchives(self, request: pb.PurgeArchivesRequest,
                             context: grpc.aio.ServicerContext) -> pb.PurgeArchivesResponse:
-        return await self.lifecycle.purge_archives(request)
+        return await self.lifecycle.purge_archives(request, self.tenancy.retention_scope(context))
 
     @_handler
     async def DrainHost(self, request: pb.DrainHostRequest,

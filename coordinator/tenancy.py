@@ -13,6 +13,7 @@ coordinator (no identities at all: every caller is the default tenant and sees e
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -98,6 +99,15 @@ class Tenancy:
         found = await self.bound(sid)
         self.judge(rpc, sid, found, who)
         return who if found is not None else None
+
+    def retention_scope(self, context: grpc.aio.ServicerContext) -> Callable[[pb.SessionRecord], bool]:
+        """Whose archives a purge drops: every tenant's for the maintenance role (the retention
+        CronJob, cluster-wide as ever) and an all-tenants operator; an operator of one tenant its
+        own alone — else it dropped other tenants' archived history and was told their ids."""
+        role, who = peer_role(context), self.caller(context)
+        if role is not None and role.kind == "maintenance":
+            return lambda _: True
+        return lambda record: who.may_act_on(tenant_of(record, self.default))
 
     def require_all(self, rpc: str, context: grpc.aio.ServicerContext) -> None:
         """A call whose effect reaches every tenant on a host or in the cluster (a drain flag, a

@@ -281,6 +281,26 @@ def test_an_archived_or_purged_id_stays_its_tenants(
     assert again.record.tenant == "team-a" and again.grant.fence > granted.grant.fence
 
 
+def test_a_scoped_operator_purges_only_its_tenants_archives(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    coordinator, _ = stack
+    op_b, op = as_(coordinator, pki, "op-b"), as_(coordinator, pki, "op-all")
+    for who, sid in (("team-a", "sess-purge-a"), ("team-b", "sess-purge-b")):
+        runtime = as_(coordinator, pki, who)
+        granted = acquire(runtime, sid).grant
+        runtime.Release(pb.ReleaseRequest(session_id=sid, fence=granted.fence, secret=granted.secret,
+                                          cluster_id=granted.cluster_id), timeout=10)
+        op.ArchiveSession(pb.ArchiveSessionRequest(session_id=sid, expected_fence=granted.fence, operator="o",
+                                                   reason="done"), timeout=10)
+    a_archive = [(k, v) for k, v in state(etcd_tls, prefix, pki) if "sess-purge-a" in k]
+    purged = op_b.PurgeArchives(pb.PurgeArchivesRequest(older_than_seconds=0, limit=100), timeout=10).purged
+    assert list(purged) == ["sess-purge-b"], "another tenant's archive purged, or its id told"
+    assert [(k, v) for k, v in state(etcd_tls, prefix, pki) if "sess-purge-a" in k] == a_archive
+    assert list(op.PurgeArchives(pb.PurgeArchivesRequest(older_than_seconds=0, limit=100),
+                                 timeout=10).purged) == ["sess-purge-a"]
+
+
 def _cert(pki: Path, who: str) -> x509.Certificate:
     return x509.load_pem_x509_certificate((pki / who / f"{CALLERS[who].kind}.pem").read_bytes())
 
