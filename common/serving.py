@@ -7,13 +7,18 @@ SIGINT health turns NOT_SERVING first, then in-flight calls drain within the gra
 `--health-listen` a second, plaintext port answers grpc.health.v1 and nothing else: kubelet gRPC
 probes cannot present a client certificate, and a health status is no secret. Every port is bound
 exclusively (no SO_REUSEPORT); a taken one stops the server at once, naming the holder where it can.
+Under a service manager that asks (NOTIFY_SOCKET: the Type=notify units of deploy/systemd), READY=1
+is sent after the ready file is written and SIGTERM handled, and STOPPING=1 when the drain begins.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,15 +116,31 @@ def announce(ready_file: str | None, serving: Serving, metrics: str = "", enroll
         tmp.rename(ready_file)
 
 
+def notify(state: str) -> None:
+    """sd_notify(3) without libsystemd: `state` to the service manager's socket when one was given.
+    A unit of Type=notify is started (and what is ordered after it may start) only on READY=1; a
+    manager that cannot be told is no reason to stop serving, so a failed send is ignored."""
+    path = os.environ.get("NOTIFY_SOCKET", "")
+    if not path.startswith(("/", "@")):
+        return
+    address = "\0" + path[1:] if path.startswith("@") else path  # "@": the abstract namespace
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock, \
+            contextlib.suppress(OSError):
+        sock.sendto(state.encode(), address)
+
+
 async def until_stop_signal() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Only now: a stop the manager sends as soon as it hears READY=1 must drain, not kill.
+    notify("READY=1")
     await stop.wait()
 
 
 async def drain(serving: Serving, grace_seconds: float) -> None:
+    notify("STOPPING=1")
     await serving.health.enter_graceful_shutdown()
     await serving.server.stop(grace_seconds)
     if serving.health_server is not None:
