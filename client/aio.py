@@ -88,10 +88,12 @@ class AsyncConnection:
 
     @property
     def address(self) -> str:
+        """The coordinator's address this connection calls."""
         return self.client.address
 
     @property
     def host_id(self) -> str:
+        """The host id this connection acquires as (the one its agent registered)."""
         return self.client.host_id
 
     async def __aenter__(self) -> AsyncConnection:
@@ -181,7 +183,7 @@ class AsyncRun:
             raise
         self.supervisor = asyncio.create_task(self.owner.supervise(self.forward_signals))
 
-    def started(self) -> tuple[Owner, asyncio.Task[int]]:
+    def _started(self) -> tuple[Owner, asyncio.Task[int]]:
         if self.owner is None or self.supervisor is None:
             raise ClientError(Reason.INVALID_ARGUMENT, "this run has not started: `async with` it",
                               self.spec.session_id)
@@ -190,61 +192,64 @@ class AsyncRun:
     async def wait(self) -> int:
         """Until CMD has ended (by itself, or asked to let go) and the grant is released: CMD's status
         as a shell reports it (128 + N when signal N ended it)."""
-        return await asyncio.shield(self.started()[1])
+        return await asyncio.shield(self._started()[1])
 
     async def stop(self) -> int:
         """Ends CMD's tree if it still runs (SIGTERM, `grace`, SIGKILL), then as `wait`."""
-        owner, supervisor = self.started()
+        owner, supervisor = self._started()
         if not supervisor.done():
             await asyncio.to_thread(end_tree, owner.tree, self.spec.grace)
         return await asyncio.shield(supervisor)
 
     @property
     def session_id(self) -> str:
+        """The session this run is the writer of."""
         return self.spec.session_id
 
     @property
     def grant(self) -> Grant:
         """The grant every fenced write of this run carries (its secret is never printed)."""
-        return self.started()[0].grant
+        return self._started()[0].grant
 
     @property
     def fence(self) -> int:
+        """The grant's fence: every write under it is refused once the session has moved past it."""
         return self.grant.fence
 
     @property
     def pid(self) -> int:
         """CMD's pid (its gate's, exec'd into CMD): the leader of CMD's process group."""
-        return self.started()[0].gate.pid
+        return self._started()[0].gate.pid
 
     @property
     def record(self) -> Record:
         """The session's record as committed to CMD: `record.resume_handle` is what CMD resumes."""
-        return record_of(self.started()[0].record)
+        return record_of(self._started()[0].record)
 
     @property
     def running(self) -> bool:
         """Whether CMD's tree has yet to end and the grant to be released."""
-        return not self.started()[1].done()
+        return not self._started()[1].done()
 
     @property
     def status(self) -> int | None:
         """CMD's status as `wait` returns it, once CMD has ended and the grant was released; None
         before (or the error that ended the supervision, raised)."""
-        supervisor = self.started()[1]
+        supervisor = self._started()[1]
         return supervisor.result() if supervisor.done() else None
 
     @property
     def ended_by(self) -> str:
         """"handoff" once a takeover or a drain asked this owner to let go, "lost" once its fence
         moved on without asking, "" otherwise."""
-        return self.started()[0].ended_by
+        return self._started()[0].ended_by
 
     async def put(self, key: str, value: bytes) -> int:
         """A fenced write under this run's grant: StaleFence once the session has moved on."""
         return await self.connection.put(self.grant, key, value)
 
     async def get(self, key: str) -> FencedValue:
+        """The session's fenced `key`, as last written by any of its owners."""
         return await self.connection.get(self.session_id, key)
 
     async def record_handle(self, handle: str) -> Record:

@@ -45,10 +45,12 @@ class ClientError(Exception):
 
     @property
     def exit_code(self) -> int:
+        """What `holdfast` exits with for this reason (75 held or unknown, 69 unavailable, ...)."""
         return reasons.exit_code(self.reason)
 
     @property
     def next_step(self) -> str:
+        """What to do about it, fitted to what the caller tried when it is known."""
         return self.hint or reasons.next_step(self.reason, self.session, self.fence)
 
     def __str__(self) -> str:

@@ -90,10 +90,12 @@ class Connection:
 
     @property
     def address(self) -> str:
+        """The coordinator's address this connection calls."""
         return self.connection.address
 
     @property
     def host_id(self) -> str:
+        """The host id this connection acquires as (the one its agent registered)."""
         return self.connection.host_id
 
     def __enter__(self) -> Connection:
@@ -154,7 +156,7 @@ class Run:
         try:
             self.connection.loop.call(self.run.__aexit__(kind, error, traceback))
         finally:
-            self.restore_signals()
+            self._restore_signals()
             if self.owns_connection:
                 self.connection.close()
 
@@ -170,16 +172,16 @@ class Run:
             return
         try:
             for sig in FORWARDED_SIGNALS:
-                self.saved[sig] = signal.signal(sig, self.forward)
+                self.saved[sig] = signal.signal(sig, self._forward)
         except BaseException as error:  # e.g. not the main thread: the run does not go on unforwarded
             self.__exit__(type(error), error, error.__traceback__)
             raise
 
-    def forward(self, sig: int, _frame: FrameType | None) -> None:
+    def _forward(self, sig: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.run.pid, sig)
 
-    def restore_signals(self) -> None:
+    def _restore_signals(self) -> None:
         while self.saved:
             sig, handler = self.saved.popitem()
             signal.signal(sig, handler)
@@ -196,6 +198,7 @@ class Run:
 
     @property
     def session_id(self) -> str:
+        """The session this run is the writer of."""
         return self.run.session_id
 
     @property
@@ -205,6 +208,7 @@ class Run:
 
     @property
     def fence(self) -> int:
+        """The grant's fence: every write under it is refused once the session has moved past it."""
         return self.run.fence
 
     @property
@@ -219,6 +223,7 @@ class Run:
 
     @property
     def running(self) -> bool:
+        """Whether CMD's tree has yet to end and the grant to be released."""
         return self.run.running
 
     @property
@@ -236,6 +241,7 @@ class Run:
         return self.connection.put(self.grant, key, value)
 
     def get(self, key: str) -> FencedValue:
+        """The session's fenced `key`, as last written by any of its owners."""
         return self.connection.get(self.session_id, key)
 
     def record_handle(self, handle: str) -> Record:

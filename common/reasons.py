@@ -31,6 +31,8 @@ F = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class Reason(StrEnum):
+    """Why a call was refused or failed: one row of TABLE each (compared as values, never spelled)."""
+
     # Verdicts that grant (adjudication's reasons for a grant; never an error).
     FREE = "FREE"
     OWNER_DEAD = "OWNER_DEAD"

@@ -131,3 +131,27 @@ def test_the_client_library_has_a_method_for_every_rpc() -> None:
     missing = [rpc for rpc, method in CLIENT_METHOD.items()
                if method and not callable(getattr(Client, method, None))]
     assert missing == []
+
+
+def test_examples_embed_only_the_public_library() -> None:
+    """examples/ shows what an embedding runtime writes: names of holdfast.client's __all__, nothing
+    of the layer below (Client, Owner, protobuf)."""
+    import holdfast.client as public
+
+    wrong = []
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        for imported, names in holdfast_imports(ast.parse(path.read_text(), str(path))):
+            if imported != "client" or not set(names) <= set(public.__all__):
+                wrong.append(f"{path.name} imports {names or ''} from holdfast.{imported}")
+    assert wrong == []
+
+
+def test_every_package_of_the_public_library_is_marked_typed() -> None:
+    """PEP 561: py.typed beside the public library and everything its hints name, and in the
+    wheel's package data, so a type checker reads the hints of an installed copy."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in config["package-data"]["*"]
+    typed = ("holdfast.client", "holdfast.common", "holdfast.proc", "holdfast.v1")
+    assert [name for name in typed if not (ROOT / config["package-dir"][name] / "py.typed").is_file()] == []
