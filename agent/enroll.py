@@ -15,10 +15,8 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from holdfast.common import certs
 from holdfast.common.reasons import reason_of
 from holdfast.common.tls import Role
 from holdfast.v1 import enrollment_pb2 as pb
@@ -47,15 +45,7 @@ class Credentials:
 
 def new_key_and_csr(node: str) -> tuple[bytes, bytes]:
     """An EC P-256 key and a CSR asking for this node's agent role only."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    role = Role("agent", node).uri()
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
-           .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(role)]), critical=False)
-           .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return key_pem, csr.public_bytes(serialization.Encoding.PEM)
+    return certs.key_and_csr(Role("agent", node))
 
 
 async def request(target: str, server_ca_pem: bytes, csr_pem: bytes, token: str,

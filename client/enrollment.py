@@ -23,12 +23,10 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
 
 from holdfast.client.errors import ClientError
-from holdfast.common import env, files, reloading, tls
+from holdfast.common import certs, env, files, reloading, tls
 from holdfast.common.reasons import Reason, reason_of
 from holdfast.common.retry import retrying
 from holdfast.v1 import enrollment_pb2 as pb
@@ -52,19 +50,6 @@ def due_in(cert_pem: bytes, now: float | None = None) -> float:
     cert = x509.load_pem_x509_certificate(cert_pem)
     start, end = cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp()
     return start + (end - start) * RENEW_AT - (time.time() if now is None else now)
-
-
-def new_key_and_csr() -> tuple[bytes, bytes]:
-    """An EC P-256 key and a CSR asking for the client role only (the issuer adds the tenant)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    role = ROLE.uri()
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
-           .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(role)]), critical=False)
-           .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return key_pem, csr.public_bytes(serialization.Encoding.PEM)
 
 
 def check_signed(cert_pem: bytes, key_pem: bytes) -> str:
@@ -154,7 +139,7 @@ class Enroller:
         except OSError as exc:
             raise ClientError(Reason.TLS_FILE_MISSING, f"cannot read what enrollment needs: {exc} (the "
                               f"token: {env.TOKEN_FILE}, the issuer's CA: {env.ENROLL_CA})") from None
-        key_pem, csr_pem = new_key_and_csr()
+        key_pem, csr_pem = certs.key_and_csr(ROLE)  # the issuer adds the tenant
         options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
         async with grpc.aio.secure_channel(self.target, grpc.ssl_channel_credentials(server_ca),
                                            options=options) as channel:

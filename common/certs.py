@@ -119,6 +119,18 @@ def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, subject
             .sign(ca_key, hashes.SHA256()))
 
 
+def key_and_csr(role: Role) -> tuple[bytes, bytes]:
+    """A new EC P-256 key (PEM, PKCS#8) and a CSR asking for `role` only: what an enrolling agent or
+    session pod sends; the key never leaves its process but to its own TLS directory."""
+    key = _new_key()
+    uri = role.uri()
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, uri)]))
+           .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=False)
+           .sign(key, hashes.SHA256()))
+    return _key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
+
+
 def sign_agent(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
                public_key: ec.EllipticCurvePublicKey, node: str, uris: list[str],
                lifetime: datetime.timedelta) -> x509.Certificate:

@@ -17,7 +17,7 @@ import datetime
 import functools
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -191,15 +191,10 @@ class Issuer:
         rules.check_sizes(csr_pem, token)
         csr = rules.parse_csr(csr_pem)
         identity = await asyncio.to_thread(identify, self.kube, self.namespace, csr, token)
-        public_key = csr.public_key()
-        assert isinstance(public_key, ec.EllipticCurvePublicKey)  # parse_csr admitted only P-256
-        cert = certs.sign_agent(self.ca_key, self.ca_cert, public_key, identity.node, identity.uris(),
-                                self.lifetime)
-        self.issued += 1
-        log.info("enrollment signed", extra={"fields": {
-            "node": identity.node, "node_uid": identity.node_uid, "pod": identity.pod_name,
-            "pod_uid": identity.pod_uid, "serial": format(cert.serial_number, "x"),
-            "not_after": cert.not_valid_after_utc.isoformat()}})
+        cert = self._signed(csr, lambda key: certs.sign_agent(
+            self.ca_key, self.ca_cert, key, identity.node, identity.uris(), self.lifetime),
+            "enrollment signed", {"node": identity.node, "node_uid": identity.node_uid,
+                                  "pod": identity.pod_name, "pod_uid": identity.pod_uid})
         return pb.EnrollResponse(certificate_pem=cert.public_bytes(serialization.Encoding.PEM),
                                  ca_bundle_pem=self.trust, node=identity.node,
                                  not_after_unix=int(cert.not_valid_after_utc.timestamp()))
@@ -212,19 +207,27 @@ class Issuer:
         csr = rules.parse_csr(csr_pem)
         signing = self.sessions
         identity = await asyncio.to_thread(identify_session, self.kube, signing.policy, csr, token, node)
-        public_key = csr.public_key()
-        assert isinstance(public_key, ec.EllipticCurvePublicKey)  # parse_csr admitted only P-256
-        cert = certs.sign_session(signing.ca_key, signing.ca_cert, public_key, identity.uris(),
-                                  signing.lifetime)
-        self.issued += 1
-        log.info("session enrollment signed", extra={"fields": {
-            "tenant": identity.tenant, "spiffe_id": identity.spiffe_id, "pod_uid": identity.pod_uid,
-            "node": identity.node, "serial": format(cert.serial_number, "x"),
-            "not_after": cert.not_valid_after_utc.isoformat()}})
+        cert = self._signed(csr, lambda key: certs.sign_session(
+            signing.ca_key, signing.ca_cert, key, identity.uris(), signing.lifetime),
+            "session enrollment signed", {"tenant": identity.tenant, "spiffe_id": identity.spiffe_id,
+                                          "pod_uid": identity.pod_uid, "node": identity.node})
         return pb.EnrollSessionResponse(certificate_pem=cert.public_bytes(serialization.Encoding.PEM),
                                         ca_bundle_pem=self.trust, tenant=identity.tenant,
                                         spiffe_id=identity.spiffe_id,
                                         not_after_unix=int(cert.not_valid_after_utc.timestamp()))
+
+
+    def _signed(self, csr: x509.CertificateSigningRequest,
+                sign: Callable[[ec.EllipticCurvePublicKey], x509.Certificate], event: str,
+                fields: dict[str, str]) -> x509.Certificate:
+        """The certificate `sign` makes for the CSR's key, counted and logged with `fields`."""
+        public_key = csr.public_key()
+        assert isinstance(public_key, ec.EllipticCurvePublicKey)  # parse_csr admitted only P-256
+        cert = sign(public_key)
+        self.issued += 1
+        log.info(event, extra={"fields": {**fields, "serial": format(cert.serial_number, "x"),
+                                          "not_after": cert.not_valid_after_utc.isoformat()}})
+        return cert
 
 
 class EnrollmentService(pb_grpc.EnrollmentServicer):

@@ -31,6 +31,18 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[EtcdServer]:
+    """An etcd on the etcd CA of the module's `pki` fixture (<pki>/etcd, as `certs init` makes it),
+    for a coordinator serving with --tls-dir <pki>."""
+    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-tls")) / "data", fast_election=True,
+                        tls_dir=pki / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def snapshot(etcd_url: str, prefix: str,
              credentials: grpc.ChannelCredentials | None = None) -> list[tuple[str, bytes]]:
     """Every key and value under prefix: compared before and after to prove nothing was written."""

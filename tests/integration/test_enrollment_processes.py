@@ -41,16 +41,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-@pytest.fixture(scope="module")
-def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-tls")) / "data", fast_election=True,
-                        tls_dir=pki / "etcd").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def issuing_coordinator(tls_etcd: EtcdServer, tmp_path: Path, prefix: str, pki: Path,
                         kube: KubeStandIn) -> Iterator[Coordinator]:
