@@ -2,6 +2,9 @@
 a fault proxy in front of every etcd member, every coordinator, every agent's link to its
 coordinator and every agent's own listener.
 
+With `tls`, everything speaks mTLS (etcd on its own CA) with `holdfast certs init`'s certificates
+in `pki`, and `pki/rogue/` holds a runtime certificate of another tenant ("rogue").
+
 Guarantee: everything listens on 127.0.0.0/8 only; `stop()` ends every process it started, by pid,
 after resuming any it paused (a stopped process cannot be ended by SIGTERM). Clients, agents and
 coordinators reach etcd, coordinators and agents only through proxies, so a link can be cut
@@ -19,6 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
+from holdfast.common import certs, tls
+from holdfast.common.tls import Role
 from holdfast.localstack.etcd_server import EtcdServer, free_port
 from holdfast.localstack.simhost import SimulatedHost
 from tests.faults.proxy import FaultProxy, ProxyLoop
@@ -43,10 +50,26 @@ class FaultCluster:
     agent_links: list[FaultProxy] = field(default_factory=list)  # host i → its coordinator
     probe_links: list[FaultProxy] = field(default_factory=list)  # coordinators → host i's agent
     paused: set[int] = field(default_factory=set)
+    tls: bool = False
+
+    @property
+    def pki(self) -> Path | None:
+        return self.tmp / "pki" if self.tls else None
+
+    def channel(self, address: str, role: str = "operator") -> grpc.Channel:
+        """A channel to a coordinator presenting `role`'s certificate (mTLS), or plaintext."""
+        if self.pki is None:
+            return grpc.insecure_channel(address)
+        return tls.open_channel(address, self.pki, Role(role), sync=True)  # type: ignore[return-value]
 
     def start(self) -> FaultCluster:
+        pki = self.pki
+        if pki is not None:
+            certs.init_local(pki, [f"h{i}" for i in range(len(HOST_INDEXES))], ["127.0.0.1", "localhost"])
+            certs.issue_one(pki, Role("client", "", "rogue"), [], pki / "rogue")
         members = [EtcdServer(self.tmp / f"etcd{i}", name=f"m{i}", election_ms=CLUSTER_ELECTION_MS,
-                              client_port=free_port(), peer_port=free_port()) for i in range(3)]
+                              client_port=free_port(), peer_port=free_port(),
+                              tls_dir=pki / "etcd" if pki else None) for i in range(3)]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
         for m in members:
             m.initial_cluster = initial
@@ -55,12 +78,14 @@ class FaultCluster:
             m.wait_healthy(30)
         self.etcd_proxies = [self.proxies.add(f"etcd{i}", f"127.0.0.1:{m.client_port}", seed=self.seed + i)
                              for i, m in enumerate(members)]
-        endpoints = ",".join(f"http://{p.address}" for p in self.etcd_proxies)
+        scheme = "https" if pki else "http"
+        endpoints = ",".join(f"{scheme}://{p.address}" for p in self.etcd_proxies)
+        tls_args = ("--tls-dir", str(pki)) if pki else ()
         prefix = f"/holdfast-faults/{uuid.uuid4().hex}/"
         for i in range(2):
             state = self.tmp / f"coordinator{i}"
             state.mkdir()
-            self.coordinators.append(Coordinator(endpoints, state, prefix).start(30))
+            self.coordinators.append(Coordinator(endpoints, state, prefix, args=tls_args).start(30))
         self.coordinator_proxies = [self.proxies.add(f"coordinator{i}", c.address, seed=self.seed + 10 + i)
                                     for i, c in enumerate(self.coordinators)]
         for i, index in enumerate(HOST_INDEXES):
@@ -71,7 +96,7 @@ class FaultCluster:
             probe = self.proxies.add(f"probe-link{i}", listen, seed=self.seed + 30 + i)
             self.probe_links.append(probe)
             host = SimulatedHost(f"h{i}", index, self.tmp / f"h{i}", agent_args=[
-                "--coordinator", link.address, "--listen", listen, "--advertise", probe.address])
+                "--coordinator", link.address, "--listen", listen, "--advertise", probe.address, *tls_args])
             host.start(30)
             self.hosts.append(host)
         return self

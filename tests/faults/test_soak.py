@@ -6,6 +6,7 @@ longer one, HOLDFAST_SOAK_SEED replays one. Figures go to stdout (see docs/relia
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -30,7 +31,7 @@ def _seed() -> int:
 
 def _soak(tmp: Path, seconds: float, max_ops: int, skip_gate: bool = False) -> tuple[Soak, list]:  # type: ignore[type-arg]
     seed = _seed()
-    cluster = FaultCluster(tmp / "cluster", seed)
+    cluster = FaultCluster(tmp / "cluster", seed, tls=True)
     (tmp / "cluster").mkdir()
     started = time.monotonic()
     try:
@@ -38,6 +39,8 @@ def _soak(tmp: Path, seconds: float, max_ops: int, skip_gate: bool = False) -> t
         soak = Soak(cluster, tmp, seed, skip_gate=skip_gate)
         try:
             soak.run(max_ops, seconds)
+            for _ in range(3):  # whatever the faults drawn: another tenant tries each soak's sessions
+                soak.ops[f"rogue-tenant-{asyncio.run(soak.rogue_tenant())}"] += 1
             violations = check(soak.history())
         finally:
             soak.kill_all()
@@ -52,6 +55,10 @@ def test_randomized_soak_keeps_every_promise(tmp_path: Path) -> None:
     soak, violations = _soak(tmp_path, seconds, max_ops=int(seconds * 4))
     assert sum(soak.ops.values()) > 0 and sum(soak.faults.values()) > 0
     assert not violations, "\n".join(str(v) for v in violations)
+    # Another tenant's forced takeovers: every one refused before anything was asked or signalled.
+    rogue = {k: n for k, n in soak.ops.items() if k.startswith("rogue-tenant-")}
+    refused = {"rogue-tenant-WRONG_TENANT", "rogue-tenant-no-session", "rogue-tenant-no-host"}
+    assert set(rogue) <= refused and rogue.get("rogue-tenant-WRONG_TENANT"), rogue
 
 
 def test_a_client_that_skips_the_gate_is_caught(tmp_path: Path) -> None:

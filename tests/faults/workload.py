@@ -51,7 +51,7 @@ HOSTILE = ("hopper", "dropper", "setsid", "ignore-term")
 FAULTS = ("kill-child", "kill-run", "kill-agent", "kill-coordinator", "kill-etcd-member", "kill-etcd-leader",
           "pause-child", "pause-run", "pause-agent", "pause-coordinator", "cut-agent-link", "cut-probe-link",
           "cut-coordinator", "degrade-etcd", "reboot-host", "pid-reuse", "kill-before-commit", "rogue-force",
-          "archive")
+          "archive", "rogue-tenant")
 
 
 @dataclass
@@ -95,6 +95,12 @@ class Soak:
             for suffix in (".lock", ".log"):
                 (self.shared / f"{session}{suffix}").touch(mode=0o666)
                 os.chmod(self.shared / f"{session}{suffix}", 0o666)
+        if self.cluster.pki is not None:
+            # A runtime certificate nobody's runs can read (a test's copy: a real one is the user's).
+            (self.shared / "tls").mkdir(mode=0o755)
+            for name in ("ca.pem", "client.pem", "client.key"):
+                shutil.copy(self.cluster.pki / name, self.shared / "tls" / name)
+                os.chmod(self.shared / "tls" / name, 0o644)
         print(f"fault soak seed={self.seed} (HOLDFAST_SOAK_SEED={self.seed} replays the choices)", flush=True)
 
     # --- workload ---------------------------------------------------------------------------
@@ -107,7 +113,8 @@ class Soak:
         # XDG_STATE_HOME: takeovers' operation ids stay in the soak's tmp too, never shared with
         # another test run on this machine (run_fixtures.Cluster.env says why).
         return {**os.environ, "HOLDFAST_HOST_ID": host.host_id, "HOLDFAST_COORDINATOR": coordinator,
-                "TMPDIR": str(self.tmp), "XDG_STATE_HOME": str(self.tmp / "state")}
+                "TMPDIR": str(self.tmp), "XDG_STATE_HOME": str(self.tmp / "state"),
+                **({"HOLDFAST_TLS_DIR": str(self.cluster.pki)} if self.cluster.pki else {})}
 
     @property
     def child_script(self) -> str:
@@ -153,6 +160,8 @@ class Soak:
                 python, more = unprivileged.interpreter()
                 home = str(self.shared / "home")
                 env.update(more, HOME=home, TMPDIR=home, XDG_STATE_HOME=home)
+                if self.cluster.pki is not None:
+                    env["HOLDFAST_TLS_DIR"] = str(self.shared / "tls")
                 prefix = unprivileged.DROP
             self.ops["by-nobody" if as_nobody else "by-root"] += 1
             self.ops[f"hostile-{extra[1]}" if hostile else "well-behaved"] += 1
@@ -290,6 +299,8 @@ class Soak:
             self.ops[f"rogue-force-{asyncio.run(self._rogue_force())}"] += 1
         elif kind == "archive":
             self.ops[f"archive-{self._archive()}"] += 1
+        elif kind == "rogue-tenant":
+            self.ops[f"rogue-tenant-{asyncio.run(self.rogue_tenant())}"] += 1
         self.faults[kind] += 1
 
     async def _rogue_force(self) -> str:
@@ -299,7 +310,8 @@ class Soak:
         if not hosts:
             return "no-host"
         host, session = self.rng.choice(hosts), self.rng.choice(self.session_ids())
-        async with Client(self.cluster.coordinator_address(0), host_id=host.host_id) as client:
+        async with Client(self.cluster.coordinator_address(0), host_id=host.host_id,
+                          tls_dir=self.cluster.pki) as client:
             try:
                 grant, _ = await client.acquire(session, os.urandom(16).hex(), force=True, takeover=True)
             except ClientError as err:
@@ -308,10 +320,38 @@ class Soak:
                 await client.release(grant)  # a reservation; nothing was killed for it (free session)
             return "granted"
 
+    async def rogue_tenant(self) -> str:
+        """A forced takeover by another tenant's runtime (`pki/rogue`) of a session the workload
+        made: refused WRONG_TENANT every time, before anything is asked or signalled. Only ids with a
+        record are tried: a fresh id would become the rogue tenant's, as any id becomes its first
+        acquirer's."""
+        pki, hosts = self.cluster.pki, self.live_hosts()
+        if pki is None or not hosts:
+            return "no-tls" if pki is None else "no-host"
+        made = [s for s in self.session_ids() if s in self._recorded()]
+        if not made:
+            return "no-session"
+        async with Client(self.cluster.coordinator_address(self.rng.randrange(2)),
+                          host_id=self.rng.choice(hosts).host_id, tls_dir=pki / "rogue") as client:
+            try:
+                await client.acquire(self.rng.choice(made), os.urandom(16).hex(), force=True, takeover=True)
+            except ClientError as err:
+                return str(err.reason)
+        return "granted"
+
+    def _recorded(self) -> set[str]:
+        with self.cluster.channel(self.cluster.coordinator_address(1)) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            try:
+                listed = stub.ListSessions(pb.ListSessionsRequest(), timeout=5).records
+                return {r.session_id for r in listed}
+            except grpc.RpcError:
+                return set()
+
     def _archive(self) -> str:
         """Archive a session at its current fence (refused while owned), so the next run revives it."""
         session = self.rng.choice(self.session_ids())
-        channel = grpc.insecure_channel(self.cluster.coordinator_address(1))
+        channel = self.cluster.channel(self.cluster.coordinator_address(1))
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             record = stub.GetSession(pb.GetSessionRequest(session_id=session), timeout=5).record
@@ -380,7 +420,7 @@ class Soak:
 
     # --- the run ----------------------------------------------------------------------------
     def _sample(self) -> None:
-        channel = grpc.insecure_channel(self.cluster.coordinators[0].address)
+        channel = self.cluster.channel(self.cluster.coordinators[0].address)
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         for n in itertools.count():
             if self._sampling.is_set():
@@ -536,7 +576,7 @@ class Soak:
 
     async def _present(self, acked: list[Event]) -> list[Event]:
         present = []
-        async with Client(self.cluster.coordinators[0].address) as client:
+        async with Client(self.cluster.coordinators[0].address, tls_dir=self.cluster.pki) as client:
             for event in acked:
                 for _ in range(5):
                     try:
