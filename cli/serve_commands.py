@@ -168,7 +168,8 @@ def _issuer(args: argparse.Namespace, tls_dir: Path | None) -> tuple[str, Any] |
     from holdfast.enrollment import session_rules
 
     namespace = args.enroll_namespace or enrollment.namespace_default()
-    policy = session_rules.parse_namespaces(args.session_namespaces, namespace, args.trust_domain)
+    policy = session_rules.parse_namespaces(args.session_namespaces, namespace, args.trust_domain,
+                                            args.default_tenant)
     sessions = (enrollment.SessionSigning.from_dir(tls_dir, policy,
                                                    datetime.timedelta(seconds=args.session_lifetime_seconds))
                 if policy.tenants or policy.any_namespace else None)

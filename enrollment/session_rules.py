@@ -42,27 +42,34 @@ class SessionPolicy:
     """Which namespaces' pods may enroll, and the tenant each one's certificates name.
 
     `tenants` maps a namespace to its tenant; `any_namespace` lets every other namespace enroll as
-    its own tenant, except `own_namespace` (holdfast's: its pods are infrastructure, not a tenant).
+    its own tenant, except `own_namespace` (holdfast's: its pods are infrastructure, not a tenant)
+    and a namespace named like the coordinator's `default_tenant`: as that tenant its pods would act
+    on every session recorded before tenants and every client's whose certificate names none
+    (Kubernetes' own `default` namespace, where anyone with a pod may be). The table may still name
+    it explicitly.
     """
 
     tenants: Mapping[str, str] = field(default_factory=dict)
     any_namespace: bool = False
     own_namespace: str = ""
     trust_domain: str = DEFAULT_TRUST_DOMAIN
+    default_tenant: str = "default"
 
     def tenant(self, namespace: str) -> str:
         if namespace in self.tenants:
             return self.tenants[namespace]
-        if self.any_namespace and namespace != self.own_namespace:
+        if self.any_namespace and namespace not in (self.own_namespace, self.default_tenant):
             return namespace
         allowed = sorted(self.tenants)[:8] + ([ANY_NAMESPACE] if self.any_namespace else [])
+        unless = ("; `*` never admits the namespace named like the default tenant: list it to mean it"
+                  if self.any_namespace and namespace == self.default_tenant else "")
         raise Refusal(Reason.NAMESPACE_NOT_ALLOWED, f"pods of namespace {namespace[:63]!r} may not enroll "
                       f"for session certificates (allowed: {allowed or 'none'}; the coordinator's "
-                      "session_namespaces setting)")
+                      f"session_namespaces setting{unless})")
 
 
-def parse_namespaces(text: str, own_namespace: str = "",
-                     trust_domain: str = DEFAULT_TRUST_DOMAIN) -> SessionPolicy:
+def parse_namespaces(text: str, own_namespace: str = "", trust_domain: str = DEFAULT_TRUST_DOMAIN,
+                     default_tenant: str = "default") -> SessionPolicy:
     """`team-a, team-b=shared, *`: entries split by commas or spaces, each a namespace enrolling as
     its own tenant, `namespace=tenant`, or `*` for every namespace as its own tenant. ValueError
     names a malformed or repeated entry."""
@@ -82,7 +89,7 @@ def parse_namespaces(text: str, own_namespace: str = "",
         if namespace in tenants:
             raise ValueError(f"namespace {namespace!r} is listed twice")
         tenants[namespace] = tenant
-    return SessionPolicy(tenants, any_namespace, own_namespace, trust_domain)
+    return SessionPolicy(tenants, any_namespace, own_namespace, trust_domain, default_tenant)
 
 
 @dataclass(frozen=True)

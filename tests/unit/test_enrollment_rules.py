@@ -112,3 +112,22 @@ def test_csr_parsing_takes_only_signed_p256_requests() -> None:
 
 def test_every_reason_has_a_status_code() -> None:
     assert set(rules.CODES) == set(rules.Reason)
+
+
+def test_any_namespace_never_enrolls_a_pod_as_the_default_tenant() -> None:
+    from holdfast.enrollment import session_rules
+
+    # `*` makes every namespace its own tenant; Kubernetes' own `default` namespace (or one named
+    # like the configured default tenant) would then hold every session recorded before tenants
+    # and every client certificate's naming none.
+    policy = session_rules.parse_namespaces("*", "holdfast", default_tenant="default")
+    assert policy.tenant("team-z") == "team-z"
+    with pytest.raises(rules.Refusal):
+        policy.tenant("default")
+    legacy = session_rules.parse_namespaces("*", "holdfast", default_tenant="legacy")
+    assert legacy.tenant("default") == "default"
+    with pytest.raises(rules.Refusal):
+        legacy.tenant("legacy")
+    # Named in the table, it is the operator's explicit choice.
+    assert session_rules.parse_namespaces("ops=default, *", "holdfast",
+                                          default_tenant="default").tenant("ops") == "default"
