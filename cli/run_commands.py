@@ -407,7 +407,12 @@ rename) when run ends, as one JSON document (docs/json.md; each also has "schema
   {"ran": true, "exit_code": 75, "cmd_status": 75, "reason": "", "message": "", "next_step": "",
    "session": "codex-thread-42", "fence": 3}                         CMD ran and exited 75 itself
   {"ran": false, "exit_code": 75, "cmd_status": null, "reason": "HELD", "message": "...",
-   "next_step": "...", "session": "codex-thread-42", "fence": 0}     refused: CMD never ran"""
+   "next_step": "...", "session": "codex-thread-42", "fence": 0}     refused: CMD never ran
+
+in a Kubernetes session pod, no certificate is mounted: with HOLDFAST_ENROLL (the issuer, e.g.
+holdfast-coordinator.holdfast.svc:7602) set, run enrolls for its own in HOLDFAST_TLS_DIR with the
+pod's projected token (HOLDFAST_TOKEN_FILE, default /var/run/secrets/holdfast/token; the issuer's
+CA: HOLDFAST_ENROLL_CA), and renews it while it runs (docs/tenants.md, Session pods)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
