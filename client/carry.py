@@ -28,6 +28,7 @@ from holdfast.common.carry_rules import (
     MANIFEST_BYTES,
     UPLOAD_FIELDS_BYTES,
     CarryRefused,
+    as_the_copy_names,
     check_cap,
     check_entry,
     check_manifest,
@@ -397,6 +398,7 @@ async def check_at_start(
         return [], 0, {}
     carried = await client.get_carry(session_id)
     in_copy = {path: size for path, _, size in root_sizes(carried.manifest)} if carried.found else {}
+    names = as_the_copy_names(names, list(in_copy), cwd)
     here = await asyncio.to_thread(local_size, [n for n in names if n not in in_copy], cwd)
     absent: Absent = {}
     for name in (n for n, size in here.items() if size is None):

@@ -303,6 +303,14 @@ def check_manifest(manifest: pb.CarryManifest) -> None:
         raise CarryRefused(f"the copy's files hold {files} bytes; its manifest says {manifest.total_bytes}")
 
 
+def as_the_copy_names(names: list[str], roots: list[str], cwd: str) -> list[str]:
+    """Each --carry name as the session's copy spells a root that is the same path from `cwd`
+    (`notes` and `/work/notes` in /work are one root), so a run names what the copy holds however
+    it was typed; the copy's spelling, relative or absolute, is kept for its next upload too."""
+    spelled = {os.path.normpath(os.path.join(cwd, root)): root for root in roots}
+    return list(dict.fromkeys(spelled.get(os.path.normpath(os.path.join(cwd, n)), n) for n in names))
+
+
 def check_cap(total_bytes: int, cap: int) -> None:
     if total_bytes > cap:
         raise CarryRefused(

@@ -320,3 +320,19 @@ def test_an_unprivileged_user_carries_state_between_hosts(cluster: Cluster) -> N
     uid = (home_a / "state" / "who").read_text()
     assert uid.strip() != "0" and (home_b / "seen").read_text() == uid
     assert (home_b / "state").stat().st_uid == int(uid), "restored as the user who runs `run`"
+
+
+def test_a_root_named_by_its_absolute_path_is_the_copys_root(cluster: Cluster, tmp_path: Path) -> None:
+    """`--carry state` on one host and `--carry /…/state` from the same directory on the next are
+    one root: the copy is restored, not 'not named by this run'."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    (home_a / "state").mkdir()
+    sid = "sess-carry-spelled"
+    first = cluster.run(a, sid, "--carry", "state", cmd=["sh", "-c", WRITE], cwd=home_a)
+    assert first.wait(30) == 0, first.err()
+    second = cluster.run(b, sid, "--carry", str(home_b / "state"), cmd=["sh", "-c", READ], cwd=home_b)
+    assert second.wait(30) == 0, second.err()
+    assert "restored state (2 files, 9 bytes)" in second.err()
+    assert (home_b / "seen").read_text().split("\n")[0] == "v1"
+    assert carry_of(cluster, sid).manifest.roots[0].path == "state", "the copy keeps its spelling"

@@ -632,3 +632,13 @@ def test_show_describes_a_root_without_its_control_characters() -> None:
     said = describe(m, "evil\x1b]0;x\x07\n", 0, 0, 1.0)
     assert said.startswith("'evil\\x1b]0;x\\x07\\n' (0 files") and "\x1b" not in said
     assert describe(m, "notes", 0, 0, 1.0).startswith("notes (0 files")
+
+
+def test_a_root_is_one_root_however_the_run_spells_it() -> None:
+    """`--carry notes` and `--carry /work/notes` in /work name one root: the copy's spelling wins."""
+    from holdfast.common.carry_rules import as_the_copy_names
+
+    assert as_the_copy_names(["/work/notes", "other"], ["notes"], "/work") == ["notes", "other"]
+    assert as_the_copy_names(["notes/", "./notes"], ["/work/notes"], "/work") == ["/work/notes"]
+    assert as_the_copy_names(["notes"], ["notes"], "/elsewhere") == ["notes"]  # relative stays relative
+    assert as_the_copy_names(["/other/notes"], ["notes"], "/work") == ["/other/notes"]
