@@ -1,8 +1,9 @@
 """The agent side of registration (docs/design.md §4): RegisterHost, then unary Heartbeats.
 
 Guarantee: the agent keeps serving probes whatever happens here — a coordinator that is away only
-delays renewal; a lapsed registration is registered again; a refusal because the host id is held
-by a live registration is logged loudly and retried only after that lease could have expired.
+delays renewal; a lapsed registration is registered again; a refusal (the host id held by a live
+registration, or a fence of this host running or proven) is logged loudly, with the coordinator's
+reason, and retried only after that lease could have expired.
 """
 
 from __future__ import annotations
@@ -92,11 +93,9 @@ async def _register_or_beat(stub: coordinator_pb2_grpc.CoordinatorStub,
         if exc.code() == grpc.StatusCode.NOT_FOUND:
             return 0, ttl  # our registration lapsed: register again at once
         if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-            log.error(
-                "host id %s is held by a live registration; not registered: %s",
-                host_id,
-                exc.details(),
-            )
+            # The details say which: a live registration holds the id, a fence of this host is
+            # running, or this very incarnation was fenced (then this machine must be stopped).
+            log.error("host id %s not registered: %s", host_id, exc.details())
             await asyncio.sleep(ttl)
             return lease_id, ttl
         if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
