@@ -136,7 +136,7 @@ def test_another_tenant_is_refused_on_every_rpc_and_changes_nothing(
     coordinator, tmp = stack
     sid = "sess-tenant-a"
     owner = run(pki, "team-a", coordinator, tmp, sid,
-                cmd=["sh", "-c", "echo $$ > owner.pid; exec sleep 300"])
+                cmd=["sh", "-c", "echo $$ > owner.tmp && mv owner.tmp owner.pid; exec sleep 300"])
     try:
         until("team a's CMD running", (tmp / "owner.pid").exists)
         pid = int((tmp / "owner.pid").read_text())

@@ -166,7 +166,7 @@ def test_two_tenants_on_up_tls(up_tls, tmp_path: Path) -> None:  # type: ignore[
     sid = "session-of-team-a"
     owner = subprocess.Popen([*CLI, "exec", "--host", "1", "--state-dir", str(state), "--", *CLI, "run",
                               "--tls-dir", str(tmp_path / "team-a"), "--session", sid, "--", "sh", "-c",
-                              "echo $$ > owner.pid; exec sleep 300"],
+                              "echo $$ > owner.tmp && mv owner.tmp owner.pid; exec sleep 300"],
                              cwd=tmp_path, env=clean_env(), stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
