@@ -182,6 +182,10 @@ class AsyncRun:
                 await self.connection.close()
             raise
         self.supervisor = asyncio.create_task(self.owner.supervise(self.forward_signals))
+        # One turn of the loop: the supervisor runs up to its first wait, its signal handlers (with
+        # forward_signals) installed, before the block begins — a signal there would otherwise find
+        # the default action and end this process with CMD left running.
+        await asyncio.sleep(0)
 
     def _started(self) -> tuple[Owner, asyncio.Task[int]]:
         if self.owner is None or self.supervisor is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 from holdfast.client import StaleFence, asession, session
@@ -29,7 +30,22 @@ def sync_form(scenario: str, session_id: str) -> None:
     if scenario == "exit":
         with session(session_id, CMD) as run:
             say("held", run.fence, run.put("k", b"v"))
+            say("signals", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
         say("released", run.running, gone(run.pid))
+    elif scenario == "data":
+        with session(session_id, CMD, provider="codex") as run:
+            records = run.watch()
+            first = next(records)
+            say("watched", first.fence, first.status, first.holder is not None)
+            run.put("k", b"v1")
+            say("got", run.get("k").value, run.record_handle("thread-1").resume_handle)
+            changed = next(records)
+            say("changed", changed.provider_handles, changed.provider)
+            records.close()
+    elif scenario == "forward":
+        with session(session_id, CMD, forward_signals=True) as run:
+            say("held", run.fence)
+            say("status", run.wait())
     elif scenario == "raise":
         try:
             with session(session_id, CMD) as run:
@@ -50,7 +66,21 @@ async def async_form(scenario: str, session_id: str) -> None:
     if scenario == "exit":
         async with asession(session_id, CMD) as run:
             say("held", run.fence, await run.put("k", b"v"))
+            say("signals", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
         say("released", run.running, gone(run.pid))
+    elif scenario == "data":
+        async with asession(session_id, CMD, provider="codex") as run:
+            records = aiter(run.watch())
+            first = await anext(records)
+            say("watched", first.fence, first.status, first.holder is not None)
+            await run.put("k", b"v1")
+            say("got", (await run.get("k")).value, (await run.record_handle("thread-1")).resume_handle)
+            changed = await anext(records)
+            say("changed", changed.provider_handles, changed.provider)
+    elif scenario == "forward":
+        async with asession(session_id, CMD, forward_signals=True) as run:
+            say("held", run.fence)
+            say("status", await run.wait())
     elif scenario == "raise":
         try:
             async with asession(session_id, CMD) as run:

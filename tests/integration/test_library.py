@@ -6,6 +6,7 @@ write raise StaleFence. The example program runs as documented, and `mypy --stri
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tomllib
@@ -40,7 +41,7 @@ def test_leaving_the_block_ends_cmd_and_releases(cluster: Cluster, form: str) ->
     out, err = drive(cluster, f"lib-exit-{form}", form, "exit", session).communicate(timeout=60)
     lines = out.decode().splitlines()
     assert lines[0].split()[:2] == ["held", "1"] and int(lines[0].split()[2]) > 0, err.decode()
-    assert lines[1:] == ["released False True", "done"], err.decode()
+    assert lines[1:] == ["signals True", "released False True", "done"], err.decode()
     assert lease(cluster, session) == (pb.RELEASED, 1)
 
 
@@ -66,6 +67,28 @@ def test_a_takeover_from_another_host_makes_the_old_owners_write_stale(cluster: 
     out, err = old.communicate(timeout=60)
     assert out.decode().splitlines() == ["stale STALE_FENCE handoff", "done"], err.decode()
     assert lease(cluster, session) == (pb.LIVE, 2) and taker.proc.poll() is None
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_fenced_data_the_provider_handle_and_the_watch(cluster: Cluster, form: str) -> None:
+    session = f"lib-data-{form}"
+    out, err = drive(cluster, f"lib-data-{form}", form, "data", session).communicate(timeout=60)
+    assert out.decode().splitlines() == [
+        "watched 1 live True", "got b'v1' thread-1",
+        "changed (ProviderHandle(handle='thread-1', minted_at_fence=1),) codex", "done"], err.decode()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_forward_signals_passes_a_signal_to_cmd(cluster: Cluster, form: str) -> None:
+    session = f"lib-forward-{form}"
+    host = cluster.host(f"lib-forward-{form}")
+    proc = host.spawn([sys.executable, DRIVER, form, "forward", session], env=cluster.env(host),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"held 1\n"
+    os.kill(host.outer_pid(proc), signal.SIGTERM)  # to the library's process: forwarded to CMD
+    out, err = proc.communicate(timeout=60)
+    assert out.decode().splitlines() == [f"status {128 + signal.SIGTERM}", "done"], err.decode()
+    assert lease(cluster, session) == (pb.RELEASED, 1)
 
 
 def test_the_example_program_starts_writes_and_hands_off(cluster: Cluster) -> None:
