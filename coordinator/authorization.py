@@ -4,7 +4,8 @@ Guarantee (with TLS): only an agent certificate naming host H may RegisterHost o
 only a client (runtime), coordinator or operator certificate may make the runtime's session calls;
 only an operator certificate may make the calls that override evidence or touch every session
 (docs/design.md §4: a stolen runtime key must not release a live owner); retention (PurgeArchives) needs
-maintenance or operator; any certificate of the CA may read; a method not listed here is refused.
+maintenance or operator; any certificate of the CA may read (what its tenant may: an agent's or a
+maintenance certificate no session, coordinator/tenancy.py); a method not listed here is refused.
 A pure rule: the gate in holdfast.common.authorization runs it before the handler, so a refusal
 writes nothing. The grant secret is still checked by the service for every owner write: a
 certificate says who may ask, never which grant is theirs.

@@ -28,6 +28,10 @@ from holdfast.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
+# Infrastructure keys that never call a session RPC act for no tenant: an agent's (one on every
+# node; the agent CA mints them) or the retention job's, stolen, would otherwise read the default
+# tenant's sessions, fenced data and carried files cluster-wide. No record's tenant is "".
+NO_TENANT_KINDS = ("agent", "maintenance")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ def caller(context: grpc.aio.ServicerContext, default: str) -> Caller:
     who = " ".join(filter(None, (role.uri(), role.tenant_uri())))
     if role.tenant == ALL_TENANTS:
         return Caller(default, True, who)
+    if role.kind in NO_TENANT_KINDS:
+        return Caller("", False, who)
     return Caller(role.tenant or default, False, who)
 
 

@@ -301,6 +301,24 @@ def test_a_scoped_operator_purges_only_its_tenants_archives(
                                  timeout=10).purged) == ["sess-purge-a"]
 
 
+def test_an_agent_or_maintenance_certificate_acts_on_no_tenants_sessions(
+    stack: tuple[Coordinator, Path], pki: Path
+) -> None:
+    coordinator, _ = stack
+    sid = "sess-default-infra"
+    acquire(as_(coordinator, pki, "default"), sid)  # the default tenant's, as every record before tenants
+    for role in (Role("agent", "host-a"), Role("maintenance")):
+        # Keys on every node (the agent CA mints them) and the retention job's: neither calls a
+        # session RPC, so neither, stolen, reads a session, its data or its carried files.
+        stub = coordinator_pb2_grpc.CoordinatorStub(tls.open_channel(coordinator.address, pki / "ca", role,
+                                                                     sync=True))
+        wrong_tenant(stub.GetSession, pb.GetSessionRequest(session_id=sid))
+        wrong_tenant(stub.FencedGet, pb.FencedGetRequest(session_id=sid, key="k"))
+        wrong_tenant(stub.GetCarry, pb.GetCarryRequest(session_id=sid))
+        assert not stub.ListSessions(pb.ListSessionsRequest(), timeout=10).records, role
+        assert stub.ListHosts(pb.ListHostsRequest(), timeout=10).hosts, role
+
+
 def _cert(pki: Path, who: str) -> x509.Certificate:
     return x509.load_pem_x509_certificate((pki / who / f"{CALLERS[who].kind}.pem").read_bytes())
 
