@@ -37,9 +37,14 @@ from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 LOCK_FILE = "up.lock"
 DEFAULT_IP_BASE = 10          # simulated host N listens on 127.0.0.<base + N>
 START_TIMEOUT_S = 20.0
-# After a restart the previous agents' registrations stay live until their etcd leases expire
-# (TTL 10 s, renewed once when etcd restarts); the new agents register right after.
+# A registration this `up` cannot prove dead stays live until its etcd lease expires (TTL 10 s,
+# renewed once when etcd restarts); the new agents register right after.
 REGISTER_TIMEOUT_S = 40.0
+SAY_WAITING_AFTER_S = 2.0  # when a registration is still awaited, say what for
+
+
+def say(line: str) -> None:
+    print(f"holdfast up: {line}", flush=True)
 
 
 class UpError(Exception):
@@ -78,6 +83,36 @@ def _start_ticks(pid: int) -> int:
     return int(stat[stat.rfind(")") + 2:].split()[19])
 
 
+def _same_process(pid: int, ticks: int) -> bool:
+    """Whether `pid` still names the process that had `ticks`; True when it cannot be read, so
+    only a process proven gone has its registration released."""
+    try:
+        return _start_ticks(pid) == ticks
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def _left_registrations(state_dir: Path) -> list[tuple[str, int, int, int]]:
+    """(host id, lease, pid, start ticks) of each agent registration the up.json of an `up` that
+    died names: the agent itself, or a simulated host's reaper (its namespace's PID 1, which takes
+    the agent with it)."""
+    try:
+        state = upstate.load(state_dir)
+    except upstate.NoStack:
+        return []
+    left = []
+    for host in state.get("hosts", []):
+        try:
+            pid = int(host.get("agent_pid") or host["reaper_pid"])
+            ticks = int(host.get("agent_start_ticks") or host["reaper_start_ticks"])
+            left.append((str(host["host_id"]), int(host["lease_id"]), pid, ticks))
+        except (KeyError, TypeError, ValueError):
+            continue  # written by an older `up`: its registrations lapse on their own
+    return left
+
+
 class Stack:
     """The processes of one `up`, started in order and stopped in reverse."""
 
@@ -95,6 +130,7 @@ class Stack:
         self.agent_address = ""
         self.simhosts: list[SimulatedHost] = []
         self.lock_fd: int | None = None
+        self.leases: dict[str, int] = {}  # host id -> the etcd lease of its agent's registration
 
     # --- start -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -102,6 +138,7 @@ class Stack:
         # First, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
         self.lock_fd = lock_state_dir(self.state_dir)
+        previous = _left_registrations(self.state_dir)  # an up.json left behind: that `up` died
         upstate.remove(self.state_dir)
         if self.hosts_wanted and os.geteuid() != 0:
             raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
@@ -109,6 +146,7 @@ class Stack:
         try:
             self._make_certificates()
             self._start_etcd()
+            self._reclaim(previous)
             self._start_coordinator()
             self._start_agents()
             self._wait_registered()
@@ -187,17 +225,43 @@ class Stack:
             self.simhosts.append(host)
             host.start(START_TIMEOUT_S)
 
+    def _reclaim(self, previous: list[tuple[str, int, int, int]]) -> None:
+        """The registrations a dead `up` left, released where its agent is proven gone (the pid is
+        absent, or another process's by its start ticks): revoking that registration's own lease
+        touches no registration made since. Otherwise said, and left to lapse."""
+        gone: list[int] = []
+        for host_id, lease_id, pid, ticks in previous:
+            if _same_process(pid, ticks):
+                say(f"{host_id}: the agent of the `up` that left {upstate.STATE_FILE} (pid {pid}) still "
+                    "runs; its registration holds the host id until its lease lapses")
+            else:
+                gone.append(lease_id)
+        if gone:
+            assert self.etcd is not None
+            asyncio.run(_revoke(self.etcd.url, gone, self.etcd.tls_dir))
+            say(f"released {len(gone)} registration(s) left by an `up` that died (its agents are gone)")
+
     def _wait_registered(self) -> None:
         wanted = {h.host_id: h.agent_address for h in self.simhosts}
         if self.agent is not None:
             wanted = {os.uname().nodename: self.agent_address}
-        deadline = time.monotonic() + REGISTER_TIMEOUT_S
+        started = time.monotonic()
+        deadline = started + REGISTER_TIMEOUT_S
+        said = False
         with self._coordinator_channel() as channel:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             while True:
                 hosts = stub.ListHosts(coordinator_pb2.ListHostsRequest(), timeout=5).hosts
-                if all(any(h.host_id == i and h.address == a for h in hosts) for i, a in wanted.items()):
+                ours = {i: h.lease_id for i, a in wanted.items()
+                        for h in hosts if h.host_id == i and h.address == a}
+                if len(ours) == len(wanted):
+                    self.leases = ours
                     return
+                if not said and time.monotonic() > started + SAY_WAITING_AFTER_S:
+                    said = True
+                    say(f"waiting for {', '.join(sorted(set(wanted) - set(ours)))} to register: a "
+                        "registration left by an earlier agent of that host id holds it until its etcd "
+                        f"lease lapses (up to {REGISTER_TIMEOUT_S:g} s)")
                 if time.monotonic() > deadline:
                     raise UpError(f"agents not registered within {REGISTER_TIMEOUT_S:g}s. Next: see the "
                                   f"agent logs in {self.state_dir}")
@@ -212,32 +276,28 @@ class Stack:
             "tls_dir": str(self.tls_dir) if self.tls_dir else "",
             "hosts": [
                 {"n": n, "host_id": h.host_id, "ip": h.ip, "agent": h.agent_address,
-                 "reaper_pid": h.reaper_pid, "reaper_start_ticks": _start_ticks(h.reaper_pid)}
+                 "reaper_pid": h.reaper_pid, "reaper_start_ticks": _start_ticks(h.reaper_pid),
+                 "lease_id": str(self.leases[h.host_id])}
                 for n, h in enumerate(self.simhosts, start=1)
             ],
         }
         if self.agent is not None:
-            state["hosts"] = [{"n": 0, "host_id": os.uname().nodename, "ip": "127.0.0.1",
-                               "agent": self.agent_address}]
+            # The agent's pid and start ticks: the next `up` releases its registration only once
+            # this very process is gone.
+            host_id = os.uname().nodename
+            state["hosts"] = [{"n": 0, "host_id": host_id, "ip": "127.0.0.1", "agent": self.agent_address,
+                               "agent_pid": self.agent.pid, "agent_start_ticks": _start_ticks(self.agent.pid),
+                               "lease_id": str(self.leases[host_id])}]
         upstate.write(self.state_dir, state)
         upstate.point(self.state_dir, self.address)
 
     # --- stop --------------------------------------------------------------------------------
-    def _registration_leases(self) -> list[int]:
-        ours = {h.agent_address for h in self.simhosts} | {self.agent_address}
-        try:
-            with self._coordinator_channel() as channel:
-                hosts = coordinator_pb2_grpc.CoordinatorStub(channel).ListHosts(
-                    coordinator_pb2.ListHostsRequest(), timeout=5).hosts
-        except grpc.RpcError:
-            return []
-        return [h.lease_id for h in hosts if h.address in ours]
-
     def stop(self) -> None:
         upstate.remove(self.state_dir)
         if self.address:
             upstate.unpoint(self.state_dir, self.address)
-        leases = self._registration_leases() if self.coordinator is not None else []
+        # Recorded when the agents registered: known even when the coordinator died first.
+        leases = list(self.leases.values())
         for host in reversed(self.simhosts):
             host.stop()
         self.simhosts = []
@@ -310,7 +370,6 @@ def _up(args: argparse.Namespace) -> int:
     # blocked signal mask is inherited across exec and would deafen the children to SIGTERM.
     stop_on = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_on)
-    say = lambda line: print(f"holdfast up: {line}", flush=True)  # noqa: E731
     assert stack.etcd is not None
     say(f"etcd {stack.etcd.url} (data in {stack.state_dir / 'etcd'})")
     say(f"coordinator {stack.address}")

@@ -42,7 +42,12 @@ def start_up(state: Path, ups: list[subprocess.Popen[bytes]],
     proc = subprocess.Popen([*CLI, "up", "--state-dir", str(state), "--listen", listen],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     ups.append(proc)
-    until("up.json", lambda: (state / "up.json").exists() or proc.poll() is not None, timeout=60)
+    def ours() -> bool:  # an up.json a crashed `up` left names another pid
+        with contextlib.suppress(OSError, ValueError):
+            return bool(json.loads((state / "up.json").read_text())["pid"] == proc.pid)
+        return False
+
+    until("up.json", lambda: ours() or proc.poll() is not None, timeout=60)
     assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
     return proc, json.loads((state / "up.json").read_text())["coordinator"]
 
@@ -121,3 +126,45 @@ def test_two_ups_cannot_serve_one_address(tmp_path: Path, ups: list[subprocess.P
     status = cli(coordinator, "status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["hosts"], status.stderr
     stop_up(proc)
+
+
+def _crash(proc: subprocess.Popen[bytes]) -> None:
+    """The whole stack killed at once (kill -9 of up and of everything it started): up.json stays."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def test_an_up_after_a_crash_releases_the_registration_of_an_agent_proven_gone(
+        tmp_path: Path, ups: list[subprocess.Popen[bytes]]) -> None:
+    state = tmp_path / "state"
+    proc, _ = start_up(state, ups)
+    left = json.loads((state / "up.json").read_text())["hosts"][0]
+    assert left["lease_id"] and left["agent_pid"] and left["agent_start_ticks"]
+    _crash(proc)
+    assert (state / "up.json").exists()
+    proc, _ = start_up(state, ups)
+    out = stop_up(proc)
+    assert "released 1 registration(s) left by an `up` that died" in out, out
+
+
+def test_an_up_after_a_crash_leaves_a_registration_it_cannot_prove_gone(
+        tmp_path: Path, ups: list[subprocess.Popen[bytes]]) -> None:
+    """up.json names an agent pid that still runs (its start ticks match): never released, said."""
+    state = tmp_path / "state"
+    proc, _ = start_up(state, ups)
+    _crash(proc)
+    alive = subprocess.Popen(["sleep", "300"])
+    try:
+        left = json.loads((state / "up.json").read_text())
+        stat = Path(f"/proc/{alive.pid}/stat").read_text()
+        ticks = int(stat[stat.rfind(")") + 2:].split()[19])
+        left["hosts"][0].update(agent_pid=alive.pid, agent_start_ticks=ticks)
+        (state / "up.json").write_text(json.dumps(left))
+        proc, _ = start_up(state, ups)
+        out = stop_up(proc)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert f"(pid {alive.pid}) still runs" in out and "released" not in out, out
