@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 
+import psutil
+
 from holdfast.client import StaleFence, asession, session
 
 CMD = ["sleep", "600"]
@@ -46,6 +48,13 @@ def sync_form(scenario: str, session_id: str) -> None:
         with session(session_id, CMD, forward_signals=True) as run:
             say("held", run.fence)
             say("status", run.wait())
+    elif scenario == "interrupt":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, whatever the suite's
+        try:
+            with session(session_id, CMD, wait=120):
+                say("granted")
+        except KeyboardInterrupt:
+            say("interrupted", [child.pid for child in psutil.Process().children()])
     elif scenario == "raise":
         try:
             with session(session_id, CMD) as run:

@@ -12,6 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import psutil
 import pytest
 
 from holdfast.v1 import coordinator_pb2 as pb
@@ -89,6 +90,22 @@ def test_forward_signals_passes_a_signal_to_cmd(cluster: Cluster, form: str) -> 
     out, err = proc.communicate(timeout=60)
     assert out.decode().splitlines() == [f"status {128 + signal.SIGTERM}", "done"], err.decode()
     assert lease(cluster, session) == (pb.RELEASED, 1)
+
+
+def test_an_interrupt_while_the_sync_form_waits_cancels_it_and_leaves_nothing(cluster: Cluster) -> None:
+    session = "lib-interrupt"
+    holder = cluster.run(cluster.host("lib-holder"), session, cmd=["sleep", "600"])
+    until("the holder's commit", lambda: "running on host" in holder.err())
+    host = cluster.host("lib-waiter")
+    waiter = host.spawn([sys.executable, DRIVER, "sync", "interrupt", session], env=cluster.env(host),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    driver = psutil.Process(host.outer_pid(waiter))
+    # Its gate is spawned just before its Acquire, which the coordinator holds while the session is held.
+    until("the waiting run's gate", lambda: driver.children())
+    driver.send_signal(signal.SIGINT)
+    out, err = waiter.communicate(timeout=60)
+    assert out.decode().splitlines() == ["interrupted []", "done"], err.decode()
+    assert lease(cluster, session) == (pb.LIVE, 1) and holder.proc.poll() is None
 
 
 def test_the_example_program_starts_writes_and_hands_off(cluster: Cluster) -> None:
