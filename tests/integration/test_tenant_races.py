@@ -19,7 +19,15 @@ from holdfast.coordinator.store import Entry, Put, Seen, Store, open_channel
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
-from tests.integration.txn_harness import Context, Refused, acquire, record_of, register
+from tests.integration.txn_harness import (
+    Context,
+    Refused,
+    acquire,
+    pair,
+    record_of,
+    register,
+    writes,
+)
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = [pytest.mark.timeout(120)]
@@ -112,3 +120,47 @@ async def test_an_id_made_by_another_tenant_after_admission_is_never_reached(
     finally:
         await store.close()
         await other.store.close()
+
+
+@run_async
+async def test_two_tenants_making_one_id_at_once_bind_it_to_one(etcd: EtcdServer, prefix: str,
+                                                                  pems: dict[str, bytes]) -> None:
+    """B's grant read the id absent; A makes it before B's transaction: B's grant loses (it compares
+    the record absent), and the re-read refuses B, which wrote nothing."""
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-race-both"
+        await register(p.other, HOST)
+
+        async def a_makes_it() -> None:
+            await acquire(p.other, As(pems["team-a"]), sid, HOST)
+
+        p.store.arm(writes(p.key("sessions", sid)), a_makes_it)
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, As(pems["team-b"]), sid, HOST)
+        assert refused.value.reason == "WRONG_TENANT"
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [False]
+        record = await record_of(p.other, sid)
+        assert record is not None and record.tenant == "team-a" and record.lease.fence == 1
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_another_tenant_replaying_an_operation_id_never_gets_its_grant(
+        etcd: EtcdServer, prefix: str, pems: dict[str, bytes]) -> None:
+    """The replay key is the session, the peer's address, the host id and the operation id, not
+    the tenant: B on A's host replaying A's operation is refused before the replay is looked at."""
+    p = pair(etcd, prefix)
+    try:
+        sid, operation = "sess-race-replay", "a" * 32
+        await register(p.other, HOST)
+        granted = await acquire(p.other, As(pems["team-a"]), sid, HOST, operation)
+        assert await acquire(p.victim, As(pems["team-a"]), sid, HOST, operation) == granted  # a's replay
+        before, _ = await p.other.store.list_prefix(prefix)
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, As(pems["team-b"]), sid, HOST, operation)
+        assert refused.value.reason == "WRONG_TENANT" and granted.grant.secret not in str(refused.value)
+        assert (await p.other.store.list_prefix(prefix))[0] == before
+    finally:
+        await p.close()
