@@ -38,20 +38,23 @@ class LoopThread:
     def call(self, work: Awaitable[T]) -> T:
         """`work`'s result, run on the loop; interrupted, it is cancelled and waited for first."""
         finished = threading.Event()
+        started: list[asyncio.Future[T]] = []
 
-        async def begin() -> asyncio.Future[T]:
-            task = asyncio.ensure_future(work)
+        def begin() -> None:
+            task = asyncio.ensure_future(work, loop=self.loop)
             task.add_done_callback(lambda _task: finished.set())
-            return task
+            started.append(task)
 
-        task = asyncio.run_coroutine_threadsafe(begin(), self.loop).result()
+        # Nothing here waits for the task to exist: an interrupt at any point finds `begin` queued
+        # before the cancel, which the loop runs in that order.
+        self.loop.call_soon_threadsafe(begin)
         try:
             finished.wait()
         except BaseException:
-            self.loop.call_soon_threadsafe(task.cancel)
+            self.loop.call_soon_threadsafe(lambda: started[0].cancel())
             finished.wait()
             raise
-        return task.result()
+        return started[0].result()
 
     def iterate(self, stream: AsyncIterator[T]) -> Iterator[T]:
         """`stream`'s items, each fetched on the loop; closing the iterator closes the stream."""
