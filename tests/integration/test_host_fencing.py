@@ -183,17 +183,24 @@ def assert_fenced_then_granted(fencing: Fencing, sid: str, lost: frozenset[tuple
     return start
 
 
-def test_a_lost_host_is_fenced_and_its_waiter_granted(fencing: Fencing) -> None:
+def test_a_lost_host_is_fenced_and_its_waiters_granted(fencing: Fencing) -> None:
     c = fencing.cluster
-    lost, other = fencing.host("fh-lost"), fencing.host("fh-other")
-    sid = "sess-fence-lost-1"
+    lost, other, third = fencing.host("fh-lost"), fencing.host("fh-other"), fencing.host("fh-third")
+    sid, second = "sess-fence-lost-1", "sess-fence-lost-2"
     c.run(lost, sid)
-    started(c, 1)
+    c.run(lost, second, cmd=child(c, second))
+    until("both owners", lambda: len([e for e in c.events("start") if e[1] == "1"]) == 2, 20)
     c.run(other, sid, "--wait", "120")
+    c.run(third, second, "--wait", "120", cmd=child(c, second))
     members = namespace(lost)
     killed = time.monotonic()
     os.kill(lost.reaper_pid, signal.SIGKILL)  # power loss: the whole namespace ends
     assert_fenced_then_granted(fencing, sid, members)
+    # One fence freed both; each waiter's CMD runs at the next fence, on its own host.
+    until("the second waiter", lambda: len([e for e in c.events("start") if e[1] == "2"]) == 2, 30)
+    assert sorted(e[2] for e in c.events("start") if e[1] == "2") == ["fh-other", "fh-third"]
+    assert c.record(second).record.lease.death_evidence.kind == "host-fenced"
+    assert len(fencing.runs("off")) == 1
     took = time.monotonic() - killed
     print(f"host lost -> next CMD running: {took:.2f}s (registration_ttl {TTL}s, host_loss_after {LOSS}s)")
     assert fencing.runs("off")[0][1] == "fh-lost"
