@@ -224,8 +224,9 @@ def test_a_cut_off_host_is_fenced_before_its_session_moves(fencing: Fencing) -> 
 def test_a_fence_that_proves_nothing_frees_nothing_and_is_retried(fencing: Fencing) -> None:
     c = fencing.cluster
     cut, other = fencing.host("fh-bad"), fencing.host("fh-other3")
-    # Attempts 0..4 misbehave; attempt 5 is a truthful agent.
-    fencing.modes.write_text("fail\nwrong\non\nhang\nfail\n\n")
+    # Attempts 0..4 misbehave; attempt 5 waits for the test, then is a truthful agent.
+    go = fencing.tmp / "go"
+    fencing.modes.write_text(f"fail\nwrong\non\nhang\nfail\nhold:{go}\n")
     sid = "sess-fence-bad-1"
     c.run(cut, sid)
     started(c, 1)
@@ -235,14 +236,13 @@ def test_a_fence_that_proves_nothing_frees_nothing_and_is_retried(fencing: Fenci
     until("the registration to lapse", lambda: "fh-bad" not in fencing.registered(), 20)
     before = [kv for kv in snapshot(fencing.etcd.url, fencing.prefix)
               if "/fence-history/" not in kv[0] and "/fence-pending/" not in kv[0]]
-    until("five unproven attempts", lambda: len(fencing.keys("fence-history/")) >= 5, 90)
+    until("five unproven attempts, and the sixth held", lambda: len(fencing.runs("off")) == 6, 90)
     # Nothing but the attempts was written: every record, fence and history entry as it was.
     after = [kv for kv in snapshot(fencing.etcd.url, fencing.prefix)
              if "/fence-history/" not in kv[0] and "/fence-pending/" not in kv[0]]
+    assert after == before
     attempts = [json.loads(v) for _, v in fencing.keys("fence-history/")]
-    if len(attempts) == 5:  # the truthful sixth has not landed yet: nothing may have moved
-        assert after == before
-    answers = [a["answer"] for a in attempts[:5]]
+    answers = [a["answer"] for a in attempts]
     assert answers == ["unknown", "unknown", "on", "unknown", "unknown"], attempts
     assert "off exited 1" in attempts[0]["detail"] and "Success: Powered OFF" in attempts[1]["detail"]
     assert attempts[3]["actions"][0]["timedOut"] is True
@@ -251,10 +251,12 @@ def test_a_fence_that_proves_nothing_frees_nothing_and_is_retried(fencing: Fenci
     attempted = c.coordinator.metrics, "holdfast_fence_attempts_total"
     assert metric(*attempted, host="fh-bad", answer="unknown") >= 4  # the alert's counter
     assert metric(*attempted, host="fh-bad", answer="on") == 1
+    assert (fencing.tmp / "coordinator.log").read_text().count('"alert": "fence-failed"') == 5
     assert in_namespace(members)  # nothing killed it: it runs on, unfenced
     assert c.events("start") and all(e[1] == "1" for e in c.events("start"))
     assert waiter.proc.poll() is None
     # The sixth attempt is truthful: only now is the session freed.
+    go.write_text("\n")
     start = started(c, 2, timeout=60)
     assert in_namespace(members) == []
     assert c.events("overlap") == []
