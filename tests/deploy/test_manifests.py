@@ -4,12 +4,13 @@ Every overlay renders with `kubectl kustomize`; every core object validates agai
 schemas; CRD objects (cert-manager, PrometheusRule) are shape-checked here; yamllint is clean; the
 agent has hostPID and SYS_PTRACE and nothing more; the coordinator is non-root; probes name real
 container ports and the agent's readiness is its doctor; metrics ports are declared; the ConfigMap
-holds only settings a server reads; the NetworkPolicy admits only coordinators to the agents (and
-scrapers to their metrics); every link is mTLS from mounted secrets, with kubelet probes on the
-plaintext health ports; the retention CronJob's command parses; the Dockerfile's base is a build
-argument and its entrypoints exist, and the pinned lock covers every runtime dependency; the session
-examples (a Pod and a Job) run their CLI under `holdfast run`, wired to the coordinator, and mount no
-secret: each enrolls for its own certificate, and no manifest mounts a shared client key.
+holds only settings a server reads; the NetworkPolicies admit only coordinators to the agents, and
+only scrapers to the agents' and coordinators' metrics; every link is mTLS from mounted secrets,
+with kubelet probes on the plaintext health ports; the retention CronJob's command parses; the
+Dockerfile's base is a build argument and its entrypoints exist, and the pinned lock covers every
+runtime dependency; the session examples (a Pod and a Job) run their CLI under `holdfast run`, wired
+to the coordinator, and mount no secret: each enrolls for its own certificate, and no manifest
+mounts a shared client key.
 (scripts/container-test builds the image and runs it.)
 """
 
@@ -204,8 +205,7 @@ def test_network_policy_admits_only_coordinators_to_agents_and_scrapers_to_metri
     (container,) = agent["spec"]["containers"]
     grpc_port = _port_of(container["args"], "--listen")
     metrics_port = _port_of(container["args"], "--metrics-listen")
-    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
-    spec = policy["spec"]
+    spec = one(objs, "NetworkPolicy", "holdfast-agent-ingress")["spec"]
     assert spec["podSelector"]["matchLabels"].items() <= agent_labels.items()
     assert not spec["podSelector"]["matchLabels"].items() <= coord_labels.items()
     assert spec["policyTypes"] == ["Ingress"]
@@ -219,6 +219,28 @@ def test_network_policy_admits_only_coordinators_to_agents_and_scrapers_to_metri
     assert peer["podSelector"]["matchLabels"].items() <= coord_labels.items()
     assert not peer["podSelector"]["matchLabels"].items() <= agent_labels.items()
     (scraper,) = by_port[metrics_port]
+    assert set(scraper) == {"namespaceSelector"} and scraper["namespaceSelector"]["matchLabels"]
+
+
+def test_network_policy_admits_only_scrapers_to_the_coordinators_metrics() -> None:
+    # Its /metrics is plain HTTP and names sessions of every tenant (an indeterminate session's
+    # gauge): a runtime of one tenant, in any namespace, must not read another's ids there.
+    objs = render("external-etcd")
+    template = one(objs, "Deployment", "holdfast-coordinator")["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    spec = one(objs, "NetworkPolicy", "holdfast-coordinator-ingress")["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert spec["policyTypes"] == ["Ingress"]
+    by_port = {}
+    for rule in spec["ingress"]:
+        (port,) = rule["ports"]  # a rule without ports would admit its peers to every port
+        by_port[port["port"]] = rule.get("from")
+    # Kubelet's probes of the health port come from the node, which NetworkPolicy always admits.
+    served = {_port_of(container["args"], flag) for flag in ("--listen", "--enroll-listen")}
+    metrics = _port_of(container["args"], "--metrics-listen")
+    assert by_port.keys() == {*served, metrics}
+    assert all(by_port[port] is None for port in served), "runtimes of every namespace call these"
+    (scraper,) = by_port[metrics]
     assert set(scraper) == {"namespaceSelector"} and scraper["namespaceSelector"]["matchLabels"]
 
 
