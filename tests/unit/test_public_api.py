@@ -4,6 +4,7 @@ family; what the library is given is checked before anything is asked of anyone.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import os
@@ -105,3 +106,13 @@ def test_holdfast_run_does_not_load_the_public_api() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
     assert public.session is sync.session  # and then they are there
+
+
+def test_every_example_of_the_page_is_python_that_imports_only_public_names() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", API, flags=re.S)
+    assert len(blocks) > len(public.__all__)
+    for block in blocks:
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("holdfast"):
+                assert node.module == "holdfast.client", block
+                assert {alias.name for alias in node.names} <= set(public.__all__), block
