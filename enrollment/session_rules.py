@@ -43,10 +43,11 @@ class SessionPolicy:
 
     `tenants` maps a namespace to its tenant; `any_namespace` lets every other namespace enroll as
     its own tenant, except `own_namespace` (holdfast's: its pods are infrastructure, not a tenant)
-    and a namespace named like the coordinator's `default_tenant`: as that tenant its pods would act
-    on every session recorded before tenants and every client's whose certificate names none
-    (Kubernetes' own `default` namespace, where anyone with a pod may be). The table may still name
-    it explicitly.
+    and a namespace named like a tenant that is not simply its own: the coordinator's
+    `default_tenant` (its pods would act on every session recorded before tenants and every
+    client's whose certificate names none; Kubernetes' own `default` namespace, where anyone with a
+    pod may be), or one the table gives other namespaces (`team-b=shared`: a namespace someone
+    names `shared` would join team-b). The table may still name it explicitly.
     """
 
     tenants: Mapping[str, str] = field(default_factory=dict)
@@ -58,11 +59,12 @@ class SessionPolicy:
     def tenant(self, namespace: str) -> str:
         if namespace in self.tenants:
             return self.tenants[namespace]
-        if self.any_namespace and namespace not in (self.own_namespace, self.default_tenant):
+        taken = namespace == self.default_tenant or namespace in self.tenants.values()
+        if self.any_namespace and namespace != self.own_namespace and not taken:
             return namespace
         allowed = sorted(self.tenants)[:8] + ([ANY_NAMESPACE] if self.any_namespace else [])
-        unless = ("; `*` never admits the namespace named like the default tenant: list it to mean it"
-                  if self.any_namespace and namespace == self.default_tenant else "")
+        unless = ("; `*` never admits a namespace named like the default tenant or a tenant of other "
+                  "namespaces: list it to mean it" if self.any_namespace and taken else "")
         raise Refusal(Reason.NAMESPACE_NOT_ALLOWED, f"pods of namespace {namespace[:63]!r} may not enroll "
                       f"for session certificates (allowed: {allowed or 'none'}; the coordinator's "
                       f"session_namespaces setting{unless})")

@@ -131,3 +131,15 @@ def test_any_namespace_never_enrolls_a_pod_as_the_default_tenant() -> None:
     # Named in the table, it is the operator's explicit choice.
     assert session_rules.parse_namespaces("ops=default, *", "holdfast",
                                           default_tenant="default").tenant("ops") == "default"
+
+
+def test_any_namespace_never_joins_a_tenant_the_table_gives_other_namespaces() -> None:
+    from holdfast.enrollment import session_rules
+
+    # `team-b=shared`: tenant `shared` is team-b's. A namespace someone names `shared` must not
+    # join it through `*`; listed itself, it is the operator's choice.
+    policy = session_rules.parse_namespaces("team-b=shared, *", "holdfast")
+    assert policy.tenant("team-b") == "shared" and policy.tenant("team-z") == "team-z"
+    with pytest.raises(rules.Refusal):
+        policy.tenant("shared")
+    assert session_rules.parse_namespaces("team-b=shared, shared, *", "holdfast").tenant("shared") == "shared"
