@@ -117,7 +117,8 @@ SETTINGS = [
     Setting("session_namespaces", "HOLDFAST_SESSION_NAMESPACES", config.text,
             "namespaces whose pods may enroll for a session certificate (signed with "
             "<tls dir>/session-ca.key): `team-a, team-b=shared` (a namespace is its own tenant, or the one "
-            "after =), `*` every namespace but the issuer's own (docs/tenants.md); empty: none", default=""),
+            "after =), `*` every other namespace as its own tenant but the issuer's own and one named like "
+            "default_tenant or a tenant the table names (docs/tenants.md); empty: none", default=""),
     Setting("session_lifetime_seconds", "HOLDFAST_SESSION_LIFETIME_SECONDS", config.integer_in(10, 86400),
             "lifetime of a session pod's certificate (renewed at two thirds)", default=3600),
     Setting("trust_domain", "HOLDFAST_TRUST_DOMAIN", config.text,
