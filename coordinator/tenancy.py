@@ -78,7 +78,7 @@ class Tenancy:
             return
         metrics.TENANT_REFUSALS.labels(rpc).inc()
         log.warning("refused %s of session %s: caller %s (tenant %s), session of tenant %s", rpc, sid,
-                    who.who, who.tenant, tenant_of(found, self.default))
+                    who.who, who.tenant or "none", tenant_of(found, self.default))
         raise CoordinatorError(Reason.WRONG_TENANT, f"session {sid} belongs to another tenant; nothing "
                                "was read for it, asked or written")
 
@@ -121,7 +121,7 @@ class Tenancy:
         who = self.caller(context)
         if not who.all_tenants:
             metrics.TENANT_REFUSALS.labels(rpc).inc()
-            log.warning("refused %s: caller %s is scoped to tenant %s", rpc, who.who, who.tenant)
+            log.warning("refused %s: caller %s is scoped to tenant %s", rpc, who.who, who.tenant or "none")
             raise CoordinatorError(Reason.WRONG_TENANT, f"{rpc} reaches every tenant's sessions: it needs an "
                                    "operator certificate for all tenants (`holdfast certs issue --role "
                                    "operator --all-tenants`); nothing was done")
