@@ -4,6 +4,8 @@ which hosts qualify and when, what the proof frees."""
 from __future__ import annotations
 
 import itertools
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +251,15 @@ def test_failures_count_consecutive_unproven_attempts() -> None:
     assert fence_rules.failures_after(pb.FenceAttempt(answer="unknown", failures=2)) == 3
     assert fence_rules.failures_after(pb.FenceAttempt(answer="on", failures=0)) == 1
     assert fence_rules.failures_after(pb.FenceAttempt(answer="off", failures=5)) == 0
+
+
+def test_the_documented_fencers_are_valid_settings() -> None:
+    """docs/operations.md's example parses as TOML and as fencers, one per agent it shows."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    block = text.split("### A lost host is fenced", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    table = tomllib.loads(block)["coordinator"]
+    specs = fence_rules.parse_fencers(table["fencers"])
+    assert [spec.program.rsplit("/", 1)[1] for spec in specs] == [
+        "fence_ipmilan", "fence_redfish", "fence_aws", "fence_gce", "fence_kubevirt"]
+    assert fence_rules.fencer_for(specs, "rack2-7") is specs[1]
+    assert ("password", "/etc/holdfast/fence/redfish-password") in specs[1].secrets
