@@ -446,3 +446,10 @@ def test_bad_fencer_settings_stop_the_start(etcd: EtcdServer, tmp_path: Path, pr
     done = subprocess.run([*base, "--host-loss-after", "0"], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 2 and "host_loss_after" in done.stderr, done.stderr
+    # From the TOML file, the message names the file and the key.
+    settings = tmp_path / "holdfast.toml"
+    settings.write_text('[[coordinator.fencers]]\nhosts = "h*"\nprogram = "/usr/sbin/fence_dummy"\n')
+    done = subprocess.run([*base, "--config", str(settings)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2 and f"{settings} [coordinator] key fencers" in done.stderr, done.stderr
+    assert "proves nothing" in done.stderr
