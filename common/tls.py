@@ -90,7 +90,9 @@ def role_of_certificate(cert: x509.Certificate) -> Role | None:
         return None
     uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
     roles = {role for role in map(role_from_uri, uris) if role is not None}
-    tenants = [uri for uri in uris if uri.startswith(f"{TENANT_SCHEME}:")]
+    # Any case of the scheme (it is case-blind): a tenant SAN read as none would act for the default
+    # tenant; `tenant_from_uri` then accepts only the exact form.
+    tenants = [uri for uri in uris if uri.lower().startswith(f"{TENANT_SCHEME}:")]
     # A certificate claiming two roles, or two tenants, is ambiguous; ambiguity grants nothing.
     if len(roles) != 1 or len(tenants) > 1:
         return None

@@ -337,6 +337,11 @@ def test_a_certificate_names_one_tenant_or_gets_no_role(pki: Path, tmp_path: Pat
     for uris in (("holdfast://client", "holdfast-tenant://a", "holdfast-tenant://b"),  # two tenants
                  ("holdfast://client", "holdfast-tenant://Team_A"),                 # malformed
                  ("holdfast://client", "holdfast-tenant://"),
-                 ("holdfast://client", "holdfast-tenant://*")):                     # all, on a runtime
+                 ("holdfast://client", "holdfast-tenant://*"),                      # all, on a runtime
+                 # A scheme is case-blind (RFC 3986 §3.1): read as no tenant, this one's holder
+                 # would act for the default tenant instead of team-a.
+                 ("holdfast://client", "HOLDFAST-TENANT://team-a"),
+                 ("holdfast://client", "Holdfast-Tenant://team-a"),
+                 ("holdfast-tenant://team-a/", "holdfast://client")):              # not exactly one
         assert tls.role_of_certificate(with_uris(*uris)) is None, uris
     assert tls.role_of_certificate(with_uris("holdfast://client")) == Role("client")
