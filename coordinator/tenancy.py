@@ -6,8 +6,10 @@ archive record and in the floor a purge leaves, so a revived id is judged too. A
 tenant (written before tenants) belongs to the configured default tenant, never to whoever acquires
 it next. A caller of another tenant is refused WRONG_TENANT by `admit` before its handler reads
 anything for the session, asks an agent or writes anything; the refusal is logged with both
-identities and counted. Not isolated: an all-tenants operator (its certificate says so); a plaintext
-coordinator (no identities at all: every caller is the default tenant and sees every session).
+identities and counted. A caller of one tenant on an id no tenant holds yet gets from `admit` no
+leave to read it: another tenant may make it before the handler's own read. Not isolated: an
+all-tenants operator (its certificate says so); a plaintext coordinator (no identities at all: every
+caller is the default tenant and sees every session).
 """
 
 from __future__ import annotations
