@@ -31,9 +31,10 @@ from holdfast.v1 import coordinator_pb2 as pb
 log = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
 # Infrastructure keys that never call a session RPC act for no tenant: an agent's (one on every
-# node; the agent CA mints them) or the retention job's, stolen, would otherwise read the default
-# tenant's sessions, fenced data and carried files cluster-wide. No record's tenant is "".
-NO_TENANT_KINDS = ("agent", "maintenance")
+# node; the agent CA mints them), a coordinator's (one in every replica, used to dial agents) or the
+# retention job's, stolen, would otherwise read the default tenant's sessions, fenced data and
+# carried files cluster-wide. No record's tenant is "".
+NO_TENANT_KINDS = ("agent", "coordinator", "maintenance")
 
 
 @dataclass(frozen=True)
