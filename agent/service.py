@@ -219,6 +219,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         return agent_pb2.ScanResult(
             enumerable=found.enumerable, complete=found.complete, scanned=found.scanned,
             unreadable=found.unreadable, passes=found.passes, stable=found.stable,
+            init_unreadable=found.init_unreadable,
             carriers=[agent_pb2.TokenCarrier(pid=c.pid, ppid=c.ppid, root=c.root) for c in found.carriers],
         )
 

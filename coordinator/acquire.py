@@ -39,6 +39,7 @@ from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.grant_gates import GrantGates
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.replays import ReplayLease
+from holdfast.coordinator.reservations import ReservationClock, window_s
 from holdfast.coordinator.revival import archived_record, revival_keys, revived
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
@@ -96,6 +97,7 @@ class Parts:
     replays: ReplayLease
     cluster: ClusterIdentity
     tenancy: Tenancy
+    reservations: ReservationClock
     commit_window_ms: int
 
 
@@ -155,11 +157,13 @@ class Acquisition:
                     raise CoordinatorError(Reason.STALE_FENCE,
                                            "the fence has moved since this operation's grant")
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
+            reads: list[Seen] = [replay]
+            if verdict.reason is Reason.RESERVED and record is not None and entry is not None:
+                verdict = await self.question_reservation(entry, record, verdict, reads)
             if self.gate_token and self.attested is None and verdict.action in (Action.GRANT, Action.PROBE):
                 # Before anything is decided, written or signalled: a gate that cannot be attested
                 # refuses here with nothing done, never after a force-pending write or a kill.
                 self.attested = await self.attest(record, gates)
-            reads: list[Seen] = [replay]
             if verdict.action is Action.PROBE and record is not None:
                 if request.force:
                     # The kill is authorised only by a force-pending transaction comparing every
@@ -211,6 +215,14 @@ class Acquisition:
                 await parts.sessions.transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
                 raise CoordinatorError(Reason.MANUAL_RECOVERY, verdict.detail)
             remaining = self.deadline - time.monotonic()
+            if (verdict.reason is Reason.RESERVED and remaining > 0 and record is not None
+                    and entry is not None):
+                # --wait: until the record changes (the reservation commits or goes) or this replica
+                # may ask about it (again, half a window after an answer that left it), then decide again.
+                pause = (parts.reservations.wait_s(entry.key, entry.mod_revision, record.lease)
+                         or window_s(record.lease) / 2)
+                await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
+                continue
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 self.last_held = verdict
                 # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
@@ -234,6 +246,19 @@ class Acquisition:
         if self.last_held is not None:
             raise CoordinatorError(self.last_held.reason, self.last_held.detail)
         raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
+
+    async def question_reservation(self, entry: Entry, record: pb.SessionRecord,
+                                   refused: adjudication.Verdict, reads: list[Seen]) -> adjudication.Verdict:
+        """A reservation this replica has seen for half its window, on its own monotonic clock
+        (coordinator/reservations.py), is asked about: its host's agent's complete answer that no
+        process carries the reserved token supersedes it (the grant compares that agent's
+        registration, appended to `reads`); any other answer leaves it RESERVED. Sooner, it stays."""
+        lease = record.lease
+        if self.parts.reservations.wait_s(entry.key, entry.mod_revision, lease) > 0:
+            return refused
+        probe, registration = await self.parts.sessions.reservation_unused(lease)
+        reads.append(registration)
+        return adjudication.adjudicate(record, self.ask, probe, now_ms())
 
     # --- read -------------------------------------------------------------------------------
     async def read(self) -> tuple[GrantGates, list[Seen], Exited | None]:

@@ -141,6 +141,36 @@ class Router:
             call.cancel()
         return None
 
+    async def reservation_unused(self, lease: pb.Lease, reg: pb.HostRegistration | None) -> apb.ProbeResult:
+        """RESERVATION_UNUSED when the reserved host's agent, reading the very variable the
+        reservation's token was given under, finds no process carrying it in a complete scan;
+        INDETERMINATE, naming why, otherwise (a carrier is a gate about to commit)."""
+        host = lease.reserved_host_id
+        stub = self.agent(reg)
+        if stub is None or reg is None:
+            return indeterminate(f"host {host} has no live registration")
+        if reg.spawn_token_env != lease.spawn_token_env:
+            return indeterminate(f"the agent of {host} reads {reg.spawn_token_env}; the reserved token is "
+                                 f"under {lease.spawn_token_env}")
+        try:
+            found = await self._call(stub.ScanSpawnToken,
+                                     apb.ScanSpawnTokenRequest(spawn_token=lease.reserved_spawn_token))
+        except grpc.aio.AioRpcError as exc:
+            return indeterminate(f"agent of {host} unreachable: {exc.code().name} {exc.details()}")
+        # A gate is a child of its `run`, never the namespace's init: an unreadable init (as inside
+        # many containers) cannot hide one.
+        hidden = found.unreadable - found.init_unreadable
+        if not found.enumerable or not found.stable or hidden:
+            return indeterminate(f"the scan of {host} is incomplete ({hidden} unreadable, "
+                                 f"stable {found.stable})")
+        result = indeterminate(f"pid {found.carriers[0].pid} on {host} carries the reserved token"
+                               if found.carriers else
+                               f"no process of {found.scanned} on {host} carries the reserved token")
+        result.answered_by_host_id = host
+        if not found.carriers:
+            result.outcome = apb.RESERVATION_UNUSED
+        return result
+
     async def attest(self, host_id: str, reg: pb.HostRegistration | None, token: str, pid_hint: int,
                      session_id: str, fence: int) -> apb.ProcessIdentity | str:
         """The attested identity (the agent moved the root into a session cgroup named for this

@@ -37,6 +37,7 @@ from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.host_fencing import FencingSettings, HostFencing
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.replays import ReplayLease
+from holdfast.coordinator.reservations import ReservationClock
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import (
@@ -136,7 +137,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.replays = ReplayLease(store)
         self.cluster = ClusterIdentity(store)
         self.acquiring = acquire.Parts(store, self.registry, self.router, self.sessions, self.replays,
-                                       self.cluster, self.tenancy, commit_window_ms)
+                                       self.cluster, self.tenancy, ReservationClock(), commit_window_ms)
 
     def _unheld(self, request: Any) -> object:
         """The answer to a caller of one tenant on an id no tenant holds, read from nothing

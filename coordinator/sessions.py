@@ -10,6 +10,8 @@ the lifecycle operations, neither of which reaches into the other.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ from holdfast.coordinator.record_cache import RecordCache
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.routing import Router
-from holdfast.coordinator.store import Entry, Put, Seen, Store, unchanged
+from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, unchanged
 from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -119,6 +121,23 @@ class Sessions:
         if kill:
             return await self.router.kill(owner, reg, KILL_WAIT_S), registration
         return await self.router.probe(owner, reg, check_tree=True), registration
+
+    async def reservation_unused(self, lease: pb.Lease) -> tuple[apb.ProbeResult, Seen]:
+        """The reserved host's answer whether any process carries the reserved token, with that
+        host's registration as read first (a grant on the answer compares it)."""
+        registration = await self.registry.seen(lease.reserved_host_id)
+        return await self.router.reservation_unused(lease, decode_registration(registration)), registration
+
+    async def changed(self, key: str, revision: int, seconds: float) -> None:
+        """Returns once the record at `key` changes after `revision`, or after `seconds`: the
+        caller reads it again either way."""
+        async def first_change() -> None:
+            async for change in self.store.watch_prefix(key, revision + 1):
+                if (change if isinstance(change, str) else change.key) == key:
+                    return
+
+        with contextlib.suppress(TimeoutError, Compacted):
+            await asyncio.wait_for(first_change(), seconds)
 
     async def wait_exit(self, owner: apb.ProcessIdentity,
                         seconds: float) -> tuple[apb.ProbeResult | None, Seen]:

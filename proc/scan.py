@@ -74,6 +74,7 @@ class Scan:
     carriers: list[Carrier] = field(default_factory=list)
     # Start ticks of each unreadable process, None where its stat could not be read either.
     unreadable_started: list[int | None] = field(default_factory=list)
+    init_unreadable: bool = False  # pid 1 of the namespace read is among the unreadable
 
     @property
     def complete(self) -> bool:
@@ -215,6 +216,7 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             result.scanned += 1
             result.unreadable += 1
             result.unreadable_started.append(None)
+            result.init_unreadable |= pid == 1
             continue
         if stat.start_ticks > listed_at + _TICK_SLACK:
             # Born after the listing: the listed process is gone and its pid taken by another.
@@ -234,6 +236,7 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             result.scanned += 1
             result.unreadable += 1
             result.unreadable_started.append(stat.start_ticks)
+            result.init_unreadable |= pid == 1
             continue
         if block is None and stat.kernel_thread:
             continue  # a kernel thread: no environ, never a carrier, never a tree's

@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -87,6 +87,7 @@ class Coordinator:
     metrics: str = ""  # the /metrics address its ready file names, when started with --metrics-listen
     health: str = ""  # the plaintext health address, when started with --health-listen
     enroll: str = ""  # the enrollment listener, when started with --enroll-listen
+    env: dict[str, str] = field(default_factory=dict)  # added to the process's environment
 
     def start(self, timeout: float = 15.0) -> Coordinator:
         ready = self.state_dir / f"coordinator-{uuid.uuid4().hex}.json"
@@ -95,7 +96,8 @@ class Coordinator:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "holdfast.cli", "coordinator", "serve", "--etcd",
                  self.etcd_url, "--listen", self.address or self.listen, "--ready-file", str(ready),
-                 "--prefix", self.prefix, *self.args], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                 "--prefix", self.prefix, *self.args], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while not ready.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:

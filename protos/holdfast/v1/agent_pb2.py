@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17holdfast/v1/agent.proto\x12\x0bholdfast.v1\"c\n\x0fHostIncarnation\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0e\n\x06pid_ns\x18\x03 \x01(\x04\x12\x1b\n\x13ns_init_start_ticks\x18\x04 \x01(\x04\";\n\tCgroupRef\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x11\n\tcgroup_ns\x18\x03 \x01(\x04\"\xa7\x02\n\x0fProcessIdentity\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x31\n\x0bincarnation\x18\x02 \x01(\x0b\x32\x1c.holdfast.v1.HostIncarnation\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x13\n\x0bstart_ticks\x18\x04 \x01(\x04\x12\x11\n\tpidfd_ino\x18\x05 \x01(\x04\x12\x13\n\x0bspawn_token\x18\x06 \x01(\t\x12&\n\x06\x63group\x18\x07 \x01(\x0b\x32\x16.holdfast.v1.CgroupRef\x12\x17\n\x0fspawn_token_env\x18\x08 \x01(\t\x12*\n\ntree_proof\x18\t \x01(\x0e\x32\x16.holdfast.v1.TreeProof\x12\x19\n\x11tree_proof_reason\x18\n \x01(\t\"\x14\n\x12GetHostInfoRequest\"\xab\x02\n\x08HostInfo\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x31\n\x0bincarnation\x18\x02 \x01(\x0b\x32\x1c.holdfast.v1.HostIncarnation\x12\x1e\n\x16\x63lock_ticks_per_second\x18\x03 \x01(\x04\x12\x15\n\rcan_enumerate\x18\x04 \x01(\x08\x12\r\n\x05pidfs\x18\x05 \x01(\x08\x12\x17\n\x0f\x63group_writable\x18\x06 \x01(\x08\x12\x13\n\x0b\x63group_root\x18\x07 \x01(\t\x12\x15\n\ragent_version\x18\x08 \x01(\t\x12\x17\n\x0fspawn_token_env\x18\t \x01(\t\x12\x17\n\x0fsession_cgroups\x18\n \x01(\x08\x12\x1e\n\x16session_cgroups_reason\x18\x0b \x01(\t\",\n\x15ScanSpawnTokenRequest\x12\x13\n\x0bspawn_token\x18\x01 \x01(\t\"7\n\x0cTokenCarrier\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04ppid\x18\x02 \x01(\r\x12\x0c\n\x04root\x18\x03 \x01(\x08\"\xa4\x01\n\nScanResult\x12\x12\n\nenumerable\x18\x01 \x01(\x08\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x0f\n\x07scanned\x18\x03 \x01(\r\x12\x12\n\nunreadable\x18\x04 \x01(\r\x12+\n\x08\x63\x61rriers\x18\x05 \x03(\x0b\x32\x19.holdfast.v1.TokenCarrier\x12\x0e\n\x06passes\x18\x06 \x01(\r\x12\x0e\n\x06stable\x18\x07 \x01(\x08\"^\n\x12\x41ttestSpawnRequest\x12\x13\n\x0bspawn_token\x18\x01 \x01(\t\x12\x10\n\x08pid_hint\x18\x02 \x01(\r\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\"E\n\x13\x41ttestSpawnResponse\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\"\x17\n\x15ListTokenRootsRequest\";\n\tTokenRoot\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\"e\n\x16ListTokenRootsResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x12\n\nunreadable\x18\x02 \x01(\r\x12%\n\x05roots\x18\x03 \x03(\x0b\x32\x16.holdfast.v1.TokenRoot\"\xc3\x02\n\x0bProbeResult\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.holdfast.v1.ProbeOutcome\x12\x16\n\x0emismatch_field\x18\x02 \x01(\t\x12\x12\n\nmatched_on\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x14\n\x0ctree_checked\x18\x05 \x01(\x08\x12\x11\n\ttree_gone\x18\x06 \x01(\x08\x12\x13\n\x0btree_reason\x18\x07 \x01(\t\x12\x1b\n\x13\x61nswered_by_host_id\x18\x08 \x01(\t\x12=\n\x17\x61nswered_by_incarnation\x18\t \x01(\x0b\x32\x1c.holdfast.v1.HostIncarnation\x12\x1b\n\x13observed_at_unix_ms\x18\n \x01(\x04\x12\x15\n\rcontradiction\x18\x0b \x01(\x08\"V\n\x12ProbeOwnersRequest\x12,\n\x06owners\x18\x01 \x03(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12\x12\n\ncheck_tree\x18\x02 \x01(\x08\"@\n\x13ProbeOwnersResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.holdfast.v1.ProbeResult\"U\n\x11WatchExitsRequest\x12,\n\x06owners\x18\x01 \x03(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12\x12\n\ncheck_tree\x18\x02 \x01(\x08\"t\n\tExitEvent\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x18.holdfast.v1.ProbeResult\x12\r\n\x05\x61rmed\x18\x03 \x01(\x08\"U\n\x10KillOwnerRequest\x12+\n\x05owner\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"P\n\x11KillOwnerResponse\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x18.holdfast.v1.ProbeResult\x12\x11\n\tsignalled\x18\x02 \x01(\r*\\\n\tTreeProof\x12\x1a\n\x16TREE_PROOF_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x43GROUP_ONLY\x10\x01\x12\x13\n\x0f\x43GROUP_AND_SCAN\x10\x02\x12\r\n\tSCAN_ONLY\x10\x03*\xa8\x01\n\x0cProbeOutcome\x12\x1d\n\x19PROBE_OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rEXIT_OBSERVED\x10\x01\x12\x0e\n\nPID_ABSENT\x10\x02\x12\x15\n\x11IDENTITY_MISMATCH\x10\x03\x12\x14\n\x10IDENTITY_MATCHED\x10\x04\x12\x16\n\x12RESERVATION_UNUSED\x10\x05\x12\x11\n\rINDETERMINATE\x10\x06\x32\xb4\x04\n\tHostAgent\x12\x45\n\x0bGetHostInfo\x12\x1f.holdfast.v1.GetHostInfoRequest\x1a\x15.holdfast.v1.HostInfo\x12P\n\x0b\x41ttestSpawn\x12\x1f.holdfast.v1.AttestSpawnRequest\x1a .holdfast.v1.AttestSpawnResponse\x12P\n\x0bProbeOwners\x12\x1f.holdfast.v1.ProbeOwnersRequest\x1a .holdfast.v1.ProbeOwnersResponse\x12M\n\x0eScanSpawnToken\x12\".holdfast.v1.ScanSpawnTokenRequest\x1a\x17.holdfast.v1.ScanResult\x12Y\n\x0eListTokenRoots\x12\".holdfast.v1.ListTokenRootsRequest\x1a#.holdfast.v1.ListTokenRootsResponse\x12\x46\n\nWatchExits\x12\x1e.holdfast.v1.WatchExitsRequest\x1a\x16.holdfast.v1.ExitEvent0\x01\x12J\n\tKillOwner\x12\x1d.holdfast.v1.KillOwnerRequest\x1a\x1e.holdfast.v1.KillOwnerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17holdfast/v1/agent.proto\x12\x0bholdfast.v1\"c\n\x0fHostIncarnation\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0e\n\x06pid_ns\x18\x03 \x01(\x04\x12\x1b\n\x13ns_init_start_ticks\x18\x04 \x01(\x04\";\n\tCgroupRef\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x11\n\tcgroup_ns\x18\x03 \x01(\x04\"\xa7\x02\n\x0fProcessIdentity\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x31\n\x0bincarnation\x18\x02 \x01(\x0b\x32\x1c.holdfast.v1.HostIncarnation\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x13\n\x0bstart_ticks\x18\x04 \x01(\x04\x12\x11\n\tpidfd_ino\x18\x05 \x01(\x04\x12\x13\n\x0bspawn_token\x18\x06 \x01(\t\x12&\n\x06\x63group\x18\x07 \x01(\x0b\x32\x16.holdfast.v1.CgroupRef\x12\x17\n\x0fspawn_token_env\x18\x08 \x01(\t\x12*\n\ntree_proof\x18\t \x01(\x0e\x32\x16.holdfast.v1.TreeProof\x12\x19\n\x11tree_proof_reason\x18\n \x01(\t\"\x14\n\x12GetHostInfoRequest\"\xab\x02\n\x08HostInfo\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x31\n\x0bincarnation\x18\x02 \x01(\x0b\x32\x1c.holdfast.v1.HostIncarnation\x12\x1e\n\x16\x63lock_ticks_per_second\x18\x03 \x01(\x04\x12\x15\n\rcan_enumerate\x18\x04 \x01(\x08\x12\r\n\x05pidfs\x18\x05 \x01(\x08\x12\x17\n\x0f\x63group_writable\x18\x06 \x01(\x08\x12\x13\n\x0b\x63group_root\x18\x07 \x01(\t\x12\x15\n\ragent_version\x18\x08 \x01(\t\x12\x17\n\x0fspawn_token_env\x18\t \x01(\t\x12\x17\n\x0fsession_cgroups\x18\n \x01(\x08\x12\x1e\n\x16session_cgroups_reason\x18\x0b \x01(\t\",\n\x15ScanSpawnTokenRequest\x12\x13\n\x0bspawn_token\x18\x01 \x01(\t\"7\n\x0cTokenCarrier\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04ppid\x18\x02 \x01(\r\x12\x0c\n\x04root\x18\x03 \x01(\x08\"\xbd\x01\n\nScanResult\x12\x12\n\nenumerable\x18\x01 \x01(\x08\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x0f\n\x07scanned\x18\x03 \x01(\r\x12\x12\n\nunreadable\x18\x04 \x01(\r\x12+\n\x08\x63\x61rriers\x18\x05 \x03(\x0b\x32\x19.holdfast.v1.TokenCarrier\x12\x0e\n\x06passes\x18\x06 \x01(\r\x12\x0e\n\x06stable\x18\x07 \x01(\x08\x12\x17\n\x0finit_unreadable\x18\x08 \x01(\x08\"^\n\x12\x41ttestSpawnRequest\x12\x13\n\x0bspawn_token\x18\x01 \x01(\t\x12\x10\n\x08pid_hint\x18\x02 \x01(\r\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\"E\n\x13\x41ttestSpawnResponse\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\"\x17\n\x15ListTokenRootsRequest\";\n\tTokenRoot\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\"e\n\x16ListTokenRootsResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x12\n\nunreadable\x18\x02 \x01(\r\x12%\n\x05roots\x18\x03 \x03(\x0b\x32\x16.holdfast.v1.TokenRoot\"\xc3\x02\n\x0bProbeResult\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.holdfast.v1.ProbeOutcome\x12\x16\n\x0emismatch_field\x18\x02 \x01(\t\x12\x12\n\nmatched_on\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x14\n\x0ctree_checked\x18\x05 \x01(\x08\x12\x11\n\ttree_gone\x18\x06 \x01(\x08\x12\x13\n\x0btree_reason\x18\x07 \x01(\t\x12\x1b\n\x13\x61nswered_by_host_id\x18\x08 \x01(\t\x12=\n\x17\x61nswered_by_incarnation\x18\t \x01(\x0b\x32\x1c.holdfast.v1.HostIncarnation\x12\x1b\n\x13observed_at_unix_ms\x18\n \x01(\x04\x12\x15\n\rcontradiction\x18\x0b \x01(\x08\"V\n\x12ProbeOwnersRequest\x12,\n\x06owners\x18\x01 \x03(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12\x12\n\ncheck_tree\x18\x02 \x01(\x08\"@\n\x13ProbeOwnersResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.holdfast.v1.ProbeResult\"U\n\x11WatchExitsRequest\x12,\n\x06owners\x18\x01 \x03(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12\x12\n\ncheck_tree\x18\x02 \x01(\x08\"t\n\tExitEvent\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x18.holdfast.v1.ProbeResult\x12\r\n\x05\x61rmed\x18\x03 \x01(\x08\"U\n\x10KillOwnerRequest\x12+\n\x05owner\x18\x01 \x01(\x0b\x32\x1c.holdfast.v1.ProcessIdentity\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"P\n\x11KillOwnerResponse\x12(\n\x06result\x18\x01 \x01(\x0b\x32\x18.holdfast.v1.ProbeResult\x12\x11\n\tsignalled\x18\x02 \x01(\r*\\\n\tTreeProof\x12\x1a\n\x16TREE_PROOF_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x43GROUP_ONLY\x10\x01\x12\x13\n\x0f\x43GROUP_AND_SCAN\x10\x02\x12\r\n\tSCAN_ONLY\x10\x03*\xa8\x01\n\x0cProbeOutcome\x12\x1d\n\x19PROBE_OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rEXIT_OBSERVED\x10\x01\x12\x0e\n\nPID_ABSENT\x10\x02\x12\x15\n\x11IDENTITY_MISMATCH\x10\x03\x12\x14\n\x10IDENTITY_MATCHED\x10\x04\x12\x16\n\x12RESERVATION_UNUSED\x10\x05\x12\x11\n\rINDETERMINATE\x10\x06\x32\xb4\x04\n\tHostAgent\x12\x45\n\x0bGetHostInfo\x12\x1f.holdfast.v1.GetHostInfoRequest\x1a\x15.holdfast.v1.HostInfo\x12P\n\x0b\x41ttestSpawn\x12\x1f.holdfast.v1.AttestSpawnRequest\x1a .holdfast.v1.AttestSpawnResponse\x12P\n\x0bProbeOwners\x12\x1f.holdfast.v1.ProbeOwnersRequest\x1a .holdfast.v1.ProbeOwnersResponse\x12M\n\x0eScanSpawnToken\x12\".holdfast.v1.ScanSpawnTokenRequest\x1a\x17.holdfast.v1.ScanResult\x12Y\n\x0eListTokenRoots\x12\".holdfast.v1.ListTokenRootsRequest\x1a#.holdfast.v1.ListTokenRootsResponse\x12\x46\n\nWatchExits\x12\x1e.holdfast.v1.WatchExitsRequest\x1a\x16.holdfast.v1.ExitEvent0\x01\x12J\n\tKillOwner\x12\x1d.holdfast.v1.KillOwnerRequest\x1a\x1e.holdfast.v1.KillOwnerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'holdfast.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TREEPROOF']._serialized_start=2304
-  _globals['_TREEPROOF']._serialized_end=2396
-  _globals['_PROBEOUTCOME']._serialized_start=2399
-  _globals['_PROBEOUTCOME']._serialized_end=2567
+  _globals['_TREEPROOF']._serialized_start=2329
+  _globals['_TREEPROOF']._serialized_end=2421
+  _globals['_PROBEOUTCOME']._serialized_start=2424
+  _globals['_PROBEOUTCOME']._serialized_end=2592
   _globals['_HOSTINCARNATION']._serialized_start=40
   _globals['_HOSTINCARNATION']._serialized_end=139
   _globals['_CGROUPREF']._serialized_start=141
@@ -50,31 +50,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENCARRIER']._serialized_start=870
   _globals['_TOKENCARRIER']._serialized_end=925
   _globals['_SCANRESULT']._serialized_start=928
-  _globals['_SCANRESULT']._serialized_end=1092
-  _globals['_ATTESTSPAWNREQUEST']._serialized_start=1094
-  _globals['_ATTESTSPAWNREQUEST']._serialized_end=1188
-  _globals['_ATTESTSPAWNRESPONSE']._serialized_start=1190
-  _globals['_ATTESTSPAWNRESPONSE']._serialized_end=1259
-  _globals['_LISTTOKENROOTSREQUEST']._serialized_start=1261
-  _globals['_LISTTOKENROOTSREQUEST']._serialized_end=1284
-  _globals['_TOKENROOT']._serialized_start=1286
-  _globals['_TOKENROOT']._serialized_end=1345
-  _globals['_LISTTOKENROOTSRESPONSE']._serialized_start=1347
-  _globals['_LISTTOKENROOTSRESPONSE']._serialized_end=1448
-  _globals['_PROBERESULT']._serialized_start=1451
-  _globals['_PROBERESULT']._serialized_end=1774
-  _globals['_PROBEOWNERSREQUEST']._serialized_start=1776
-  _globals['_PROBEOWNERSREQUEST']._serialized_end=1862
-  _globals['_PROBEOWNERSRESPONSE']._serialized_start=1864
-  _globals['_PROBEOWNERSRESPONSE']._serialized_end=1928
-  _globals['_WATCHEXITSREQUEST']._serialized_start=1930
-  _globals['_WATCHEXITSREQUEST']._serialized_end=2015
-  _globals['_EXITEVENT']._serialized_start=2017
-  _globals['_EXITEVENT']._serialized_end=2133
-  _globals['_KILLOWNERREQUEST']._serialized_start=2135
-  _globals['_KILLOWNERREQUEST']._serialized_end=2220
-  _globals['_KILLOWNERRESPONSE']._serialized_start=2222
-  _globals['_KILLOWNERRESPONSE']._serialized_end=2302
-  _globals['_HOSTAGENT']._serialized_start=2570
-  _globals['_HOSTAGENT']._serialized_end=3134
+  _globals['_SCANRESULT']._serialized_end=1117
+  _globals['_ATTESTSPAWNREQUEST']._serialized_start=1119
+  _globals['_ATTESTSPAWNREQUEST']._serialized_end=1213
+  _globals['_ATTESTSPAWNRESPONSE']._serialized_start=1215
+  _globals['_ATTESTSPAWNRESPONSE']._serialized_end=1284
+  _globals['_LISTTOKENROOTSREQUEST']._serialized_start=1286
+  _globals['_LISTTOKENROOTSREQUEST']._serialized_end=1309
+  _globals['_TOKENROOT']._serialized_start=1311
+  _globals['_TOKENROOT']._serialized_end=1370
+  _globals['_LISTTOKENROOTSRESPONSE']._serialized_start=1372
+  _globals['_LISTTOKENROOTSRESPONSE']._serialized_end=1473
+  _globals['_PROBERESULT']._serialized_start=1476
+  _globals['_PROBERESULT']._serialized_end=1799
+  _globals['_PROBEOWNERSREQUEST']._serialized_start=1801
+  _globals['_PROBEOWNERSREQUEST']._serialized_end=1887
+  _globals['_PROBEOWNERSRESPONSE']._serialized_start=1889
+  _globals['_PROBEOWNERSRESPONSE']._serialized_end=1953
+  _globals['_WATCHEXITSREQUEST']._serialized_start=1955
+  _globals['_WATCHEXITSREQUEST']._serialized_end=2040
+  _globals['_EXITEVENT']._serialized_start=2042
+  _globals['_EXITEVENT']._serialized_end=2158
+  _globals['_KILLOWNERREQUEST']._serialized_start=2160
+  _globals['_KILLOWNERREQUEST']._serialized_end=2245
+  _globals['_KILLOWNERRESPONSE']._serialized_start=2247
+  _globals['_KILLOWNERRESPONSE']._serialized_end=2327
+  _globals['_HOSTAGENT']._serialized_start=2595
+  _globals['_HOSTAGENT']._serialized_end=3159
 # @@protoc_insertion_point(module_scope)

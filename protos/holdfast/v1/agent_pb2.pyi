@@ -128,7 +128,7 @@ class TokenCarrier(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., root: _Optional[bool] = ...) -> None: ...
 
 class ScanResult(_message.Message):
-    __slots__ = ("enumerable", "complete", "scanned", "unreadable", "carriers", "passes", "stable")
+    __slots__ = ("enumerable", "complete", "scanned", "unreadable", "carriers", "passes", "stable", "init_unreadable")
     ENUMERABLE_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     SCANNED_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class ScanResult(_message.Message):
     CARRIERS_FIELD_NUMBER: _ClassVar[int]
     PASSES_FIELD_NUMBER: _ClassVar[int]
     STABLE_FIELD_NUMBER: _ClassVar[int]
+    INIT_UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     enumerable: bool
     complete: bool
     scanned: int
@@ -143,7 +144,8 @@ class ScanResult(_message.Message):
     carriers: _containers.RepeatedCompositeFieldContainer[TokenCarrier]
     passes: int
     stable: bool
-    def __init__(self, enumerable: _Optional[bool] = ..., complete: _Optional[bool] = ..., scanned: _Optional[int] = ..., unreadable: _Optional[int] = ..., carriers: _Optional[_Iterable[_Union[TokenCarrier, _Mapping]]] = ..., passes: _Optional[int] = ..., stable: _Optional[bool] = ...) -> None: ...
+    init_unreadable: bool
+    def __init__(self, enumerable: _Optional[bool] = ..., complete: _Optional[bool] = ..., scanned: _Optional[int] = ..., unreadable: _Optional[int] = ..., carriers: _Optional[_Iterable[_Union[TokenCarrier, _Mapping]]] = ..., passes: _Optional[int] = ..., stable: _Optional[bool] = ..., init_unreadable: _Optional[bool] = ...) -> None: ...
 
 class AttestSpawnRequest(_message.Message):
     __slots__ = ("spawn_token", "pid_hint", "session_id", "fence")
