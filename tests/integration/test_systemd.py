@@ -93,6 +93,8 @@ def test_the_agent_unit_has_only_the_capabilities_its_work_needs_and_keeps_cgrou
     for breaking in ("ProtectControlGroups", "ProtectKernelTunables", "Delegate", "ReadOnlyPaths"):
         assert breaking not in agent, breaking
     assert agent["ProtectSystem"] == ["strict"]  # /sys stays writable under strict
+    # Session cgroups it makes stay readable: `run` reads its own cgroup.events (a 0700 one never ended).
+    assert agent["UMask"] == ["0022"]
     environment = " ".join(agent["Environment"]).split()
     assert {"HOLDFAST_LOG_FORMAT=json", "HOLDFAST_NODE=true",
             "HOLDFAST_NODE_CGROUP_NAMESPACE=true"} <= set(environment)
