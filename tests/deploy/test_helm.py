@@ -49,7 +49,8 @@ CUSTOM: dict[str, Any] = {
 
 def _helm() -> str:
     log = ROOT / "tools" / "helm" / "npm-ci.log"
-    assert HELM.exists(), ("no helm: run ./scripts/setup (it unzips tools/helm's pinned layer); "
+    assert HELM.exists(), ("no helm: run ./scripts/setup --with-clis, as scripts/test does (it unzips "
+                           "tools/helm's pinned layer); "
                            + (log.read_text()[-2000:] if log.exists() else ""))
     return str(HELM)
 
