@@ -52,6 +52,10 @@ FAULTS = ("kill-child", "kill-run", "kill-agent", "kill-coordinator", "kill-etcd
           "pause-child", "pause-run", "pause-agent", "pause-coordinator", "cut-agent-link", "cut-probe-link",
           "cut-coordinator", "degrade-etcd", "reboot-host", "pid-reuse", "kill-before-commit", "rogue-force",
           "archive", "rogue-tenant")
+LOSE_HOST = "lose-host"  # drawn only when the cluster fences lost hosts
+# A lost host is waited for this long: its registration's lease (the agent's default 10 s) lapses,
+# host_loss_after passes, the fence runs and its proof lands, with room for a loaded machine.
+LOST_FOR_S = 25.0
 
 
 @dataclass
@@ -95,7 +99,7 @@ class Soak:
             for suffix in (".lock", ".log"):
                 (self.shared / f"{session}{suffix}").touch(mode=0o666)
                 os.chmod(self.shared / f"{session}{suffix}", 0o666)
-        if self.cluster.pki is not None:
+        if self.cluster is not None and self.cluster.pki is not None:  # None: a history-only Soak
             # A runtime certificate nobody's runs can read (a test's copy: a real one is the user's).
             (self.shared / "tls").mkdir(mode=0o755)
             for name in ("ca.pem", "client.pem", "client.key"):
@@ -129,6 +133,9 @@ class Soak:
 
     def live_hosts(self) -> list[SimulatedHost]:
         return [h for h in self.cluster.hosts if h.running]
+
+    def fault_kinds(self) -> tuple[str, ...]:
+        return (*FAULTS, LOSE_HOST) if self.cluster.fencing else FAULTS
 
     def launch_run(self) -> None:
         hosts = self.live_hosts()
@@ -253,9 +260,9 @@ class Soak:
             elif kind == "kill-agent":
                 _kill(c.agent_pid(host))  # the reaper exits with its agent: the host goes down
                 time.sleep(pause)
-                host.reboot()
+                c.reboot(host)
             else:
-                host.reboot()
+                c.reboot(host)
         elif kind in ("kill-coordinator", "pause-coordinator"):
             coordinator = rng.choice(c.coordinators)
             if coordinator.process is None:
@@ -293,6 +300,11 @@ class Soak:
                 c.proxies.cut(proxy)
             time.sleep(pause)
             c.proxies.heal(proxy)
+        elif kind == LOSE_HOST:
+            hosts = self.live_hosts()
+            if not hosts:
+                return
+            self.ops[f"lose-host-{self._lose_host(rng.choice(hosts), rng.random() < 0.5)}"] += 1
         elif kind == "kill-before-commit":
             self._kill_before_commit()
         elif kind == "rogue-force":
@@ -302,6 +314,40 @@ class Soak:
         elif kind == "rogue-tenant":
             self.ops[f"rogue-tenant-{asyncio.run(self.rogue_tenant())}"] += 1
         self.faults[kind] += 1
+
+    def _lose_host(self, host: SimulatedHost, whole: bool) -> str:
+        """A host lost whole (its PID namespace killed: power gone) or cut off (its link to the
+        coordinator cut: the registration lapses, its processes stay alive and keep writing until a
+        fence ends them). Waits until a fence of it is proven or LOST_FOR_S passed (no session names
+        it: nothing to fence), then heals the link and boots what is down as a new incarnation."""
+        c, i = self.cluster, self.cluster.hosts.index(host)
+        since_ms = time.time_ns() // 1_000_000
+        if whole:
+            _kill(host.reaper_pid)
+        else:
+            c.proxies.cut(c.agent_links[i])
+        deadline = time.monotonic() + LOST_FOR_S
+        fenced = False
+        while not fenced and time.monotonic() < deadline:
+            time.sleep(0.2)
+            fenced = self._fenced_since(host.host_id, since_ms)
+        if not whole:
+            c.proxies.heal(c.agent_links[i])
+        if not host.running:
+            c.reboot(host)
+        return f"{'whole' if whole else 'cut-off'}-{'fenced' if fenced else 'unfenced'}"
+
+    def _fenced_since(self, host_id: str, since_ms: int) -> bool:
+        """A proof of `host_id` that an attempt begun after `since_ms` recorded."""
+        # Not through the fault proxies, nor a seeded choice: polling must not shift the seed's draws.
+        with self.cluster.channel(self.cluster.coordinators[0].address) as channel:
+            try:
+                states = coordinator_pb2_grpc.CoordinatorStub(channel).ListHosts(
+                    pb.ListHostsRequest(), timeout=5).fence_states
+            except grpc.RpcError:
+                return False  # that replica is down or cut: the next look asks again
+        return any(s.host_id == host_id and s.state == "fenced" and s.attempt.started_at_unix_ms >= since_ms
+                   for s in states)
 
     async def _rogue_force(self) -> str:
         """A forced Acquire by a caller that requested no handoff (any client could send one): it
@@ -463,7 +509,7 @@ class Soak:
                 if time.monotonic() > deadline:
                     break
                 if self.rng.random() < fault_rate:
-                    self.inject(self.rng.choice(FAULTS))
+                    self.inject(self.rng.choice(self.fault_kinds()))
                 else:
                     self.launch_run()
                 self.reap()
