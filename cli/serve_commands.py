@@ -84,7 +84,8 @@ SETTINGS = [
             "existed (keep it the same across restarts and replicas)", default="default"),
     Setting("fencers", "HOLDFAST_FENCERS", fence_rules.parse_fencers,
             "fence agents for lost hosts: a list of tables (TOML [[coordinator.fencers]]: hosts, program, "
-            "options, secrets) or the same as JSON; none: lost hosts wait for an operator", default=()),
+            "options, secrets; or kind = \"kubernetes-out-of-service\": the Node's out-of-service taint) "
+            "or the same as JSON; none: lost hosts wait for an operator", default=()),
     Setting("host_loss_after", "HOLDFAST_HOST_LOSS_AFTER", seconds,
             "seconds a host that sessions name has had no registration before it is fenced (timed on "
             "each replica's monotonic clock; time only triggers a fence, never proves anything)",
@@ -145,7 +146,7 @@ def _serve(raw: argparse.Namespace) -> int:
         fencers.check_fencers(args.fencers)
         issuer = _issuer(args, tls_dir)
         fencing = FencingSettings(args.fencers, args.host_loss_after, args.fence_timeout,
-                                  args.fence_retry_seconds)
+                                  args.fence_retry_seconds, _node_readers(args.fencers))
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls_dir, etcd_tls, args.metrics_listen,
                                  args.census_seconds, args.health_listen, args.commit_window_seconds, issuer,
@@ -155,6 +156,28 @@ def _serve(raw: argparse.Namespace) -> int:
         logs.fatal(f"holdfast coordinator: {exc}")  # its log is set up: JSON by default
         return EX_USAGE
     return 0
+
+
+def _node_reader(spec: fence_rules.FencerSpec) -> Any:
+    """The API client of an out-of-service taint fencer (the issuer's: raw JSON, the same shapes)."""
+    from holdfast.enrollment.issuer import KubeApi
+
+    options = dict(spec.options)
+    return KubeApi(options.get("api_server", ""), options.get("api_ca", ""),
+                   options.get("api_token_file", ""))
+
+
+def _node_readers(specs: tuple[fence_rules.FencerSpec, ...]) -> Any:
+    """None without a taint fencer; else the factory, tried once now so a coordinator that cannot
+    reach its API server's configuration (no in-cluster token, a missing CA file) stops at start."""
+    kube = [spec for spec in specs if spec.kind == fence_rules.KUBERNETES]
+    for spec in kube:
+        try:
+            _node_reader(spec).close()
+        except Exception as exc:  # the client's own configuration errors are not ValueErrors
+            raise ValueError(f"setting fencers: the {fence_rules.KUBERNETES} fencer of hosts {spec.hosts!r} "
+                             f"has no usable API server configuration: {exc}") from None
+    return _node_reader if kube else None
 
 
 def _issuer(args: argparse.Namespace, tls_dir: Path | None) -> tuple[str, Any] | None:

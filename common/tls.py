@@ -29,6 +29,10 @@ TENANT_SCHEME = "holdfast-tenant"
 ALL_TENANTS = "*"  # an operator's scope over every tenant; only `certs issue --all-tenants` writes it
 # A tenant is a DNS label, as a Kubernetes namespace is: a session pod's namespace can name its tenant.
 TENANT = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# The Kubernetes Node an enrolled agent's certificate was signed for: the issuer writes its uid (read
+# from the API server) as `holdfast-node://<uid>`. A uid is a UUID; anything else is no uid at all.
+NODE_URI_SCHEME = "holdfast-node"
+NODE_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # `etcd` is only ever issued by the separate etcd CA (`<tls dir>/etcd/`), which holdfast's servers
 # do not trust: a client or agent certificate must never reach etcd and write around the fences.
 # `client` is a runtime; `operator` overrides evidence or touches every session; `maintenance` runs
@@ -135,6 +139,25 @@ def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
     from cryptography import x509  # as in role_of_certificate
 
     return role_of_certificate(x509.load_pem_x509_certificate(pems[0]))
+
+
+def peer_node_uid(context: grpc.aio.ServicerContext) -> str:
+    """The Node uid in the verified peer certificate ("" on a plaintext link, or with none or two):
+    what the issuer checked with the API server when it signed, never what a request says."""
+    pems = context.auth_context().get("x509_pem_cert", [])
+    if len(pems) != 1:
+        return ""
+    from cryptography import x509  # as in role_of_certificate
+
+    try:
+        sans = x509.load_pem_x509_certificate(pems[0]).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return ""
+    prefix = f"{NODE_URI_SCHEME}://"
+    uids = [uri[len(prefix):] for uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
+            if uri.startswith(prefix)]
+    return uids[0] if len(uids) == 1 and NODE_UID.fullmatch(uids[0]) else ""
 
 
 def _read(directory: Path, name: str) -> bytes:

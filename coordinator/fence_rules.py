@@ -12,10 +12,18 @@ option can never smuggle in another option (no newline in a name or value) nor s
 recorded output has every secret masked. The proof frees only owners attested on the fenced
 incarnation and reservations recorded before the proof; conflicted and manual-recovery records
 stay as they are.
+
+The other kind of fencer is Kubernetes' non-graceful node shutdown: the
+`node.kubernetes.io/out-of-service` taint on the Node. It proves a host off only when it sits on the
+Node uid the host's agent enrolled with (kept in its registered-last registration), its `timeAdded`
+is after this replica first saw that registration lapse, and the Node is not Ready (what Kubernetes
+itself requires before it force-deletes the node's pods). A deleted Node, a Node of another uid, a
+taint without `timeAdded` or added before the lapse prove nothing.
 """
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import json
 import re
@@ -36,7 +44,12 @@ STATUS_OFF_EXIT = 2  # fence-agents' `status` exits 2 exactly when the plug is o
 MASK = "*****"
 OUTPUT_KEPT = 2048  # characters of each stream recorded per action
 MAX_BACKOFF_S = 600.0
-FENCER_KEYS = frozenset({"hosts", "program", "options", "secrets"})
+FENCER_KEYS = frozenset({"hosts", "kind", "program", "options", "secrets"})
+FENCE_AGENT, KUBERNETES = "fence-agent", "kubernetes-out-of-service"  # the kinds of fencer
+KUBE_OPTIONS = frozenset({"api_server", "api_ca", "api_token_file"})  # none: in-cluster configuration
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+KUBE_PROGRAM = f"the Kubernetes taint {OUT_OF_SERVICE}"  # what an attempt of that kind names as its program
+READ_NODE = "read-node"  # the one action of the taint fencer
 # Agents that answer "off" without powering anything off: fence_dummy flips a file (it is for
 # testing a cluster's plumbing), fence_ack_manual is a person's override after fencing failed.
 PROVE_NOTHING = frozenset({"fence_dummy", "fence_ack_manual"})
@@ -58,6 +71,7 @@ class FencerSpec:
     program: str
     options: tuple[tuple[str, str], ...] = ()
     secrets: tuple[tuple[str, str], ...] = ()  # option name → file holding its value
+    kind: str = FENCE_AGENT
 
 
 # --- settings -----------------------------------------------------------------------------------
@@ -83,9 +97,13 @@ def _fencer(index: int, entry: Any) -> FencerSpec:
     unknown = sorted(set(entry) - FENCER_KEYS)
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(FENCER_KEYS))}")
-    hosts, program = entry.get("hosts"), entry.get("program")
+    hosts, program, kind = entry.get("hosts"), entry.get("program"), entry.get("kind", FENCE_AGENT)
     if not isinstance(hosts, str) or not hosts.strip():
         raise ValueError(f"{where}: hosts must name a host id or a pattern (e.g. \"node-*\")")
+    if kind == KUBERNETES:
+        return _kube_fencer(where, hosts, entry)
+    if kind != FENCE_AGENT:
+        raise ValueError(f"{where}: kind must be {FENCE_AGENT!r} (the default) or {KUBERNETES!r}")
     if not isinstance(program, str) or not program.startswith("/"):
         raise ValueError(f"{where}: program must be the fence agent's absolute path, e.g. "
                          "/usr/sbin/fence_ipmilan")
@@ -101,6 +119,19 @@ def _fencer(index: int, entry: Any) -> FencerSpec:
     if both:
         raise ValueError(f"{where}: option {both[0]!r} is both in options and in secrets")
     return FencerSpec(hosts, program, tuple(sorted(options.items())), tuple(sorted(secrets.items())))
+
+
+def _kube_fencer(where: str, hosts: str, entry: dict[str, Any]) -> FencerSpec:
+    """The out-of-service taint: no program and no secrets, only how to reach the API server."""
+    extra = sorted({"program", "secrets"} & set(entry))
+    if extra:
+        raise ValueError(f"{where}: kind {KUBERNETES!r} takes no {extra[0]} (it reads the host's Node)")
+    options = _table(where, "options", entry.get("options", {}))
+    unknown = sorted(set(options) - KUBE_OPTIONS)
+    if unknown:
+        raise ValueError(f"{where}: unknown option {unknown[0]!r} for kind {KUBERNETES!r}; known: "
+                         f"{', '.join(sorted(KUBE_OPTIONS))} (none: the in-cluster configuration)")
+    return FencerSpec(hosts, KUBE_PROGRAM, tuple(sorted(options.items())), kind=KUBERNETES)
 
 
 def _table(where: str, what: str, raw: Any) -> dict[str, str]:
@@ -206,6 +237,65 @@ def judge(off: pb.FenceAction, status: pb.FenceAction | None) -> tuple[Answer, s
 def needs_status(off: pb.FenceAction) -> bool:
     """Status is asked only after an off that could still be part of a proof."""
     return not _failed(off) and off.exit_code == 0 and bool(_lines(off.stdout) & OFF_LINES)
+
+
+# --- the out-of-service taint ------------------------------------------------------------------
+def _time_added(text: Any) -> datetime.datetime | None:
+    """A taint's `timeAdded` (RFC 3339, as the API server writes it), or None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        added = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return added if added.tzinfo is not None else None
+
+
+def _ready(node: dict[str, Any]) -> str:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((str(c.get("status")) for c in conditions
+                 if isinstance(c, dict) and c.get("type") == "Ready"), "absent")
+
+
+def judge_taint(node: dict[str, Any] | None, name: str, enrolled_uid: str,
+                lapsed_at_unix_ms: int) -> tuple[Answer, str, str]:
+    """The answer of one read of Node `name` (None: 404), why, and what was read (for the record)."""
+    if not enrolled_uid:
+        return Answer.UNKNOWN, ("the host's agent registered with no Node uid in its certificate (not "
+                                "enrolled by holdfast's issuer): no Node can speak for it"), "not read"
+    if not lapsed_at_unix_ms:
+        return Answer.UNKNOWN, "this replica has not seen the host's registration lapse", "not read"
+    if node is None:
+        return Answer.UNKNOWN, (f"Node {name} does not exist: a deleted Node is not proof (kubelet creates "
+                                "it again with a new uid, and containers outlive a stopped kubelet)"), \
+            f"Node {name}: not found"
+    uid = str((node.get("metadata") or {}).get("uid") or "")
+    taints = [t for t in (node.get("spec") or {}).get("taints") or []
+              if isinstance(t, dict) and t.get("key") == OUT_OF_SERVICE]
+    ready = _ready(node)
+    taint = taints[0] if taints else {}
+    added = _time_added(taint.get("timeAdded"))
+    seen = (f"Node {name} uid {uid}: " + (f"taint {OUT_OF_SERVICE}={taint.get('value', '')}:"
+                                          f"{taint.get('effect', '')} added {taint.get('timeAdded')}"
+                                          if taints else f"no {OUT_OF_SERVICE} taint") + f"; Ready {ready}")
+    lapsed = datetime.datetime.fromtimestamp(lapsed_at_unix_ms / 1000, datetime.UTC)
+    if uid != enrolled_uid:
+        return Answer.UNKNOWN, (f"Node {name} has uid {uid}, not {enrolled_uid} the host enrolled with: "
+                                "another machine took the name"), seen
+    if not taints:
+        return Answer.UNKNOWN, f"Node {name} has no {OUT_OF_SERVICE} taint", seen
+    if added is None:
+        return Answer.UNKNOWN, (f"the taint on Node {name} has no timeAdded (only a NoExecute taint gets "
+                                "one)"), seen
+    if added <= lapsed:
+        return Answer.UNKNOWN, (f"the taint on Node {name} was added at {added.isoformat()}, not after the "
+                                f"registration lapsed ({lapsed.isoformat()}): it says nothing of this "
+                                "loss"), seen
+    if ready == "True":
+        return Answer.ON, f"Node {name} is Ready: its kubelet still reports", seen
+    return Answer.OFF, (f"the {OUT_OF_SERVICE} taint on Node {name} (uid {uid}, the one the host enrolled "
+                        f"with) was added at {added.isoformat()}, after the registration lapsed "
+                        f"({lapsed.isoformat()}), and the Node is not Ready"), seen
 
 
 # --- which hosts, when ---------------------------------------------------------------------------
@@ -316,6 +406,8 @@ def evidence_detail(attempt: pb.FenceAttempt) -> str:
 
 
 def _outcome(action: pb.FenceAction) -> str:
+    if action.action == READ_NODE and action.ran:
+        return action.stdout.strip()
     if not action.ran:
         return f"not run ({action.error})"
     if action.timed_out:

@@ -7,6 +7,9 @@ action ends is killed too, so nothing of an attempt outlives it. Options go on s
 `name=value` lines, never on the command line (where `ps` shows them); secrets are read from their
 files for each attempt, are never logged and are masked in every output recorded
 (holdfast.coordinator.fence_rules judges the proof; this module only runs and records).
+
+The out-of-service taint fencer makes one read of the host's Node (a blocking client call, on a
+worker thread, given the fence timeout) and records what it read.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from holdfast.coordinator import fence_rules
 from holdfast.coordinator.fence_rules import Answer, FencerSpec
@@ -26,10 +31,31 @@ from holdfast.v1 import coordinator_pb2 as pb
 OFF, STATUS = "off", "status"
 
 
+class NodeReader(Protocol):
+    """A Node read from the API server, as the JSON it sends (None: 404)."""
+
+    def read_node(self, name: str) -> dict[str, Any] | None: ...
+    def close(self) -> None: ...
+
+
+NodeReaders = Callable[[FencerSpec], NodeReader]  # one reader per attempt, from the fencer's options
+
+
+@dataclass(frozen=True)
+class Lost:
+    """What a fence of a host may rest on besides its fencer: the Node uid its registered-last
+    registration carried, and when this replica first saw that registration absent (0: not yet)."""
+
+    node_uid: str = ""
+    lapsed_at_unix_ms: int = 0
+
+
 def check_fencers(specs: Iterable[FencerSpec]) -> None:
     """At start: every program is an executable file and every secret file is readable, so a typo is
     a clear error before serving rather than an `unknown` at the first lost host."""
     for spec in specs:
+        if spec.kind == fence_rules.KUBERNETES:
+            continue  # no program: its API server is checked when its reader is made
         program = Path(spec.program)
         if not program.is_file() or not os.access(program, os.X_OK):
             raise ValueError(f"setting fencers: program {spec.program} (hosts {spec.hosts!r}) is not an "
@@ -81,8 +107,38 @@ def read_secrets(spec: FencerSpec) -> dict[str, str]:
     return {name: fence_rules.secret_of(Path(path).read_text()) for name, path in spec.secrets}
 
 
-async def fence(spec: FencerSpec, host_id: str, timeout: float) -> tuple[list[pb.FenceAction], Answer, str]:
-    """`off`, then (only after an off that may prove) `status`; the actions as recorded and the answer."""
+async def read_taint(spec: FencerSpec, host_id: str, timeout: float, lost: Lost,
+                     readers: NodeReaders | None) -> tuple[list[pb.FenceAction], Answer, str]:
+    """One read of Node `host_id` (an enrolled agent's host id is its Node's name), judged."""
+    started = time.monotonic()
+    action = pb.FenceAction(action=fence_rules.READ_NODE)
+    node: dict[str, Any] | None = None
+    if lost.node_uid and lost.lapsed_at_unix_ms:  # else nothing is asked: the rules say why not
+        if readers is None:
+            action.error = "no Kubernetes API client was configured"
+            return [action], Answer.UNKNOWN, action.error
+        try:
+            reader = readers(spec)
+            try:
+                node = await asyncio.wait_for(asyncio.to_thread(reader.read_node, host_id), timeout)
+            finally:
+                reader.close()
+        except Exception as exc:  # the API server's trouble is an unknown, never a proof
+            action.error = f"the API server did not answer: {type(exc).__name__}: {str(exc)[:300]}"
+            action.took_ms = int((time.monotonic() - started) * 1000)
+            return [action], Answer.UNKNOWN, action.error
+    answer, detail, seen = fence_rules.judge_taint(node, host_id, lost.node_uid, lost.lapsed_at_unix_ms)
+    action.ran, action.stdout = True, seen
+    action.took_ms = int((time.monotonic() - started) * 1000)
+    return [action], answer, detail
+
+
+async def fence(spec: FencerSpec, host_id: str, timeout: float, lost: Lost = Lost(),
+                readers: NodeReaders | None = None) -> tuple[list[pb.FenceAction], Answer, str]:
+    """`off`, then (only after an off that may prove) `status`; the actions as recorded and the answer.
+    The taint fencer reads the Node instead."""
+    if spec.kind == fence_rules.KUBERNETES:
+        return await read_taint(spec, host_id, timeout, lost, readers)
     try:
         secret_values = read_secrets(spec)
         options = fence_rules.agent_options(spec, host_id, secret_values)

@@ -50,6 +50,7 @@ class FencingSettings:
     host_loss_after: float = 60.0
     timeout: float = 60.0
     retry_first: float = 10.0
+    node_readers: fencers.NodeReaders | None = None  # the taint fencer's API client (None: none)
 
     @property
     def interval(self) -> float:
@@ -219,7 +220,13 @@ class HostFencing:
         self.unfenceable.pop(host_id, None)
         log.warning("fencing host %s with %s: %s", host_id, spec.program, requested_by,
                     extra={"fields": {"host": host_id, "program": spec.program}})
-        actions, answer, detail = await fencers.fence(spec, host_id, self.settings.timeout)
+        # The lapse this replica timed must be the registered-last's it fences, not an earlier one's.
+        last_entry = reads[1].entry
+        lapsed_ms = (absence.since_unix_ms if absence is not None and last_entry is not None
+                     and absence.last_revision == last_entry.mod_revision else 0)
+        lost = fencers.Lost(gates.last.node_uid, lapsed_ms)
+        actions, answer, detail = await fencers.fence(spec, host_id, self.settings.timeout, lost,
+                                                      self.settings.node_readers)
         attempt.actions.extend(actions)
         attempt.answer, attempt.detail, attempt.ended_at_unix_ms = answer.value, detail, now_ms()
         metrics.FENCE_ATTEMPTS.labels(host_id, answer.value).inc()

@@ -70,7 +70,8 @@ class Registry:
     def key_of(self, host_id: str) -> str:
         return keys.host(self.store, host_id)
 
-    async def register(self, reg: pb.HostRegistration, ttl: int) -> tuple[int, int]:
+    async def register(self, reg: pb.HostRegistration, ttl: int, node_uid: str = "") -> tuple[int, int]:
+        """`node_uid`: the Node uid of the caller's verified certificate (tls.peer_node_uid)."""
         identifiers.check_host_id(reg.host_id)
         identifiers.check_text("address", reg.address, 256)
         if not reg.address or not reg.spawn_token_env:
@@ -92,9 +93,11 @@ class Registry:
         stored.CopyFrom(reg)
         stored.registered_at_unix_ms = int(time.time() * 1000)
         stored.lease_id = lease_id
+        stored.node_uid = node_uid  # the certificate's, whatever the request said
         value = records.encode(stored)
         # The last registration is also kept without a lease: its incarnation is what a fence of
-        # this host, after the lease lapsed, proves off.
+        # this host, after the lease lapsed, proves off, and its Node uid the Node whose
+        # out-of-service taint may prove it.
         last = Put(keys.host_last(self.store, reg.host_id), value)
         ok, _ = await self.store.txn([absent(key), *unchanged(gates)], [Put(key, value, lease_id), last])
         if not ok:

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from holdfast.common import identifiers, reasons
+from holdfast.common import identifiers, reasons, tls
 from holdfast.common.reasons import Reason
 from holdfast.coordinator import (
     acquire,
@@ -347,7 +347,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def RegisterHost(
         self, request: pb.RegisterHostRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterHostResponse:
-        lease_id, ttl = await self.registry.register(request.registration, request.ttl_seconds)
+        lease_id, ttl = await self.registry.register(request.registration, request.ttl_seconds,
+                                                     tls.peer_node_uid(context))
         return pb.RegisterHostResponse(lease_id=lease_id, ttl_seconds=ttl)
 
     @_handler

@@ -24,7 +24,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from holdfast.common.tls import ROLE_SCHEME, Role
+from holdfast.common.tls import NODE_URI_SCHEME, ROLE_SCHEME, Role
 
 AUDIENCE = "holdfast"
 SERVICE_ACCOUNT = "holdfast-agent"
@@ -39,7 +39,6 @@ EXTRA_NODE_NAME = "authentication.kubernetes.io/node-name"
 EXTRA_NODE_UID = "authentication.kubernetes.io/node-uid"
 # URI SANs recording whose certificate it is; `role_from_uri` ignores any scheme but holdfast://.
 POD_URI_SCHEME = "holdfast-pod"
-NODE_URI_SCHEME = "holdfast-node"
 
 
 class Reason(StrEnum):

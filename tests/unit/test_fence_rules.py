@@ -263,3 +263,67 @@ def test_the_documented_fencers_are_valid_settings() -> None:
         "fence_ipmilan", "fence_redfish", "fence_aws", "fence_gce", "fence_kubevirt"]
     assert fence_rules.fencer_for(specs, "rack2-7") is specs[1]
     assert ("password", "/etc/holdfast/fence/redfish-password") in specs[1].secrets
+
+
+# --- the out-of-service taint ----------------------------------------------------------------------
+UID, OTHER_UID = "0b7c5a6e-2f55-4a8e-9a7b-3c1d2e4f5a6b", "9f0e1d2c-3b4a-4596-8778-695a4b3c2d1e"
+LAPSED_MS = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+TAINT = {"key": fence_rules.OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute",
+         "timeAdded": "2027-01-15T08:00:01Z"}
+
+
+def node(uid: str = UID, taints: list[dict[str, str | None]] | None = None,
+         ready: str = "Unknown") -> dict[str, object]:
+    return {"metadata": {"name": "n1", "uid": uid}, "spec": {"taints": [TAINT] if taints is None else taints},
+            "status": {"conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": ready}]}}
+
+
+def test_the_taint_fencer_parses_with_api_options_only() -> None:
+    spec, = fence_rules.parse_fencers([{"hosts": "*", "kind": fence_rules.KUBERNETES,
+                                        "options": {"api_server": "https://127.0.0.1:6443"}}])
+    assert spec == FencerSpec("*", fence_rules.KUBE_PROGRAM, (("api_server", "https://127.0.0.1:6443"),),
+                              kind=fence_rules.KUBERNETES)
+    assert fence_rules.parse_fencers([{"hosts": "*", "kind": fence_rules.KUBERNETES}])[0].options == ()
+    for bad, says in [({"program": "/usr/sbin/fence_ipmilan"}, "takes no program"),
+                      ({"secrets": {"token": "/t"}}, "takes no secrets"),
+                      ({"options": {"plug": "{host}"}}, "unknown option 'plug'")]:
+        with pytest.raises(ValueError, match=says):
+            fence_rules.parse_fencers([{"hosts": "*", "kind": fence_rules.KUBERNETES, **bad}])
+    with pytest.raises(ValueError, match="kind must be"):
+        fence_rules.parse_fencers([{**IPMI, "kind": "stonith"}])
+
+
+def test_the_taint_proves_only_on_the_enrolled_uid_after_the_lapse_on_a_node_not_ready() -> None:
+    answer, detail, seen = fence_rules.judge_taint(node(), "n1", UID, LAPSED_MS)
+    assert answer is Answer.OFF, detail
+    assert seen == (f"Node n1 uid {UID}: taint {fence_rules.OUT_OF_SERVICE}=nodeshutdown:NoExecute added "
+                    "2027-01-15T08:00:01Z; Ready Unknown")
+    assert fence_rules.judge_taint(node(ready="False"), "n1", UID, LAPSED_MS)[0] is Answer.OFF
+    early = {**TAINT, "timeAdded": "2027-01-15T08:00:00Z"}  # the same second as the lapse: not after it
+    cases = {
+        "no Node uid": fence_rules.judge_taint(node(), "n1", "", LAPSED_MS),
+        "not seen the host's registration lapse": fence_rules.judge_taint(node(), "n1", UID, 0),
+        "a deleted Node is not proof": fence_rules.judge_taint(None, "n1", UID, LAPSED_MS),
+        "another machine took the name": fence_rules.judge_taint(node(OTHER_UID), "n1", UID, LAPSED_MS),
+        "has no node.kubernetes.io/out-of-service taint": fence_rules.judge_taint(node(taints=[]), "n1", UID,
+                                                                                  LAPSED_MS),
+        "has no timeAdded": fence_rules.judge_taint(node(taints=[{**TAINT, "timeAdded": None}]), "n1", UID,
+                                                    LAPSED_MS),
+        "not after the registration lapsed": fence_rules.judge_taint(node(taints=[early]), "n1", UID,
+                                                                     LAPSED_MS),
+    }
+    for says, (answer, detail, _) in cases.items():
+        assert answer is Answer.UNKNOWN and says in detail, (says, detail)
+    answer, detail, _ = fence_rules.judge_taint(node(ready="True"), "n1", UID, LAPSED_MS)
+    assert answer is Answer.ON and "Ready" in detail
+
+
+def test_taint_evidence_names_the_taint() -> None:
+    _, _, seen = fence_rules.judge_taint(node(), "n1", UID, LAPSED_MS)
+    attempt = pb.FenceAttempt(host_id="n1", program=fence_rules.KUBE_PROGRAM, coordinator="c1:42",
+                              requested_by=fence_rules.HOST_LOST, ended_at_unix_ms=99, answer="off",
+                              actions=[pb.FenceAction(action=fence_rules.READ_NODE, ran=True, stdout=seen)])
+    detail = fence_rules.evidence_detail(attempt)
+    assert detail.startswith(f"host n1 fenced by the Kubernetes taint {fence_rules.OUT_OF_SERVICE} "
+                             f"(read-node: Node n1 uid {UID}: taint {fence_rules.OUT_OF_SERVICE}=")

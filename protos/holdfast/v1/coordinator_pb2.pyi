@@ -403,7 +403,7 @@ class RecoverResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
 
 class HostRegistration(_message.Message):
-    __slots__ = ("host_id", "address", "incarnation", "spawn_token_env", "agent_version", "registered_at_unix_ms", "lease_id", "draining")
+    __slots__ = ("host_id", "address", "incarnation", "spawn_token_env", "agent_version", "registered_at_unix_ms", "lease_id", "draining", "node_uid")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +412,7 @@ class HostRegistration(_message.Message):
     REGISTERED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NODE_UID_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     address: str
     incarnation: _agent_pb2.HostIncarnation
@@ -420,7 +421,8 @@ class HostRegistration(_message.Message):
     registered_at_unix_ms: int
     lease_id: int
     draining: bool
-    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[_Union[_agent_pb2.HostIncarnation, _Mapping]] = ..., spawn_token_env: _Optional[str] = ..., agent_version: _Optional[str] = ..., registered_at_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    node_uid: str
+    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[_Union[_agent_pb2.HostIncarnation, _Mapping]] = ..., spawn_token_env: _Optional[str] = ..., agent_version: _Optional[str] = ..., registered_at_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., draining: _Optional[bool] = ..., node_uid: _Optional[str] = ...) -> None: ...
 
 class RegisterHostRequest(_message.Message):
     __slots__ = ("registration", "ttl_seconds")
