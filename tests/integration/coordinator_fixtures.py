@@ -22,13 +22,20 @@ from holdfast.coordinator.store import Store
 from holdfast.localstack.etcd_server import EtcdServer
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd")) / "data", fast_election=True).start()
+def etcd_server(tmp_path_factory: pytest.TempPathFactory,
+                tls_dir: Path | None = None) -> Iterator[EtcdServer]:
+    """A real etcd for a module's tests, on etcd's own CA when `tls_dir` (`<certs init dir>/etcd`)."""
+    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd")) / "data", fast_election=True,
+                        tls_dir=tls_dir).start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    yield from etcd_server(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from holdfast.v1 import coordinator_pb2_grpc
 from tests.integration.conftest import AgentProcess
-from tests.integration.coordinator_fixtures import Coordinator, snapshot
+from tests.integration.coordinator_fixtures import Coordinator, etcd_server, snapshot
 from tests.integration.run_fixtures import until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
@@ -54,12 +54,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def etcd_tls(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-tenants")) / "data", fast_election=True,
-                        tls_dir=pki / "ca" / "etcd").start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from etcd_server(tmp_path_factory, pki / "ca" / "etcd")
 
 
 @pytest.fixture

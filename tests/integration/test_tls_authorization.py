@@ -31,7 +31,7 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import AgentProcess
-from tests.integration.coordinator_fixtures import Coordinator, run_async, snapshot
+from tests.integration.coordinator_fixtures import Coordinator, etcd_server, run_async, snapshot
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = [pytest.mark.timeout(120), pytest.mark.root,
@@ -49,12 +49,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tls_etcd(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[EtcdServer]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-tls")) / "data", fast_election=True,
-                        tls_dir=pki / "ours" / "etcd").start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from etcd_server(tmp_path_factory, pki / "ours" / "etcd")
 
 
 @pytest.fixture
