@@ -103,7 +103,7 @@ def test_agent_sees_the_node_with_sys_ptrace_and_its_cgroups_with_sys_admin() ->
     (container,) = spec["containers"]
     sc = container["securityContext"]
     # SYS_ADMIN is for the setns into the node's cgroup namespace (--node-cgroup-namespace) alone.
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "SYS_ADMIN"]}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH", "SYS_ADMIN"]}
     assert "--node-cgroup-namespace" in container["args"]
     assert sc.get("privileged") is not True
     assert sc["allowPrivilegeEscalation"] is False
