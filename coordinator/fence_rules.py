@@ -328,8 +328,13 @@ def due(absent_since: float | None, now: float, host_loss_after: float, retry_at
             and (retry_at is None or now >= retry_at))
 
 
-def backoff(failures: int, first: float) -> float:
-    """Seconds before the next attempt after `failures` consecutive unproven ones: doubling, capped."""
+def backoff(failures: int, first: float, kind: str = FENCE_AGENT) -> float:
+    """Seconds before the next attempt after `failures` consecutive unproven ones: doubling, capped,
+    so a failing device is not hammered. The taint fencer's attempt is one Node read that waits for a
+    person's taint: it is asked again every `first` seconds, so a taint is acted on soon after it is
+    set (as Kubernetes acts on it), however long the host had been lost before."""
+    if kind == KUBERNETES:
+        return first
     return min(first * 2 ** max(failures - 1, 0), max(first, MAX_BACKOFF_S))
 
 

@@ -169,13 +169,13 @@ class HostFencing:
         last = entries[-1]
         return int(last.key.rsplit("/", 1)[1]), protojson.parse(last.value, pb.FenceAttempt), last.key
 
-    def _backing_off(self, host_id: str, last: pb.FenceAttempt | None, last_key: str) -> bool:
+    def _backing_off(self, host_id: str, last: pb.FenceAttempt | None, last_key: str, kind: str) -> bool:
         """An unproven attempt this replica has not yet backed off for (its own, or another replica's)
         starts the backoff, timed on this replica's monotonic clock from when it first saw it."""
         if last is None or last.answer == Answer.OFF or self.failure_seen.get(host_id) == last_key:
             return False
         self.failure_seen[host_id] = last_key
-        wait = fence_rules.backoff(fence_rules.failures_after(last), self.settings.retry_first)
+        wait = fence_rules.backoff(fence_rules.failures_after(last), self.settings.retry_first, kind)
         self.retry_at[host_id] = time.monotonic() + wait
         return True
 
@@ -200,7 +200,7 @@ class HostFencing:
             self._skip(host_id, why)
             return None
         seq, last, last_key = await self._history(host_id)
-        if not manual and self._backing_off(host_id, last, last_key):
+        if not manual and self._backing_off(host_id, last, last_key, spec.kind):
             return None
         assert gates.last is not None  # refusal() said so
         absence = self.absent.get(host_id)

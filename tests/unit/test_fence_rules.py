@@ -179,6 +179,8 @@ def test_lost_for_and_backoff() -> None:
     assert [fence_rules.backoff(n, 1.0) for n in range(1, 6)] == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert fence_rules.backoff(0, 2.0) == 2.0
     assert fence_rules.backoff(40, 1.0) == fence_rules.MAX_BACKOFF_S
+    # The taint fencer waits for a person's taint: asked again at the first interval, never slower.
+    assert [fence_rules.backoff(n, 3.0, fence_rules.KUBERNETES) for n in (1, 5, 40)] == [3.0, 3.0, 3.0]
     assert fence_rules.backoff(3, 900.0) == 900.0  # a first backoff above the cap is kept
 
 
