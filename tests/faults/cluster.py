@@ -3,7 +3,10 @@ a fault proxy in front of every etcd member, every coordinator, every agent's li
 coordinator and every agent's own listener.
 
 With `tls`, everything speaks mTLS (etcd on its own CA) with `holdfast certs init`'s certificates
-in `pki`, and `pki/rogue/` holds a runtime certificate of another tenant ("rogue").
+in `pki`, and `pki/rogue/` holds a runtime certificate of another tenant ("rogue"). With `fencing`,
+the coordinators fence lost hosts with the simulated-host fence agent
+(tests/integration/standins/fence_simhost, whose `off` kills the host's PID namespace); every start
+of a host writes the `<host>.reaper` file that agent reads, so it always names the live namespace.
 
 Guarantee: everything listens on 127.0.0.0/8 only; `stop()` ends every process it started, by pid,
 after resuming any it paused (a stopped process cannot be ended by SIGTERM). Clients, agents and
@@ -15,6 +18,7 @@ a reboot) and registers its proxy's address (`--advertise`), so coordinators pro
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -35,6 +39,9 @@ from tests.integration.coordinator_fixtures import Coordinator
 # for the coordinators, agents and runs that share those cores.
 CLUSTER_ELECTION_MS = (100, 1000)
 HOST_INDEXES = (150, 151, 152)  # 127.0.0.150..152: disjoint from the integration fixtures' ranges
+FENCER = Path(__file__).parents[1] / "integration" / "standins" / "fence_simhost"
+HOST_LOSS_AFTER = 2.0  # the coordinators' host_loss_after with fencing on
+FENCE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -51,10 +58,37 @@ class FaultCluster:
     probe_links: list[FaultProxy] = field(default_factory=list)  # coordinators → host i's agent
     paused: set[int] = field(default_factory=set)
     tls: bool = False
+    fencing: bool = False
 
     @property
     def pki(self) -> Path | None:
         return self.tmp / "pki" if self.tls else None
+
+    @property
+    def fencer_dir(self) -> Path:
+        return self.tmp / "fencer"
+
+    def fencing_args(self) -> tuple[str, ...]:
+        if not self.fencing:
+            return ()
+        self.fencer_dir.mkdir(exist_ok=True)
+        fencers = [{"hosts": "h*", "program": str(FENCER),
+                    "options": {"plug": "{host}", "hosts_dir": str(self.fencer_dir),
+                                "log": str(self.fencer_dir / "fencer.log")}}]
+        return ("--fencers", json.dumps(fencers), "--host-loss-after", str(HOST_LOSS_AFTER),
+                "--fence-timeout", str(FENCE_TIMEOUT), "--fence-retry-seconds", "0.5")
+
+    def mark(self, host: SimulatedHost) -> None:
+        """Tells the fencer which PID 1 is this host's now (each start makes a new one)."""
+        if self.fencing:
+            reaper = host.reaper_pid
+            stat = Path(f"/proc/{reaper}/stat").read_text()
+            ticks = stat[stat.rfind(")") + 2:].split()[19]
+            (self.fencer_dir / f"{host.host_id}.reaper").write_text(f"{reaper} {ticks}")
+
+    def reboot(self, host: SimulatedHost) -> None:
+        host.reboot()
+        self.mark(host)
 
     def channel(self, address: str, role: str = "operator") -> grpc.Channel:
         """A channel to a coordinator presenting `role`'s certificate (mTLS), or plaintext."""
@@ -85,7 +119,8 @@ class FaultCluster:
         for i in range(2):
             state = self.tmp / f"coordinator{i}"
             state.mkdir()
-            self.coordinators.append(Coordinator(endpoints, state, prefix, args=tls_args).start(30))
+            self.coordinators.append(Coordinator(endpoints, state, prefix,
+                                                 args=(*tls_args, *self.fencing_args())).start(30))
         self.coordinator_proxies = [self.proxies.add(f"coordinator{i}", c.address, seed=self.seed + 10 + i)
                                     for i, c in enumerate(self.coordinators)]
         for i, index in enumerate(HOST_INDEXES):
@@ -98,6 +133,7 @@ class FaultCluster:
             host = SimulatedHost(f"h{i}", index, self.tmp / f"h{i}", agent_args=[
                 "--coordinator", link.address, "--listen", listen, "--advertise", probe.address, *tls_args])
             host.start(30)
+            self.mark(host)
             self.hosts.append(host)
         return self
 
@@ -137,7 +173,7 @@ class FaultCluster:
                 c.start(30)
         for host in self.hosts:
             if not host.running:
-                host.reboot()
+                self.reboot(host)
         time.sleep(0.5)
 
     def stop(self) -> None:

@@ -31,7 +31,7 @@ def _seed() -> int:
 
 def _soak(tmp: Path, seconds: float, max_ops: int, skip_gate: bool = False) -> tuple[Soak, list]:  # type: ignore[type-arg]
     seed = _seed()
-    cluster = FaultCluster(tmp / "cluster", seed, tls=True)
+    cluster = FaultCluster(tmp / "cluster", seed, tls=True, fencing=True)
     (tmp / "cluster").mkdir()
     started = time.monotonic()
     try:

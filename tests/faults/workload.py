@@ -337,6 +337,14 @@ class Soak:
             c.reboot(host)
         return f"{'whole' if whole else 'cut-off'}-{'fenced' if fenced else 'unfenced'}"
 
+    def power_on_fenced(self) -> None:
+        """A host a fence powered off (its namespace killed; every other fault boots what it downs)
+        is powered on again, as a new incarnation, as an operator would once it was proven off."""
+        for host in self.cluster.hosts:
+            if not host.running:
+                self.cluster.reboot(host)
+                self.ops["fenced-host-powered-on"] += 1
+
     def _fenced_since(self, host_id: str, since_ms: int) -> bool:
         """A proof of `host_id` that an attempt begun after `since_ms` recorded."""
         # Not through the fault proxies, nor a seeded choice: polling must not shift the seed's draws.
@@ -513,6 +521,7 @@ class Soak:
                 else:
                     self.launch_run()
                 self.reap()
+                self.power_on_fenced()
                 time.sleep(self.rng.uniform(0.1, 0.8))
 
     def owner_child(self, session: str, timeout: float = 20.0) -> tuple[int, int]:
