@@ -329,3 +329,11 @@ def test_taint_evidence_names_the_taint() -> None:
     detail = fence_rules.evidence_detail(attempt)
     assert detail.startswith(f"host n1 fenced by the Kubernetes taint {fence_rules.OUT_OF_SERVICE} "
                              f"(read-node: Node n1 uid {UID}: taint {fence_rules.OUT_OF_SERVICE}=")
+
+
+def test_the_documented_taint_fencer_is_a_valid_setting() -> None:
+    """docs/operations.md's Kubernetes example parses as TOML and as the taint fencer for every host."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    block = text.split("#### On Kubernetes: the out-of-service taint", 1)[1].split("```toml\n", 1)[1]
+    spec, = fence_rules.parse_fencers(tomllib.loads(block.split("```", 1)[0])["coordinator"]["fencers"])
+    assert spec.kind == fence_rules.KUBERNETES and fence_rules.fencer_for([spec], "any-node") is spec
