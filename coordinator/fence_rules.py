@@ -367,6 +367,15 @@ def refusal(gates: Gates, manual: bool = False) -> str:
     return ""
 
 
+def unprovable(spec: FencerSpec, last: pb.HostRegistration) -> str:
+    """Why this fencer can never prove this registration off ('' when it may): the taint fencer needs
+    the Node uid an enrolled agent's certificate carried. No attempt is made (none could succeed)."""
+    if spec.kind == KUBERNETES and not last.node_uid:
+        return ("its agent's certificate names no Node uid (not enrolled by holdfast's issuer), so no "
+                f"{OUT_OF_SERVICE} taint can prove it off; recover it with `holdfast admin recover-host`")
+    return ""
+
+
 def already_fenced(gates: Gates) -> bool:
     """The incarnation it last registered with was fenced already: nothing to power off again."""
     return gates.fenced is not None and gates.last is not None and same_incarnation(

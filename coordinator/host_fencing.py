@@ -193,6 +193,8 @@ class HostFencing:
             return None  # proven already: what the proof frees, each pass frees (_recover_proven)
         why = fence_rules.refusal(gates, manual)
         spec = fence_rules.fencer_for(self.settings.fencers, host_id)
+        if not why and spec is not None and gates.last is not None:
+            why = fence_rules.unprovable(spec, gates.last)
         if why or spec is None:
             why = why or "no fencer is configured for it (setting fencers)"
             if manual:

@@ -337,3 +337,10 @@ def test_the_documented_taint_fencer_is_a_valid_setting() -> None:
     block = text.split("#### On Kubernetes: the out-of-service taint", 1)[1].split("```toml\n", 1)[1]
     spec, = fence_rules.parse_fencers(tomllib.loads(block.split("```", 1)[0])["coordinator"]["fencers"])
     assert spec.kind == fence_rules.KUBERNETES and fence_rules.fencer_for([spec], "any-node") is spec
+
+
+def test_the_taint_fencer_is_not_tried_for_a_host_that_enrolled_with_no_node_uid() -> None:
+    kube = FencerSpec("*", fence_rules.KUBE_PROGRAM, kind=fence_rules.KUBERNETES)
+    assert "names no Node uid" in fence_rules.unprovable(kube, pb.HostRegistration(host_id="h1"))
+    assert fence_rules.unprovable(kube, pb.HostRegistration(host_id="h1", node_uid=UID)) == ""
+    assert fence_rules.unprovable(FencerSpec("*", "/usr/sbin/fence_ipmilan"), pb.HostRegistration()) == ""
