@@ -5,13 +5,13 @@ host is fenced*).
 Guarantee: no I/O and no clock reads. A host is "off" only on the fence-agents protocol's own
 proof — `action=off` exits 0 printing `Success: Powered OFF` or `Success: Already OFF`, *then*
 `action=status` exits 2 printing `Status: OFF`; anything else (another exit code or line, a
-timeout, a program that would not start) is `unknown`, and `on` is reported as such but proves
-nothing either. Time only makes a host a candidate (its registration absent `host_loss_after` on
-the replica's monotonic clock); a registered, draining or restore-gated host never is. A fencer's
-option can never smuggle in another option (no newline in a name or value) nor set `action`;
-recorded output has every secret masked. The proof frees only owners attested on the fenced
-incarnation and reservations recorded before the proof; conflicted and manual-recovery records
-stay as they are.
+timeout, a program that would not start, more output than is read) is `unknown`, and `on` is
+reported as such but proves nothing either. Time only makes a host a candidate (its registration
+absent `host_loss_after` on the replica's monotonic clock); a registered, draining or restore-gated
+host never is. A fencer's option can never smuggle in another option (no newline in a name or
+value) nor set `action`; recorded output has every secret masked. The proof frees only owners
+attested on the fenced incarnation and reservations recorded before the proof; conflicted and
+manual-recovery records stay as they are.
 
 The other kind of fencer is Kubernetes' non-graceful node shutdown: the
 `node.kubernetes.io/out-of-service` taint on the Node. It proves a host off only when it sits on the
@@ -202,11 +202,14 @@ def _lines(text: str) -> set[str]:
 
 
 def _failed(result: pb.FenceAction) -> str:
-    """Why an action's run says nothing: it did not start, or timed out. '' when it ended."""
+    """Why an action's run says nothing: it did not start, timed out, or printed more than is read.
+    '' when it ended."""
     if not result.ran:
         return f"{result.action} could not be run: {result.error}"
     if result.timed_out:
         return f"{result.action} did not finish within the fence timeout (its process group was killed)"
+    if result.error:  # it ran, but what it printed cannot be judged whole
+        return f"{result.action} {result.error}"
     return ""
 
 

@@ -3,7 +3,9 @@ their stdin protocol) for one host: `off`, then `status`.
 
 Guarantee: the program runs in a process group of its own and is given the fence timeout per
 action; at the timeout the whole group is SIGKILLed, and whatever is left of the group when an
-action ends is killed too, so nothing of an attempt outlives it. Options go on standard input as
+action ends is killed too, so nothing of an attempt outlives it; an action ends by its timeout even
+when a helper that left the group still holds its output, and at most OUTPUT_READ bytes of each
+stream are kept, so no agent can fill the coordinator's memory. Options go on standard input as
 `name=value` lines, never on the command line (where `ps` shows them); secrets are read from their
 files for each attempt, are never logged and are masked in every output recorded
 (holdfast.coordinator.fence_rules judges the proof; this module only runs and records).
@@ -29,6 +31,8 @@ from holdfast.coordinator.fence_rules import Answer, FencerSpec
 from holdfast.v1 import coordinator_pb2 as pb
 
 OFF, STATUS = "off", "status"
+OUTPUT_READ = 1 << 16  # bytes of each stream read and judged; more on stdout is no answer
+KILLED_WITHIN_S = 5.0  # a SIGKILLed agent is gone by then unless the kernel holds it
 
 
 class NodeReader(Protocol):
@@ -71,33 +75,70 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def run_action(program: str, action: str, options: list[tuple[str, str]], timeout: float,
-                     secrets: list[str]) -> pb.FenceAction:
-    """One run of the agent: options on stdin, in its own process group, killed whole at `timeout`."""
+class _Output(asyncio.SubprocessProtocol):
+    """What an agent prints: each stream's first OUTPUT_READ bytes. The rest is read and dropped, so a
+    chatty agent can neither fill the coordinator's memory nor stall on a pipe no one reads (then its
+    end is never seen)."""
+
+    def __init__(self, ended: asyncio.Future[None], exited: asyncio.Future[None]) -> None:
+        self.kept = {1: bytearray(), 2: bytearray()}
+        self.overflowed = {1: False, 2: False}
+        self.ended, self.exited = ended, exited
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        kept = self.kept[fd]
+        room = OUTPUT_READ - len(kept)
+        kept += data[:room]
+        self.overflowed[fd] |= len(data) > room
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # exited, and every pipe at its end
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+async def run_action(program: str, action: str, options: list[tuple[str, str]],
+                     timeout: float) -> pb.FenceAction:
+    """One run of the agent: options on stdin, in its own process group, killed whole at `timeout`.
+    The output is as printed (secrets in it unmasked): fence() judges it, then masks it."""
     started = time.monotonic()
     result = pb.FenceAction(action=action)
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    exited: asyncio.Future[None] = loop.create_future()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            program, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        transport, output = await loop.subprocess_exec(
+            lambda: _Output(ended, exited), program, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         result.error = f"{exc.strerror or exc} ({program})"
         return result
     result.ran = True
     try:
-        out, err = await asyncio.wait_for(proc.communicate(fence_rules.stdin_text(action, options).encode()),
-                                          timeout)
-        result.exit_code = proc.returncode if proc.returncode is not None else -1
+        stdin = transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
+        stdin.write(fence_rules.stdin_text(action, options).encode())
+        stdin.close()
+        await asyncio.wait_for(ended, timeout)
+        returncode = transport.get_returncode()
+        result.exit_code = returncode if returncode is not None else -1
     except TimeoutError:
         result.timed_out = True
-        out, err = b"", b""
     finally:
-        # The group, not the pid: an agent's helpers (ipmitool, ssh, curl) die with it.
-        _kill_group(proc.pid)
-        if proc.returncode is None:
-            await proc.wait()
-    result.stdout = fence_rules.mask(out.decode(errors="replace"), secrets)
-    result.stderr = fence_rules.mask(err.decode(errors="replace"), secrets)
+        # The group, not the pid: an agent's helpers (ipmitool, ssh, curl) die with it. Closing the
+        # pipes then waits for no helper that left the group (setsid) and still holds them.
+        _kill_group(transport.get_pid())
+        transport.close()
+        # Reaped before the attempt goes on; bounded, so one stuck in the kernel stalls no loop.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(exited), KILLED_WITHIN_S)
+    if output.overflowed[1]:
+        result.error = f"printed more than {OUTPUT_READ} bytes on stdout: not an answer"
+    result.stdout = output.kept[1].decode(errors="replace")
+    result.stderr = output.kept[2].decode(errors="replace")
     result.took_ms = int((time.monotonic() - started) * 1000)
     return result
 
@@ -146,9 +187,13 @@ async def fence(spec: FencerSpec, host_id: str, timeout: float, lost: Lost = Los
         # The file's name is in the message, never its content.
         off = pb.FenceAction(action=OFF, error=f"secret unreadable: {exc}")
         return [off], *fence_rules.judge(off, None)
-    secrets = list(secret_values.values())
-    off = await run_action(spec.program, OFF, options, timeout, secrets)
-    if not fence_rules.needs_status(off):
-        return [off], *fence_rules.judge(off, None)
-    status = await run_action(spec.program, STATUS, options, timeout, secrets)
-    return [off, status], *fence_rules.judge(off, status)
+    off = await run_action(spec.program, OFF, options, timeout)
+    actions = [off]
+    if fence_rules.needs_status(off):
+        actions.append(await run_action(spec.program, STATUS, options, timeout))
+    # Judged on all it printed as it printed it: a secret or the excerpt's end hides no line.
+    answer, why = fence_rules.judge(off, actions[1] if len(actions) > 1 else None)
+    for action in actions:
+        action.stdout = fence_rules.mask(action.stdout, secret_values.values())
+        action.stderr = fence_rules.mask(action.stderr, secret_values.values())
+    return actions, answer, why

@@ -4,12 +4,14 @@ killed whole at the timeout; secrets read from files and masked in what is recor
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from holdfast.coordinator import fencers
+from holdfast.coordinator import fence_rules, fencers
 from holdfast.coordinator.fence_rules import Answer, FencerSpec
 
 
@@ -113,3 +115,89 @@ def test_start_checks_programs_and_secret_files(tmp_path: Path) -> None:
         fencers.check_fencers([FencerSpec("h1", str(plain))])
     with pytest.raises(ValueError, match=r"secret file .* is not a readable file"):
         fencers.check_fencers([FencerSpec("h1", program, (), (("password", str(tmp_path / "none")),))])
+
+
+def within(seconds: float, spec: FencerSpec, timeout: float) -> tuple[list[object], Answer, str]:
+    """fence() bounded from outside: a run that outlives its own timeout fails the test, not hangs it."""
+    async def bounded() -> tuple[list[object], Answer, str]:
+        actions, answer, why = await asyncio.wait_for(fencers.fence(spec, "h1", timeout), seconds)
+        return list(actions), answer, why
+    return asyncio.run(bounded())
+
+
+def test_an_agent_printing_without_end_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    # Read without bound and then left unread, its output stalled the pipe: the agent was killed but
+    # its end never seen, so the fence (and the replica's whole fencing loop) waited forever.
+    program = script(tmp_path, """
+        cat >/dev/null
+        exec yes "Success: Powered OFF"
+    """)
+    _, answer, why = within(20, FencerSpec("h1", program), 1.0)
+    assert answer is Answer.UNKNOWN and "did not finish" in why
+
+
+def test_a_helper_that_left_the_group_holding_stdout_does_not_outlast_the_timeout(tmp_path: Path) -> None:
+    # Killing the group leaves a helper in a session of its own (setsid) holding the agent's stdout:
+    # waiting for that pipe's end waited for the helper.
+    escaped = tmp_path / "escaped"
+    program = script(tmp_path, f"""
+        cat >/dev/null
+        setsid sleep 60 &
+        echo $! > {escaped}
+        sleep 60
+    """)
+    try:
+        _, answer, why = within(20, FencerSpec("h1", program), 1.0)
+        assert answer is Answer.UNKNOWN and "did not finish" in why
+    finally:
+        if escaped.exists():
+            os.kill(int(escaped.read_text()), signal.SIGKILL)
+
+
+CHATTY = """
+    action=$(sed -n 's/^action=//p')
+    i=0; while [ $i -lt 100 ]; do echo "progress line $i: waiting for the chassis to answer"; i=$((i+1)); done
+    [ "$action" = off ] && { echo "Success: Powered OFF"; exit 0; }
+    echo "Status: OFF"
+    %s
+    exit 2
+"""
+
+
+def test_the_proof_is_judged_on_all_the_agent_printed_not_on_the_recorded_excerpt(tmp_path: Path) -> None:
+    # Judged on the recorded excerpt (its first 2048 characters), a chatty agent's proof was lost,
+    # and a 'Status: ON' printed after the excerpt was never seen.
+    program = script(tmp_path, CHATTY % "")
+    actions, answer, why = asyncio.run(fencers.fence(FencerSpec("h1", program), "h1", 5.0))
+    assert answer is Answer.OFF, why
+    assert len(actions[0].stdout) <= fence_rules.OUTPUT_KEPT
+    contradicted = script(tmp_path, CHATTY % 'echo "Status: ON"', "fence_contradicted")
+    _, answer, why = asyncio.run(fencers.fence(FencerSpec("h1", contradicted), "h1", 5.0))
+    assert answer is Answer.UNKNOWN, why
+
+
+def test_a_secret_masked_in_the_record_hides_nothing_from_the_judge(tmp_path: Path) -> None:
+    # Judged after masking, a password 'ON' turned 'Status: ON' into 'Status: *****'.
+    secret = tmp_path / "pass"
+    secret.write_text("ON\n")
+    program = script(tmp_path, """
+        action=$(sed -n 's/^action=//p')
+        [ "$action" = off ] && { echo "Success: Powered OFF"; exit 0; }
+        echo "Status: OFF"; echo "Status: ON"; exit 2
+    """)
+    spec = FencerSpec("h1", program, (), (("password", str(secret)),))
+    actions, answer, why = asyncio.run(fencers.fence(spec, "h1", 5.0))
+    assert answer is Answer.UNKNOWN, why
+    assert "Status: ON" not in actions[1].stdout  # the record still masks it
+
+
+def test_an_agent_printing_more_than_is_read_proves_nothing(tmp_path: Path) -> None:
+    program = script(tmp_path, f"""
+        action=$(sed -n 's/^action=//p')
+        yes x | head -c {fencers.OUTPUT_READ + 1}
+        [ "$action" = off ] && {{ echo "Success: Powered OFF"; exit 0; }}
+        echo "Status: OFF"; exit 2
+    """)
+    actions, answer, why = asyncio.run(fencers.fence(FencerSpec("h1", program), "h1", 5.0))
+    assert answer is Answer.UNKNOWN and "more than" in why, why
+    assert len(actions) == 1
