@@ -231,10 +231,15 @@ class HostFencing:
                                                       self.settings.node_readers)
         attempt.actions.extend(actions)
         attempt.answer, attempt.detail, attempt.ended_at_unix_ms = answer.value, detail, now_ms()
+        if not await self._end(host_id, attempt, pending, seq + 1):
+            # An answer that was not recorded proves nothing. Said so, or `admin fence` showed the
+            # device's 'off' and exited 0 while nothing was fenced, recorded or freed.
+            answer, detail = Answer.UNKNOWN, (f"{detail}, but the attempt was not recorded (its pending key "
+                                              "changed or lapsed first): nothing was fenced or freed")
+            attempt.answer, attempt.detail = answer.value, detail
         metrics.FENCE_ATTEMPTS.labels(host_id, answer.value).inc()
-        recorded = await self._end(host_id, attempt, pending, seq + 1)
         response = pb.FenceHostResponse(attempt=attempt)
-        if answer is Answer.OFF and recorded:
+        if answer is Answer.OFF:
             log.warning("host %s fenced: %s", host_id, detail, extra={"fields": {"host": host_id}})
             response.results.extend((await self.recover(host_id)).results)
             return response

@@ -135,7 +135,11 @@ async def test_the_attempts_end_compares_its_pending_key(etcd: EtcdServer, prefi
     async with replicas(etcd, prefix, tmp_path) as p:
         sid, proof = "sess-fence-txn-2", keys.fenced(p.store, HOST)
         response = await fence_touching(p, sid, proof, keys.fence_pending(p.store, HOST))
-        assert response.attempt.answer == "off" and list(response.results) == []  # recorded nothing
+        # The device said off, but nothing recorded it: not a proof, and the operator is told so
+        # (answered 'off', `admin fence` exited 0 as if the host were fenced).
+        assert response.attempt.answer == "unknown" and list(response.results) == []
+        assert "not recorded" in response.attempt.detail, response.attempt.detail
+        assert [a.action for a in response.attempt.actions] == ["off", "status"]
         assert p.store.outcomes_for(proof) == [False]
         assert await p.other.store.get(proof) is None
         assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
