@@ -3,7 +3,8 @@ their stdin protocol) for one host: `off`, then `status`.
 
 Guarantee: the program runs in a process group of its own and is given the fence timeout per
 action; at the timeout the whole group is SIGKILLed, and whatever is left of the group when an
-action ends is killed too, so nothing of an attempt outlives it; an action ends by its timeout even
+action ends is killed too, so nothing of an attempt outlives it while the coordinator runs (one
+killed mid-attempt leaves the agent to end by its own timeouts); an action ends by its timeout even
 when a helper that left the group still holds its output, and at most OUTPUT_READ bytes of each
 stream are kept, so no agent can fill the coordinator's memory. Options go on standard input as
 `name=value` lines, never on the command line (where `ps` shows them); secrets are read from their
