@@ -328,10 +328,18 @@ class HostFencing:
             else:
                 _, last, _ = await self._history(host_id)
                 if last is not None:
-                    row.state = "fenced" if last.answer == Answer.OFF else "failed"
+                    row.state = ("failed" if last.answer != Answer.OFF
+                                 else await self._fenced_state(host_id, last))
                     row.attempt.CopyFrom(last)
             rows.append(row)
         return rows
+
+    async def _fenced_state(self, host_id: str, proof: pb.FenceAttempt) -> str:
+        """"fenced" while the proof is of the host's registered-last incarnation; "" once a new one
+        registered since (it is not fenced, whatever the last attempt says)."""
+        last = _decode(await self.store.read(keys.host_last(self.store, host_id)), pb.HostRegistration)
+        current = last is None or fence_rules.same_incarnation(last.incarnation, proof.incarnation)
+        return "fenced" if current else ""
 
 
 def _host_of(key: str) -> str:

@@ -18,9 +18,11 @@ from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import Store, open_channel
 from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.txn_harness import (
+    TOKEN_ENV,
     Context,
     InterferingStore,
     Pair,
@@ -158,3 +160,21 @@ async def test_each_session_freed_compares_the_proof(etcd: EtcdServer, prefix: s
         freed = await record_of(p.other, sid)
         assert freed is not None and freed.lease.claim_status == pb.RELEASED
         assert freed.lease.death_evidence.kind == "host-fenced"
+
+
+@run_async
+async def test_hosts_shows_a_proof_as_fenced_only_for_the_incarnation_it_fenced(etcd: EtcdServer, prefix: str,
+                                                                                tmp_path: Path) -> None:
+    # `hosts` said "fenced" for a host back as a new incarnation and lost again before any fence of
+    # that one: the last attempt was the old incarnation's proof.
+    async with replicas(etcd, prefix, tmp_path) as p:
+        await lost_with_a_reservation(p, "sess-fence-txn-4")
+        assert (await fence_by_hand(p)).attempt.answer == "off"
+        states = {s.host_id: s for s in await p.other.host_fencing.states(set())}
+        assert states[HOST].state == "fenced"
+        reborn = pb.HostRegistration(host_id=HOST, address="127.0.0.1:9", spawn_token_env=TOKEN_ENV,
+                                     agent_version="test", incarnation=apb.HostIncarnation(boot_id="next"))
+        lease_id, _ = await p.other.registry.register(reborn, 60)
+        await p.other.store.revoke_lease(lease_id)
+        states = {s.host_id: s for s in await p.other.host_fencing.states(set())}
+        assert states[HOST].state == "" and states[HOST].attempt.answer == "off", states[HOST]
