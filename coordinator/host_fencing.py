@@ -81,6 +81,7 @@ class HostFencing:
         self.unfenceable: dict[str, str] = {}     # why a host is not fenced, logged once per reason
         self.unnamed: dict[str, int] = {}         # absent hosts no session names, by host-last revision
         self.lost: set[str] = set()               # absent hosts sessions name: candidates for a fence
+        self.by_hand: set[asyncio.Task[pb.FenceHostResponse | None]] = set()  # held while they run
 
     # --- the loop --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -304,7 +305,13 @@ class HostFencing:
     async def fence_by_hand(self, request: pb.FenceHostRequest) -> pb.FenceHostResponse:
         host_id = identifiers.check_host_id(request.host_id)
         who = operator_text(request.operator, request.reason)
-        response = await self.fence(host_id, who, manual=True)
+        # The attempt runs to its end if its caller goes (a deadline, Ctrl-C): cancelled with the call,
+        # its agent was killed mid-off, nothing was recorded, and the host could register no more
+        # until the pending key's lease lapsed.
+        attempt = asyncio.ensure_future(self.fence(host_id, who, manual=True))
+        self.by_hand.add(attempt)
+        attempt.add_done_callback(self.by_hand.discard)
+        response = await asyncio.shield(attempt)
         assert response is not None  # a manual attempt runs or is refused
         return response
 
@@ -335,7 +342,7 @@ class HostFencing:
         return rows
 
     async def _fenced_state(self, host_id: str, proof: pb.FenceAttempt) -> str:
-        """"fenced" while the proof is of the host's registered-last incarnation; "" once a new one
+        """'fenced' while the proof is of the host's registered-last incarnation; '' once a new one
         registered since (it is not fenced, whatever the last attempt says)."""
         last = _decode(await self.store.read(keys.host_last(self.store, host_id)), pb.HostRegistration)
         current = last is None or fence_rules.same_incarnation(last.incarnation, proof.incarnation)

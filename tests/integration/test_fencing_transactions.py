@@ -4,6 +4,7 @@ transaction, and the transaction shown to lose (nothing written, the fence agent
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -178,3 +179,30 @@ async def test_hosts_shows_a_proof_as_fenced_only_for_the_incarnation_it_fenced(
         await p.other.store.revoke_lease(lease_id)
         states = {s.host_id: s for s in await p.other.host_fencing.states(set())}
         assert states[HOST].state == "" and states[HOST].attempt.answer == "off", states[HOST]
+
+
+@run_async
+async def test_a_fence_by_hand_runs_to_its_end_when_its_caller_goes(etcd: EtcdServer, prefix: str,
+                                                                   tmp_path: Path) -> None:
+    # The caller's deadline or Ctrl-C cancelled the attempt: its agent was killed mid-off, nothing
+    # was recorded, and the host could not register until the pending key's lease lapsed.
+    async with replicas(etcd, prefix, tmp_path) as p:
+        sid, go = "sess-fence-txn-5", tmp_path / "go"
+        await lost_with_a_reservation(p, sid)
+        held = tmp_path / "fence_truthful"  # the replicas' agent, now waiting for the test
+        held.write_text(held.read_text().replace("\n[", f"\nwhile [ ! -e {go} ]; do sleep 0.01; done\n[", 1))
+        call = asyncio.ensure_future(fence_by_hand(p))
+        while agent_runs(tmp_path) != ["off"]:
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        go.touch()
+        for _ in range(1000):
+            if await p.other.store.get(keys.fenced(p.store, HOST)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert agent_runs(tmp_path) == ["off", "status"]
+        assert await p.other.store.get(keys.fence_pending(p.store, HOST)) is None
+        freed = await record_of(p.other, sid)
+        assert freed is not None and freed.lease.death_evidence.kind == "host-fenced"
