@@ -198,11 +198,12 @@ async def test_a_fence_by_hand_runs_to_its_end_when_its_caller_goes(etcd: EtcdSe
         with pytest.raises(asyncio.CancelledError):
             await call
         go.touch()
-        for _ in range(1000):
-            if await p.other.store.get(keys.fenced(p.store, HOST)) is not None:
+        for _ in range(1000):  # the proof, then the session it frees
+            freed = await record_of(p.other, sid)
+            if freed is not None and freed.lease.claim_status == pb.RELEASED:
                 break
             await asyncio.sleep(0.01)
-        assert agent_runs(tmp_path) == ["off", "status"]
-        assert await p.other.store.get(keys.fence_pending(p.store, HOST)) is None
-        freed = await record_of(p.other, sid)
         assert freed is not None and freed.lease.death_evidence.kind == "host-fenced"
+        assert agent_runs(tmp_path) == ["off", "status"]
+        assert await p.other.store.get(keys.fenced(p.store, HOST)) is not None
+        assert await p.other.store.get(keys.fence_pending(p.store, HOST)) is None
