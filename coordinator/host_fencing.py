@@ -21,6 +21,7 @@ key whose lease lapses after the attempt's timeouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -274,7 +275,10 @@ class HostFencing:
         ok, _ = await self.store.txn(unchanged([pending]), puts, [pending.key, *dropped])
         if ok:
             assert pending.entry is not None
-            await self.store.revoke_lease(pending.entry.lease)  # it holds nothing any more
+            # It holds nothing any more and lapses by itself: an etcd that fails the revoke must not
+            # turn a recorded proof into UNAVAILABLE ("nothing was written") with nothing freed.
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.revoke_lease(pending.entry.lease)
         else:
             log.error("fence of host %s: its pending key changed or lapsed before the result (%s) was "
                       "recorded; nothing was freed", host_id, attempt.answer,

@@ -17,7 +17,7 @@ from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.fence_rules import FencerSpec
 from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
-from holdfast.coordinator.store import Store, open_channel
+from holdfast.coordinator.store import Store, StoreUnavailable, open_channel
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -207,3 +207,21 @@ async def test_a_fence_by_hand_runs_to_its_end_when_its_caller_goes(etcd: EtcdSe
         assert agent_runs(tmp_path) == ["off", "status"]
         assert await p.other.store.get(keys.fenced(p.store, HOST)) is not None
         assert await p.other.store.get(keys.fence_pending(p.store, HOST)) is None
+
+
+@run_async
+async def test_a_recorded_proof_stands_when_its_lease_cannot_be_revoked(etcd: EtcdServer, prefix: str,
+                                                                        tmp_path: Path) -> None:
+    # The pending key is gone with the proof; its lease lapses by itself. A failed revoke raised
+    # UNAVAILABLE to `admin fence` after the proof was recorded, and nothing was freed in that call.
+    async with replicas(etcd, prefix, tmp_path) as p:
+        sid = "sess-fence-txn-6"
+        await lost_with_a_reservation(p, sid)
+
+        async def unavailable(lease_id: int) -> None:
+            raise StoreUnavailable("etcd went away")
+
+        p.store.revoke_lease = unavailable  # type: ignore[method-assign]
+        response = await fence_by_hand(p)
+        assert response.attempt.answer == "off"
+        assert [(r.session_id, r.recovered) for r in response.results] == [(sid, True)]
