@@ -477,6 +477,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", "-w", action="store_true",
                    help="list the sessions, then print a row at every change (with --json: one JSON "
                    "line per event: listed, changed, deleted) until Ctrl-C")
+    p.add_argument("--role", dest="tls_role", choices=("client", "operator"), default="client",
+                   help="the certificate to present from --tls-dir: client.pem (default: your tenant's "
+                   "sessions) or operator.pem (an all-tenants operator sees every tenant's; docs/tenants.md)")
     p.set_defaults(handler=command(_status))
 
     p = subparsers.add_parser("show", parents=[reader], help="one session's record and history")

@@ -180,14 +180,16 @@ def test_two_tenants_on_up_tls(up_tls, tmp_path: Path) -> None:  # type: ignore[
         assert owner.poll() is None
         os.kill(int((tmp_path / "owner.pid").read_text()), 0)  # a's CMD (in host 1's namespace) runs on
 
-        def sessions(tls_dir: str) -> dict[str, str]:
-            shown = holdfast("status", "--json", "--coordinator", address, "--tls-dir", tls_dir, cwd=tmp_path)
+        def sessions(tls_dir: str, role: str = "client") -> dict[str, str]:
+            shown = holdfast("status", "--json", "--coordinator", address, "--tls-dir", tls_dir,
+                             "--role", role, cwd=tmp_path)
             assert shown.returncode == 0, shown.stderr
             return {s["session_id"]: s.get("tenant", "") for s in json.loads(shown.stdout)["sessions"]}
 
         assert sid not in sessions(str(tmp_path / "team-b"))
         assert sessions(str(tmp_path / "team-a"))[sid] == "team-a"
         assert sid not in sessions(ca), "up's client.pem names no tenant: the default tenant's view"
+        assert sid in sessions(ca, "operator"), "up's own operator.pem is every tenant's"
     finally:
         owner.send_signal(signal.SIGTERM)
         owner.wait(30)
