@@ -9,6 +9,7 @@ before the fence reads it, or a deleted Node proves nothing and writes nothing b
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -102,12 +103,15 @@ class Lost:
             return False
         return lease.claim_status in (pb.COMMITTED, pb.LIVE) and lease.owner.host_id == NODE
 
-    def lose(self) -> int:
-        """The host gone (its run's tree and its agent killed -9); returns this replica's first sight
-        of the lapse (ms), once it has one."""
+    def lose(self, sid: str) -> int:
+        """The host gone (its run, its CMD and its agent killed -9); returns this replica's first
+        sight of the lapse (ms), once it has one."""
         assert self.run is not None and self.agent is not None
+        cmd = self.record(sid).record.lease.owner.pid  # in its own process group, as the gate put it
         os.killpg(self.run.pid, signal.SIGKILL)
         self.run.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(cmd, signal.SIGKILL)
         self.agent.proc.kill()
         self.agent.proc.wait(10)
         until("the registration to lapse", lambda: not self.registered(), 20)
@@ -179,7 +183,7 @@ def test_a_taint_on_the_enrolled_node_after_the_lapse_frees_the_session(lost: Lo
     sid = "sess-kube-taint-1"
     lost.own(sid)
     uid = lost.kube.state.nodes[NODE]["metadata"]["uid"]
-    a_second_past(lost.lose())
+    a_second_past(lost.lose(sid))
     taint(lost.kube)
     until("the proof", lambda: (s := lost.state()) is not None and s.state == "fenced", 30)
     got = until("the session freed", lambda: (r := lost.record(sid)).record.lease.death_evidence.kind
@@ -224,7 +228,7 @@ def test_a_taint_that_proves_nothing_writes_nothing(lost: Lost, before: Callable
     if before is not None:
         before(lost)
         a_second_past(int(time.time() * 1000))
-    lapsed = lost.lose()
+    lapsed = lost.lose(sid)
     written = lost.written()
     if after is not None:
         a_second_past(lapsed)
