@@ -78,16 +78,23 @@ def find_etcd() -> str:
     return binary
 
 
-def _start_ticks(pid: int) -> int:
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: [0] the state, [19] the start ticks."""
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rfind(")") + 2:].split()[19])
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def _start_ticks(pid: int) -> int:
+    return int(_stat_fields(pid)[19])
 
 
 def _same_process(pid: int, ticks: int) -> bool:
-    """Whether `pid` still names the process that had `ticks`; True when it cannot be read, so
-    only a process proven gone has its registration released."""
+    """Whether `pid` still names the live process that had `ticks` (a zombie is dead: it runs
+    nothing, only waits to be reaped); True when it cannot be read, so only a process proven gone
+    has its registration released."""
     try:
-        return _start_ticks(pid) == ticks
+        fields = _stat_fields(pid)
+        return int(fields[19]) == ticks and fields[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
     except (OSError, ValueError, IndexError):

@@ -129,11 +129,22 @@ def test_two_ups_cannot_serve_one_address(tmp_path: Path, ups: list[subprocess.P
 
 
 def _crash(proc: subprocess.Popen[bytes]) -> None:
-    """The whole stack killed at once (kill -9 of up and of everything it started): up.json stays."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
+    """The whole stack killed at once (kill -9 of up and of everything it started): up.json stays.
+    Returns once every one of them is dead (gone, or a zombie awaiting its reaper)."""
+    parts = [proc.pid, *descendants(proc.pid)]
+    for pid in parts:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.wait(10)
+
+    def dead(pid: int) -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        return stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X")
+
+    until("the stack to die", lambda: all(dead(pid) for pid in parts), 10)
 
 
 def test_an_up_after_a_crash_releases_the_registration_of_an_agent_proven_gone(
