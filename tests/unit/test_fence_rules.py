@@ -15,14 +15,14 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 IPMI = {"hosts": "node-*", "program": "/usr/sbin/fence_ipmilan",
-        "options": {"ip": "10.0.0.5", "username": "admin", "lanplus": True, "plug": "{host}", "port": 623},
+        "options": {"ip": "127.0.0.5", "username": "admin", "lanplus": True, "plug": "{host}", "port": 623},
         "secrets": {"password": "/etc/holdfast/ipmi-pass"}}
 
 
 def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
     spec, = fence_rules.parse_fencers([IPMI])
     assert spec == FencerSpec("node-*", "/usr/sbin/fence_ipmilan",
-                              (("ip", "10.0.0.5"), ("lanplus", "1"), ("plug", "{host}"), ("port", "623"),
+                              (("ip", "127.0.0.5"), ("lanplus", "1"), ("plug", "{host}"), ("port", "623"),
                                ("username", "admin")),
                               (("password", "/etc/holdfast/ipmi-pass"),))
     import json
@@ -69,7 +69,7 @@ def test_stdin_text_puts_the_action_first_and_the_host_in_place() -> None:
     spec, = fence_rules.parse_fencers([IPMI])
     options = fence_rules.agent_options(spec, "node-3", {"password": "s3cret"})
     assert fence_rules.stdin_text("off", options) == (
-        "action=off\nip=10.0.0.5\nlanplus=1\nplug=node-3\nport=623\nusername=admin\npassword=s3cret\n")
+        "action=off\nip=127.0.0.5\nlanplus=1\nplug=node-3\nport=623\nusername=admin\npassword=s3cret\n")
     with pytest.raises(ValueError, match="newline"):
         fence_rules.agent_options(spec, "node-3", {"password": "a\0b"})
     assert fence_rules.secret_of("s3cret\n") == "s3cret"
