@@ -221,7 +221,8 @@ class Acquisition:
                 # may ask about it (again, half a window after an answer that left it), then decide again.
                 pause = (parts.reservations.wait_s(entry.key, entry.mod_revision, record.lease)
                          or window_s(record.lease) / 2)
-                await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
+                with metrics.ACQUIRES_WAITING.track_inprogress():
+                    await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
                 continue
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 self.last_held = verdict
@@ -342,7 +343,8 @@ class Acquisition:
         """Until `waiting` (the owner's exit stream, `sessions.wait_exit`, begun by the caller) has
         the owner's first exit event or runs out; proves nothing by itself. Returns the owner and
         the event, with the reads the wait began on."""
-        return Exited(owner, *await waiting, wait_reads=(gates, keys_read))
+        with metrics.ACQUIRES_WAITING.track_inprogress():
+            return Exited(owner, *await waiting, wait_reads=(gates, keys_read))
 
     # --- grant --------------------------------------------------------------------------------
     async def grant(self, entry: Entry | None, record: pb.SessionRecord | None,

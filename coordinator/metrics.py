@@ -40,6 +40,8 @@ FENCE_ATTEMPTS = Counter("holdfast_fence_attempts", "Fence agent attempts on los
                          ["host", "answer"])
 HOST_ABSENT_SECONDS = Gauge("holdfast_host_absent_seconds", "Seconds this replica has seen a host that "
                             "sessions name without a registration (fenced after host_loss_after)", ["host"])
+ACQUIRES_WAITING = Gauge("holdfast_acquires_waiting", "Acquire calls this replica holds open for a held or "
+                         "reserved session (run --wait, a takeover waiting for the owner's exit)")
 HOST_REGISTERED = Gauge("holdfast_host_registered", "1 while a host has a live agent registration (census)",
                         ["host"])
 
