@@ -9,6 +9,7 @@ that compares every precondition of the grant); indeterminate never grants.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import (
     Compacted,
+    Entry,
     Put,
     Seen,
     Store,
@@ -218,13 +220,20 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
         cluster = await self._check_cluster(request.cluster_id)
-        entry, record = await self.sessions.require(request.session_id)
+        release = functools.partial(self._release, request)
+        released = await self.sessions.on_latest(request.session_id, release)
+        if released is None:
+            raise CoordinatorError(Reason.STALE_FENCE, "the record changed during release")
+        return pb.ReleaseResponse(record=released, cluster_id=cluster)
+
+    async def _release(self, request: pb.ReleaseRequest, entry: Entry, record: pb.SessionRecord,
+                       reads: list[Seen]) -> pb.SessionRecord | None:
+        """The release on the record as `entry` holds it; None when its transaction lost."""
         fencing.check_grant(record, request.fence, request.secret)
         lease = record.lease
-        reads: list[Seen] = []
         if lease.claim_status in (pb.COMMITTED, pb.LIVE):
             probe, registration = await self.sessions.probe(lease.owner)
-            reads.append(registration)
+            reads = [*reads, registration]
             if not adjudication.release_allowed(lease, probe):
                 if probe.answered_by_host_id != lease.owner.host_id:
                     # Nobody looked (an agent re-registering, unreachable): not "alive", unknown.
@@ -240,9 +249,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease.death_evidence.CopyFrom(
             pb.DeathEvidence(kind="released", observed_at_unix_ms=now_ms(), owner_fence=lease.fence)
         )
-        if not await self.sessions.transition(entry, record, "release", reads=reads):
-            raise CoordinatorError(Reason.STALE_FENCE, "the record changed during release")
-        return pb.ReleaseResponse(record=record, cluster_id=cluster)
+        return record if await self.sessions.transition(entry, record, "release", reads=reads) else None
 
     # --- fenced data ---------------------------------------------------------------------
     @_handler
@@ -493,9 +500,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             return False
 
         while True:
-            # List first, then watch from the listing's revision: after a compaction, list again.
-            revision = await self.store.current_revision()
-            entries, _ = await self.store.list_prefix(prefix)
+            # List first, then watch from the listing's revision (one Range: its answer's header
+            # revision is the one the listing was read at): after a compaction, list again.
+            entries, revision = await self.store.snapshot_prefix(prefix)
             for e in entries:
                 if key is None or e.key == key:
                     record = self.sessions.decode(e)

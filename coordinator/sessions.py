@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from holdfast.common import identifiers
 from holdfast.common.logs import session_fields
@@ -25,6 +26,7 @@ from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.record_cache import RecordCache
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.registry import decode as decode_registration
+from holdfast.coordinator.remembered import Remembered
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, unchanged
 from holdfast.proc.ending import KILL_WAIT_S
@@ -32,6 +34,9 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 HISTORY_KEPT = 64
+T = TypeVar("T")
+# A decision on a record as its entry holds it, with the reads that compare it; None when it lost.
+Decision = Callable[[Entry, pb.SessionRecord, list[Seen]], Awaitable[T | None]]
 log = logging.getLogger("holdfast.coordinator.sessions")
 
 
@@ -45,6 +50,7 @@ class Sessions:
         self.registry = registry
         self.router = router
         self.decoded = RecordCache()
+        self.remembered = Remembered()
 
     def key(self, session_id: str) -> str:
         return keys.session(self.store, session_id)
@@ -61,6 +67,21 @@ class Sessions:
         if entry is None or record is None:
             raise CoordinatorError(Reason.NOT_FOUND, f"unknown session {session_id}")
         return entry, record
+
+    async def on_latest(self, session_id: str, decide: Decision[T]) -> T | None:
+        """`decide(entry, record, reads)` on the record as this replica's own transaction last wrote
+        it, when it remembers that (`reads` then compares its bytes too); made again on a fresh read
+        when it refuses or loses on the remembered one (coordinator/remembered.py). None: it lost
+        its transaction on the fresh read as well."""
+        key = self.key(identifiers.check_session_id(session_id))
+        entry = self.remembered.get(key)
+        if entry is not None:
+            with contextlib.suppress(CoordinatorError):
+                decided = await decide(entry, self.decode(entry), [Seen(key, entry, remembered=True)])
+                if decided is not None:
+                    return decided
+        entry, record = await self.require(session_id)
+        return await decide(entry, record, [])
 
     async def transition(
         self,
@@ -108,9 +129,12 @@ class Sessions:
                                 detail=detail[:200])
         log.info("session %s%s", transition, "" if ok else " lost a race", extra={"fields": fields})
         if not ok:
+            self.remembered.lost(self.key(sid))
             return None
         created = entry.create_revision if entry else revision
-        return Entry(self.key(sid), puts[0].value, revision, created, 0)
+        written = Entry(self.key(sid), puts[0].value, revision, created, 0)
+        self.remembered.wrote(written)
+        return written
 
     async def probe(self, owner: apb.ProcessIdentity, kill: bool = False) -> tuple[apb.ProbeResult, Seen]:
         """The owner's host's answer (a probe with the tree checked, or a kill), with that host's
@@ -130,14 +154,14 @@ class Sessions:
 
     async def changed(self, key: str, revision: int, seconds: float) -> None:
         """Returns once the record at `key` changes after `revision`, or after `seconds`: the
-        caller reads it again either way."""
-        async def first_change() -> None:
-            async for change in self.store.watch_prefix(key, revision + 1):
-                if (change if isinstance(change, str) else change.key) == key:
-                    return
-
+        caller reads it again either way. A watcher on the store's shared watch stream; no task of
+        its own (a waiting Acquire costs its call and this watcher)."""
+        changes = self.store.watch_prefix(key, revision + 1)
         with contextlib.suppress(TimeoutError, Compacted):
-            await asyncio.wait_for(first_change(), seconds)
+            async with asyncio.timeout(seconds), contextlib.aclosing(changes):
+                async for change in changes:
+                    if (change if isinstance(change, str) else change.key) == key:
+                        return
 
     async def wait_exit(self, owner: apb.ProcessIdentity,
                         seconds: float) -> tuple[apb.ProbeResult | None, Seen]:

@@ -3,11 +3,13 @@
 Guarantee: the gRPC channel is opened here (several endpoints with round_robin, TLS optional —
 aetcd's own `connect()` does neither, docs/design.md §7) and handed to aetcd's stubs; a write is one
 etcd transaction, so it lands whole or not at all; an unreachable etcd is `StoreUnavailable`, never
-a partial write and never a silent success.
+a partial write and never a silent success. Every watch shares the Store's one etcd watch stream
+(watch_hub: what a watcher is promised).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,25 +19,14 @@ import grpc
 from aetcd import rpc
 
 from holdfast.common import tls
+from holdfast.coordinator.store_errors import Compacted as Compacted
+from holdfast.coordinator.store_errors import StoreUnavailable
+from holdfast.coordinator.watch_hub import WatchHub
 
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 DEFAULT_PREFIX = "/holdfast/v1/"
 CALL_TIMEOUT_S = 5.0
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-
-
-class StoreUnavailable(Exception):
-    """etcd could not be reached or did not answer. Nothing was written, unless `outcome_unknown`:
-    a transaction sent but not answered (its deadline passed, its connection dropped) may still
-    have been applied."""
-
-    def __init__(self, message: str, outcome_unknown: bool = False) -> None:
-        super().__init__(message)
-        self.outcome_unknown = outcome_unknown
-
-
-class Compacted(Exception):
-    """A watch's start revision was compacted away; the caller must re-list."""
 
 
 @dataclass(frozen=True)
@@ -50,15 +41,24 @@ class Entry:
 @dataclass(frozen=True)
 class Seen:
     """A key as a decision read it: its entry, or None when it was absent. A decision's transaction
-    compares every Seen it depended on, so a change of any of them makes the transaction lose."""
+    compares every Seen it depended on, so a change of any of them makes the transaction lose.
+    `remembered`: the entry is the one this replica's own transaction wrote, not read back."""
 
     key: str
     entry: Entry | None
+    remembered: bool = False
 
-    def unchanged(self) -> rpc.Compare:
+    def unchanged(self) -> list[rpc.Compare]:
         # A key read with a value is compared on its mod revision (a rewrite of the same bytes is a
         # change too); a key read absent must still be absent, not merely "re-created meanwhile".
-        return mod_equals(self.key, self.entry.mod_revision) if self.entry is not None else absent(self.key)
+        if self.entry is None:
+            return [absent(self.key)]
+        compares = [mod_equals(self.key, self.entry.mod_revision)]
+        if self.remembered:
+            # And on its bytes: an etcd restored from a backup may give this mod revision to another
+            # value, which a decision made on the remembered bytes must not overwrite.
+            compares.append(value_equals(self.key, self.entry.value))
+        return compares
 
 
 def unchanged(seen: Iterable[Seen]) -> list[rpc.Compare]:
@@ -70,8 +70,10 @@ def unchanged(seen: Iterable[Seen]) -> list[rpc.Compare]:
     probe's later read of it (the owner's host being the taker's)."""
     readings: dict[tuple[str, int | None], Seen] = {}
     for s in seen:
-        readings.setdefault((s.key, s.entry.mod_revision if s.entry is not None else None), s)
-    return [s.unchanged() for s in readings.values()]
+        reading = (s.key, s.entry.mod_revision if s.entry is not None else None)
+        if reading not in readings or s.remembered:  # a remembered one is compared on its bytes too
+            readings[reading] = s
+    return [compare for s in readings.values() for compare in s.unchanged()]
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,9 @@ def mod_equals(key: str, revision: int) -> rpc.Compare:
                        mod_revision=revision)
 
 
-def value_equals(key: str, value: str) -> rpc.Compare:
+def value_equals(key: str, value: str | bytes) -> rpc.Compare:
     return rpc.Compare(key=key.encode(), result=rpc.Compare.EQUAL, target=rpc.Compare.VALUE,
-                       value=value.encode())
+                       value=value.encode() if isinstance(value, str) else value)
 
 
 def absent(key: str) -> rpc.Compare:
@@ -152,7 +154,7 @@ class Store:
         self.prefix = prefix
         self._kv = rpc.KVStub(channel)
         self._lease = rpc.LeaseStub(channel)
-        self._watch = rpc.WatchStub(channel)
+        self._watches = WatchHub(rpc.WatchStub(channel))
 
     @classmethod
     def connect(cls, endpoints: str, credentials: grpc.ChannelCredentials | None = None,
@@ -246,27 +248,9 @@ class Store:
         await self._call(self._lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id))
 
     async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[Entry | str]:
-        """Yields changed entries (or the key of a deleted one) from `start_revision` on."""
+        """Yields changed entries (or the key of a deleted one) from `start_revision` on; ends in
+        `Compacted` (re-list) or `StoreUnavailable`, never in silence (watch_hub)."""
         raw = prefix.encode()
-        create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-            key=raw, range_end=_range_end(raw), start_revision=start_revision))
-        call = self._watch.Watch(iter([create]))
-        try:
-            async for resp in call:
-                if resp.compact_revision:
-                    raise Compacted(f"compacted at {resp.compact_revision}")
-                for event in resp.events:
-                    if event.type == rpc.Event.DELETE:
-                        yield event.kv.key.decode()
-                    else:
-                        yield _entry(event.kv)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in UNAVAILABLE_CODES:
-                raise StoreUnavailable(f"etcd: {exc.details()}") from exc
-            raise
-        finally:
-            call.cancel()
-
-    async def current_revision(self) -> int:
-        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=self.prefix.encode(), count_only=True))
-        return int(resp.header.revision)
+        async with contextlib.aclosing(self._watches.watch(raw, _range_end(raw), start_revision)) as events:
+            async for event in events:
+                yield event.kv.key.decode() if event.type == rpc.Event.DELETE else _entry(event.kv)

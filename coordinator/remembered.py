@@ -1,0 +1,39 @@
+"""The session records this replica's own transactions wrote, so that a decision following its own
+write — a `run`'s Release after the grant this replica made — starts without reading the record.
+
+Guarantee: a remembered entry is only ever where a decision starts. The decision's transaction
+compares the record's mod revision *and* its bytes (`Seen(remembered=True)`), so it applies only
+while etcd holds exactly the bytes remembered, which is what a fresh read would have returned; a
+decision that loses its transaction, or would refuse, on a remembered entry is made again on a
+fresh read (`Sessions.on_latest`). A stale entry therefore costs one round trip and never grants,
+releases or refuses anything a fresh read would not. Not guaranteed: a hit — another replica's
+write, or more than `limit` writes since, sends the decision to etcd as before.
+"""
+
+from __future__ import annotations
+
+from holdfast.coordinator.store import Entry
+
+LIMIT = 20_000  # ~0.5 KB an entry: ~10 MB at the limit, the most recent writes kept
+
+
+class Remembered:
+    def __init__(self, limit: int = LIMIT) -> None:
+        self.limit = limit
+        self._entries: dict[str, Entry] = {}  # etcd key -> the entry this replica's transaction wrote
+
+    def wrote(self, entry: Entry) -> None:
+        self._entries.pop(entry.key, None)  # re-inserted last: the oldest write is the first forgotten
+        self._entries[entry.key] = entry
+        if len(self._entries) > self.limit:
+            del self._entries[next(iter(self._entries))]
+
+    def lost(self, key: str) -> None:
+        """A transaction on `key` lost: whatever is remembered for it is older than etcd's."""
+        self._entries.pop(key, None)
+
+    def get(self, key: str) -> Entry | None:
+        return self._entries.get(key)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,115 @@
+"""A release that follows this replica's own grant starts from the record it wrote, not a read
+(coordinator/remembered.py), over a real etcd: it reads nothing when nothing changed since, and a
+remembered record that another replica's write made stale can only lose its transaction or be
+decided again on a fresh read — never release, or refuse, what a fresh read would not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from holdfast.coordinator.store import Entry, Put, Seen, Store, open_channel, unchanged
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration.coordinator_fixtures import run_async
+from tests.integration.txn_harness import Pair, Refused, acquire, pair, record_of, register, release, touch
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [pytest.mark.timeout(60)]
+HOST = "host-remembered"
+
+
+class Reads:
+    """Counts the reads of session records the victim replica sends to etcd."""
+
+    def __init__(self, p: Pair) -> None:
+        self.count = 0
+        store = p.store
+        plain = store.get
+
+        async def get(key: str) -> Entry | None:
+            self.count += key.startswith(store.key("sessions", ""))
+            return await plain(key)
+
+        store.get = get  # type: ignore[method-assign]
+
+
+@run_async
+async def test_a_remembered_entry_is_compared_on_its_bytes_not_only_its_revision(
+        etcd: EtcdServer, prefix: str) -> None:
+    # An etcd restored from a backup may give the remembered mod revision to other bytes: the
+    # remembered reading must then lose, where a reading compared on its revision alone would not.
+    store = Store(open_channel(etcd.url), prefix)
+    try:
+        key, decision = store.key("sessions", "sess-bytes"), store.key("decision")
+        await store.txn([], [Put(key, b"as etcd holds it")])
+        held = await store.get(key)
+        assert held is not None
+        other_bytes = replace(held, value=b"as this replica remembered it")
+        ok, _ = await store.txn(unchanged([Seen(key, other_bytes, remembered=True)]), [Put(decision, b"x")])
+        assert not ok and await store.get(decision) is None
+        ok, _ = await store.txn(unchanged([Seen(key, other_bytes)]), [Put(decision, b"x")])
+        assert ok, "compared on its revision alone, the other bytes pass: the byte compare is what refuses"
+        # Read and remembered alike at one revision: the byte compare is kept, whichever came first.
+        compares = unchanged([Seen(key, other_bytes), Seen(key, other_bytes, remembered=True)])
+        assert len(compares) == 2 and compares[1].value == other_bytes.value
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_release_after_this_replicas_grant_reads_nothing(etcd: EtcdServer, prefix: str) -> None:
+    p = pair(etcd, prefix)
+    try:
+        await register(p.victim, HOST)
+        reads = Reads(p)
+        granted = await acquire(p.victim, p.ctx, "sess-remembered-1", HOST)
+        released = await release(p.victim, p.ctx, granted.grant)
+        assert released.record.lease.claim_status == pb.RELEASED
+        assert reads.count == 0, "the grant's own write was the record released"
+        assert (await record_of(p.other, "sess-remembered-1")).lease.claim_status == pb.RELEASED  # type: ignore[union-attr]
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_a_stale_memory_loses_then_the_release_is_decided_on_a_fresh_read(
+        etcd: EtcdServer, prefix: str) -> None:
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-remembered-2"
+        await register(p.victim, HOST)
+        granted = await acquire(p.victim, p.ctx, sid, HOST)
+        await touch(p.other.store, p.key("sessions", sid))  # another replica rewrote it since
+        reads = Reads(p)
+        released = await release(p.victim, p.ctx, granted.grant)
+        assert released.record.lease.claim_status == pb.RELEASED
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [True, False, True], \
+            "grant; the release on the remembered record lost; the release on the fresh read applied"
+        assert reads.count == 1
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_a_remembered_fence_never_decides_a_refusal_or_a_release(etcd: EtcdServer, prefix: str) -> None:
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-remembered-3"
+        await register(p.victim, HOST)
+        first = await acquire(p.victim, p.ctx, sid, HOST)  # remembered by the victim at fence 1
+        await release(p.other, p.ctx, first.grant)
+        second = await acquire(p.other, p.ctx, sid, HOST)  # fence 2, by the other replica
+        # The victim remembers fence 1 reserved: on that the first grant's release would pass, but
+        # etcd holds fence 2. Its transaction loses, and the fresh read refuses it.
+        with pytest.raises(Refused) as refused:
+            await release(p.victim, p.ctx, first.grant)
+        assert refused.value.reason == "STALE_FENCE"
+        record = await record_of(p.other, sid)
+        assert record is not None and (record.lease.fence, record.lease.claim_status) == (2, pb.RESERVED)
+        # And the second grant, which the remembered fence 1 would refuse, is released on a fresh read.
+        released = await release(p.victim, p.ctx, second.grant)
+        assert (released.record.lease.fence, released.record.lease.claim_status) == (2, pb.RELEASED)
+    finally:
+        await p.close()
