@@ -7,6 +7,10 @@ With the scale figures (skipped by --quick), each scale bench runs in its own pr
 stack: bench_scale.py (100,000 records), bench_takeover_load.py (1,000 owners), bench_hosts.py (50
 simulated hosts), and each figure is held against the same measure at small scale.
 
+CPU per operation (bench_cpu.py, its own stack; 1,000 cycles, 200 with --quick): each server in a
+cgroup of its own, `cpu.stat` usage_usec around each span, its idle rate subtracted; held against
+absolute goals, since CPU time does not depend on the machine's cores or its other load.
+
 Floors (docs/benchmarks.md, *Floors*): an etcd write (one put, fsync on, data on disk), a gRPC unary
 (grpc.health.v1 Check on an agent), a fork/exec of `sh -c true`, an interpreter that imports grpc
 (started on a simulated host, as the measured `run` is).
@@ -25,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -226,7 +231,7 @@ def measure(runs: int) -> tuple[dict[str, float], list[Figure]]:
     return floors, figures
 
 
-def run_bench(script: str, *args: str) -> dict[str, float]:
+def run_bench(script: str, *args: str) -> dict[str, Any]:
     """One of the scale benches, in its own process (each starts its own etcd, coordinator and
     simulated hosts), read back from its --json."""
     progress(f"{script} {' '.join(args)}")
@@ -257,6 +262,51 @@ def scale_figures() -> list[Figure]:
     ]
 
 
+@dataclass
+class CpuFigure:
+    figure: str
+    value: float
+    unit: str
+    goal: float | None  # at most this; None: measured and shown, no goal
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.goal is None else self.value <= self.goal
+
+
+def cpu_figures(cycles: int) -> tuple[dict[str, object], list[CpuFigure]]:
+    """bench_cpu.py's figures, each against the issue's absolute goal."""
+    cpu = run_bench("bench_cpu.py", "--cycles", str(cycles), "--probes", str(cycles))
+    cycle, probe = cpu["cycle_cpu_ms"], cpu["probe_cpu_ms"]
+    etcd = cpu["etcd_requests_per_cycle"]
+    figures = [
+        CpuFigure("coordinator CPU per full cycle", cycle["coordinator"], "ms", 2.5),
+        CpuFigure("agent CPU per full cycle", cycle["agent"], "ms", 1.5),
+        CpuFigure("etcd CPU per full cycle", cycle["etcd"], "ms", None),
+        CpuFigure("etcd Txn requests per full cycle", etcd["Txn"], "", 3),
+        CpuFigure("etcd Range requests per full cycle", etcd["Range"], "", 1),
+        CpuFigure("etcd Watch streams opened per full cycle", etcd["Watch"], "", None),
+        CpuFigure("etcd proposals committed per full cycle", etcd["proposals committed"], "", None),
+        CpuFigure("coordinator CPU per ProbeSession of a live owner", probe["coordinator"], "ms", 0.5),
+        CpuFigure("agent CPU per ProbeSession of a live owner", probe["agent"], "ms", None),
+        CpuFigure("coordinator RSS per waiting `run`", cpu["coordinator_rss_kb_per_waiter"], "KB", 20),
+        CpuFigure("coordinator CPU per waiting `run`", cpu["waiter_cpu_ms_per_s"]["coordinator"], "ms/s",
+                  None),
+        CpuFigure("full cycles per coordinator core (derived)", cpu["coordinator_cycles_per_core_s"], "/s",
+                  None),
+    ]
+    return cpu, figures
+
+
+def cpu_table(cpu: dict[str, object], figures: list[CpuFigure]) -> str:
+    idle = ", ".join(f"{k} {v:.2f} ms/s" for k, v in cpu["idle_cpu_ms_per_s"].items())  # type: ignore[attr-defined]
+    lines = [f"CPU per operation: {cpu['method']}, over {cpu['cycles']} cycles (idle rates: {idle})", "",
+             "| figure | value | goal | met |", "|---|---|---|---|"]
+    lines += [f"| {f.figure} | {f.value:.2f} {f.unit} | "
+              f"{'-' if f.goal is None else f'<= {f.goal:g} {f.unit}'} | {MET[f.met]} |" for f in figures]
+    return "\n".join(lines)
+
+
 def table(floors: dict[str, float], figures: list[Figure]) -> str:
     lines = ["| floor | measured |", "|---|---|"]
     lines += [f"| {name} | {value:.2f} {'/s' if name.endswith('/s') or '/s,' in name else 'ms'} |"
@@ -280,12 +330,18 @@ def main() -> None:
     floors, figures = measure(args.runs)
     if not args.quick:
         figures += scale_figures()
+    cpu, cpu_rows = cpu_figures(200 if args.quick else 1000)
     if args.json:
         rows = [{**asdict(f), "ratio": f.ratio, "goal": f.goal, "met": f.met} for f in figures]
         print(json.dumps({"floors": floors, "seconds": round(time.monotonic() - started, 1),
-                          "cpu_pressure_avg60_before": pressure, "figures": rows}, indent=2))
+                          "cpu_pressure_avg60_before": pressure, "figures": rows,
+                          "cpu_per_operation": {"measured": cpu,
+                                                "figures": [{**asdict(f), "met": f.met} for f in cpu_rows]}},
+                         indent=2))
     else:
         print(table(floors, figures))
+        print()
+        print(cpu_table(cpu, cpu_rows))
         before = "unknown" if pressure is None else f"{pressure:.1f}%"
         print(f"\n(bench/all took {time.monotonic() - started:.0f} s; CPU pressure before it, some avg60: "
               f"{before})")
