@@ -93,7 +93,7 @@ async def test_read_all_is_each_key_as_read_alone_in_one_round_trip(etcd: EtcdSe
 async def test_paged_listing_and_watch(etcd: EtcdServer, prefix: str) -> None:
     store = Store.connect(etcd.url, prefix=prefix)
     try:
-        start = await store.current_revision()
+        _, start = await store.snapshot_prefix(store.key("sessions", ""))
         for i in range(5):
             await store.txn([], [Put(store.key("sessions", f"s{i}"), b"x")])
         page, more = await store.list_prefix(store.key("sessions", ""), limit=2)

@@ -1,0 +1,24 @@
+"""The store's errors, apart so that the store and its shared watch stream (watch_hub) both raise
+them without importing each other; `holdfast.coordinator.store` re-exports them."""
+
+from __future__ import annotations
+
+
+class StoreUnavailable(Exception):
+    """etcd could not be reached or did not answer. Nothing was written, unless `outcome_unknown`:
+    a transaction sent but not answered (its deadline passed, its connection dropped) may still
+    have been applied."""
+
+    def __init__(self, message: str, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
+
+
+class Compacted(Exception):
+    """A watch cannot go on from where it is (its start revision was compacted away); the caller
+    must re-list."""
+
+
+class Lagged(Compacted):
+    """A watcher's reader fell so far behind its events that the watch was ended rather than grow
+    without bound; as after a compaction, the caller must re-list."""

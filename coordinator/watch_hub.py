@@ -1,0 +1,202 @@
+"""One etcd Watch stream shared by every watcher of a Store, as etcd's own client (clientv3) shares
+one: a watch is a WatchCreateRequest on the stream, not a stream of its own.
+
+etcd answers the creates of one stream in the order it received them, each with a `created`
+response naming the watch id it chose, and holds a watch's events back until that response is
+sent; so the oldest create not yet answered takes the id of each `created` response, and events are
+routed to their watcher by watch id. A watcher that ends sends a WatchCancelRequest for its id (or,
+still unanswered, when its id comes). The first watcher opens the stream; the last one to end
+closes it.
+
+Guarantee: a watcher gets every event of its key range from its start revision on, in etcd's
+revision order, each once — or, when that cannot go on, an error, never silence:
+- its start revision compacted away is `Compacted`, for that watcher alone;
+- a watcher whose reader leaves MAX_BEHIND events unread ends with `Lagged` (a `Compacted`: re-list)
+  after the events it holds, so one slow reader neither holds the others back nor grows the
+  coordinator without bound;
+- etcd refusing or cancelling a watch is `StoreUnavailable` for that watcher;
+- the stream's failure (etcd unreachable or killed, the channel closed, an answer that fits no
+  watcher) is `StoreUnavailable` for every watcher on it, after the events each had received; the
+  next watcher opens a new stream.
+Not guaranteed: that an event comes by any time (a watcher waits as long as etcd is silent and the
+stream stands), nor any order between two watchers' events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+
+import grpc
+from aetcd import rpc
+
+from holdfast.coordinator.store_errors import Compacted, Lagged, StoreUnavailable
+
+MAX_BEHIND = 4096  # events a watcher's reader may leave unread before the watcher ends Lagged
+UNANSWERED = -1  # etcd's id for no watch (a refused create; progress for every watcher)
+
+
+class Watcher:
+    """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
+    and how it ended."""
+
+    __slots__ = ("create", "ended", "events", "gone", "id", "waker")
+
+    def __init__(self, create: rpc.WatchRequest) -> None:
+        self.create = create
+        self.id = UNANSWERED  # etcd's, from its `created` response
+        self.events: collections.deque[rpc.Event] = collections.deque()
+        self.ended: Exception | None = None
+        self.waker: asyncio.Future[None] | None = None
+        self.gone = False  # its reader ended it
+
+    def deliver(self, events: list[rpc.Event]) -> None:
+        if self.ended is not None:
+            return
+        self.events.extend(events)
+        if len(self.events) > MAX_BEHIND:
+            self.end(Lagged(f"the watch's reader left more than {MAX_BEHIND} events unread"))
+        else:
+            self._wake()
+
+    def end(self, error: Exception) -> None:
+        """The watcher's reader gets this error once it has taken every event delivered before."""
+        if self.ended is None:
+            self.ended = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waker is not None and not self.waker.done():
+            self.waker.set_result(None)
+
+    async def next(self) -> rpc.Event:
+        while not self.events:
+            if self.ended is not None:
+                raise self.ended
+            self.waker = asyncio.get_running_loop().create_future()
+            try:
+                await self.waker
+            finally:
+                self.waker = None
+        return self.events.popleft()
+
+
+class Stream:
+    """One Watch call and the watchers on it."""
+
+    def __init__(self, stub: rpc.WatchStub) -> None:
+        self.requests: asyncio.Queue[rpc.WatchRequest] = asyncio.Queue()
+        self.creating: collections.deque[Watcher] = collections.deque()  # in the order sent
+        self.watchers: dict[int, Watcher] = {}
+        self.cancelling: set[int] = set()
+        self.live = 0  # watchers whose readers have not ended them
+        self.lost = False  # failed or closed: no watcher joins it any more
+        self.call = stub.Watch(self._send())
+        self.reader = asyncio.create_task(self._read())
+
+    async def _send(self) -> AsyncIterator[rpc.WatchRequest]:
+        while True:
+            yield await self.requests.get()
+
+    def open(self, key: bytes, range_end: bytes, start_revision: int) -> Watcher:
+        watcher = Watcher(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=key, range_end=range_end, start_revision=start_revision)))
+        # Queued and sent in one order, with nothing awaited between: the `created` responses
+        # come back in this order too.
+        self.creating.append(watcher)
+        self.requests.put_nowait(watcher.create)
+        self.live += 1
+        return watcher
+
+    def close(self, watcher: Watcher) -> None:
+        """Its reader is done with `watcher`; the last one closes the stream."""
+        if watcher.gone:
+            return
+        watcher.gone = True
+        self.live -= 1
+        if self.lost:
+            return
+        if self.live == 0:
+            self.lost = True
+            self.call.cancel()
+            self.reader.cancel()
+        elif self.watchers.pop(watcher.id, None) is not None:
+            self._cancel(watcher.id)
+        # Still unanswered: cancelled when its `created` response comes.
+
+    def _cancel(self, watch_id: int) -> None:
+        self.cancelling.add(watch_id)
+        self.requests.put_nowait(rpc.WatchRequest(cancel_request=rpc.WatchCancelRequest(watch_id=watch_id)))
+
+    async def _read(self) -> None:
+        why = "the coordinator closed the watch stream"
+        try:
+            async for response in self.call:
+                self._route(response)
+            why = "etcd ended the watch stream"
+        except grpc.aio.AioRpcError as exc:
+            why = f"etcd watch stream: {exc.code().name} {exc.details()}"
+        except StoreUnavailable as exc:
+            why = str(exc)
+        finally:
+            self.lost = True
+            for watcher in [*self.creating, *self.watchers.values()]:
+                watcher.end(StoreUnavailable(f"{why}; every event before this was delivered"))
+            self.creating.clear()
+            self.watchers.clear()
+
+    def _route(self, response: rpc.WatchResponse) -> None:
+        if response.created:
+            if not self.creating:
+                raise StoreUnavailable("etcd answered a watch create that was not sent")
+            self._created(self.creating.popleft(), response)
+            return
+        watch_id = response.watch_id
+        watcher = self.watchers.get(watch_id)
+        if response.compact_revision:
+            # etcd has dropped this watch: nothing to cancel.
+            if watcher is not None:
+                del self.watchers[watch_id]
+                watcher.end(Compacted(f"compacted at {response.compact_revision}"))
+        elif response.canceled:
+            self.cancelling.discard(watch_id)
+            if watcher is not None:
+                del self.watchers[watch_id]
+                watcher.end(StoreUnavailable(f"etcd cancelled the watch: {response.cancel_reason}"))
+        elif watcher is not None:
+            watcher.deliver(list(response.events))
+        elif watch_id != UNANSWERED and watch_id not in self.cancelling:
+            self._cancel(watch_id)  # events for a watch no watcher holds: stop them
+
+    def _created(self, watcher: Watcher, response: rpc.WatchResponse) -> None:
+        if response.canceled:
+            watcher.end(StoreUnavailable(f"etcd refused the watch: {response.cancel_reason}"))
+            return
+        watcher.id = response.watch_id
+        if watcher.gone:
+            self._cancel(watcher.id)
+            return
+        self.watchers[watcher.id] = watcher
+        watcher.deliver(list(response.events))
+
+
+class WatchHub:
+    """The Store's watches: every watcher on one stream, a new stream once that one is lost."""
+
+    def __init__(self, stub: rpc.WatchStub) -> None:
+        self._stub = stub
+        self._stream: Stream | None = None
+
+    async def watch(self, key: bytes, range_end: bytes, start_revision: int) -> AsyncIterator[rpc.Event]:
+        """Every event of [key, range_end) from `start_revision` on, until the caller stops reading
+        (closing this generator cancels the watch) or the watch ends in an error."""
+        stream = self._stream
+        if stream is None or stream.lost:
+            stream = self._stream = Stream(self._stub)
+        watcher = stream.open(key, range_end, start_revision)
+        try:
+            while True:
+                yield await watcher.next()
+        finally:
+            stream.close(watcher)

@@ -1,0 +1,222 @@
+"""The store's shared etcd watch stream (coordinator/watch_hub.py) over a real etcd: many watchers on
+one stream, each with exactly its own events in order; a watcher's end, a compaction and a slow
+reader touch that watcher alone; a killed etcd is an error to every watcher, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+from aetcd import rpc
+
+from holdfast.coordinator import watch_hub
+from holdfast.coordinator.store import Compacted, Entry, Put, Store, StoreUnavailable
+from holdfast.coordinator.store_errors import Lagged
+from holdfast.localstack.etcd_server import EtcdServer
+from tests.integration.coordinator_fixtures import run_async
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = pytest.mark.timeout(60)
+
+
+def watch_streams(etcd: EtcdServer) -> tuple[int, int]:
+    """(Watch streams etcd has opened, and ended), from its own /metrics."""
+    counts = {"started": 0, "handled": 0}
+    with urllib.request.urlopen(f"{etcd.url}/metrics", timeout=10) as page:
+        for line in page.read().decode().splitlines():
+            for kind in counts:
+                if line.startswith(f"grpc_server_{kind}_total{{") and 'grpc_method="Watch"' in line:
+                    counts[kind] += int(float(line.rsplit(" ", 1)[1]))
+    return counts["started"], counts["handled"]
+
+
+async def take(changes: AsyncIterator[Entry | str], n: int) -> list[str]:
+    """The next n changes, each as `key=value` (a put) or `key` (a delete)."""
+    out = []
+    async for change in changes:
+        out.append(change if isinstance(change, str) else f"{change.key}={change.value.decode()}")
+        if len(out) == n:
+            break
+    return out
+
+
+async def revision(store: Store) -> int:
+    return (await store.snapshot_prefix(store.key("none")))[1]
+
+
+@run_async
+async def test_many_watchers_share_one_stream_each_with_exactly_its_events_in_order(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        start = await revision(store) + 1
+        opened, _ = watch_streams(etcd)
+        # 24 watchers: one per key prefix p00..p23, and each of p00..p07 watched twice more.
+        names = [f"p{i:02d}" for i in range(24)] + [f"p{i:02d}" for i in range(8)] * 2
+        watchers = [store.watch_prefix(store.key(name, ""), start) for name in names]
+        expected: dict[str, list[str]] = {name: [] for name in names}
+
+        async def write(puts: list[Put], deletes: tuple[str, ...] = ()) -> None:
+            await store.txn([], puts, deletes=list(deletes))
+            for put in puts:
+                expected[put.key.split("/")[-2]].append(f"{put.key}={put.value.decode()}")
+            for key in deletes:
+                expected[key.split("/")[-2]].append(key)
+
+        for r in range(5):
+            # Keys of two watchers' prefixes in one transaction, a third's alone, and deletes.
+            for i in range(0, 24, 3):
+                await write([Put(store.key(f"p{j:02d}", f"k{r}"), f"{j}.{r}".encode()) for j in (i, i + 1)])
+                await write([Put(store.key(f"p{i + 2:02d}", "k"), f"{r}".encode())])
+            await write([], (store.key("p04", f"k{r}"), store.key("p06", f"k{r}")))
+        got = await asyncio.gather(*(take(w, len(expected[name]))
+                                     for w, name in zip(watchers, names, strict=True)))
+        for name, changes in zip(names, got, strict=True):
+            assert changes == expected[name], name
+        # Nothing more than its own: the next change each one sees is the next one of its prefix.
+        for name in sorted(set(names)):
+            await store.txn([], [Put(store.key(name, "last"), b"x")])
+        nexts = await asyncio.gather(*(take(w, 1) for w in watchers))
+        assert nexts == [[f"{store.key(name, 'last')}=x"] for name in names]
+        assert watch_streams(etcd)[0] == opened + 1, "every watcher rode one etcd Watch stream"
+        for w in watchers:
+            await w.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_watcher_that_ends_leaves_the_others_and_the_last_closes_the_stream(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        start = await revision(store) + 1
+        opened, ended = watch_streams(etcd)
+        key = store.key("shared", "k")
+        watchers = [store.watch_prefix(store.key("shared", ""), start) for _ in range(3)]
+        await store.txn([], [Put(key, b"1")])
+        assert await asyncio.gather(*(take(w, 1) for w in watchers)) == [[f"{key}=1"]] * 3
+        await watchers[1].aclose()  # its cancel goes on the shared stream; the others stay
+        for value in (b"2", b"3"):
+            await store.txn([], [Put(key, value)])
+        for w in (watchers[0], watchers[2]):
+            assert await take(w, 2) == [f"{key}=2", f"{key}=3"]
+        # A watcher that ends before etcd has answered its create: its id is cancelled when it comes.
+        early = store.watch_prefix(store.key("shared", ""), start)
+        reading = asyncio.ensure_future(early.__anext__())
+        await asyncio.sleep(0)  # its create is queued; etcd has not answered it yet
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+        await store.txn([], [Put(key, b"4")])
+        for w in (watchers[0], watchers[2]):
+            assert await take(w, 1) == [f"{key}=4"]
+        assert watch_streams(etcd)[0] == opened + 1
+        await watchers[0].aclose()
+        await watchers[2].aclose()
+        await wait_until(lambda: watch_streams(etcd)[1] == ended + 1,
+                         "the last watcher's end closes the stream")
+    finally:
+        await store.close()
+
+
+async def wait_until(condition: object, what: str, seconds: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+
+    try:
+        await asyncio.wait_for(poll(), seconds)
+    except TimeoutError:
+        raise AssertionError(f"not within {seconds} s: {what}") from None
+
+
+@run_async
+async def test_a_compacted_start_ends_that_watcher_alone(etcd: EtcdServer, prefix: str) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        key = store.key("c", "k")
+        old = await revision(store)
+        await store.txn([], [Put(key, b"1")])
+        await store.txn([], [Put(key, b"2")])
+        now = await revision(store)
+        steady = store.watch_prefix(store.key("c", ""), now + 1)
+        await store.txn([], [Put(key, b"3")])
+        assert await take(steady, 1) == [f"{key}=3"]
+        await rpc.KVStub(store.channel).Compact(rpc.CompactionRequest(revision=now, physical=True))
+        with pytest.raises(Compacted) as ended:
+            await take(store.watch_prefix(store.key("c", ""), old), 1)
+        assert not isinstance(ended.value, Lagged)
+        await store.txn([], [Put(key, b"4")])
+        assert await take(steady, 1) == [f"{key}=4"], "the other watcher on the stream goes on"
+        await steady.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_reader_that_falls_behind_ends_lagged_after_its_events(
+    etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch_hub, "MAX_BEHIND", 5)
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        start = await revision(store) + 1
+        key = store.key("l", "k")
+        slow = store.watch_prefix(store.key("l", ""), start)
+        fast = store.watch_prefix(store.key("l", ""), start)
+        await store.txn([], [Put(key, b"0")])
+        assert await take(slow, 1) == [f"{key}=0"]  # then it reads no more for a while
+        assert await take(fast, 1) == [f"{key}=0"]
+        fast_seen = []
+        for i in range(1, 8):
+            await store.txn([], [Put(key, str(i).encode())])
+            fast_seen += await take(fast, 1)
+        assert fast_seen == [f"{key}={i}" for i in range(1, 8)]
+        got = []
+        with pytest.raises(Lagged):
+            async for change in slow:
+                assert isinstance(change, Entry)
+                got.append(change.value.decode())
+        # The events it held when it passed MAX_BEHIND, in order, then the error.
+        assert got == [str(i) for i in range(1, 7)], got
+        await store.txn([], [Put(key, b"after")])
+        assert await take(fast, 1) == [f"{key}=after"]
+        await fast.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_killed_etcd_is_an_error_to_every_watcher_and_the_next_watch_opens_a_stream(
+    tmp_path, prefix: str
+) -> None:
+    server = EtcdServer(tmp_path / "etcd", fast_election=True).start()
+    store = Store.connect(server.url, prefix=prefix)
+    try:
+        start = await revision(store) + 1
+        key = store.key("k", "x")
+        watchers = [store.watch_prefix(store.key("k", ""), start) for _ in range(5)]
+        await store.txn([], [Put(key, b"1")])
+        assert await asyncio.gather(*(take(w, 1) for w in watchers)) == [[f"{key}=1"]] * 5
+        waiting = [asyncio.ensure_future(take(w, 1)) for w in watchers]
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait(10)
+        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 20)
+        assert all(isinstance(r, StoreUnavailable) for r in results), results
+        server.start()
+        await revision(store)  # the channel is connected again (a read waits for it; a watch does not)
+        after = store.watch_prefix(store.key("k", ""), start)
+        assert await take(after, 1) == [f"{key}=1"]
+        await after.aclose()
+    finally:
+        await store.close()
+        server.stop()
