@@ -41,10 +41,9 @@ class Watcher:
     """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
     and how it ended."""
 
-    __slots__ = ("create", "ended", "events", "gone", "id", "waker")
+    __slots__ = ("ended", "events", "gone", "id", "waker")
 
-    def __init__(self, create: rpc.WatchRequest) -> None:
-        self.create = create
+    def __init__(self) -> None:
         self.id = UNANSWERED  # etcd's, from its `created` response
         self.events: collections.deque[rpc.Event] = collections.deque()
         self.ended: Exception | None = None
@@ -100,12 +99,12 @@ class Stream:
             yield await self.requests.get()
 
     def open(self, key: bytes, range_end: bytes, start_revision: int) -> Watcher:
-        watcher = Watcher(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-            key=key, range_end=range_end, start_revision=start_revision)))
+        watcher = Watcher()
         # Queued and sent in one order, with nothing awaited between: the `created` responses
         # come back in this order too.
         self.creating.append(watcher)
-        self.requests.put_nowait(watcher.create)
+        self.requests.put_nowait(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=key, range_end=range_end, start_revision=start_revision)))
         self.live += 1
         return watcher
 
@@ -141,6 +140,7 @@ class Stream:
             why = str(exc)
         finally:
             self.lost = True
+            self.call.cancel()  # a stream given up on is not left open at etcd
             for watcher in [*self.creating, *self.watchers.values()]:
                 watcher.end(StoreUnavailable(f"{why}; every event before this was delivered"))
             self.creating.clear()
