@@ -6,6 +6,13 @@ not depend on how many cores the machine has or who else runs on it; wall time d
 Measured on the stack of `holdfast up --hosts 1` (etcd on disk, fsync on):
 - a full cycle: `holdfast run --session S -- true` started inside the simulated host, sequentially
   (acquire → gate attested → commit → CMD → exit watch → release), over 100 sessions in turn;
+- the same cycle from a resident client: the RPCs `run` makes, in its order (a gate spawned, an
+  Acquire committing it, WatchSessions opened, the gate ended, the watch cancelled, Release), on a
+  new channel each time as a new `run` has, from this process. Each `run` is a fresh interpreter
+  whose start (~100 ms of CPU, right beside the servers on this machine) leaves every server's
+  caches cold: measured, it adds ~1.5 to 2.5 ms to each of etcd, the coordinator and the agent per
+  cycle, etcd included, which no holdfast change reaches. In a cluster `run` starts on another
+  machine than the coordinator, so this figure is the coordinator's own work;
 - ProbeSession of a live owner on the host, from this process;
 - a waiting `run` (`run --wait` on a session another `run` holds): the coordinator's RSS and CPU
   per waiter while nothing changes;
@@ -22,6 +29,7 @@ Prints numbers; asserts nothing. Needs root. Run: .venv/bin/python bench/bench_c
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import json
 import os
@@ -35,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from bench_coordinator import end_owner, spawn_owner
 
 from holdfast.localstack.simhost import SimulatedHost, wait_for
 from holdfast.localstack.up import Stack
@@ -143,15 +152,37 @@ class CpuBench:
         if (code := self.run(f"bench-cpu-{i % SESSIONS:03d}").wait(60)) != 0:
             raise RuntimeError(f"run {i} exited {code}")
 
+    def resident_cycle(self, i: int) -> None:
+        asyncio.run(self._resident_cycle(f"bench-cpu-resident-{i % SESSIONS:03d}"))
+
+    async def _resident_cycle(self, session: str) -> None:
+        async with grpc.aio.insecure_channel(self.stack.address) as channel:
+            coordinator = coordinator_pb2_grpc.CoordinatorStub(channel)
+            child, gate = await spawn_owner(self.host)
+            grant = (await coordinator.Acquire(pb.AcquireRequest(
+                session_id=session, host_id=self.host.host_id, live_on_commit=True, gate=gate,
+                operation_id=secrets.token_hex(16)))).grant
+            watch = coordinator.WatchSessions(pb.WatchSessionsRequest(session_id=session))
+            await end_owner(child)
+            watch.cancel()
+            await coordinator.Release(pb.ReleaseRequest(session_id=session, fence=grant.fence,
+                                                        secret=grant.secret))
+
     def idle_rates(self) -> dict[str, float]:
+        """Each server's CPU µs per second, and etcd's requests per second ("etcd Range", ...),
+        over a span where nothing is asked of the stack (heartbeats, the census, compaction)."""
+        before = etcd_counts(self.etcd_url)
         span = Span(self.groups, None)
         time.sleep(IDLE_S)  # the quiet span itself is what is measured: nothing happens in it
         seconds, used = span.end()
-        return {name: us / seconds for name, us in used.items()}
+        after = etcd_counts(self.etcd_url)
+        requests = {f"etcd {k}": (after[k] - before[k]) / seconds for k in after}
+        return {**{name: us / seconds for name, us in used.items()}, **requests}
 
     def per_op(self, n: int, op: Callable[[int], object], idle: dict[str, float],
-               progress: str) -> tuple[dict[str, float], collections.Counter[str], float]:
-        """CPU µs per op for each server, etcd's requests per op, and ops per wall second."""
+               progress: str) -> tuple[dict[str, float], dict[str, float], float]:
+        """CPU µs per op for each server, etcd's requests over the span, and ops per wall second
+        (each with its idle rate subtracted)."""
         before = etcd_counts(self.etcd_url)
         span = Span(self.groups, idle)
         for i in range(n):
@@ -160,7 +191,7 @@ class CpuBench:
                 say(f"  {progress} {i + 1}/{n}")
         seconds, used = span.end()
         after = etcd_counts(self.etcd_url)
-        requests = collections.Counter({k: after[k] - before[k] for k in after})
+        requests = {k: after[k] - before[k] - idle.get(f"etcd {k}", 0.0) * seconds for k in after}
         return {name: us / n for name, us in used.items()}, requests, n / seconds
 
     def live_owner(self, session: str) -> subprocess.Popen[bytes]:
@@ -276,20 +307,27 @@ def measure(cycles: int, probes: int, waiters: int, profile: Path | None) -> dic
             cycle_cpu, requests, rate = bench.per_op(cycles, bench.cycle, idle, "cycles")
             for p in profilers:
                 p.stop()
+            say(f"{cycles} full cycles from a resident client (the RPCs of `run`, in its order)")
+            resident_cpu, resident_requests, _ = bench.per_op(cycles, bench.resident_cycle, idle, "cycles")
             say(f"{probes} ProbeSession calls of a live owner")
             probe_cpu = bench.probes(probes, idle)
             say(f"{waiters} waiting runs, idle for {IDLE_S:g} s")
-            rss_per_waiter, waiter_cpu = bench.waiters(waiters, idle)
+            rss_per_waiter, waiter_cpu = bench.waiters(waiters, idle) if waiters else (0.0, {})
         finally:
             bench.stop()
     out: dict[str, object] = {
         "method": "cgroup v2 cpu.stat usage_usec per server, its idle rate subtracted",
         "cycles": cycles,
-        "idle_cpu_ms_per_s": {k: v / 1000 for k, v in idle.items()},
+        "idle_cpu_ms_per_s": {k: idle[k] / 1000 for k in SERVERS},
+        "idle_etcd_requests_per_s": {k.removeprefix("etcd "): v for k, v in idle.items() if k not in SERVERS},
         "cycle_cpu_ms": {k: v / 1000 for k, v in cycle_cpu.items()},
-        "etcd_requests_per_cycle": {k: requests[k] / cycles for k in (*ETCD_METHODS, "proposals committed")},
+        "etcd_requests_per_cycle": {k: requests.get(k, 0.0) / cycles
+                                    for k in (*ETCD_METHODS, "proposals committed")},
         "cycles_per_s_wall_sequential": rate,
-        "coordinator_cycles_per_core_s": 1e6 / max(cycle_cpu["coordinator"], 1.0),
+        "resident_cycle_cpu_ms": {k: v / 1000 for k, v in resident_cpu.items()},
+        "resident_etcd_requests_per_cycle": {k: resident_requests.get(k, 0.0) / cycles
+                                             for k in (*ETCD_METHODS, "proposals committed")},
+        "coordinator_cycles_per_core_s": 1e6 / max(resident_cpu["coordinator"], 1.0),
         "probes": probes,
         "probe_cpu_ms": {k: v / 1000 for k, v in probe_cpu.items()},
         "waiters": waiters,
