@@ -28,7 +28,7 @@ from holdfast.proc import scan as scan_
 from holdfast.proc.ages import ProcessAges
 from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.proc.environ import read_proc_file, read_value
-from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
 from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
@@ -133,7 +133,16 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except OSError:
             return None
         try:
-            stat = parse_stat(read_proc_file(f"/proc/{pid}/stat"))
+            return self._identity(fd, pid, parse_stat(read_proc_file(f"/proc/{pid}/stat")), token)
+        except (OSError, StatParseError):
+            return None
+        finally:
+            os.close(fd)
+
+    def _identity(self, fd: int, pid: int, stat: ProcStat, token: str) -> agent_pb2.ProcessIdentity | None:
+        """The identity of the process `fd` (a pidfd of `pid`) names, `stat` read after `fd` was
+        opened; None when that process has exited by the end, so every read here was of it."""
+        try:
             identity = agent_pb2.ProcessIdentity(
                 host_id=self.host_id, incarnation=self.facts.incarnation, pid=pid,
                 start_ticks=stat.start_ticks, pidfd_ino=os.fstat(fd).st_ino if self.facts.pidfs else 0,
@@ -145,10 +154,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             proof, why = cgroups.tree_proof(pid, cgroup, self.cgroups)
             identity.tree_proof, identity.tree_proof_reason = proof, why
             return None if pidfd_exited(fd) else identity
-        except (OSError, StatParseError):
+        except OSError:
             return None
-        finally:
-            os.close(fd)
 
     def _carries(self, pid: int, token: bytes) -> bool:
         try:
@@ -156,32 +163,56 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except OSError:
             return False
 
-    def _root_of(self, token: str, pid_hint: int) -> tuple[int, str]:
-        """The single tree root carrying the token: the hint when it is one, else a full scan."""
-        raw = token.encode()
-        if pid_hint and self._carries(pid_hint, raw):
-            try:
-                ppid = parse_stat(read_proc_file(f"/proc/{pid_hint}/stat")).ppid
-            except (OSError, StatParseError):
-                ppid = -1
-            if ppid >= 0 and not self._carries(ppid, raw):
-                return pid_hint, ""
-        roots = [c for c in scan(self.variable, raw).carriers if c.root]
+    def _open_root(self, pid: int, token: bytes) -> tuple[int, int, ProcStat] | None:
+        """(pid, a pidfd of it, its stat), when it is a root of the token's tree: it carries the
+        token and its parent does not. Both are read after the pidfd was opened, so a caller that
+        finds the pidfd not exited afterwards knows they were that process's. The caller closes it."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        try:
+            stat = parse_stat(read_proc_file(f"/proc/{pid}/stat"))
+            if self._carries(pid, token) and not self._carries(stat.ppid, token):
+                return pid, fd, stat
+        except (OSError, StatParseError):
+            pass
+        os.close(fd)
+        return None
+
+    def _root_of(self, token: bytes, pid_hint: int) -> tuple[int, int, ProcStat] | str:
+        """The single tree root carrying the token, opened (see `_open_root`): the hint when it is
+        one, else the one a full scan finds; or why there is none."""
+        if pid_hint and (opened := self._open_root(pid_hint, token)) is not None:
+            return opened
+        roots = [c for c in scan(self.variable, token).carriers if c.root]
         if len(roots) != 1:
-            return 0, f"{len(roots)} tree roots carry the token; attestation needs exactly one"
-        return roots[0].pid, ""
+            return f"{len(roots)} tree roots carry the token; attestation needs exactly one"
+        return self._open_root(roots[0].pid, token) or "the token's root exited during attestation"
 
     def attest(self, token: str, pid_hint: int, session_id: str,
                fence: int) -> tuple[agent_pb2.ProcessIdentity | None, str]:
         """The root's identity, after the root (a gate still blocked on its pipe, so nothing of the
-        tree has forked yet) was moved into a session cgroup made here for it."""
-        pid, why = self._root_of(token, pid_hint)
-        if not pid:
-            return None, why
+        tree has forked yet) was moved into a session cgroup made here for it. One pidfd, opened
+        before anything of the root was read, is polled after its move and every read: not exited
+        then, the pid named that one process throughout (a pid is free again only once its process
+        is reaped), so the token and start ticks read are its own and the move moved it; exited, or
+        its pid taken by another process before the move, the attestation is refused and undone."""
+        opened = self._root_of(token.encode(), pid_hint)
+        if isinstance(opened, str):
+            return None, opened
+        pid, fd, stat = opened
+        try:
+            return self._attest_opened(pid, fd, stat, token, session_id, fence)
+        finally:
+            os.close(fd)
+
+    def _attest_opened(self, pid: int, fd: int, stat: ProcStat, token: str, session_id: str,
+                       fence: int) -> tuple[agent_pb2.ProcessIdentity | None, str]:
         made, why = cgroups.make_session_cgroup(pid, session_id, fence, self.cgroups) if session_id else (
             None, "the attestation request named no session")
-        identity = self.identity_of(pid, token)
-        if identity is None or not self._carries(pid, token.encode()):
+        identity = self._identity(fd, pid, stat, token)
+        if identity is None:
             return _refused(made, "the token's root exited during attestation")
         if made is None:
             log.warning("attested without a session cgroup: the tree's end rests on the scan",

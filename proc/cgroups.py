@@ -126,7 +126,11 @@ def is_session_cgroup(path: str, root: str) -> bool:
 
 def session_cgroup_of(pid: int, root: str, namespace: int) -> agent_pb2.CgroupRef | None:
     """The session cgroup pid runs in, read here from /proc/<pid>/cgroup; None outside one."""
-    relative = _relative_cgroup(pid)
+    return _session_cgroup_at(_relative_cgroup(pid), root, namespace)
+
+
+def _session_cgroup_at(relative: str | None, root: str, namespace: int) -> agent_pb2.CgroupRef | None:
+    """The session cgroup at `relative` (a path /proc/<pid>/cgroup names); None when it is none."""
     if not root or relative is None or not relative.startswith("/"):
         return None
     path = os.path.normpath(root + relative)
@@ -179,10 +183,10 @@ def make_session_cgroup(pid: int, session_id: str, fence: int,
     this session's and fence's cgroups keeps it."""
     if not cap.able:
         return None, cap.reason
-    current = session_cgroup_of(pid, cap.root, cap.namespace)
+    relative = _relative_cgroup(pid)  # read once: the cgroup a retry finds, or the parent of a new one
+    current = _session_cgroup_at(relative, cap.root, cap.namespace)
     if current is not None and _made_for(current.path, session_id, fence):
         return current, ""
-    relative = _relative_cgroup(pid)
     if relative is None or not relative.startswith("/"):
         return None, f"/proc/{pid}/cgroup names no cgroup v2 path ({relative!r})"
     parent = os.path.normpath(cap.root + relative)

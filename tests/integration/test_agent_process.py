@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,9 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
+from holdfast.agent import hostinfo
+from holdfast.agent.service import HostAgentService
+from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
 from tests.integration.conftest import AgentProcess, attest, mint_token, probe, wait_carrier
 
@@ -130,6 +134,32 @@ def test_attest_refuses_none_or_several_roots(agent: AgentProcess, children: lis
     assert "2 tree roots" in error_of(two.value)[2]
     assert "attestation refused" in agent.log_path.read_text()
     assert token not in agent.log_path.read_text()  # tokens are never logged
+
+
+@pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
+def test_a_root_that_exits_after_it_was_read_is_not_attested(children: list, reaped: bool) -> None:
+    """The pidfd opened before the root's token and stat were read is what vouches for them (they
+    are read once): a root that exits after those reads — a zombie, or reaped and its pid free for
+    another process — is refused, and no cgroup made for it is left."""
+    service = HostAgentService("host-local", hostinfo.gather(), VAR)
+    token = mint_token()
+    child = spawn(children, ["sleep", "300"], token)
+    opened = service._root_of(token.encode(), child.pid)
+    assert not isinstance(opened, str), opened
+    pid, fd, stat = opened
+    session = f"exit-test-{secrets.token_hex(4)}"
+    try:
+        child.kill()
+        if reaped:
+            child.wait()
+        else:
+            wait_state(pid, "Z")
+        identity, why = service._attest_opened(pid, fd, stat, token, session, 1)
+    finally:
+        os.close(fd)
+    assert identity is None and "exited during attestation" in why
+    made = f"{cgroups.PREFIX}{session}-"
+    assert not [d for _, dirs, _ in os.walk(service.cgroups.root) for d in dirs if d.startswith(made)]
 
 
 def test_token_after_hundreds_of_kb_of_environment(agent: AgentProcess, children: list) -> None:
