@@ -5,8 +5,9 @@ Guarantee: a record is served from the cache only when the bytes just read from 
 returned — never a record other than the one read, whatever happened to revisions in between (an
 etcd restored from a backup reuses mod revisions for other values). Decisions still compare what
 they read in their own transactions; the cache only skips re-parsing identical bytes. Every call
-returns a fresh message, so a caller that changes it changes nothing cached. Bounded: past `limit`
-keys it starts over.
+returns a fresh message, so a caller that changes it changes nothing cached. A record this replica
+writes is kept under the bytes it wrote (`wrote`), as `decode_record` of those bytes would give it,
+so the next read of its own write parses nothing. Bounded: past `limit` keys it starts over.
 """
 
 from __future__ import annotations
@@ -34,10 +35,21 @@ class RecordCache:
         if hit is not None and hit[0] == digest:
             return pb.SessionRecord.FromString(hit[1])
         record = records.decode_record(raw)
+        self._keep(key, digest, record)
+        return record
+
+    def wrote(self, key: str, raw: bytes, record: pb.SessionRecord) -> None:
+        """`record` was written at `key` as the bytes `raw` (records.encode of it)."""
+        try:
+            decoded = records.as_decoded(record)
+        except ValueError:
+            return  # a record no read would decode: its read raises as before
+        self._keep(key, _digest(raw), decoded)
+
+    def _keep(self, key: str, digest: bytes, record: pb.SessionRecord) -> None:
         if len(self._decoded) >= self.limit:
             self._decoded.clear()
         self._decoded[key] = (digest, record.SerializeToString())
-        return record
 
     def __len__(self) -> int:
         return len(self._decoded)

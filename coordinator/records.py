@@ -42,7 +42,18 @@ def encode(message: Message) -> bytes:
 
 
 def decode_record(raw: bytes) -> pb.SessionRecord:
-    record = protojson.parse(raw, pb.SessionRecord)
+    return _as_read(protojson.parse(raw, pb.SessionRecord))
+
+
+def as_decoded(record: pb.SessionRecord) -> pb.SessionRecord:
+    """What `decode_record(encode(record))` returns, without the JSON round trip (protojson's is
+    lossless: its output is json_format's, which parses back to an equal message)."""
+    copy = pb.SessionRecord()
+    copy.CopyFrom(record)
+    return _as_read(copy)
+
+
+def _as_read(record: pb.SessionRecord) -> pb.SessionRecord:
     if record.schema_version != SCHEMA_VERSION:
         raise ValueError(f"record schema {record.schema_version} is not {SCHEMA_VERSION}")
     owner = record.lease.owner

@@ -134,6 +134,7 @@ class Sessions:
         created = entry.create_revision if entry else revision
         written = Entry(self.key(sid), puts[0].value, revision, created, 0)
         self.remembered.wrote(written)
+        self.decoded.wrote(written.key, written.value, record)
         return written
 
     async def probe(self, owner: apb.ProcessIdentity, kill: bool = False) -> tuple[apb.ProbeResult, Seen]:

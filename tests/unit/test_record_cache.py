@@ -35,3 +35,30 @@ def test_bounded() -> None:
     for key in ("a", "b", "c"):
         cache.decode(key, raw(1))
     assert len(cache) <= 2
+
+
+def test_a_record_written_is_served_as_its_bytes_decode_without_parsing(monkeypatch) -> None:
+    record = records.new_record("sess-cache-02", "codex", "")
+    record.lease.fence = 7
+    record.lease.owner.spawn_token = "t" * 32  # an owner without its variable: the read fills it in
+    record.lease.spawn_token_env = "HOLDFAST_SPAWN_TOKEN"
+    written = records.encode(record)
+    expected = records.decode_record(written)
+    assert expected != record, "the read's fill-in is part of what a hit must give"
+    cache = RecordCache()
+    cache.wrote("k", written, record)
+    record.lease.fence = 99  # the writer changing its message afterwards changes nothing cached
+
+    def parse(raw: bytes) -> pb.SessionRecord:
+        raise AssertionError("a hit parses nothing")
+
+    monkeypatch.setattr(records, "decode_record", parse)
+    assert cache.decode("k", written) == expected
+
+
+def test_a_record_no_read_would_decode_is_not_kept() -> None:
+    record = records.new_record("sess-cache-03", "codex", "")
+    record.schema_version = 999
+    cache = RecordCache()
+    cache.wrote("k", records.encode(record), record)
+    assert len(cache) == 0
