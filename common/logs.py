@@ -53,6 +53,12 @@ def setup(log_format: str = "json", level: str = "info") -> None:
     library's (asyncio's "Task exception was never retrieved", grpc's, aetcd's) at warning and up,
     warnings, and an exception nobody caught, in any thread — so a JSON log is one JSON object a
     line, always (a raw CancelledError traceback and library lines broke that)."""
+    # Neither format shows a line's source file, thread or process: not looking them up spares every
+    # line a walk of the caller's frames and two lookups (a grant and a release each log one).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
