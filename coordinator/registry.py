@@ -103,9 +103,10 @@ class Registry:
         ok, _ = await self.store.txn([absent(key), *unchanged(gates)], [Put(key, value, lease_id), last])
         if not ok:
             await self.store.revoke_lease(lease_id)
-            if await self.store.get(key) is None:
+            if await self.store.get(key) is None and await self._gates_moved(gates):
                 raise CoordinatorError(Reason.HOST_FENCING, f"host {reg.host_id}: a fence of it started or "
                                        "ended while it registered; nothing was written, register again")
+            # Else a registration held the id when compared (it may have lapsed since).
             log.warning(
                 "refused registration of host %s from %s: a live registration holds the id",
                 reg.host_id,
@@ -114,6 +115,10 @@ class Registry:
             raise CoordinatorError(Reason.HOST_LIVE,
                                    f"host id {reg.host_id} is registered and its lease is live")
         return lease_id, ttl
+
+    async def _gates_moved(self, gates: list[Seen]) -> bool:
+        now = await self.store.read_all([gate.key for gate in gates])
+        return [seen.entry for seen in now] != [seen.entry for seen in gates]
 
     async def heartbeat(self, host_id: str, lease_id: int) -> int:
         identifiers.check_host_id(host_id)

@@ -120,6 +120,34 @@ async def test_fence_pending_compares_every_gate_it_read(etcd: EtcdServer, prefi
 
 
 @run_async
+async def test_a_registration_that_lost_to_a_live_one_since_lapsed_is_host_live(
+        etcd: EtcdServer, prefix: str, tmp_path: Path) -> None:
+    # The registration it was compared with lapses between the lost transaction and the look at
+    # why: no gate moved, so the answer is HOST_LIVE (ask again), never "a fence started".
+    async with replicas(etcd, prefix, tmp_path) as p:
+        host_key = keys.host(p.store, HOST)
+        lease: list[int] = []
+
+        async def live_one() -> None:
+            lease.append(await register(p.other, HOST))
+
+        p.store.arm(writes(host_key), live_one)
+        plain_get = p.store.get
+
+        async def get_after_the_lapse(key: str):  # type: ignore[no-untyped-def]
+            if key == host_key and lease:
+                await p.other.store.revoke_lease(lease.pop())
+            return await plain_get(key)
+
+        p.store.get = get_after_the_lapse  # type: ignore[method-assign]
+        with pytest.raises(CoordinatorError) as refused:
+            await register(p.victim, HOST)
+        assert refused.value.reason == "HOST_LIVE"
+        assert p.store.outcomes_for(host_key) == [False]
+        assert await p.other.store.get(host_key) is None
+
+
+@run_async
 async def test_registration_compares_the_fence_pending_key(etcd: EtcdServer, prefix: str,
                                                             tmp_path: Path) -> None:
     async with replicas(etcd, prefix, tmp_path) as p:
