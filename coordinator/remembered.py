@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from holdfast.coordinator.store import Entry
 
-LIMIT = 20_000  # ~0.5 KB an entry: ~10 MB at the limit, the most recent writes kept
+LIMIT = 10_000  # ~1.6 KB an entry (a record is ~1.3 KB of JSON): ~16 MB at the limit, the newest kept
 
 
 class Remembered:
