@@ -47,9 +47,13 @@ def decode_record(raw: bytes) -> pb.SessionRecord:
 
 def as_decoded(record: pb.SessionRecord) -> pb.SessionRecord:
     """What `decode_record(encode(record))` returns, without the JSON round trip (protojson's is
-    lossless: its output is json_format's, which parses back to an equal message)."""
+    lossless for every known field: its output is json_format's, which parses back to an equal
+    message)."""
     copy = pb.SessionRecord()
     copy.CopyFrom(record)
+    # JSON has no place for fields this version does not know (a newer agent's identity carries
+    # them into the owner): a read of the bytes written never has them, so neither does this.
+    copy.DiscardUnknownFields()
     return _as_read(copy)
 
 

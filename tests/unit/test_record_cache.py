@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.internal import encoder
+from google.protobuf.message import Message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from holdfast.coordinator import records
 from holdfast.coordinator.record_cache import RecordCache
 from holdfast.v1 import coordinator_pb2 as pb
@@ -62,3 +69,75 @@ def test_a_record_no_read_would_decode_is_not_kept() -> None:
     cache = RecordCache()
     cache.wrote("k", records.encode(record), record)
     assert len(cache) == 0
+
+
+# Any SessionRecord a transition may write, field by field from its descriptor: each field set or
+# not, a nested message possibly set but empty, enum numbers no version names, integers at their
+# extremes, any unicode, and fields of a newer version (an agent's identity may carry them).
+INTEGERS = {
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1), FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1), FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_ENUM: (-(2**31), 2**31 - 1),
+}
+UNICODE = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+
+
+def scalars(field: FieldDescriptor) -> st.SearchStrategy[object]:
+    if field.type == FieldDescriptor.TYPE_STRING:
+        return UNICODE
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        return st.booleans()
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return st.binary(max_size=8)
+    low, high = INTEGERS[field.type]
+    named = [value.number for value in field.enum_type.values] if field.enum_type else []
+    return st.sampled_from(named) | st.integers(low, high) if named else st.sampled_from((low, high, 0, 1))
+
+
+def unknown_field(number: int, value: int) -> bytes:
+    """A varint field `number` no version of this message defines, as a newer peer would send it."""
+    return encoder._VarintBytes(number << 3) + encoder._VarintBytes(value)
+
+
+@st.composite
+def filled(draw: st.DrawFn, message: Message) -> None:
+    for field in message.DESCRIPTOR.fields:
+        if not draw(st.booleans()):
+            continue
+        repeated = field.is_repeated
+        if field.message_type is not None:
+            for sub in ([getattr(message, field.name).add() for _ in range(draw(st.integers(1, 2)))]
+                        if repeated else [getattr(message, field.name)]):
+                sub.SetInParent()  # set, and perhaps left empty
+                draw(filled(sub))
+        elif repeated:
+            getattr(message, field.name).extend(draw(st.lists(scalars(field), max_size=2)))
+        else:
+            setattr(message, field.name, draw(scalars(field)))
+    if draw(st.booleans()):
+        message.MergeFromString(unknown_field(draw(st.integers(1000, 2000)), draw(st.integers(0, 2**64 - 1))))
+
+
+@st.composite
+def written_records(draw: st.DrawFn) -> pb.SessionRecord:
+    record = pb.SessionRecord()
+    draw(filled(record))
+    record.schema_version = draw(st.sampled_from((records.SCHEMA_VERSION, records.SCHEMA_VERSION,
+                                                  records.SCHEMA_VERSION + 1)))
+    return record
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(written_records())
+def test_a_record_written_is_kept_as_its_bytes_decode(record: pb.SessionRecord) -> None:
+    """What `wrote` keeps is what a read of the bytes written returns: `as_decoded(record)` equals
+    `decode_record(encode(record))` (or both refuse), down to its serialization."""
+    try:
+        read = records.decode_record(records.encode(record))
+    except ValueError:
+        with pytest.raises(ValueError):
+            records.as_decoded(record)
+        return
+    kept = records.as_decoded(record)
+    assert kept == read
+    assert kept.SerializeToString(deterministic=True) == read.SerializeToString(deterministic=True)
