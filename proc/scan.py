@@ -33,9 +33,10 @@ a zombie awaiting its parent.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from holdfast.proc.ages import ProcessAges
@@ -69,6 +70,7 @@ class Scan:
     stable: bool = False  # the last pass was settled: every listed pid accounted for
     passes: int = 0
     scanned: int = 0
+    listed: int = 0  # entries of `proc` the last pass listed
     older: int = 0  # started before `born_since`: environ not read
     unreadable: int = 0
     carriers: list[Carrier] = field(default_factory=list)
@@ -288,23 +290,43 @@ def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: s
     spares the environ reads of every older process, and with `ages` (of this process's own pid
     namespace, whose /proc `proc` must be) the stat reads of those read before; a zombie in `dead`
     (same namespace) settles the first pass it is seen in."""
+    return last_pass(passes(variable, token, proc, max_passes, max_seconds, born_since, ages, dead))
+
+
+def passes(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
+           max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0,
+           ages: ProcessAges | None = None, dead: Dead | None = None) -> Iterator[Scan]:
+    """The passes of `scan`, in turn: the last one yielded is its result (a settled one ends them).
+    A caller may take them in different threads, one after another."""
     wanted: Wanted = frozenset((token,)) if isinstance(token, bytes) else token
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
-    passes = 0
+    count = 0
     while True:
         listed_at = _boot_ticks()
         first = last_pid(proc)
         try:
             entries = os.listdir(proc)
         except OSError:
-            return Scan(enumerable=False, passes=passes)
+            yield Scan(enumerable=False, passes=count)
+            return
         wrapped = not pids_ascended(first, last_pid(proc))
-        passes += 1
+        count += 1
         known = ages.alive() if ages is not None and born_since > 0 else {}  # after the listing
         result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since,
                                    ages, known, dead or {})
         result.stable = result.stable and not wrapped
-        result.passes = passes
-        if result.stable or passes >= max_passes or time.monotonic() >= deadline:
-            return result
+        result.passes, result.listed = count, len(entries)
+        yield result
+        if result.stable or count >= max_passes or time.monotonic() >= deadline:
+            return
+
+
+def last_pass(rest: Iterator[Scan], last: Scan | None = None) -> Scan:
+    """The scan's result: the last of its passes still to come, else `last` (the one taken before)."""
+    result = collections.deque(rest, maxlen=1)  # the last one yielded is the result
+    if result:
+        return result[0]
+    if last is None:
+        raise ValueError("a scan yields at least one pass")
+    return last

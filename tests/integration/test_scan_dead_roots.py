@@ -57,6 +57,29 @@ print(json.dumps(found))
 """
 
 
+def test_the_agents_scan_goes_on_past_a_first_pass_that_did_not_settle() -> None:
+    """A zombie nothing proved dead unsettles the first pass, which the agent runs on its event
+    loop; the pass that settles comes from the thread it hands the rest of the scan to."""
+    if os.geteuid() != 0:
+        pytest.skip("a private pid namespace needs root")
+    script = PRELUDE + AGENT + r"""
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(w)
+    os.read(r, 1)
+    os._exit(0)
+os.close(r)
+seen_dead(child, w)
+result = scan(service.variable, b"t" * 32)
+print(json.dumps([result.passes, result.stable, 0 < service.listed <= INLINE_LISTING]))
+"""
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [2, True, True]
+
+
 def test_only_the_zombie_proven_dead_before_the_scan_settles_its_first_pass() -> None:
     if os.geteuid() != 0:
         pytest.skip("a private pid namespace needs root")
@@ -74,6 +97,7 @@ def test_only_the_zombie_proven_dead_before_the_scan_settles_its_first_pass() ->
 
 
 HOPPING = PRELUDE + r"""
+SCAN = scan
 VARIABLE, TOKEN = "HOLDFAST_TEST_DEAD_ROOT", "h" * 32
 ROOT = '''
 import os, sys, time
@@ -97,19 +121,38 @@ os.close(r)
 ticks, inode = seen_dead(root, w)
 claimed_gone = 0
 for _ in range(12):  # the hopper hops on until STOP: every scan here runs beside it
-    result = scan(VARIABLE.encode(), TOKEN.encode(), born_since=ticks, dead={root: (ticks, inode)})
+    result = SCAN(VARIABLE.encode(), TOKEN.encode(), born_since=ticks, dead={root: (ticks, inode)})
     claimed_gone += result.stable and not result.carriers
 open(sys.argv[1], "w").close()
 print(json.dumps({"claimed_gone": claimed_gone}))
 """
 
 
-def test_a_dead_root_settling_at_once_never_hides_its_hopping_tree(tmp_path: Path) -> None:
+# The agent's own scan: its first pass on the event loop (a small process table), the rest on a thread.
+AGENT = r"""
+import asyncio
+from holdfast.agent import hostinfo
+from holdfast.agent.service import INLINE_LISTING, HostAgentService
+
+service = HostAgentService("host-local", hostinfo.gather(), "HOLDFAST_TEST_DEAD_ROOT")
+
+
+def scan(variable, token, born_since=0, dead=None):
+    assert variable == service.variable
+    service.listed = INLINE_LISTING  # as after a scan of a small table: this first pass on the loop
+    return asyncio.run(service.scan(token, born_since, dead))
+"""
+
+
+@pytest.mark.parametrize("scanner", ["scan", "agent"])
+def test_a_dead_root_settling_at_once_never_hides_its_hopping_tree(tmp_path: Path, scanner: str) -> None:
     """The root is proven dead (and settles at once); its descendant hops (forks, the parent exits,
-    again and again) carrying the token. No scan may call that tree gone."""
+    again and again) carrying the token. No scan may call that tree gone: nor the agent's, whose
+    first pass runs on its event loop and whose passes after it go on on a thread."""
     if os.geteuid() != 0:
         pytest.skip("a private pid namespace needs root")
+    script = HOPPING.replace("SCAN = scan\n", AGENT + "SCAN = scan\n") if scanner == "agent" else HOPPING
     done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
-                           "-c", HOPPING, str(tmp_path / "stop")], capture_output=True, text=True, timeout=90)
+                           "-c", script, str(tmp_path / "stop")], capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"claimed_gone": 0}
