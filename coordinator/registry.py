@@ -100,13 +100,20 @@ class Registry:
         # this host, after the lease lapsed, proves off, and its Node uid the Node whose
         # out-of-service taint may prove it.
         last = Put(keys.host_last(self.store, reg.host_id), value)
-        ok, _ = await self.store.txn([absent(key), *unchanged(gates)], [Put(key, value, lease_id), last])
+        ok, revision = await self.store.txn([absent(key), *unchanged(gates)],
+                                            [Put(key, value, lease_id), last])
         if not ok:
             await self.store.revoke_lease(lease_id)
-            if await self.store.get(key) is None and await self._gates_moved(gates):
+            # Why it lost is read as etcd held the id when it compared (the transaction's revision),
+            # not now: a registration there may have lapsed since, and a gate may have moved back
+            # (an attempt that began and failed: its pending key gone, no proof left).
+            try:
+                held = await self.store.get(key, revision) is not None
+            except Compacted as exc:
+                raise StoreUnavailable(f"registration of {reg.host_id} lost and {exc}") from exc
+            if not held:
                 raise CoordinatorError(Reason.HOST_FENCING, f"host {reg.host_id}: a fence of it started or "
                                        "ended while it registered; nothing was written, register again")
-            # Else a registration held the id when compared (it may have lapsed since).
             log.warning(
                 "refused registration of host %s from %s: a live registration holds the id",
                 reg.host_id,
@@ -115,10 +122,6 @@ class Registry:
             raise CoordinatorError(Reason.HOST_LIVE,
                                    f"host id {reg.host_id} is registered and its lease is live")
         return lease_id, ttl
-
-    async def _gates_moved(self, gates: list[Seen]) -> bool:
-        now = await self.store.read_all([gate.key for gate in gates])
-        return [seen.entry for seen in now] != [seen.entry for seen in gates]
 
     async def heartbeat(self, host_id: str, lease_id: int) -> int:
         identifiers.check_host_id(host_id)

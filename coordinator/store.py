@@ -175,8 +175,14 @@ class Store:
                 raise StoreUnavailable(f"etcd: {exc.details()}") from exc
             raise
 
-    async def get(self, key: str) -> Entry | None:
-        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=key.encode()))
+    async def get(self, key: str, revision: int = 0) -> Entry | None:
+        """The key now, or as it was at `revision` (`Compacted` once that is compacted away)."""
+        try:
+            resp = await self._call(self._kv.Range, rpc.RangeRequest(key=key.encode(), revision=revision))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                raise Compacted(f"etcd: {exc.details()}") from exc
+            raise
         return _entry(resp.kvs[0]) if resp.kvs else None
 
     async def read(self, key: str) -> Seen:

@@ -30,6 +30,7 @@ from tests.integration.txn_harness import (
     Refused,
     acquire,
     create,
+    delete,
     record_of,
     register,
     touch,
@@ -134,10 +135,10 @@ async def test_a_registration_that_lost_to_a_live_one_since_lapsed_is_host_live(
         p.store.arm(writes(host_key), live_one)
         plain_get = p.store.get
 
-        async def get_after_the_lapse(key: str):  # type: ignore[no-untyped-def]
+        async def get_after_the_lapse(key: str, revision: int = 0):  # type: ignore[no-untyped-def]
             if key == host_key and lease:
                 await p.other.store.revoke_lease(lease.pop())
-            return await plain_get(key)
+            return await plain_get(key, revision)
 
         p.store.get = get_after_the_lapse  # type: ignore[method-assign]
         with pytest.raises(CoordinatorError) as refused:
@@ -145,6 +146,30 @@ async def test_a_registration_that_lost_to_a_live_one_since_lapsed_is_host_live(
         assert refused.value.reason == "HOST_LIVE"
         assert p.store.outcomes_for(host_key) == [False]
         assert await p.other.store.get(host_key) is None
+
+
+@run_async
+async def test_a_registration_that_lost_to_a_fence_that_failed_since_is_host_fencing(
+        etcd: EtcdServer, prefix: str, tmp_path: Path) -> None:
+    # An attempt begins between the gates' read and the registration's transaction, and fails
+    # before the look at why: its pending key is gone again and it left no proof, so the gates look
+    # as first read. No registration held the id: the answer is HOST_FENCING (register again in a
+    # moment), never HOST_LIVE, which names a live registration there was not.
+    async with replicas(etcd, prefix, tmp_path) as p:
+        host_key, pending = keys.host(p.store, HOST), keys.fence_pending(p.store, HOST)
+        p.store.arm(writes(host_key), lambda: create(p.other.store, pending))
+        plain_revoke = p.store.revoke_lease
+
+        async def revoke_after_the_attempt_failed(lease_id: int) -> None:
+            await delete(p.other.store, pending)
+            await plain_revoke(lease_id)
+
+        p.store.revoke_lease = revoke_after_the_attempt_failed  # type: ignore[method-assign]
+        with pytest.raises(CoordinatorError) as refused:
+            await register(p.victim, HOST)
+        assert refused.value.reason == "HOST_FENCING"
+        assert p.store.outcomes_for(host_key) == [False]
+        assert await p.other.store.get(host_key) is None and await p.other.store.get(pending) is None
 
 
 @run_async

@@ -66,8 +66,8 @@ class AfterFirstRead(Store):
             self.armed = None
             await armed[1]()
 
-    async def get(self, key: str) -> Entry | None:
-        entry = await super().get(key)
+    async def get(self, key: str, revision: int = 0) -> Entry | None:
+        entry = await super().get(key, revision)
         await self._after([key])
         return entry
 
