@@ -76,7 +76,9 @@ class Sessions:
         key = self.key(identifiers.check_session_id(session_id))
         entry = self.remembered.get(key)
         if entry is not None:
-            with contextlib.suppress(CoordinatorError):
+            # Every refusal, malformed input's too: on a record etcd no longer holds, a fresh read
+            # refuses NOT_FOUND first.
+            with contextlib.suppress(CoordinatorError, identifiers.InvalidInput):
                 decided = await decide(entry, self.decode(entry), [Seen(key, entry, remembered=True)])
                 if decided is not None:
                     return decided

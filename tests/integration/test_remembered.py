@@ -13,7 +13,17 @@ from holdfast.coordinator.store import Entry, Put, Seen, Store, open_channel, un
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
-from tests.integration.txn_harness import Pair, Refused, acquire, pair, record_of, register, release, touch
+from tests.integration.txn_harness import (
+    Pair,
+    Refused,
+    acquire,
+    delete,
+    pair,
+    record_of,
+    register,
+    release,
+    touch,
+)
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = [pytest.mark.timeout(60)]
@@ -111,5 +121,27 @@ async def test_a_remembered_fence_never_decides_a_refusal_or_a_release(etcd: Etc
         # And the second grant, which the remembered fence 1 would refuse, is released on a fresh read.
         released = await release(p.victim, p.ctx, second.grant)
         assert (released.record.lease.fence, released.record.lease.claim_status) == (2, pb.RELEASED)
+    finally:
+        await p.close()
+
+
+@run_async
+async def test_a_refusal_of_malformed_input_on_a_remembered_record_is_the_fresh_reads(
+        etcd: EtcdServer, prefix: str) -> None:
+    # The victim remembers its grant; the record is gone from etcd since (as after an archive). A
+    # release with a malformed fence is, on a fresh read, NOT_FOUND: the remembered record must not
+    # answer INVALID_ARGUMENT for a session etcd no longer holds.
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-remembered-4"
+        await register(p.victim, HOST)
+        granted = await acquire(p.victim, p.ctx, sid, HOST)
+        await delete(p.other.store, p.key("sessions", sid))
+        malformed = pb.Grant()
+        malformed.CopyFrom(granted.grant)
+        malformed.fence = 0
+        with pytest.raises(Refused) as refused:
+            await release(p.victim, p.ctx, malformed)
+        assert refused.value.reason == "NOT_FOUND"
     finally:
         await p.close()
