@@ -131,9 +131,11 @@ def written_records(draw: st.DrawFn) -> pb.SessionRecord:
 @given(written_records())
 def test_a_record_written_is_kept_as_its_bytes_decode(record: pb.SessionRecord) -> None:
     """What `wrote` keeps is what a read of the bytes written returns: `as_decoded(record)` equals
-    `decode_record(encode(record))` (or both refuse), down to its serialization."""
+    `decode_record(encode(record))` (or both refuse), down to its serialization, and so does the
+    cache's answer to a read of those bytes."""
+    written = records.encode(record)
     try:
-        read = records.decode_record(records.encode(record))
+        read = records.decode_record(written)
     except ValueError:
         with pytest.raises(ValueError):
             records.as_decoded(record)
@@ -141,3 +143,8 @@ def test_a_record_written_is_kept_as_its_bytes_decode(record: pb.SessionRecord) 
     kept = records.as_decoded(record)
     assert kept == read
     assert kept.SerializeToString(deterministic=True) == read.SerializeToString(deterministic=True)
+    cache = RecordCache()
+    cache.wrote("k", written, record)
+    served = cache.decode("k", written)
+    assert served == read
+    assert served.SerializeToString(deterministic=True) == read.SerializeToString(deterministic=True)
