@@ -7,13 +7,19 @@ while etcd holds exactly the bytes remembered, which is what a fresh read would 
 decision that loses its transaction, or would refuse, on a remembered entry is made again on a
 fresh read (`Sessions.on_latest`). A stale entry therefore costs one round trip and never grants,
 releases or refuses anything a fresh read would not. Not guaranteed: a hit — another replica's
-write, or more than `limit` writes since, sends the decision to etcd as before.
+write, more than `limit` writes since, or a record past MAX_VALUE_BYTES sends the decision to etcd
+as before.
 """
 
 from __future__ import annotations
 
+from holdfast.coordinator.records import ETCD_REQUEST_LIMIT_BYTES
 from holdfast.coordinator.store import Entry
 
+# A remembered record's bytes ride its decision's transaction a second time, in the compare: a record
+# of up to ~1 MB (its provider handles) fits etcd's request once, as a fresh read's transaction
+# sends it, but not twice. Up to a quarter of the limit, the compare and the record written fit.
+MAX_VALUE_BYTES = ETCD_REQUEST_LIMIT_BYTES // 4
 LIMIT = 10_000  # ~1.6 KB an entry (a record is ~1.3 KB of JSON): ~16 MB at the limit, the newest kept
 
 
@@ -24,6 +30,8 @@ class Remembered:
 
     def wrote(self, entry: Entry) -> None:
         self._entries.pop(entry.key, None)  # re-inserted last: the oldest write is the first forgotten
+        if len(entry.value) > MAX_VALUE_BYTES:
+            return  # decided on a fresh read
         self._entries[entry.key] = entry
         if len(self._entries) > self.limit:
             del self._entries[next(iter(self._entries))]

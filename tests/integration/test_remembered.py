@@ -145,3 +145,26 @@ async def test_a_refusal_of_malformed_input_on_a_remembered_record_is_the_fresh_
         assert refused.value.reason == "NOT_FOUND"
     finally:
         await p.close()
+
+
+@run_async
+async def test_a_release_of_a_record_near_etcds_request_limit_is_not_refused_by_its_memory(
+        etcd: EtcdServer, prefix: str) -> None:
+    # A record may hold ~1 MB of provider handles (256 links of up to 4,096 characters, kept across
+    # grants). A fresh read's release sends it once; compared on its remembered bytes it would be
+    # sent twice, past etcd's request limit (1.5 MiB), so etcd refused every such release on the
+    # replica that wrote the record, however often it was retried.
+    p = pair(etcd, prefix)
+    try:
+        sid = "sess-remembered-5"
+        await register(p.victim, HOST)
+        granted = await acquire(p.victim, p.ctx, sid, HOST)
+        entry, record = await p.victim.sessions.require(sid)
+        for fence in range(1, 201):  # as earlier owners recorded them
+            record.provider_handle_chain.add(handle=f"{fence:04d}" + "h" * 4092, minted_at_fence=fence)
+        assert await p.victim.sessions.transition_entry(entry, record, "provider-handle") is not None
+        released = await release(p.victim, p.ctx, granted.grant)
+        assert released.record.lease.claim_status == pb.RELEASED
+        assert len(released.record.provider_handle_chain) == 200
+    finally:
+        await p.close()
