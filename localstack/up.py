@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -140,7 +141,9 @@ class Stack:
         self.leases: dict[str, int] = {}  # host id -> the etcd lease of its agent's registration
 
     # --- start -------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, started: Callable[[], object] = lambda: None) -> None:
+        """`started` runs once every process runs, before up.json says the stack is up (what a
+        caller waiting on that file may act on at once)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # First, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
@@ -157,6 +160,7 @@ class Stack:
             self._start_coordinator()
             self._start_agents()
             self._wait_registered()
+            started()
             self._write_state()
         except BaseException:
             self.stop()
@@ -366,17 +370,17 @@ def _interrupt(signum: int, frame: object) -> None:
 def _up(args: argparse.Namespace) -> int:
     stack = Stack(Path(args.state_dir), args.listen, args.hosts, args.ip_base, args.tls)
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what already runs
+    # From up.json on, signals are only waited for. Blocked after every child started (a blocked
+    # mask is inherited across exec and would deafen the children to SIGTERM) and before up.json is
+    # written: a Ctrl-C sent as soon as it appears is then a clean stop, not an interrupted start.
+    stop_on = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
     try:
-        stack.start()
+        stack.start(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, stop_on))
     except UpError as exc:
         print(f"holdfast up: {exc}", file=sys.stderr)
         return reasons.EX_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
-    # From here signals are only waited for. Blocked only now, after every child started: a
-    # blocked signal mask is inherited across exec and would deafen the children to SIGTERM.
-    stop_on = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_on)
     assert stack.etcd is not None
     say(f"etcd {stack.etcd.url} (data in {stack.state_dir / 'etcd'})")
     say(f"coordinator {stack.address}")
