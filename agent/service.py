@@ -99,14 +99,16 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                    dead: scan_.Dead | None = None) -> Scan:
         """One stable scan (with the process ages when it looks for trees), timed and counted. A
         scan reads every process, several passes on a busy host, and the event loop also carries
-        the exit watches and every other call: passes run on a thread, but for the first one while
-        the last scan listed at most INLINE_LISTING entries (a quiet host's whole scan). Where a
-        pass runs changes nothing of what it reads or how it is judged; the size remembered only
-        chooses where the next first pass runs."""
+        the exit watches and every other call: passes run on a thread, but for the first pass of a
+        tree scan while the last scan listed at most INLINE_LISTING entries (a quiet host's whole
+        tree proof; a tree scan reads no environ, and with the ages no stat, of a process older
+        than its roots, where a scan for a token alone reads every environ). Where a pass runs
+        changes nothing of what it reads or how it is judged; the size remembered only chooses
+        where the next first pass runs."""
         started = time.monotonic()
         passes = scan_.passes(self.variable, token, born_since=born_since,
                               ages=self.ages if born_since else None, dead=dead)
-        first = next(passes) if self.listed <= INLINE_LISTING else None
+        first = next(passes) if born_since and self.listed <= INLINE_LISTING else None
         if first is None or not first.stable:
             result = await asyncio.to_thread(scan_.last_pass, passes, first)
         else:
