@@ -220,15 +220,16 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseResponse:
         cluster = await self._check_cluster(request.cluster_id)
-        release = functools.partial(self._release, request)
+        release = functools.partial(self._release, request, self.tenancy.caller(context))
         released = await self.sessions.on_latest(request.session_id, release)
         if released is None:
             raise CoordinatorError(Reason.STALE_FENCE, "the record changed during release")
         return pb.ReleaseResponse(record=released, cluster_id=cluster)
 
-    async def _release(self, request: pb.ReleaseRequest, entry: Entry, record: pb.SessionRecord,
-                       reads: list[Seen]) -> pb.SessionRecord | None:
+    async def _release(self, request: pb.ReleaseRequest, caller: tenancy.Caller, entry: Entry,
+                       record: pb.SessionRecord, reads: list[Seen]) -> pb.SessionRecord | None:
         """The release on the record as `entry` holds it; None when its transaction lost."""
+        self.tenancy.judge("Release", record.session_id, record, caller)  # tenancy.JUDGED_ON_READ
         fencing.check_grant(record, request.fence, request.secret)
         lease = record.lease
         if lease.claim_status in (pb.COMMITTED, pb.LIVE):

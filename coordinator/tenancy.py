@@ -7,7 +7,11 @@ tenant (written before tenants) belongs to the configured default tenant, never 
 it next. A caller of another tenant is refused WRONG_TENANT by `admit` before its handler reads
 anything for the session, asks an agent or writes anything; the refusal is logged with both
 identities and counted. A caller of one tenant on an id no tenant holds yet gets from `admit` no
-leave to read it: another tenant may make it before the handler's own read. Not isolated: an
+leave to read it: another tenant may make it before the handler's own read. A binding once read is
+kept (`BINDINGS_KEPT`), since it never changes: it admits again, without a read, only the RPCs in
+`JUDGED_ON_READ`, whose handlers judge every record they read — so after an etcd restored from a
+backup, where an id may be bound anew, they still act on none of another tenant's; a kept binding
+that would refuse is read again first, so a refusal rests on a fresh read. Not isolated: an
 all-tenants operator (its certificate says so); a plaintext coordinator (no identities at all: every
 caller is the default tenant and sees every session).
 """
@@ -35,6 +39,12 @@ DEFAULT_TENANT = "default"
 # retention job's, stolen, would otherwise read the default tenant's sessions, fenced data and
 # carried files cluster-wide. No record's tenant is "".
 NO_TENANT_KINDS = ("agent", "coordinator", "maintenance")
+# The RPCs admitted here whose handlers judge the tenant of every record they read (Release the record
+# it decides on, WatchSessions every record it would show): a kept binding admits them without a
+# read. A `run` makes both each cycle (its Acquire judges its own readings and is not admitted here);
+# with a binding read each time, mTLS cost two etcd reads a cycle.
+JUDGED_ON_READ = frozenset({"Release", "WatchSessions"})
+BINDINGS_KEPT = 100_000  # session id -> tenant, ~0.1 KB each: past it, kept ones are dropped
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class Tenancy:
     def __init__(self, store: Store, default: str = DEFAULT_TENANT) -> None:
         self.store = store
         self.default = default
+        self._bindings: dict[str, str] = {}  # session id -> the tenant its record or archive names
 
     def caller(self, context: grpc.aio.ServicerContext) -> Caller:
         return caller(context, self.default)
@@ -105,7 +116,13 @@ class Tenancy:
         who = self.caller(context)
         if who.all_tenants:
             return who
+        if rpc in JUDGED_ON_READ and who.may_act_on(self._bindings.get(sid, "")):
+            return who
         found = await self.bound(sid)
+        if found is not None:
+            if len(self._bindings) >= BINDINGS_KEPT:
+                self._bindings.clear()
+            self._bindings[sid] = tenant_of(found, self.default)
         self.judge(rpc, sid, found, who)
         return who if found is not None else None
 

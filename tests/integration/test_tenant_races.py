@@ -26,6 +26,7 @@ from tests.integration.txn_harness import (
     pair,
     record_of,
     register,
+    release,
     writes,
 )
 
@@ -164,3 +165,63 @@ async def test_another_tenant_replaying_an_operation_id_never_gets_its_grant(
         assert (await p.other.store.list_prefix(prefix))[0] == before
     finally:
         await p.close()
+
+
+class CountsBindings(Store):
+    """Counts the admission reads of a tenant binding (the record and archive record of one id)."""
+
+    bindings_read = 0
+
+    async def read_all(self, keys_read: Sequence[str]) -> list[Seen]:
+        if len(keys_read) == 2 and keys_read[1].endswith("/record") and "/archive/" in keys_read[1]:
+            self.bindings_read += 1
+        return await super().read_all(keys_read)
+
+
+@run_async
+async def test_a_kept_binding_admits_a_runs_calls_without_reading_it(
+        etcd: EtcdServer, prefix: str, pems: dict[str, bytes]) -> None:
+    store = CountsBindings(open_channel(etcd.url), prefix)
+    svc, a = CoordinatorService(store), As(pems["team-a"])
+    try:
+        sid = "sess-race-kept"
+        await register(svc, HOST)
+        first = await acquire(svc, a, sid, HOST)  # an id no tenant holds: read, nothing kept
+        await release(svc, a, first.grant)  # read once more, and kept: it is team-a's
+        read = store.bindings_read
+        second = await acquire(svc, a, sid, HOST)
+        await release(svc, a, second.grant)
+        assert store.bindings_read == read, "a Release of a kept binding reads no binding"
+        with pytest.raises(Refused) as refused:  # another tenant: read afresh, then refused
+            await release(svc, As(pems["team-b"]), second.grant)
+        assert refused.value.reason == "WRONG_TENANT" and store.bindings_read == read + 1
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_kept_binding_reaches_no_record_of_another_tenant_after_a_restore(
+        etcd: EtcdServer, prefix: str, pems: dict[str, bytes]) -> None:
+    """An etcd restored from a backup taken before the id was made, then made by team-b: the
+    replica still keeps team-a's binding, and team-a's calls admitted by it act on nothing of b's
+    (WatchSessions judges every record it would show, as tests/integration/test_tenants.py checks)."""
+    store = Store(open_channel(etcd.url), prefix)
+    svc, a, b = CoordinatorService(store), As(pems["team-a"]), As(pems["team-b"])
+    try:
+        sid = "sess-race-restored"
+        await register(svc, HOST)
+        granted = await acquire(svc, a, sid, HOST)
+        await release(svc, a, granted.grant)  # team-a's binding kept
+        key = store.key("sessions", sid)
+        await store.txn([], [], delete_prefixes=[prefix])  # the restore: nothing of it is left
+        await register(svc, HOST)
+        theirs = await acquire(svc, b, sid, HOST)  # a kept binding that would refuse is read again
+        assert theirs.record.tenant == "team-b"
+        before = await store.get(key)
+        for attempt in (acquire(svc, a, sid, HOST), release(svc, a, theirs.grant)):
+            with pytest.raises(Refused) as refused:
+                await attempt
+            assert refused.value.reason == "WRONG_TENANT"
+        assert await store.get(key) == before, "nothing written on team-b's session"
+    finally:
+        await store.close()
