@@ -34,6 +34,7 @@ import collections
 import json
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -41,10 +42,11 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import grpc
 from bench_coordinator import end_owner, spawn_owner
 
+from holdfast.common import env, tls
 from holdfast.localstack.simhost import SimulatedHost, wait_for
 from holdfast.localstack.up import Stack
 from holdfast.proc import cgroups
@@ -97,10 +99,15 @@ class Span:
         return seconds, {name: us - self.idle.get(name, 0.0) * seconds for name, us in used.items()}
 
 
-def etcd_counts(url: str) -> collections.Counter[str]:
-    """etcd's gRPC requests started, by method, and its committed proposals (from its /metrics)."""
+def etcd_counts(url: str, etcd_tls: Path | None = None) -> collections.Counter[str]:
+    """etcd's gRPC requests started, by method, and its committed proposals (from its /metrics;
+    with `etcd_tls`, etcd's CA directory, as the coordinator, whose certificate etcd takes)."""
     counts: collections.Counter[str] = collections.Counter()
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as page:  # the fixture's 127.0.0.1 etcd
+    context = None
+    if etcd_tls is not None:
+        context = ssl.create_default_context(cafile=str(etcd_tls / "ca.pem"))
+        context.load_cert_chain(etcd_tls / "coordinator.pem", etcd_tls / "coordinator.key")
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10, context=context) as page:  # 127.0.0.1
         for raw in page.read().decode().splitlines():
             if raw.startswith("grpc_server_started_total{"):
                 labels, value = raw.rsplit(" ", 1)
@@ -112,11 +119,11 @@ def etcd_counts(url: str) -> collections.Counter[str]:
 
 
 class CpuBench:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, use_tls: bool = False) -> None:
         self.root = root
         # The coordinator's /metrics says how many Acquires it holds open (the waiters' event).
         os.environ["HOLDFAST_COORDINATOR_METRICS_LISTEN"] = "127.0.0.1:0"
-        self.stack = Stack(root / "state", "127.0.0.1:0", hosts=1, ip_base=170)
+        self.stack = Stack(root / "state", "127.0.0.1:0", hosts=1, ip_base=170, use_tls=use_tls)
         self.groups: dict[str, CpuGroup] = {}
         self.parent = Path(cgroups.cgroup2_root()) / f"holdfast-bench-cpu-{secrets.token_hex(4)}"
         self.stack.start()
@@ -129,14 +136,19 @@ class CpuBench:
     def _place(self) -> None:
         self.host: SimulatedHost = self.stack.simhosts[0]
         self.env = {**os.environ, "HOLDFAST_HOST_ID": self.host.host_id,
+                    **({env.TLS_DIR: str(self.stack.tls_dir)} if self.stack.tls_dir else {}),
                     "HOLDFAST_COORDINATOR": self.stack.address}
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(self.stack.address))
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel(sync=True))
         assert self.stack.etcd is not None and self.stack.etcd.process is not None and self.stack.coordinator
         self.parent.mkdir()
         agent = wait_for("the agent", lambda: (_children(self.host.reaper_pid) or [0])[0], 5.0)
         for name, pid in (("etcd", self.stack.etcd.process.pid), ("coordinator", self.stack.coordinator.pid),
                           ("agent", agent)):
             self.groups[name] = CpuGroup(self.parent, name, pid)
+
+    @property
+    def etcd_tls(self) -> Path | None:
+        return self.stack.tls_dir / tls.ETCD_SUBDIR if self.stack.tls_dir else None
 
     @property
     def etcd_url(self) -> str:
@@ -152,11 +164,16 @@ class CpuBench:
         if (code := self.run(f"bench-cpu-{i % SESSIONS:03d}").wait(60)) != 0:
             raise RuntimeError(f"run {i} exited {code}")
 
+    def channel(self, sync: bool = False) -> Any:
+        """A channel to the coordinator as a `run` opens it: a client certificate of the default
+        tenant with --tls (so each session call is judged for its tenant), plaintext otherwise."""
+        return tls.open_channel(self.stack.address, self.stack.tls_dir, tls.Role("client"), sync=sync)
+
     def resident_cycle(self, i: int) -> None:
         asyncio.run(self._resident_cycle(f"bench-cpu-resident-{i % SESSIONS:03d}"))
 
     async def _resident_cycle(self, session: str) -> None:
-        async with grpc.aio.insecure_channel(self.stack.address) as channel:
+        async with self.channel() as channel:
             coordinator = coordinator_pb2_grpc.CoordinatorStub(channel)
             child, gate = await spawn_owner(self.host)
             grant = (await coordinator.Acquire(pb.AcquireRequest(
@@ -171,11 +188,11 @@ class CpuBench:
     def idle_rates(self) -> dict[str, float]:
         """Each server's CPU µs per second, and etcd's requests per second ("etcd Range", ...),
         over a span where nothing is asked of the stack (heartbeats, the census, compaction)."""
-        before = etcd_counts(self.etcd_url)
+        before = etcd_counts(self.etcd_url, self.etcd_tls)
         span = Span(self.groups, None)
         time.sleep(IDLE_S)  # the quiet span itself is what is measured: nothing happens in it
         seconds, used = span.end()
-        after = etcd_counts(self.etcd_url)
+        after = etcd_counts(self.etcd_url, self.etcd_tls)
         requests = {f"etcd {k}": (after[k] - before[k]) / seconds for k in after}
         return {**{name: us / seconds for name, us in used.items()}, **requests}
 
@@ -183,14 +200,14 @@ class CpuBench:
                progress: str) -> tuple[dict[str, float], dict[str, float], float]:
         """CPU µs per op for each server, etcd's requests over the span, and ops per wall second
         (each with its idle rate subtracted)."""
-        before = etcd_counts(self.etcd_url)
+        before = etcd_counts(self.etcd_url, self.etcd_tls)
         span = Span(self.groups, idle)
         for i in range(n):
             op(i)
             if (i + 1) % max(n // 10, 1) == 0:
                 say(f"  {progress} {i + 1}/{n}")
         seconds, used = span.end()
-        after = etcd_counts(self.etcd_url)
+        after = etcd_counts(self.etcd_url, self.etcd_tls)
         requests = {k: after[k] - before[k] - idle.get(f"etcd {k}", 0.0) * seconds for k in after}
         return {name: us / n for name, us in used.items()}, requests, n / seconds
 
@@ -291,10 +308,11 @@ class Profiler:
         return own.most_common(n), total.most_common(n), samples
 
 
-def measure(cycles: int, probes: int, waiters: int, profile: Path | None) -> dict[str, object]:
+def measure(cycles: int, probes: int, waiters: int, profile: Path | None,
+            use_tls: bool = False) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="holdfast-bench-cpu-") as tmp:
         say("starting the stack of `holdfast up --hosts 1`, each server in a cgroup of its own")
-        bench = CpuBench(Path(tmp))
+        bench = CpuBench(Path(tmp), use_tls)
         try:
             say("warming up: 20 cycles")
             for i in range(20):
@@ -316,7 +334,8 @@ def measure(cycles: int, probes: int, waiters: int, profile: Path | None) -> dic
         finally:
             bench.stop()
     out: dict[str, object] = {
-        "method": "cgroup v2 cpu.stat usage_usec per server, its idle rate subtracted",
+        "method": "cgroup v2 cpu.stat usage_usec per server, its idle rate subtracted"
+                  + (", every link mTLS, clients of the default tenant" if use_tls else ", plaintext"),
         "cycles": cycles,
         "idle_cpu_ms_per_s": {k: idle[k] / 1000 for k in SERVERS},
         "idle_etcd_requests_per_s": {k.removeprefix("etcd "): v for k, v in idle.items() if k not in SERVERS},
@@ -347,11 +366,13 @@ def main() -> None:
     parser.add_argument("--waiters", type=int, default=40)
     parser.add_argument("--profile", type=Path,
                         help="record the coordinator's and agent's stacks with py-spy in this directory")
+    parser.add_argument("--tls", action="store_true",
+                        help="every link mTLS (`holdfast up --tls`), runs as clients of the default tenant")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    out = measure(args.cycles, args.probes, args.waiters, args.profile)
+    out = measure(args.cycles, args.probes, args.waiters, args.profile, args.tls)
     if args.json:
         print(json.dumps(out, indent=2))
         return
