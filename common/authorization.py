@@ -50,6 +50,8 @@ class RoleGate(grpc.aio.ServerInterceptor):
     def __init__(self, service: str, rule: Rule) -> None:
         self.service = service
         self.rule = rule
+        # method -> (the handler it guards, the guard): built once per method, not on every call.
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -60,7 +62,10 @@ class RoleGate(grpc.aio.ServerInterceptor):
         # Health and reflection say nothing about sessions or processes: any certificate of the CA.
         if handler is None or service != self.service:
             return handler
-        return self._guard(handler, method)
+        known = self._guarded.get(method)
+        if known is None or known[0] is not handler:
+            known = self._guarded[method] = (handler, self._guard(handler, method))
+        return known[1]
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         async def check(request: object, context: grpc.aio.ServicerContext) -> None:
