@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import secrets
@@ -259,6 +260,11 @@ class CpuBench:
             group.path.rmdir()
         if self.parent.exists():
             self.parent.rmdir()
+        # The session cgroups this bench's agent made (an agent sweeps them only while it runs):
+        # each named for a session id only this bench uses; rmdir leaves any populated one.
+        for made in self.parent.parent.glob("holdfast-bench-cpu-*"):
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 def _children(pid: int) -> list[int]:
