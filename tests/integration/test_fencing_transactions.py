@@ -120,6 +120,15 @@ async def test_fence_pending_compares_every_gate_it_read(etcd: EtcdServer, prefi
         assert (await record_of(p.other, sid)).lease.claim_status == pb.RESERVED  # type: ignore[union-attr]
 
 
+async def registration_refused(p: Pair) -> str:
+    """Why the victim's registration of HOST was refused; its one transaction lost, nothing written."""
+    with pytest.raises(CoordinatorError) as refused:
+        await register(p.victim, HOST)
+    assert p.store.outcomes_for(keys.host(p.store, HOST)) == [False]
+    assert await p.other.store.get(keys.host(p.store, HOST)) is None
+    return refused.value.reason
+
+
 @run_async
 async def test_a_registration_that_lost_to_a_live_one_since_lapsed_is_host_live(
         etcd: EtcdServer, prefix: str, tmp_path: Path) -> None:
@@ -141,11 +150,7 @@ async def test_a_registration_that_lost_to_a_live_one_since_lapsed_is_host_live(
             return await plain_get(key, revision)
 
         p.store.get = get_after_the_lapse  # type: ignore[method-assign]
-        with pytest.raises(CoordinatorError) as refused:
-            await register(p.victim, HOST)
-        assert refused.value.reason == "HOST_LIVE"
-        assert p.store.outcomes_for(host_key) == [False]
-        assert await p.other.store.get(host_key) is None
+        assert await registration_refused(p) == "HOST_LIVE"
 
 
 @run_async
@@ -165,11 +170,7 @@ async def test_a_registration_that_lost_to_a_fence_that_failed_since_is_host_fen
             await plain_revoke(lease_id)
 
         p.store.revoke_lease = revoke_after_the_attempt_failed  # type: ignore[method-assign]
-        with pytest.raises(CoordinatorError) as refused:
-            await register(p.victim, HOST)
-        assert refused.value.reason == "HOST_FENCING"
-        assert p.store.outcomes_for(host_key) == [False]
-        assert await p.other.store.get(host_key) is None and await p.other.store.get(pending) is None
+        assert await registration_refused(p) == "HOST_FENCING" and await p.other.store.get(pending) is None
 
 
 @run_async
@@ -178,11 +179,7 @@ async def test_registration_compares_the_fence_pending_key(etcd: EtcdServer, pre
     async with replicas(etcd, prefix, tmp_path) as p:
         host_key = keys.host(p.store, HOST)
         p.store.arm(writes(host_key), lambda: create(p.other.store, keys.fence_pending(p.other.store, HOST)))
-        with pytest.raises(CoordinatorError) as refused:
-            await register(p.victim, HOST)
-        assert refused.value.reason == "HOST_FENCING"
-        assert p.store.outcomes_for(host_key) == [False]
-        assert await p.other.store.get(host_key) is None
+        assert await registration_refused(p) == "HOST_FENCING"
 
 
 @run_async

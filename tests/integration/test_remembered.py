@@ -5,6 +5,8 @@ decided again on a fresh read — never release, or refuse, what a fresh read wo
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -28,6 +30,18 @@ from tests.integration.txn_harness import (
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = [pytest.mark.timeout(60)]
 HOST = "host-remembered"
+
+
+@contextlib.asynccontextmanager
+async def victim_granted(etcd: EtcdServer, prefix: str,
+                         sid: str) -> AsyncIterator[tuple[Pair, pb.AcquireResponse]]:
+    """Two replicas over one etcd, and `sid` granted by the victim (which remembers its record)."""
+    p = pair(etcd, prefix)
+    try:
+        await register(p.victim, HOST)
+        yield p, await acquire(p.victim, p.ctx, sid, HOST)
+    finally:
+        await p.close()
 
 
 class Reads:
@@ -70,27 +84,19 @@ async def test_a_remembered_entry_is_compared_on_its_bytes_not_only_its_revision
 
 @run_async
 async def test_a_release_after_this_replicas_grant_reads_nothing(etcd: EtcdServer, prefix: str) -> None:
-    p = pair(etcd, prefix)
-    try:
-        await register(p.victim, HOST)
+    async with victim_granted(etcd, prefix, "sess-remembered-1") as (p, granted):
         reads = Reads(p)
-        granted = await acquire(p.victim, p.ctx, "sess-remembered-1", HOST)
         released = await release(p.victim, p.ctx, granted.grant)
         assert released.record.lease.claim_status == pb.RELEASED
         assert reads.count == 0, "the grant's own write was the record released"
         assert (await record_of(p.other, "sess-remembered-1")).lease.claim_status == pb.RELEASED  # type: ignore[union-attr]
-    finally:
-        await p.close()
 
 
 @run_async
 async def test_a_stale_memory_loses_then_the_release_is_decided_on_a_fresh_read(
         etcd: EtcdServer, prefix: str) -> None:
-    p = pair(etcd, prefix)
-    try:
-        sid = "sess-remembered-2"
-        await register(p.victim, HOST)
-        granted = await acquire(p.victim, p.ctx, sid, HOST)
+    sid = "sess-remembered-2"
+    async with victim_granted(etcd, prefix, sid) as (p, granted):
         await touch(p.other.store, p.key("sessions", sid))  # another replica rewrote it since
         reads = Reads(p)
         released = await release(p.victim, p.ctx, granted.grant)
@@ -98,17 +104,12 @@ async def test_a_stale_memory_loses_then_the_release_is_decided_on_a_fresh_read(
         assert p.store.outcomes_for(p.key("sessions", sid)) == [True, False, True], \
             "grant; the release on the remembered record lost; the release on the fresh read applied"
         assert reads.count == 1
-    finally:
-        await p.close()
 
 
 @run_async
 async def test_a_remembered_fence_never_decides_a_refusal_or_a_release(etcd: EtcdServer, prefix: str) -> None:
-    p = pair(etcd, prefix)
-    try:
-        sid = "sess-remembered-3"
-        await register(p.victim, HOST)
-        first = await acquire(p.victim, p.ctx, sid, HOST)  # remembered by the victim at fence 1
+    sid = "sess-remembered-3"
+    async with victim_granted(etcd, prefix, sid) as (p, first):  # remembered by the victim at fence 1
         await release(p.other, p.ctx, first.grant)
         second = await acquire(p.other, p.ctx, sid, HOST)  # fence 2, by the other replica
         # The victim remembers fence 1 reserved: on that the first grant's release would pass, but
@@ -121,8 +122,6 @@ async def test_a_remembered_fence_never_decides_a_refusal_or_a_release(etcd: Etc
         # And the second grant, which the remembered fence 1 would refuse, is released on a fresh read.
         released = await release(p.victim, p.ctx, second.grant)
         assert (released.record.lease.fence, released.record.lease.claim_status) == (2, pb.RELEASED)
-    finally:
-        await p.close()
 
 
 @run_async
@@ -131,11 +130,8 @@ async def test_a_refusal_of_malformed_input_on_a_remembered_record_is_the_fresh_
     # The victim remembers its grant; the record is gone from etcd since (as after an archive). A
     # release with a malformed fence is, on a fresh read, NOT_FOUND: the remembered record must not
     # answer INVALID_ARGUMENT for a session etcd no longer holds.
-    p = pair(etcd, prefix)
-    try:
-        sid = "sess-remembered-4"
-        await register(p.victim, HOST)
-        granted = await acquire(p.victim, p.ctx, sid, HOST)
+    sid = "sess-remembered-4"
+    async with victim_granted(etcd, prefix, sid) as (p, granted):
         await delete(p.other.store, p.key("sessions", sid))
         malformed = pb.Grant()
         malformed.CopyFrom(granted.grant)
@@ -143,8 +139,6 @@ async def test_a_refusal_of_malformed_input_on_a_remembered_record_is_the_fresh_
         with pytest.raises(Refused) as refused:
             await release(p.victim, p.ctx, malformed)
         assert refused.value.reason == "NOT_FOUND"
-    finally:
-        await p.close()
 
 
 @run_async
@@ -154,11 +148,8 @@ async def test_a_release_of_a_record_near_etcds_request_limit_is_not_refused_by_
     # grants). A fresh read's release sends it once; compared on its remembered bytes it would be
     # sent twice, past etcd's request limit (1.5 MiB), so etcd refused every such release on the
     # replica that wrote the record, however often it was retried.
-    p = pair(etcd, prefix)
-    try:
-        sid = "sess-remembered-5"
-        await register(p.victim, HOST)
-        granted = await acquire(p.victim, p.ctx, sid, HOST)
+    sid = "sess-remembered-5"
+    async with victim_granted(etcd, prefix, sid) as (p, granted):
         entry, record = await p.victim.sessions.require(sid)
         for fence in range(1, 201):  # as earlier owners recorded them
             record.provider_handle_chain.add(handle=f"{fence:04d}" + "h" * 4092, minted_at_fence=fence)
@@ -166,5 +157,3 @@ async def test_a_release_of_a_record_near_etcds_request_limit_is_not_refused_by_
         released = await release(p.victim, p.ctx, granted.grant)
         assert released.record.lease.claim_status == pb.RELEASED
         assert len(released.record.provider_handle_chain) == 200
-    finally:
-        await p.close()
