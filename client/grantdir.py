@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable
 
 from holdfast.common import files
 from holdfast.proc.environ import read_proc_file
@@ -69,6 +70,18 @@ def sweep(directory: str | None = None) -> list[str]:
     namespace = _pid_namespace()
     if namespace is None:
         return []
+    return _sweep(directory, namespace, _gone)
+
+
+def sweep_ended(namespace: int, ended_at_ticks: int, directory: str | None = None) -> list[str]:
+    """Removes this user's grant directories of a pid namespace that has ended (a simulated host
+    stopped or rebooted: no later run there sweeps them): each one named for a process that started
+    before the namespace ended (`ended_at_ticks`, clock ticks since boot). One named for a later
+    start is another namespace's that was given the freed inode number, and is kept."""
+    return _sweep(directory, namespace, lambda _pid, start_ticks: start_ticks < ended_at_ticks)
+
+
+def _sweep(directory: str | None, namespace: int, dead: Callable[[int, int], bool]) -> list[str]:
     removed = []
     base = directory or tempfile.gettempdir()
     try:
@@ -85,7 +98,7 @@ def sweep(directory: str | None = None) -> list[str]:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             continue
-        if _gone(int(found[2]), int(found[3])):
+        if dead(int(found[2]), int(found[3])):
             files.remove_quietly(entry.path)
             removed.append(entry.path)
     return removed

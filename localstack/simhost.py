@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from holdfast.client import grantdir
+
 # PID 1 of the namespace: starts the agent, forwards SIGTERM/SIGINT to it, reaps every orphan,
 # and exits with the agent's status (which ends the namespace).
 REAPER = """
@@ -81,6 +83,7 @@ class SimulatedHost:
         self.agent_args = list(agent_args)
         self.spawn_token_env = spawn_token_env
         self._unshare: subprocess.Popen[bytes] | None = None
+        self._namespace = 0  # the running namespace's nsfs inode (what `run` names its grant dirs for)
         self._address = ""
         self.incarnations = 0  # how many namespaces this host has had
 
@@ -123,6 +126,7 @@ class SimulatedHost:
             self._kill()
             raise
         self._address = json.loads(ready.read_text())["address"]
+        self._namespace = os.stat(f"/proc/{self.reaper_pid}/ns/pid").st_ino
 
     def _kill(self) -> None:
         if self._unshare is None:
@@ -138,6 +142,12 @@ class SimulatedHost:
                 self._unshare.wait(5)
         self._unshare = None
         self._address = ""
+        if self._namespace:
+            # The grant dirs of runs killed inside (a waiting run's SIGTERM, a crash's SIGKILL): the
+            # next run of a namespace sweeps them, and this one has none.
+            ended = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+            grantdir.sweep_ended(self._namespace, ended)
+            self._namespace = 0
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the agent (it drains), then end the namespace and everything in it."""

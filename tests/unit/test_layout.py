@@ -20,7 +20,9 @@ ALLOWED = {
     "coordinator": {"common", "proc.ending", "enrollment.issuer"},
     "enrollment": {"common"},
     "client": {"common", "proc"},
-    "localstack": {"common", "coordinator.store"},        # store: the etcd channel it waits on
+    # store: the etcd channel it waits on; grantdir: a simulated host removes the grant dirs of the
+    # namespace it ended
+    "localstack": {"common", "coordinator.store", "client.grantdir"},
     "cli": {"common", "proc", "agent", "coordinator", "enrollment", "client", "localstack"},
 }
 
