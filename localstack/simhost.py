@@ -84,6 +84,7 @@ class SimulatedHost:
         self.spawn_token_env = spawn_token_env
         self._unshare: subprocess.Popen[bytes] | None = None
         self._namespace = 0  # the running namespace's nsfs inode (what `run` names its grant dirs for)
+        self._ending_at = 0  # clock ticks since boot when it began to end (0: it has not)
         self._address = ""
         self.incarnations = 0  # how many namespaces this host has had
 
@@ -128,9 +129,16 @@ class SimulatedHost:
         self._address = json.loads(ready.read_text())["address"]
         self._namespace = os.stat(f"/proc/{self.reaper_pid}/ns/pid").st_ino
 
+    def _ending(self) -> None:
+        """Notes when this namespace began to end, before anything could end it: no process of a
+        namespace made after it (given its freed inode at once) can have started earlier."""
+        if not self._ending_at:
+            self._ending_at = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
     def _kill(self) -> None:
         if self._unshare is None:
             return
+        self._ending()
         if self._unshare.poll() is None:
             # SIGKILL to the namespace's PID 1 ends every process in it.
             for pid in _children(self._unshare.pid):
@@ -145,13 +153,13 @@ class SimulatedHost:
         if self._namespace:
             # The grant dirs of runs killed inside (a waiting run's SIGTERM, a crash's SIGKILL): the
             # next run of a namespace sweeps them, and this one has none.
-            ended = int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
-            grantdir.sweep_ended(self._namespace, ended)
-            self._namespace = 0
+            grantdir.sweep_ended(self._namespace, self._ending_at)
+        self._namespace = self._ending_at = 0
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the agent (it drains), then end the namespace and everything in it."""
         if self.running:
+            self._ending()
             os.kill(self.reaper_pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._unshare.wait(timeout)  # type: ignore[union-attr]
