@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import textwrap
 from pathlib import Path
@@ -64,6 +65,18 @@ def test_recorded_output_masks_the_secret(tmp_path: Path) -> None:
 
 
 def running(pid: int) -> bool:
+    """Whether `pid` still runs once a SIGKILL sent to it has had its effect: the kernel ends a
+    killed process when it next schedules it, not within the kill call, so its exit is waited for
+    on a pidfd (the event), for at most 10 s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not select.select([fd], [], [], 10.0)[0]:
+            return True
+    finally:
+        os.close(fd)
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
