@@ -196,7 +196,7 @@ class Client:
         response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
         g = response.grant
         grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address,
-                      g.cluster_id)
+                      g.cluster_id, response.revision)
         return grant, response.record
 
     async def request_handoff(self, session_id: str, operation_id: str) -> pb.SessionRecord | None:
@@ -374,10 +374,12 @@ class Client:
                                          expected_hosts=expected_hosts)
         return await self._call(self.stub.RestoreEpoch, request, retry=False, timeout=300.0)
 
-    async def watch(self, session_id: str, grant: Grant | None = None) -> AsyncIterator[pb.SessionRecord]:
+    async def watch(self, session_id: str, grant: Grant | None = None,
+                    after_revision: int = 0) -> AsyncIterator[pb.SessionRecord]:
         """The session's record now and at every change; reconnects while the coordinator is away.
-        With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER."""
-        async for event in self.session_events(session_id):
+        With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER. With
+        `after_revision` (the caller holds the record as of it), only the changes after it."""
+        async for event in self.session_events(session_id, after_revision=after_revision):
             if grant is not None:
                 same_cluster(grant, event.cluster_id)
             if not event.deleted:
@@ -385,17 +387,20 @@ class Client:
 
     async def session_events(self, session_id: str = "",
                              lost: Callable[[ClientError], None] | None = None,
-                             ) -> AsyncIterator[pb.SessionEvent]:
+                             after_revision: int = 0) -> AsyncIterator[pb.SessionEvent]:
         """Every session's (or one session's) records now (`resync`), then each change; reconnects
         while the coordinator is away, starting again with the records as they are then, and calls
-        `lost` with why once per outage (again after an event came through)."""
+        `lost` with why once per outage (again after an event came through). With `after_revision`,
+        no listing: the changes after it, and a reconnect before the first of them asks for the same
+        again (events carry no revision, so after one came a reconnect lists)."""
         backoff = 0.05
         said = False
         while True:
-            call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id))
+            call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id,
+                                                                   after_revision=after_revision))
             try:
                 async for event in call:
-                    backoff, said = 0.05, False
+                    backoff, said, after_revision = 0.05, False, 0
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:

@@ -33,6 +33,9 @@ class Grant:
     # The holdfast cluster that minted it ('' from an older coordinator; grant files written before
     # the field existed read back as ''): sent with every write, checked in every answer.
     cluster_id: str = ""
+    # The etcd revision the grant wrote its record at (0: unknown, a replayed answer): the owner's
+    # watch asks only for the changes after it instead of listing the record again.
+    revision: int = 0
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Grant:

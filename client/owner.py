@@ -264,7 +264,7 @@ class Owner:
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
         try:
-            async for record in self.client.watch(self.grant.session_id, self.grant):
+            async for record in self.client.watch(self.grant.session_id, self.grant, self.grant.revision):
                 if self._ends(record.lease):
                     return
         except ClientError as err:

@@ -400,12 +400,14 @@ class Acquisition:
         replay_lease = await parts.replays.current()
         stored = Put(self.ops_key, records.encode(response), replay_lease)
         try:
-            ok = await parts.sessions.transition(entry, record, "grant", detail, (stored, *cluster_puts),
-                                                 reads)
+            written = await parts.sessions.transition_entry(entry, record, "grant", detail,
+                                                            (stored, *cluster_puts), reads)
         except grpc.aio.AioRpcError as exc:
             if not parts.replays.lost(exc, replay_lease):
                 raise
             return None  # nothing was written; the caller's next attempt uses a new lease
-        if ok:
-            metrics.GRANTS.labels(verdict.reason.value).inc()
-        return response if ok else None
+        if written is None:
+            return None
+        metrics.GRANTS.labels(verdict.reason.value).inc()
+        response.revision = written.mod_revision  # not in the replay record: its own txn writes it
+        return response

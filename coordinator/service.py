@@ -481,8 +481,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def WatchSessions(
         self, request: pb.WatchSessionsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SessionEvent]:
-        sid = request.session_id
+        sid, after = request.session_id, request.after_revision
         key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
+        if after < 0 or (after and key is None):
+            raise identifiers.InvalidInput("after_revision must be ≥ 0, and only with a session_id")
         if sid:
             # WRONG_TENANT for another tenant's id; one no tenant holds yet is watched all the same,
             # for every record below is judged as it comes.
@@ -502,13 +504,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
         while True:
             # List first, then watch from the listing's revision (one Range: its answer's header
-            # revision is the one the listing was read at): after a compaction, list again.
-            entries, revision = await self.store.snapshot_prefix(prefix)
-            for e in entries:
-                if key is None or e.key == key:
-                    record = self.sessions.decode(e)
-                    if visible(record):
-                        yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
+            # revision is the one the listing was read at): after a compaction, list again. A caller
+            # that holds the record as of `after` (an owner, as its grant wrote it) needs no listing:
+            # every change after it comes on the watch, and a compaction past it lists as above.
+            revision = after
+            if not revision:
+                entries, revision = await self.store.snapshot_prefix(prefix)
+                for e in entries:
+                    if key is None or e.key == key:
+                        record = self.sessions.decode(e)
+                        if visible(record):
+                            yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
+            after = 0
             try:
                 async for change in self.store.watch_prefix(prefix, revision + 1):
                     if isinstance(change, str):

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from aetcd import rpc
 
 from holdfast.common.reasons import reason_of
-from holdfast.coordinator.store import Store
+from holdfast.coordinator.store import Put, Store
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import agent_pb2_grpc, coordinator_pb2_grpc
@@ -392,6 +393,47 @@ def test_watch_sessions_lists_then_streams(coordinator: Coordinator, hosts) -> N
     acquire(coord, "session-watch-2", a.host_id)
     second = next(stream)
     assert not second.resync and second.record.session_id == "session-watch-2"
+    stream.cancel()
+
+
+def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_change(
+    coordinator: Coordinator, hosts
+) -> None:
+    """`after_revision` (the grant's): the stream starts with the first change after the grant,
+    even one made before it opened, never a listing; compacted past it, it lists as a plain watch."""
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    sid = "session-watch-after"
+    granted = acquire(coord, sid, a.host_id)
+    assert granted.revision > 0
+    for bad in (pb.WatchSessionsRequest(session_id=sid, after_revision=-1),
+                pb.WatchSessionsRequest(after_revision=granted.revision)):
+        with pytest.raises(grpc.RpcError) as info:
+            next(coord.WatchSessions(bad, timeout=20))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    coord.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=secrets.token_hex(16),
+                                                  host_id=b.host_id), timeout=10)
+    stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
+                                 timeout=20)
+    first = next(stream)
+    assert not first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
+    stream.cancel()
+
+    async def compact() -> None:
+        store = Store.connect(coordinator.etcd_url, prefix=coordinator.prefix)
+        try:
+            _, now = await store.txn([], [Put(store.key("unrelated"), b"x")])  # past the handoff's
+            await rpc.KVStub(store.channel).Compact(rpc.CompactionRequest(revision=now, physical=True))
+        finally:
+            await store.close()
+
+    asyncio.run(compact())
+    stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
+                                 timeout=20)
+    first = next(stream)
+    assert first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
     stream.cancel()
 
 

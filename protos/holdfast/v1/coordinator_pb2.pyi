@@ -189,12 +189,14 @@ class GateSpawn(_message.Message):
     def __init__(self, pid_hint: _Optional[int] = ..., token_secret: _Optional[str] = ..., spawn_token_env: _Optional[str] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ("grant", "record")
+    __slots__ = ("grant", "record", "revision")
     GRANT_FIELD_NUMBER: _ClassVar[int]
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     grant: Grant
     record: SessionRecord
-    def __init__(self, grant: _Optional[_Union[Grant, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ...) -> None: ...
+    revision: int
+    def __init__(self, grant: _Optional[_Union[Grant, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class CommitOwnerRequest(_message.Message):
     __slots__ = ("session_id", "fence", "secret", "pid_hint", "cluster_id")
@@ -349,10 +351,12 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[SessionRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchSessionsRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "after_revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    after_revision: int
+    def __init__(self, session_id: _Optional[str] = ..., after_revision: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
     __slots__ = ("record", "deleted", "resync", "cluster_id")
