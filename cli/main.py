@@ -18,13 +18,13 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from holdfast.cli import completion
 from holdfast.common.version import JSON_SCHEMA, VERSION, install_hint
 
 # The module that contributes each top-level command. Parsing a known command imports only its own
 # module: `run` starts every session, and importing every part (the agent, the coordinator's etcd
 # client, certificate making, the local stack) cost more than the interpreter and grpc together
-# (docs/benchmarks.md, *`run` on a free session*). tests/unit/test_cli_commands.py keeps this map
+# (docs/benchmarks.md, *`run` on a free session*); a module with `register_<command>` (run_commands'
+# `register_run`) builds that command's parser alone. tests/unit/test_cli_commands.py keeps this map
 # equal to what each module registers.
 COMMANDS = {
     "agent": "holdfast.cli.agent_commands",
@@ -128,7 +128,8 @@ def quiet_grpc() -> Iterator[None]:
 
 
 def build_parser(only: str | None = None, *, light: bool = False) -> argparse.ArgumentParser:
-    """The whole parser; with `only` (a key of COMMANDS) just `version` and that command's module;
+    """The whole parser; with `only` (a key of COMMANDS) just `version` and that command's module
+    (that command alone when the module has `register_<only>`);
     `light`: every command named with its summary, no command module imported (the top-level
     help, `--version`, `version`, a mistyped command)."""
     parser = argparse.ArgumentParser(prog="holdfast", description="At most one live writer per session.")
@@ -141,7 +142,9 @@ def build_parser(only: str | None = None, *, light: bool = False) -> argparse.Ar
     modules = [] if light else [COMMANDS[only]] if only else list(dict.fromkeys(COMMANDS.values()))
     for module in modules:
         try:
-            importlib.import_module(module).register(sub)
+            loaded = importlib.import_module(module)
+            alone = getattr(loaded, f"register_{only}", None) if only else None
+            (alone or loaded.register)(sub)
         except ModuleNotFoundError as err:
             # The completion script of a client-only install completes the commands it can run.
             if only or missing_extra("", err) is None:
@@ -150,6 +153,8 @@ def build_parser(only: str | None = None, *, light: bool = False) -> argparse.Ar
         for name in COMMANDS:
             sub.add_parser(name, help=SUMMARIES.get(name), add_help=False)
     if not only:
+        from holdfast.cli import completion  # not for a known command's own parser, e.g. `run`'s
+
         completion.register(sub, parser)  # last: it completes every command registered above
     return parser
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 import os
 import socket
@@ -20,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import Message
 
-from holdfast.client import guards
 from holdfast.client.acquire import MAX_WAIT_S
 from holdfast.client.connection import Client, local_host_id
 from holdfast.client.errors import ClientError
@@ -35,6 +33,8 @@ if TYPE_CHECKING:
 def default_operator() -> str:
     """Who is asking, for the record: user@host. A uid with no passwd entry (the image's 65532)
     makes getpass raise KeyError, which at parser build time would stop every command."""
+    import getpass  # termios and pwd: `run` records no operator, and they cost its start ~0.3 ms
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -50,6 +50,8 @@ def session_id_arg(text: str) -> str:
 
 
 def guard_url(text: str) -> str:
+    from holdfast.client import guards  # only a --guard given loads the stores' module (~0.4 ms)
+
     try:
         return guards.check_url(text)
     except guards.GuardError as exc:

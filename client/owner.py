@@ -23,19 +23,23 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from holdfast.client import carry, grantdir, guards
+from holdfast.client import grantdir
 from holdfast.client.acquire import RunSpec, Say, obtain, resolve_command, say_stderr, takeover_operation
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import Gate
 from holdfast.client.grant import GRANT_FILE, Grant
-from holdfast.client.guards import Guard
 from holdfast.client.tree import Tree, end_tree
 from holdfast.common import env as cmd_env
 from holdfast.common import files, spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
+
+if TYPE_CHECKING:  # loaded by the runs that name a store or a --carry root: ~2 ms of every other start
+    from holdfast.client import carry
+    from holdfast.client.guards import Guard
 
 RELEASE_RETRY_S = 30.0  # an agent restart: its lease lapses and its successor registers (~11 s measured)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -94,6 +98,10 @@ def grant_environment(grant: Grant | None, record: pb.SessionRecord | None) -> d
 
 async def open_guards(urls: list[str]) -> list[Guard]:
     """Each --guard store connected, its marker storage in place; GUARD_UNREACHABLE otherwise."""
+    if not urls:
+        return []
+    from holdfast.client import guards  # a run without --guard never loads the stores' module
+
     opened: list[Guard] = []
     try:
         for url in urls:
@@ -109,6 +117,8 @@ async def open_guards(urls: list[str]) -> list[Guard]:
 async def bump_guards(opened: list[Guard], grant: Grant) -> None:
     if not opened:
         return  # no thread to start: its start was 1.5 ms of every takeover's path to CMD
+    from holdfast.client import guards  # loaded by open_guards already: a run without --guard never is
+
     try:
         await asyncio.to_thread(guards.bump_all, opened, grant.session_id, grant.fence)
     except guards.GuardError as exc:
@@ -158,7 +168,11 @@ class Owner:
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
-        carried = await carry.check_at_start(client, spec.session_id, spec.carry, spec.cwd or os.getcwd())
+        carried: tuple[list[str], int, carry.Absent] = ([], 0, {})
+        if spec.carry:
+            from holdfast.client import carry  # packing and restoring: ~1.6 ms of a start without --carry
+
+            carried = await carry.check_at_start(client, spec.session_id, spec.carry, spec.cwd or os.getcwd())
         guards = await open_guards(spec.guards)  # likewise: an unreachable store asks nothing of anyone
         try:
             return await cls._start(client, spec, say, guards, carried)
@@ -240,6 +254,8 @@ class Owner:
             await bump_guards(guards, grant)
             names, cap, _ = carried
             if names:
+                from holdfast.client import carry  # loaded by start already: names come from --carry
+
                 await carry.restore_before_exec(client, grant, names, spec.cwd or os.getcwd(), cap, say)
         except BaseException:
             if gate is not None:
@@ -359,6 +375,8 @@ class Owner:
     async def upload_carried(self, reason: str) -> bool:
         """Packs and uploads the --carry roots under this grant; says what failed (the session's last
         good copy then stands) and returns whether the new copy was committed."""
+        from holdfast.client import carry  # only a --carry run uploads, and its start loaded it
+
         cwd = self.spec.cwd or os.getcwd()
         try:
             packed = await asyncio.to_thread(carry.pack, self.carried, cwd, self.grant.session_id,

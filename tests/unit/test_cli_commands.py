@@ -6,6 +6,7 @@ other parts, or only a failure, need (each was milliseconds of every start: docs
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -26,7 +27,15 @@ def test_every_command_is_mapped_to_the_module_that_registers_it() -> None:
     assert commands_of(main.build_parser()) == {*main.COMMANDS, "version", "completion"}
     for command, module in main.COMMANDS.items():
         same_module = {name for name, owner in main.COMMANDS.items() if owner == module}
+        if hasattr(importlib.import_module(module), f"register_{command}"):  # registered alone
+            same_module = {command}
         assert commands_of(main.build_parser(command)) == {"version", *same_module}, command
+
+
+def test_run_builds_its_own_parser_alone() -> None:
+    """Each of the module's other commands was argparse set-up (gettext's lookups on disk
+    included) on every `run`'s start."""
+    assert commands_of(main.build_parser("run")) == {"version", "run"}
 
 
 def test_a_known_command_parses_the_same_on_the_fast_path() -> None:
@@ -38,17 +47,22 @@ def test_a_known_command_parses_the_same_on_the_fast_path() -> None:
 
 
 # Only the coordinator (aetcd), the agent (prometheus_client, ctypes), a server's certificate check
-# (cryptography), a failed call (grpc_status), a --guard (sqlite3) or the tree's end (the /proc
-# scan) needs these; random hex is os.urandom's, not `secrets`' (which brings hmac); protobuf's
-# pure-Python message module (with text_format) is deferred on upb (holdfast/v1/__init__.py).
+# (cryptography), a failed call (grpc_status), a --guard (sqlite3 and the stores' module) or the
+# tree's end (the /proc scan) needs these; random hex is os.urandom's, not `secrets`' (which brings
+# hmac); protobuf's pure-Python message module (with text_format) is deferred on upb
+# (holdfast/v1/__init__.py); carried state only with --carry or `show`; the operator's name
+# (getpass) only for the commands that record it; the completion script only for itself.
 NOT_ON_RUNS_PATH = ("aetcd", "prometheus_client", "cryptography", "ctypes", "grpc_status", "sqlite3",
                     "tenacity", "platform", "google.protobuf.json_format", "holdfast.agent",
                     "holdfast.coordinator", "holdfast.localstack", "holdfast.proc.scan", "secrets",
-                    "hmac", "google.protobuf.text_format", "google.protobuf.internal.decoder")
+                    "hmac", "google.protobuf.text_format", "google.protobuf.internal.decoder",
+                    "holdfast.client.guards", "holdfast.client.carry", "holdfast.common.carry_rules",
+                    "getpass", "holdfast.cli.completion")
 
 
 def test_run_imports_nothing_it_does_not_need_before_cmd_runs() -> None:
-    program = ("import json, sys; import holdfast.cli.main, holdfast.cli.run_commands; "
+    program = ("import json, sys; import holdfast.cli.main as m, holdfast.cli.run_commands; "
+               "m.build_parser('run').parse_args(['run', '--session', 'session-0001', '--', 'true']); "
                "print(json.dumps(sorted(sys.modules)))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", program], check=True, capture_output=True,
                                        text=True).stdout)
