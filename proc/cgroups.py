@@ -143,8 +143,11 @@ def _session_cgroup_at(relative: str | None, root: str, namespace: int) -> agent
 
 
 def _move(pid: int, path: str) -> None:
-    with open(os.path.join(path, "cgroup.procs"), "w") as f:
-        f.write(str(pid))
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
 
 
 def undo(ref: agent_pb2.CgroupRef) -> None:
@@ -190,8 +193,8 @@ def make_session_cgroup(pid: int, session_id: str, fence: int,
     if relative is None or not relative.startswith("/"):
         return None, f"/proc/{pid}/cgroup names no cgroup v2 path ({relative!r})"
     parent = os.path.normpath(cap.root + relative)
-    with contextlib.suppress(OSError), open(os.path.join(parent, "cgroup.type")) as f:
-        kind = f.read().strip()
+    with contextlib.suppress(OSError):
+        kind = read_proc_file(os.path.join(parent, "cgroup.type")).decode(errors="replace").strip()
         if kind != "domain":
             return None, f"the gate's cgroup {parent} is {kind}: a session cgroup cannot be nested there"
     path = os.path.join(parent, f"{PREFIX}{session_id}-{fence}-{os.urandom(4).hex()}")
