@@ -26,7 +26,7 @@ from pathlib import Path
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from holdfast.common import listeners
 
@@ -48,6 +48,26 @@ SERVER_OPTIONS: tuple[tuple[str, object], ...] = (("grpc.so_reuseport", 0),)
 
 def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
     return grpc.aio.server(interceptors=list(interceptors), options=SERVER_OPTIONS)
+
+
+class Unregistered:
+    """What a service's generated `add_*_to_server` is handed instead of the server: the service's
+    generic handler (every method, found by name) is added, and no method is registered with gRPC's
+    core. grpc.aio's server keeps one request pending per registered method and waits on all of
+    them afresh for every call (an `asyncio.wait` over each server's ~12 pending requests, twice
+    per call: ~50 µs of the agent's CPU per cycle of two calls); unregistered, every call arrives
+    through its single pending request for unregistered methods. What a call is served by does not
+    change: the same handlers, looked up by the same full method name."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str,
+                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        """Nothing: the generated code added these very handlers as its generic handler first."""
 
 
 def _cannot_listen(listen: str, setting: str, why: str) -> SystemExit:
@@ -72,20 +92,22 @@ def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredenti
     return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
-async def start(listen: str, service_name: str, add_service: Callable[[grpc.aio.Server], object],
+async def start(listen: str, service_name: str, add_service: Callable[[Unregistered], object],
                 credentials: grpc.ServerCredentials | None = None,
                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (), health_listen: str = "") -> Serving:
     """With `credentials` the main port is TLS only: plaintext is never also accepted there. The
     health port (when asked for) shares the health status, so a drain turns both NOT_SERVING."""
     server = new_server(interceptors)
-    add_service(server)
+    add_service(Unregistered(server))
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([service_name, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, Unregistered(server))
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer([service_name, health.SERVICE_NAME, reflection.SERVICE_NAME]),
+        Unregistered(server))
     serving = Serving(server, health_servicer, _bind(server, listen, credentials, "listen"))
     if health_listen:
         serving.health_server = new_server()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, serving.health_server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, Unregistered(serving.health_server))
         serving.health_address = _bind(serving.health_server, health_listen, None, "health_listen")
         await serving.health_server.start()
     await server.start()
