@@ -4,7 +4,9 @@ the probe rules. Labels carry host ids and outcomes only — never tokens, pids 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
+from typing import TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -25,22 +27,32 @@ SESSION_CGROUPS_SWEPT = Counter("holdfast_agent_session_cgroups_swept", "Empty s
 REGISTERED = Gauge("holdfast_agent_registered", "1 while this agent holds a live registration", ["host"])
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+@functools.cache
+def series(metric: M, *labels: str) -> M:
+    """`metric.labels(*labels)`, looked up once: a labelled series lives as long as its metric (none
+    is ever removed here), where `labels` takes a lock and rebuilds its key on every call."""
+    return metric.labels(*labels)
+
+
 def outcome_name(outcome: int) -> str:
     return agent_pb2.ProbeOutcome.Name(outcome).lower()
 
 
 def observe_attestation(identity: agent_pb2.ProcessIdentity) -> None:
-    ATTESTATIONS.labels(agent_pb2.TreeProof.Name(identity.tree_proof).lower()).inc()
+    series(ATTESTATIONS, agent_pb2.TreeProof.Name(identity.tree_proof).lower()).inc()
 
 
 def observe_probes(host: str, results: Iterable[agent_pb2.ProbeResult], seconds: float) -> None:
-    PROBE_SECONDS.labels(host).observe(seconds)
+    series(PROBE_SECONDS, host).observe(seconds)
     for result in results:
-        PROBES.labels(host, outcome_name(result.outcome)).inc()
+        series(PROBES, host, outcome_name(result.outcome)).inc()
 
 
 def observe_scan(result: Scan, seconds: float) -> None:
     SCAN_SECONDS.observe(seconds)
     SCAN_PASSES.observe(result.passes)
-    SCANS.labels(str(result.complete).lower()).inc()
+    series(SCANS, str(result.complete).lower()).inc()
     SCAN_UNREADABLE.set(result.unreadable)
