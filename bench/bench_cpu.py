@@ -383,6 +383,9 @@ def main() -> None:
                         help="every link mTLS (`holdfast up --tls`), runs as clients of the default tenant")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    # Its runs are ended by a SIGINT forwarded to CMD: started as a shell's background job, SIGINT
+    # arrives ignored, every child would inherit that, and each CMD would outlive its Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     out = measure(args.cycles, args.probes, args.waiters, args.profile, args.tls)
