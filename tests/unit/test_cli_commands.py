@@ -72,17 +72,32 @@ def test_run_imports_nothing_it_does_not_need_before_cmd_runs() -> None:
     assert heavy == []
 
 
-def test_grpc_is_quiet_only_while_the_command_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """gRPC's C core reads GRPC_VERBOSITY when it is imported (its "Handshake failed" line came
-    before the CLI's own); CMD and every child get the environment as it was."""
-    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
-    with main.quiet_grpc():
-        inside = os.environ.get("GRPC_VERBOSITY")
-    assert (inside, os.environ.get("GRPC_VERBOSITY")) == ("NONE", None)
-    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")  # the user's own choice stands
-    with main.quiet_grpc():
-        assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
-    assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+def test_grpc_settings_hold_only_while_the_command_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC's C core reads GRPC_VERBOSITY and GRPC_EXPERIMENTS when it is imported (its "Handshake
+    failed" line came before the CLI's own); CMD and every child get the environment as it was,
+    and a user's own value stands."""
+    for name in main.GRPC_IMPORT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    with main.grpc_settings():
+        inside = {name: os.environ.get(name) for name in main.GRPC_IMPORT_ENV}
+    assert inside == main.GRPC_IMPORT_ENV
+    assert inside["GRPC_VERBOSITY"] == "NONE"
+    assert not set(main.GRPC_IMPORT_ENV) & set(os.environ)
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
+    with main.grpc_settings():
+        assert (os.environ["GRPC_VERBOSITY"], os.environ["GRPC_EXPERIMENTS"]) == (
+            "DEBUG", main.GRPC_IMPORT_ENV["GRPC_EXPERIMENTS"])
+    assert os.environ["GRPC_VERBOSITY"] == "DEBUG" and "GRPC_EXPERIMENTS" not in os.environ
+
+
+def test_grpc_is_imported_under_those_settings_by_the_servers_and_run() -> None:
+    """The settings reach gRPC only if a command's modules import it inside them: one imported
+    later (in its handler) would run with gRPC's defaults."""
+    for command in ("coordinator", "agent", "run"):
+        code = ("import sys; from holdfast.cli import main\n"
+                f"with main.grpc_settings(): main.build_parser({command!r})\n"
+                "sys.exit('grpc' not in sys.modules)")
+        assert subprocess.run([sys.executable, "-c", code]).returncode == 0, command
 
 
 def test_up_and_exec_help_name_the_state_directory_they_use() -> None:
