@@ -239,6 +239,33 @@ def test_a_refused_attestations_cgroup_gives_back_what_it_took() -> None:
         stranger.wait(5)
 
 
+@pytest.mark.root
+@needs_cgroups
+def test_no_session_cgroup_is_nested_in_a_threaded_one() -> None:
+    """A threaded cgroup can hold no domain child: a gate found in one is refused its session cgroup,
+    saying which cgroup and why, and nothing is made there or moved."""
+    cap = cgroups.capability()
+    here = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].strip()
+    domain = Path(os.path.normpath(cap.root + here)) / f"threaded-test-{secrets.token_hex(4)}"
+    threaded = domain / "threads"
+    gate = subprocess.Popen(["sleep", "60"])
+    try:
+        threaded.mkdir(parents=True)
+        (threaded / "cgroup.type").write_text("threaded")
+        (threaded / "cgroup.procs").write_text(str(gate.pid))
+        made, why = cgroups.make_session_cgroup(gate.pid, f"threaded-{secrets.token_hex(4)}", 1, cap)
+        assert made is None and f"{threaded} is threaded" in why, why
+        assert not [child for child in threaded.iterdir() if child.is_dir()]
+        now = Path(f"/proc/{gate.pid}/cgroup").read_text().split("0::", 1)[1].strip()
+        assert os.path.normpath(cap.root + now) == str(threaded), "the gate stays where it was"
+    finally:
+        gate.kill()
+        gate.wait(5)
+        for made_here in (threaded, domain):
+            with contextlib.suppress(OSError):
+                made_here.rmdir()
+
+
 def test_a_gate_knows_its_own_attested_identity_from_another_gates_with_its_token() -> None:
     """Two gates can carry one token (a reservation replayed to two runs); a retried commit then
     finds the session committed to one of them and must tell whether it is its own (client.connection
