@@ -56,6 +56,7 @@ from holdfast.v1 import coordinator_pb2_grpc
 COMMIT_WINDOW_MS = 30_000
 MAX_CHAIN = 256
 MAX_PAGE = 500
+MAX_REVISION = 2**63 - 1  # etcd's revisions are int64: a watch starts at after_revision + 1
 
 
 REFUSED = (identifiers.InvalidInput, StoreUnavailable, CoordinatorError)
@@ -483,8 +484,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.SessionEvent]:
         sid, after = request.session_id, request.after_revision
         key = self.sessions.key(identifiers.check_session_id(sid)) if sid else None
-        if after < 0 or (after and key is None):
-            raise identifiers.InvalidInput("after_revision must be ≥ 0, and only with a session_id")
+        # An int64's top is no revision a grant answered: the watch would start past it.
+        if not 0 <= after < MAX_REVISION or (after and key is None):
+            raise identifiers.InvalidInput(f"after_revision must be ≥ 0 and below {MAX_REVISION}, and only "
+                                           "with a session_id")
         if sid:
             # WRONG_TENANT for another tenant's id; one no tenant holds yet is watched all the same,
             # for every record below is judged as it comes.

@@ -99,12 +99,16 @@ class Stream:
             yield await self.requests.get()
 
     def open(self, key: bytes, range_end: bytes, start_revision: int) -> Watcher:
+        # Built before the watcher is queued: a request that cannot be built (a start revision past
+        # int64) would leave a watcher no `created` answers, and every later watcher on the stream
+        # would take the id, and the events, of the one after it.
+        create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=key, range_end=range_end, start_revision=start_revision))
         watcher = Watcher()
         # Queued and sent in one order, with nothing awaited between: the `created` responses
         # come back in this order too.
         self.creating.append(watcher)
-        self.requests.put_nowait(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-            key=key, range_end=range_end, start_revision=start_revision)))
+        self.requests.put_nowait(create)
         self.live += 1
         return watcher
 

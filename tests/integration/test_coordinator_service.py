@@ -408,8 +408,11 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
     sid = "session-watch-after"
     granted = acquire(coord, sid, a.host_id)
     assert granted.revision > 0
+    # The last: a watch at the int64's top cannot be made; refused, it leaves the coordinator's
+    # shared etcd watch stream as it was, so the owner's watch below still hears its handoff.
     for bad in (pb.WatchSessionsRequest(session_id=sid, after_revision=-1),
-                pb.WatchSessionsRequest(after_revision=granted.revision)):
+                pb.WatchSessionsRequest(after_revision=granted.revision),
+                pb.WatchSessionsRequest(session_id="someone-else", after_revision=2**63 - 1)):
         with pytest.raises(grpc.RpcError) as info:
             next(coord.WatchSessions(bad, timeout=20))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]

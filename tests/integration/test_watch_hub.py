@@ -162,6 +162,32 @@ async def test_a_compacted_start_ends_that_watcher_alone(etcd: EtcdServer, prefi
 
 
 @run_async
+async def test_a_watch_whose_create_cannot_be_built_leaves_the_streams_routing_alone(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """A start revision past int64 (a caller's after_revision at its top) fails that watch alone:
+    a watcher queued without its create would take the next watcher's `created` answer, and every
+    watcher after it the one after its own — an owner's events going to another's watch."""
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        start = await revision(store) + 1
+        first = store.watch_prefix(store.key("o1", ""), start)  # opens the stream
+        await store.txn([], [Put(store.key("o1", "k"), b"1")])
+        assert await take(first, 1) == [f"{store.key('o1', 'k')}=1"]
+        with pytest.raises(ValueError):
+            await take(store.watch_prefix(store.key("bad", ""), 2**63), 1)
+        second = store.watch_prefix(store.key("o2", ""), start)
+        third = store.watch_prefix(store.key("o3", ""), start)
+        await store.txn([], [Put(store.key("o2", "k"), b"2"), Put(store.key("o3", "k"), b"3")])
+        got = await asyncio.wait_for(asyncio.gather(take(second, 1), take(third, 1)), 10)
+        assert got == [[f"{store.key('o2', 'k')}=2"], [f"{store.key('o3', 'k')}=3"]]
+        for watcher in (first, second, third):
+            await watcher.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
 async def test_a_reader_that_falls_behind_ends_lagged_after_its_events(
     etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
