@@ -128,7 +128,10 @@ class CpuBench:
         os.environ["HOLDFAST_COORDINATOR_METRICS_LISTEN"] = "127.0.0.1:0"
         self.stack = Stack(root / "state", "127.0.0.1:0", hosts=1, ip_base=170, use_tls=use_tls)
         self.groups: dict[str, CpuGroup] = {}
-        self.parent = Path(cgroups.cgroup2_root()) / f"holdfast-bench-cpu-{secrets.token_hex(4)}"
+        # Its sessions' ids, and so the session cgroups its agent makes, are named for this bench
+        # alone: the cleanup in `stop` never reaches another bench's.
+        self.tag = f"bench-cpu-{secrets.token_hex(4)}"
+        self.parent = Path(cgroups.cgroup2_root()) / f"holdfast-{self.tag}"
         self.stack.start()
         try:
             self._place()
@@ -164,7 +167,7 @@ class CpuBench:
                                stdout=stdout, stderr=subprocess.DEVNULL)
 
     def cycle(self, i: int) -> None:
-        if (code := self.run(f"bench-cpu-{i % SESSIONS:03d}").wait(60)) != 0:
+        if (code := self.run(f"{self.tag}-{i % SESSIONS:03d}").wait(60)) != 0:
             raise RuntimeError(f"run {i} exited {code}")
 
     def channel(self, sync: bool = False) -> Any:
@@ -173,7 +176,7 @@ class CpuBench:
         return tls.open_channel(self.stack.address, self.stack.tls_dir, tls.Role("client"), sync=sync)
 
     def resident_cycle(self, i: int) -> None:
-        asyncio.run(self._resident_cycle(f"bench-cpu-resident-{i % SESSIONS:03d}"))
+        asyncio.run(self._resident_cycle(f"{self.tag}-resident-{i % SESSIONS:03d}"))
 
     async def _resident_cycle(self, session: str) -> None:
         async with self.channel() as channel:
@@ -224,9 +227,9 @@ class CpuBench:
         return owner
 
     def probes(self, n: int, idle: dict[str, float]) -> dict[str, float]:
-        owner = self.live_owner("bench-cpu-probed")
+        owner = self.live_owner(f"{self.tag}-probed")
         try:
-            request = pb.ProbeSessionRequest(session_id="bench-cpu-probed")
+            request = pb.ProbeSessionRequest(session_id=f"{self.tag}-probed")
             per, _, _ = self.per_op(n, lambda _i: self.stub.ProbeSession(request, timeout=30), idle,
                                     "ProbeSession")
         finally:
@@ -235,9 +238,9 @@ class CpuBench:
 
     def waiters(self, n: int, idle: dict[str, float]) -> tuple[float, dict[str, float]]:
         """RSS (KB) and CPU (µs/s) of the coordinator per waiting `run`, while nothing changes."""
-        owners = [self.live_owner(f"bench-cpu-held-{i:03d}") for i in range(n)]
+        owners = [self.live_owner(f"{self.tag}-held-{i:03d}") for i in range(n)]
         rss_before = self.groups["coordinator"].rss_kb()
-        waiting = [self.run(f"bench-cpu-held-{i:03d}", "--wait", "600") for i in range(n)]
+        waiting = [self.run(f"{self.tag}-held-{i:03d}", "--wait", "600") for i in range(n)]
         try:
             wait_for(f"{n} waiting runs", lambda: self.waiting() >= n, 60.0)
             rss_after = self.groups["coordinator"].rss_kb()
@@ -266,7 +269,7 @@ class CpuBench:
             self.parent.rmdir()
         # The session cgroups this bench's agent made (an agent sweeps them only while it runs):
         # each named for a session id only this bench uses; rmdir leaves any populated one.
-        for made in self.parent.parent.glob("holdfast-bench-cpu-*"):
+        for made in self.parent.parent.glob(f"holdfast-{self.tag}-*"):
             with contextlib.suppress(OSError):
                 made.rmdir()
 
