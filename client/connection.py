@@ -391,16 +391,18 @@ class Client:
         """Every session's (or one session's) records now (`resync`), then each change; reconnects
         while the coordinator is away, starting again with the records as they are then, and calls
         `lost` with why once per outage (again after an event came through). With `after_revision`,
-        no listing: the changes after it, and a reconnect before the first of them asks for the same
-        again (events carry no revision, so after one came a reconnect lists)."""
+        the first call lists nothing: the changes after it. Every reconnect lists: the coordinator
+        that answers next may serve an etcd restored from a snapshot, whose revisions are below the
+        grant's and reused by another history, where a watch from `after_revision` shows nothing."""
         backoff = 0.05
         said = False
         while True:
             call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id,
                                                                    after_revision=after_revision))
+            after_revision = 0
             try:
                 async for event in call:
-                    backoff, said, after_revision = 0.05, False, 0
+                    backoff, said = 0.05, False
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:

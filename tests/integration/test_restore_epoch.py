@@ -12,13 +12,16 @@ snapshot starts again above the epoch, not at its already-issued fence 1.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from holdfast.client.connection import Client
 from holdfast.client.grant import Grant
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
@@ -163,6 +166,61 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         closed = cluster.run(host, NEW, cmd=["touch", str(tmp_path / "late-ran")])
         assert closed.wait(30) == 75 and "RESTORE_PENDING" in closed.err()
         assert not (tmp_path / "late-ran").exists()
+    finally:
+        cluster.stop()
+        coordinator.stop()
+        if restored is not None:
+            restored.stop()
+        first.stop()
+
+
+def test_an_owners_watch_from_its_grant_revision_hears_the_restored_record(tmp_path: Path) -> None:
+    """An owner granted after the snapshot watches from its grant's revision; etcd is restored
+    below it. Its watch reconnects while the coordinator is away and must then list: from the
+    grant's revision on, the restored etcd (whose revisions are lower, and reused by another
+    history) would show it nothing, and the owner would never hear that its fence is gone."""
+    first = EtcdServer(tmp_path / "etcd-1", fast_election=True).start()
+    restored: EtcdServer | None = None
+    coordinator = Coordinator(first.url, tmp_path, PREFIX).start()
+    cluster = Cluster(coordinator, tmp_path)
+    try:
+        host = cluster.host("host-w")
+        sid = "sess-restore-watch"
+
+        async def body() -> None:
+            nonlocal restored
+            async with Client(coordinator.address, host.host_id) as client:
+                held, _ = await client.acquire(sid, secrets.token_hex(16))
+                await client.release(held)
+                await asyncio.to_thread(etcdctl, first.url, "snapshot", "save", str(tmp_path / "snap.db"))
+                grant, _ = await client.acquire(sid, secrets.token_hex(16))
+                assert grant.fence == 2 and grant.revision > 0
+                heard: asyncio.Queue[pb.SessionRecord] = asyncio.Queue()
+
+                async def watch() -> None:
+                    async for record in client.watch(sid, grant, grant.revision):
+                        heard.put_nowait(record)
+
+                watching = asyncio.create_task(watch())
+                try:
+                    await asyncio.to_thread(coordinator.stop)
+                    await asyncio.to_thread(first.stop)
+                    data, peer = tmp_path / "etcd-2", f"http://127.0.0.1:{first.peer_port}"
+                    await asyncio.to_thread(etcdctl, first.url, "snapshot", "restore",
+                                            str(tmp_path / "snap.db"), "--data-dir", str(data),
+                                            "--name", "holdfast", "--initial-cluster", f"holdfast={peer}",
+                                            "--initial-advertise-peer-urls", peer)
+                    restored = await asyncio.to_thread(
+                        EtcdServer(data, fast_election=True, client_port=first.client_port,
+                                   peer_port=first.peer_port).start)
+                    coordinator.etcd_url = restored.url
+                    await asyncio.to_thread(coordinator.start)
+                    record = await asyncio.wait_for(heard.get(), 30)
+                    assert record.lease.fence == 1 and record.lease.claim_status == pb.RELEASED
+                finally:
+                    watching.cancel()
+
+        asyncio.run(body())
     finally:
         cluster.stop()
         coordinator.stop()
