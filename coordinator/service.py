@@ -57,6 +57,11 @@ COMMIT_WINDOW_MS = 30_000
 MAX_CHAIN = 256
 MAX_PAGE = 500
 MAX_REVISION = 2**63 - 1  # etcd's revisions are int64: a watch starts at after_revision + 1
+# How far behind the newest revision the store has seen an after_revision may be and still be
+# watched from: etcd reads every change of every key since a watch's start to find its events (an
+# hour of history, ~1.5 KB a revision, in memory at once), so an older one lists instead. An owner
+# opens its watch milliseconds after its grant; one slower than this only pays one Range.
+MAX_REPLAY = 10_000
 
 
 REFUSED = (identifiers.InvalidInput, StoreUnavailable, CoordinatorError)
@@ -510,7 +515,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             # revision is the one the listing was read at): after a compaction, list again. A caller
             # that holds the record as of `after` (an owner, as its grant wrote it) needs no listing:
             # every change after it comes on the watch, and a compaction past it lists as above.
-            revision = after
+            revision = after if after > self.store.newest - MAX_REPLAY else 0
             if not revision:
                 entries, revision = await self.store.snapshot_prefix(prefix)
                 for e in entries:

@@ -155,6 +155,7 @@ class Store:
         self._kv = rpc.KVStub(channel)
         self._lease = rpc.LeaseStub(channel)
         self._watches = WatchHub(rpc.WatchStub(channel))
+        self.newest = 0  # the highest revision an answer of etcd's named (how old a revision is)
 
     @classmethod
     def connect(cls, endpoints: str, credentials: grpc.ChannelCredentials | None = None,
@@ -169,11 +170,13 @@ class Store:
 
     async def _call(self, method, request):  # type: ignore[no-untyped-def]
         try:
-            return await method(request, timeout=CALL_TIMEOUT_S, wait_for_ready=True)
+            resp = await method(request, timeout=CALL_TIMEOUT_S, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in UNAVAILABLE_CODES:
                 raise StoreUnavailable(f"etcd: {exc.details()}") from exc
             raise
+        self.newest = max(self.newest, resp.header.revision)
+        return resp
 
     async def get(self, key: str, revision: int = 0) -> Entry | None:
         """The key now, or as it was at `revision` (`Compacted` once that is compacted away)."""

@@ -17,6 +17,7 @@ import pytest
 from aetcd import rpc
 
 from holdfast.common.reasons import reason_of
+from holdfast.coordinator.service import MAX_REPLAY
 from holdfast.coordinator.store import Put, Store
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
@@ -433,6 +434,40 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
             await store.close()
 
     asyncio.run(compact())
+    stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
+                                 timeout=20)
+    first = next(stream)
+    assert first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
+    stream.cancel()
+
+
+def test_an_after_revision_far_behind_lists_instead_of_replaying_etcds_history(
+    coordinator: Coordinator, hosts
+) -> None:
+    """etcd reads every change of every key since a watch's start to find its events: a caller's
+    after_revision more than MAX_REPLAY revisions old (any tenant can send one) lists instead."""
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    sid = "session-watch-far-behind"
+    granted = acquire(coord, sid, a.host_id)
+    coord.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=secrets.token_hex(16),
+                                                  host_id=b.host_id), timeout=10)
+
+    async def noise() -> None:
+        store = Store.connect(coordinator.etcd_url, prefix=coordinator.prefix)
+        try:
+            async def writer(n: int) -> None:
+                for i in range(n):
+                    await store.txn([], [Put(store.key("noise", str(i % 8)), b"x")])
+
+            await asyncio.gather(*(writer(MAX_REPLAY // 8 + 1) for _ in range(8)))
+        finally:
+            await store.close()
+
+    asyncio.run(noise())
+    acquire(coord, "session-watch-far-behind-2", a.host_id)  # the coordinator sees etcd's revision
     stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
                                  timeout=20)
     first = next(stream)
