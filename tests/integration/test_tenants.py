@@ -163,6 +163,7 @@ def test_another_tenant_is_refused_on_every_rpc_and_changes_nothing(
             (b.GetSession, pb.GetSessionRequest(session_id=sid)),
             (b.GetArchivedSession, pb.GetArchivedSessionRequest(session_id=sid)),
             (b.WatchSessions, pb.WatchSessionsRequest(session_id=sid)),
+            (b.WatchSessions, pb.WatchSessionsRequest(session_id=sid, after_revision=1)),  # a's history
         ]:
             wrong_tenant(call, request)
         taker = run(pki, "team-b", coordinator, tmp, sid, "--takeover", "--force", cmd=["true"])
