@@ -397,17 +397,26 @@ def test_watch_sessions_lists_then_streams(coordinator: Coordinator, hosts) -> N
     stream.cancel()
 
 
+def handoff_requested(coordinator: Coordinator, hosts, sid: str,  # type: ignore[no-untyped-def]
+                      ) -> tuple[coordinator_pb2_grpc.CoordinatorStub, pb.AcquireResponse]:
+    """`sid` granted on the first host, then its handoff requested by the second."""
+    a, b = hosts
+    coord = stub(coordinator.address)
+    register(coord, a)
+    register(coord, b)
+    granted = acquire(coord, sid, a.host_id)
+    coord.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=secrets.token_hex(16),
+                                                  host_id=b.host_id), timeout=10)
+    return coord, granted
+
+
 def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_change(
     coordinator: Coordinator, hosts
 ) -> None:
     """`after_revision` (the grant's): the stream starts with the first change after the grant,
     even one made before it opened, never a listing; compacted past it, it lists as a plain watch."""
-    a, b = hosts
-    coord = stub(coordinator.address)
-    register(coord, a)
-    register(coord, b)
     sid = "session-watch-after"
-    granted = acquire(coord, sid, a.host_id)
+    coord, granted = handoff_requested(coordinator, hosts, sid)
     assert granted.revision > 0
     # The last: a watch at the int64's top cannot be made; refused, it leaves the coordinator's
     # shared etcd watch stream as it was, so the owner's watch below still hears its handoff.
@@ -417,8 +426,6 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
         with pytest.raises(grpc.RpcError) as info:
             next(coord.WatchSessions(bad, timeout=20))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-    coord.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=secrets.token_hex(16),
-                                                  host_id=b.host_id), timeout=10)
     stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
                                  timeout=20)
     first = next(stream)
@@ -446,14 +453,8 @@ def test_an_after_revision_far_behind_lists_instead_of_replaying_etcds_history(
 ) -> None:
     """etcd reads every change of every key since a watch's start to find its events: a caller's
     after_revision more than MAX_REPLAY revisions old (any tenant can send one) lists instead."""
-    a, b = hosts
-    coord = stub(coordinator.address)
-    register(coord, a)
-    register(coord, b)
     sid = "session-watch-far-behind"
-    granted = acquire(coord, sid, a.host_id)
-    coord.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=secrets.token_hex(16),
-                                                  host_id=b.host_id), timeout=10)
+    coord, granted = handoff_requested(coordinator, hosts, sid)
 
     async def noise() -> None:
         store = Store.connect(coordinator.etcd_url, prefix=coordinator.prefix)
@@ -467,7 +468,7 @@ def test_an_after_revision_far_behind_lists_instead_of_replaying_etcds_history(
             await store.close()
 
     asyncio.run(noise())
-    acquire(coord, "session-watch-far-behind-2", a.host_id)  # the coordinator sees etcd's revision
+    acquire(coord, "session-watch-far-behind-2", hosts[0].host_id)  # the coordinator sees etcd's revision
     stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
                                  timeout=20)
     first = next(stream)

@@ -50,11 +50,40 @@ def etcdctl(url: str, *argv: str) -> None:
                    env={**os.environ, "ETCDCTL_API": "3"}, timeout=60)
 
 
+class Stack:
+    """etcd, a coordinator on it and simulated hosts; `restore` serves a snapshot of that etcd on
+    its ports, as the runbook does (the coordinator stopped first, started again by the caller)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.first = EtcdServer(tmp / "etcd-1", fast_election=True).start()
+        self.restored: EtcdServer | None = None
+        self.coordinator = Coordinator(self.first.url, tmp, PREFIX).start()
+        self.cluster = Cluster(self.coordinator, tmp)
+
+    def restore(self, snapshot: Path) -> EtcdServer:
+        self.coordinator.stop()
+        self.first.stop()
+        data, peer = self.tmp / "etcd-2", f"http://127.0.0.1:{self.first.peer_port}"
+        etcdctl(self.first.url, "snapshot", "restore", str(snapshot), "--data-dir", str(data),
+                "--name", "holdfast", "--initial-cluster", f"holdfast={peer}",
+                "--initial-advertise-peer-urls", peer)
+        self.restored = EtcdServer(data, fast_election=True, client_port=self.first.client_port,
+                                   peer_port=self.first.peer_port).start()
+        self.coordinator.etcd_url = self.restored.url
+        return self.restored
+
+    def close(self) -> None:
+        self.cluster.stop()
+        self.coordinator.stop()
+        if self.restored is not None:
+            self.restored.stop()
+        self.first.stop()
+
+
 def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
-    first = EtcdServer(tmp_path / "etcd-1", fast_election=True).start()
-    restored: EtcdServer | None = None
-    coordinator = Coordinator(first.url, tmp_path, PREFIX).start()
-    cluster = Cluster(coordinator, tmp_path)
+    stack = Stack(tmp_path)
+    first, coordinator, cluster = stack.first, stack.coordinator, stack.cluster
     try:
         host = cluster.host("host-r")
         assert cluster.run(host, SID, cmd=["true"]).wait(30) == 0
@@ -97,18 +126,9 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         assert Grant.from_file(new_first).fence == 1
 
         # Restore the snapshot into a new data dir and serve it on the same ports.
-        coordinator.stop()
-        first.stop()
-        data = tmp_path / "etcd-2"
-        peer = f"http://127.0.0.1:{first.peer_port}"
-        etcdctl(first.url, "snapshot", "restore", str(snapshot), "--data-dir", str(data),
-                "--name", "holdfast", "--initial-cluster", f"holdfast={peer}",
-                "--initial-advertise-peer-urls", peer)
-        restored = EtcdServer(data, fast_election=True, client_port=first.client_port,
-                              peer_port=first.peer_port).start()
+        restored = stack.restore(snapshot)
         # The runbook's gate, put before any coordinator serves the restored data.
         etcdctl(restored.url, "put", f"{PREFIX}restore-pending", "restored from snap.db")
-        coordinator.etcd_url = restored.url
         coordinator.start()
         until("host-r registered after the restore", lambda: any(
             h.host_id == "host-r" for h in cluster.stub.ListHosts(pb.ListHostsRequest(), timeout=5).hosts))
@@ -167,11 +187,7 @@ def test_restore_epoch_after_a_real_snapshot_restore(tmp_path: Path) -> None:
         assert closed.wait(30) == 75 and "RESTORE_PENDING" in closed.err()
         assert not (tmp_path / "late-ran").exists()
     finally:
-        cluster.stop()
-        coordinator.stop()
-        if restored is not None:
-            restored.stop()
-        first.stop()
+        stack.close()
 
 
 def test_an_owners_watch_from_its_grant_revision_hears_the_restored_record(tmp_path: Path) -> None:
@@ -179,20 +195,17 @@ def test_an_owners_watch_from_its_grant_revision_hears_the_restored_record(tmp_p
     below it. Its watch reconnects while the coordinator is away and must then list: from the
     grant's revision on, the restored etcd (whose revisions are lower, and reused by another
     history) would show it nothing, and the owner would never hear that its fence is gone."""
-    first = EtcdServer(tmp_path / "etcd-1", fast_election=True).start()
-    restored: EtcdServer | None = None
-    coordinator = Coordinator(first.url, tmp_path, PREFIX).start()
-    cluster = Cluster(coordinator, tmp_path)
+    stack = Stack(tmp_path)
     try:
-        host = cluster.host("host-w")
+        host = stack.cluster.host("host-w")
         sid = "sess-restore-watch"
 
         async def body() -> None:
-            nonlocal restored
-            async with Client(coordinator.address, host.host_id) as client:
+            async with Client(stack.coordinator.address, host.host_id) as client:
                 held, _ = await client.acquire(sid, secrets.token_hex(16))
                 await client.release(held)
-                await asyncio.to_thread(etcdctl, first.url, "snapshot", "save", str(tmp_path / "snap.db"))
+                snapshot = tmp_path / "snap.db"
+                await asyncio.to_thread(etcdctl, stack.first.url, "snapshot", "save", str(snapshot))
                 grant, _ = await client.acquire(sid, secrets.token_hex(16))
                 assert grant.fence == 2 and grant.revision > 0
                 heard: asyncio.Queue[pb.SessionRecord] = asyncio.Queue()
@@ -203,18 +216,8 @@ def test_an_owners_watch_from_its_grant_revision_hears_the_restored_record(tmp_p
 
                 watching = asyncio.create_task(watch())
                 try:
-                    await asyncio.to_thread(coordinator.stop)
-                    await asyncio.to_thread(first.stop)
-                    data, peer = tmp_path / "etcd-2", f"http://127.0.0.1:{first.peer_port}"
-                    await asyncio.to_thread(etcdctl, first.url, "snapshot", "restore",
-                                            str(tmp_path / "snap.db"), "--data-dir", str(data),
-                                            "--name", "holdfast", "--initial-cluster", f"holdfast={peer}",
-                                            "--initial-advertise-peer-urls", peer)
-                    restored = await asyncio.to_thread(
-                        EtcdServer(data, fast_election=True, client_port=first.client_port,
-                                   peer_port=first.peer_port).start)
-                    coordinator.etcd_url = restored.url
-                    await asyncio.to_thread(coordinator.start)
+                    await asyncio.to_thread(stack.restore, snapshot)
+                    await asyncio.to_thread(stack.coordinator.start)
                     record = await asyncio.wait_for(heard.get(), 30)
                     assert record.lease.fence == 1 and record.lease.claim_status == pb.RELEASED
                 finally:
@@ -222,8 +225,4 @@ def test_an_owners_watch_from_its_grant_revision_hears_the_restored_record(tmp_p
 
         asyncio.run(body())
     finally:
-        cluster.stop()
-        coordinator.stop()
-        if restored is not None:
-            restored.stop()
-        first.stop()
+        stack.close()
