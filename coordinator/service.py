@@ -516,6 +516,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             # that holds the record as of `after` (an owner, as its grant wrote it) needs no listing:
             # every change after it comes on the watch, and a compaction past it lists as above.
             revision = after if after > self.store.newest - MAX_REPLAY else 0
+            held = revision  # the caller's: past etcd's own, another history's (a restore), so list
             if not revision:
                 entries, revision = await self.store.snapshot_prefix(prefix)
                 for e in entries:
@@ -525,7 +526,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                             yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
             after = 0
             try:
-                async for change in self.store.watch_prefix(prefix, revision + 1):
+                async for change in self.store.watch_prefix(prefix, revision + 1, held):
                     if isinstance(change, str):
                         sid = change.rsplit("/", 1)[1]
                         if (key is None or change == key) and (caller.all_tenants or sid in shown):

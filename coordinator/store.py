@@ -256,10 +256,13 @@ class Store:
     async def revoke_lease(self, lease_id: int) -> None:
         await self._call(self._lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id))
 
-    async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[Entry | str]:
+    async def watch_prefix(self, prefix: str, start_revision: int,
+                           reached: int = 0) -> AsyncIterator[Entry | str]:
         """Yields changed entries (or the key of a deleted one) from `start_revision` on; ends in
-        `Compacted` (re-list) or `StoreUnavailable`, never in silence (watch_hub)."""
+        `Compacted` (re-list: also when etcd has not reached revision `reached`) or
+        `StoreUnavailable`, never in silence (watch_hub)."""
         raw = prefix.encode()
-        async with contextlib.aclosing(self._watches.watch(raw, _range_end(raw), start_revision)) as events:
+        async with contextlib.aclosing(self._watches.watch(raw, _range_end(raw), start_revision,
+                                                           reached)) as events:
             async for event in events:
                 yield event.kv.key.decode() if event.type == rpc.Event.DELETE else _entry(event.kv)

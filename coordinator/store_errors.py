@@ -19,6 +19,11 @@ class Compacted(Exception):
     must re-list."""
 
 
+class Unreached(Compacted):
+    """A watch asked to start past the revision etcd has reached: the revision is not of this
+    etcd's history (a snapshot restored below it, another cluster's etcd); the caller must re-list."""
+
+
 class Lagged(Compacted):
     """A watcher's reader fell so far behind its events that the watch was ended rather than grow
     without bound; as after a compaction, the caller must re-list."""

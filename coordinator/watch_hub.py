@@ -10,7 +10,8 @@ closes it.
 
 Guarantee: a watcher gets every event of its key range from its start revision on, in etcd's
 revision order, each once — or, when that cannot go on, an error, never silence:
-- its start revision compacted away is `Compacted`, for that watcher alone;
+- its start revision compacted away is `Compacted`, for that watcher alone, and so is one past the
+  revision etcd has reached when asked to be within it (`Unreached`: a revision of another history);
 - a watcher whose reader leaves MAX_BEHIND events unread ends with `Lagged` (a `Compacted`: re-list)
   after the events it holds, so one slow reader neither holds the others back nor grows the
   coordinator without bound;
@@ -31,7 +32,7 @@ from collections.abc import AsyncIterator
 import grpc
 from aetcd import rpc
 
-from holdfast.coordinator.store_errors import Compacted, Lagged, StoreUnavailable
+from holdfast.coordinator.store_errors import Compacted, Lagged, StoreUnavailable, Unreached
 
 MAX_BEHIND = 4096  # events a watcher's reader may leave unread before the watcher ends Lagged
 UNANSWERED = -1  # etcd's id for no watch (a refused create; progress for every watcher)
@@ -41,10 +42,11 @@ class Watcher:
     """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
     and how it ended."""
 
-    __slots__ = ("ended", "events", "gone", "id", "waker")
+    __slots__ = ("ended", "events", "gone", "id", "reached", "waker")
 
-    def __init__(self) -> None:
+    def __init__(self, reached: int = 0) -> None:
         self.id = UNANSWERED  # etcd's, from its `created` response
+        self.reached = reached  # a revision etcd must have reached by its `created` response (0: none)
         self.events: collections.deque[rpc.Event] = collections.deque()
         self.ended: Exception | None = None
         self.waker: asyncio.Future[None] | None = None
@@ -98,13 +100,13 @@ class Stream:
         while True:
             yield await self.requests.get()
 
-    def open(self, key: bytes, range_end: bytes, start_revision: int) -> Watcher:
+    def open(self, key: bytes, range_end: bytes, start_revision: int, reached: int = 0) -> Watcher:
         # Built before the watcher is queued: a request that cannot be built (a start revision past
         # int64) would leave a watcher no `created` answers, and every later watcher on the stream
         # would take the id, and the events, of the one after it.
         create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
             key=key, range_end=range_end, start_revision=start_revision))
-        watcher = Watcher()
+        watcher = Watcher(reached)
         # Queued and sent in one order, with nothing awaited between: the `created` responses
         # come back in this order too.
         self.creating.append(watcher)
@@ -181,6 +183,11 @@ class Stream:
         if watcher.gone:
             self._cancel(watcher.id)
             return
+        if watcher.reached > response.header.revision:
+            # etcd would wait for the revision and send what its own history has there.
+            self._cancel(watcher.id)
+            watcher.end(Unreached(f"revision {watcher.reached} is past etcd's {response.header.revision}"))
+            return
         self.watchers[watcher.id] = watcher
         watcher.deliver(list(response.events))
 
@@ -192,13 +199,15 @@ class WatchHub:
         self._stub = stub
         self._stream: Stream | None = None
 
-    async def watch(self, key: bytes, range_end: bytes, start_revision: int) -> AsyncIterator[rpc.Event]:
+    async def watch(self, key: bytes, range_end: bytes, start_revision: int,
+                    reached: int = 0) -> AsyncIterator[rpc.Event]:
         """Every event of [key, range_end) from `start_revision` on, until the caller stops reading
-        (closing this generator cancels the watch) or the watch ends in an error."""
+        (closing this generator cancels the watch) or the watch ends in an error; `Unreached` when
+        etcd has not reached revision `reached` (a caller's, e.g. a grant's) by the watch's start."""
         stream = self._stream
         if stream is None or stream.lost:
             stream = self._stream = Stream(self._stub)
-        watcher = stream.open(key, range_end, start_revision)
+        watcher = stream.open(key, range_end, start_revision, reached)
         try:
             while True:
                 yield await watcher.next()

@@ -23,6 +23,7 @@ import pytest
 
 from holdfast.client.connection import Client
 from holdfast.client.grant import Grant
+from holdfast.coordinator.store import Put, Store
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
@@ -206,22 +207,36 @@ def test_an_owners_watch_from_its_grant_revision_hears_the_restored_record(tmp_p
                 await client.release(held)
                 snapshot = tmp_path / "snap.db"
                 await asyncio.to_thread(etcdctl, stack.first.url, "snapshot", "save", str(snapshot))
+                store = Store.connect(stack.first.url, prefix=PREFIX)
+                try:  # the grant's revision well past what the restored etcd reaches by the watch
+                    for i in range(200):
+                        await store.txn([], [Put(store.key("noise"), str(i).encode())])
+                finally:
+                    await store.close()
                 grant, _ = await client.acquire(sid, secrets.token_hex(16))
                 assert grant.fence == 2 and grant.revision > 0
-                heard: asyncio.Queue[pb.SessionRecord] = asyncio.Queue()
+                heard: dict[str, asyncio.Queue[pb.SessionRecord]] = {"across": asyncio.Queue(),
+                                                                     "after": asyncio.Queue()}
 
-                async def watch() -> None:
+                async def watch(which: str) -> None:
                     async for record in client.watch(sid, grant, grant.revision):
-                        heard.put_nowait(record)
+                        heard[which].put_nowait(record)
 
-                watching = asyncio.create_task(watch())
+                # One watch open across the restore: its reconnect lists. One first opened after it,
+                # once the channel is up again (a run paused from its grant to the restore's end):
+                # the restored etcd has not reached the grant's revision, so the coordinator lists.
+                watching = [asyncio.create_task(watch("across"))]
                 try:
                     await asyncio.to_thread(stack.restore, snapshot)
                     await asyncio.to_thread(stack.coordinator.start)
-                    record = await asyncio.wait_for(heard.get(), 30)
-                    assert record.lease.fence == 1 and record.lease.claim_status == pb.RELEASED
+                    for which, queue in heard.items():
+                        if which == "after":
+                            watching.append(asyncio.create_task(watch("after")))
+                        record = await asyncio.wait_for(queue.get(), 30)
+                        assert record.lease.fence == 1 and record.lease.claim_status == pb.RELEASED, which
                 finally:
-                    watching.cancel()
+                    for task in watching:
+                        task.cancel()
 
         asyncio.run(body())
     finally:

@@ -16,7 +16,7 @@ from aetcd import rpc
 
 from holdfast.coordinator import watch_hub
 from holdfast.coordinator.store import Compacted, Entry, Put, Store, StoreUnavailable
-from holdfast.coordinator.store_errors import Lagged
+from holdfast.coordinator.store_errors import Lagged, Unreached
 from holdfast.localstack.etcd_server import EtcdServer
 from tests.integration.coordinator_fixtures import run_async
 
@@ -183,6 +183,25 @@ async def test_a_watch_whose_create_cannot_be_built_leaves_the_streams_routing_a
         assert got == [[f"{store.key('o2', 'k')}=2"], [f"{store.key('o3', 'k')}=3"]]
         for watcher in (first, second, third):
             await watcher.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_revision_etcd_has_not_reached_ends_that_watcher_unreached(etcd: EtcdServer,
+                                                                            prefix: str) -> None:
+    """A caller's revision past etcd's own (another history's: a snapshot restored below it) is not
+    waited for: etcd would send its own history's changes there as if they followed it."""
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        now = await revision(store)
+        steady = store.watch_prefix(store.key("u", ""), now + 1, now)  # reached: watched as asked
+        with pytest.raises(Unreached):
+            await take(store.watch_prefix(store.key("u", ""), now + 100, now + 99), 1)
+        key = store.key("u", "k")
+        await store.txn([], [Put(key, b"1")])
+        assert await take(steady, 1) == [f"{key}=1"], "the other watcher on the stream goes on"
+        await steady.aclose()
     finally:
         await store.close()
 
