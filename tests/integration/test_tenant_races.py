@@ -157,7 +157,10 @@ async def test_another_tenant_replaying_an_operation_id_never_gets_its_grant(
         sid, operation = "sess-race-replay", "a" * 32
         await register(p.other, HOST)
         granted = await acquire(p.other, As(pems["team-a"]), sid, HOST, operation)
-        assert await acquire(p.victim, As(pems["team-a"]), sid, HOST, operation) == granted  # a's replay
+        replayed = await acquire(p.victim, As(pems["team-a"]), sid, HOST, operation)  # a's replay
+        assert granted.revision > 0 and replayed.revision == 0  # a replay's watch lists
+        granted.revision = 0
+        assert replayed == granted
         before, _ = await p.other.store.list_prefix(prefix)
         with pytest.raises(Refused) as refused:
             await acquire(p.victim, As(pems["team-b"]), sid, HOST, operation)
