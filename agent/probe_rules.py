@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from holdfast.common.incarnation_rules import incarnation_verdict
 from holdfast.v1 import agent_pb2
 
 P = agent_pb2.ProbeOutcome
@@ -35,23 +36,6 @@ class TreeObservation:
     cgroup_populated: bool | None  # None: no cgroup recorded, or nothing known of it
     stable: bool = True  # the scan settled (every listed pid read) within its bound of passes
     passes: int = 1
-
-
-def incarnation_verdict(
-    recorded: agent_pb2.HostIncarnation, current: agent_pb2.HostIncarnation
-) -> tuple[str, str]:
-    """('same'|'ended'|'unknown', why). Only a new boot or a reused pid-ns inode proves an end."""
-    if recorded == current:
-        return "same", ""
-    if recorded.machine_id != current.machine_id:
-        return "unknown", "recorded machine id differs from this host's: maybe a replacement machine"
-    if recorded.boot_id != current.boot_id:
-        return "ended", "host rebooted (boot id changed)"
-    if recorded.pid_ns != current.pid_ns:
-        return "unknown", "recorded PID namespace is not the agent's; the old one may still exist"
-    if recorded.ns_init_start_ticks != current.ns_init_start_ticks:
-        return "ended", "PID namespace inode reused by a new namespace: the old one is gone"
-    return "unknown", "incarnation differs in a field the agent cannot interpret"
 
 
 def _result(outcome: int, **kw: object) -> agent_pb2.ProbeResult:

@@ -10,7 +10,8 @@ reported as such but proves nothing either. Time only makes a host a candidate (
 absent `host_loss_after` on the replica's monotonic clock); a registered, draining or restore-gated
 host never is. A fencer's option can never smuggle in another option (no newline in a name or
 value) nor set `action`; recorded output has every secret masked. The proof frees only owners
-attested on the fenced incarnation and reservations recorded before the proof; conflicted and
+attested on the fenced incarnation, owners recorded before the proof on an earlier incarnation
+that the fenced one proves ended, and reservations recorded before the proof; conflicted and
 manual-recovery records stay as they are.
 
 The other kind of fencer is Kubernetes' non-graceful node shutdown: the
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from holdfast.common.incarnation_rules import incarnation_verdict
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -404,15 +406,23 @@ def registration_refused(registering: apb.HostIncarnation, pending: bool,
 
 def recoverable(record: pb.SessionRecord, host_id: str, fenced: pb.FenceAttempt, record_revision: int,
                 fenced_revision: int) -> bool:
-    """Freed by the proof: an owner attested on the fenced incarnation of this host, or a reservation
-    on this host written before the proof (none can be written on it while a fence is pending: the
-    host has no registration). Anything later is a new incarnation's, untouched."""
+    """Freed by the proof: an owner attested on the fenced incarnation of this host; an owner of an
+    earlier incarnation that the fenced one proves ended (a later boot of the same machine, or its
+    PID namespace inode given to a new namespace), in a record written before the proof; or a
+    reservation on this host written before the proof. Before the proof means before the fence
+    began: no registration, so no attestation, exists on a host while its fence is pending, and the
+    fenced incarnation is the last one that registered — so an owner recorded before the proof is
+    of that incarnation or of an earlier one, never of a later one. An owner left from before a
+    reboot, whose session nobody took, would otherwise stay stranded while its fenced host stays
+    down (no agent to probe it). Anything later is a new incarnation's, untouched."""
     lease = record.lease
     if freeable(record) != host_id:
         return False
     if lease.claim_status == pb.RESERVED:
         return record_revision < fenced_revision
-    return same_incarnation(lease.owner.incarnation, fenced.incarnation)
+    owner = lease.owner.incarnation
+    return same_incarnation(owner, fenced.incarnation) or (
+        record_revision < fenced_revision and incarnation_verdict(owner, fenced.incarnation)[0] == "ended")
 
 
 def evidence_detail(attempt: pb.FenceAttempt) -> str:

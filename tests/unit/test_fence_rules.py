@@ -226,11 +226,25 @@ def test_registration_refused_while_pending_and_for_the_fenced_incarnation_only(
         assert not fence_rules.same_incarnation(moved, inc())
 
 
-def test_the_proof_frees_the_fenced_incarnation_and_earlier_reservations_only() -> None:
+def test_the_proof_frees_the_fenced_incarnation_earlier_ended_ones_and_earlier_reservations_only() -> None:
     fenced = pb.FenceAttempt(host_id="h1", incarnation=inc(), answer="off")
     assert fence_rules.recoverable(owned("h1"), "h1", fenced, 10, 20)
     assert fence_rules.recoverable(owned("h1"), "h1", fenced, 30, 20)  # an old owner, rewritten since
-    assert not fence_rules.recoverable(owned("h1", boot="b2"), "h1", fenced, 10, 20)  # rebooted: untouched
+    # Another boot of the machine, recorded before the proof: an earlier boot, which the fenced one
+    # ended. Recorded after it: a new incarnation's owner, untouched.
+    assert fence_rules.recoverable(owned("h1", boot="b0"), "h1", fenced, 10, 20)
+    assert not fence_rules.recoverable(owned("h1", boot="b2"), "h1", fenced, 30, 20)
+    # An earlier incarnation the fenced one does not prove ended: another machine, or another
+    # PID namespace of the same boot (it may still exist beside the one fenced).
+    elsewhere, beside = owned("h1"), owned("h1")
+    elsewhere.lease.owner.incarnation.machine_id = "m2"
+    beside.lease.owner.incarnation.pid_ns = 4026532000
+    assert not fence_rules.recoverable(elsewhere, "h1", fenced, 10, 20)
+    assert not fence_rules.recoverable(beside, "h1", fenced, 10, 20)
+    reused = owned("h1")
+    reused.lease.owner.incarnation.ns_init_start_ticks = 3  # the inode given to the fenced namespace
+    assert fence_rules.recoverable(reused, "h1", fenced, 10, 20)
+    assert not fence_rules.recoverable(reused, "h1", fenced, 30, 20)
     assert not fence_rules.recoverable(owned("h2"), "h1", fenced, 10, 20)
     assert not fence_rules.recoverable(owned("h1", pb.CONFLICTED), "h1", fenced, 10, 20)
     assert not fence_rules.recoverable(owned("h1", stage=pb.MANUAL_RECOVERY), "h1", fenced, 10, 20)
