@@ -157,6 +157,10 @@ def interrupted() -> ClientError:
     return ClientError(Reason.INTERRUPTED, "interrupted (Ctrl-C)")
 
 
+def terminated() -> ClientError:
+    return ClientError(Reason.TERMINATED, "terminated (SIGTERM) before CMD ran")
+
+
 def failed(args: argparse.Namespace, err: ClientError) -> int:
     """A command's failure as its output (one line on stderr, and the error document with --json)
     and its exit code."""

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -30,6 +31,7 @@ from holdfast.cli.options import (
     schema,
     seconds_arg,
     session_id_arg,
+    terminated,
 )
 from holdfast.client.acquire import MAX_WAIT_S, RunSpec, say_stderr
 from holdfast.client.connection import OWNED, Client
@@ -145,14 +147,31 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
 
 
 async def _run_owner(spec: RunSpec, client: Client, outcome: dict[str, Any]) -> int:
+    # A SIGTERM before CMD runs (a service manager's stop, a pod's deletion) ends `run` as a Ctrl-C
+    # does: the gate ended unrun and a grant released, where its default death left the grant to
+    # the next probe and the grant directory to the next `run` of the pid namespace. Once CMD runs,
+    # supervise forwards it to CMD.
+    loop, starting = asyncio.get_running_loop(), asyncio.current_task()
+    assert starting is not None
+    by_term: list[int] = []
+
+    def stop() -> None:
+        by_term.append(signal.SIGTERM)
+        starting.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
     try:
         owner = await Owner.start(client, spec)
     except ClientError as err:
         outcome["error"] = err
         raise
-    except asyncio.CancelledError:  # Ctrl-C: Owner.start ended the gate unrun and released
-        outcome["error"] = interrupted()
+    except asyncio.CancelledError:  # Ctrl-C or SIGTERM: Owner.start ended the gate unrun and released
+        outcome["error"] = terminated() if by_term else interrupted()
+        if by_term:
+            raise outcome["error"] from None
         raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
     outcome["fence"] = owner.grant.fence
     try:
         status = await owner.supervise(forward_signals=True)  # `holdfast run` passes signals on to CMD
@@ -403,7 +422,8 @@ RUN_EPILOG = """examples:
 exit status: CMD's own when it ran; when it did not: 75 held or ownership unknown, 69 no
 coordinator (or this host's agent not registered), 77 certificates, 2 usage, 127 CMD not found,
 126 CMD not executable (checked before anything is asked: the owner is never disturbed), 130
-interrupted (Ctrl-C before CMD ran, or before its signals were forwarded: a grant made is released).
+interrupted (Ctrl-C before CMD ran, or before its signals were forwarded: a grant made is released),
+143 terminated (SIGTERM before CMD ran, likewise; once CMD runs, SIGTERM is passed on to it).
 A CMD may itself exit 75, 69 or 2: --report FILE tells the two apart. It is written (whole, by
 rename) when run ends, as one JSON document (docs/json.md; each also has "schema": "holdfast/v1"):
   {"ran": true, "exit_code": 75, "cmd_status": 75, "reason": "", "message": "", "next_step": "",

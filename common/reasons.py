@@ -27,6 +27,7 @@ EX_NOPERM = 77
 EX_NOEXEC = 126     # the shell's codes for a CMD that cannot be run: `run` never asked for anything
 EX_NOTFOUND = 127
 EX_INTERRUPTED = 128 + 2  # as a shell reports a command ended by SIGINT
+EX_TERMINATED = 128 + 15  # and by SIGTERM
 F = grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -78,6 +79,7 @@ class Reason(StrEnum):
     GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
     CARRY_FAILED = "CARRY_FAILED"              # carried state could not be packed or restored here
     INTERRUPTED = "INTERRUPTED"                # Ctrl-C (SIGINT) before the command finished
+    TERMINATED = "TERMINATED"                  # `run` stopped (SIGTERM) before CMD ran
     # Carried state (`run --carry`), refused by the coordinator: nothing of the new copy is kept.
     CARRY_TOO_LARGE = "CARRY_TOO_LARGE"
     CARRY_BUDGET_EXHAUSTED = "CARRY_BUDGET_EXHAUSTED"
@@ -278,6 +280,10 @@ TABLE: dict[Reason, Meaning] = {
         None, EX_INTERRUPTED,
         "nothing it started is left behind: a grant it had was released (its tree ended first); run it "
         "again when you mean to"),
+    Reason.TERMINATED: Meaning(
+        None, EX_TERMINATED,
+        "stopped before CMD ran (a service manager's or Kubernetes' stop): nothing it started is left "
+        "behind, a grant it had was released; start it again when you mean to"),
     Reason.CARRY_TOO_LARGE: Meaning(
         F, EX_USAGE,
         "carry less (a smaller --carry PATH), raise the coordinator's carry_session_cap_bytes, or keep "

@@ -5,6 +5,7 @@ tables, never by holdfast's own word."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shlex
@@ -206,3 +207,30 @@ def test_a_forced_takeover_of_a_session_run_inside_another_ends_only_its_own_tre
     assert outer.proc.poll() is None
     os.kill(outer.run_pid, signal.SIGTERM)
     outer.wait(30)
+
+
+def test_a_waiting_run_stopped_by_sigterm_ends_cleanly_and_disturbs_nothing(cluster: Cluster) -> None:
+    """SIGTERM (a service manager's stop, a pod's deletion) while `run --wait` waits for a held
+    session: exit 143 as a shell reports it, one line, the report saying CMD never ran and why, its
+    gate ended and its grant directory removed; the holder and its record untouched."""
+    sid = "sess-term-wait-01"
+    holder = cluster.run(cluster.host("host-term-a"), sid, cmd=["sleep", "60"])
+    held = until("the holder live", lambda: next((
+        r for r in cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10).records
+        if r.session_id == sid and r.lease.claim_status == pb.LIVE), None))
+    report = cluster.tmp / "term-report.json"
+    waiter = cluster.run(cluster.host("host-term-b"), sid, "--wait", "60", "--report", str(report),
+                         cmd=["echo", "ran"])
+    gate = until("the waiter's gate", lambda: descendants(waiter.run_pid))
+    before = sorted(cluster.tmp.glob("holdfast-run-*"))
+    assert len(before) == 2  # the holder's grant directory, and the waiter's
+    os.kill(waiter.run_pid, signal.SIGTERM)
+    assert waiter.wait(30) == 143, waiter.err()
+    said = [line for line in waiter.err().splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith("holdfast: TERMINATED: terminated (SIGTERM)"), said
+    assert json.loads(report.read_text()) | {"message": "", "next_step": ""} == {
+        "schema": "holdfast/v1", "ran": False, "exit_code": 143, "cmd_status": None, "reason": "TERMINATED",
+        "message": "", "next_step": "", "session": sid, "fence": 0}
+    assert all(gone(pid) for pid in gate)  # type: ignore[union-attr]
+    assert len(sorted(cluster.tmp.glob("holdfast-run-*"))) == 1
+    assert cluster.record(sid).record == held and holder.proc.poll() is None
