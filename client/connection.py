@@ -382,7 +382,7 @@ class Client:
         async for event in self.session_events(session_id, after_revision=after_revision):
             if grant is not None:
                 same_cluster(grant, event.cluster_id)
-            if not event.deleted:
+            if event.HasField("record") and not event.deleted:  # the opening one of after_revision has none
                 yield event.record
 
     async def session_events(self, session_id: str = "",

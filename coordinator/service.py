@@ -517,7 +517,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             # every change after it comes on the watch, and a compaction past it lists as above.
             revision = after if after > self.store.newest - MAX_REPLAY else 0
             held = revision  # the caller's: past etcd's own, another history's (a restore), so list
-            if not revision:
+            if revision:
+                # No record to send, but the cluster answering: an owner whose address now reaches
+                # another holdfast cluster hears it at once (WRONG_CLUSTER), as a listing told it.
+                yield pb.SessionEvent(cluster_id=cluster)
+            else:
                 entries, revision = await self.store.snapshot_prefix(prefix)
                 for e in entries:
                     if key is None or e.key == key:

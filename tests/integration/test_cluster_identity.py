@@ -119,6 +119,11 @@ def test_client_keeps_the_identity_and_refuses_another_clusters_answers(coordina
                 async for _record in client.watch(grant.session_id, forged):
                     pass
             assert watched.value.reason == "WRONG_CLUSTER"
+            # An owner's watch from its grant's revision lists nothing: its opening event says who answers.
+            with pytest.raises(ClientError) as watched:
+                async for _record in client.watch(grant.session_id, forged, grant.revision):
+                    pass
+            assert watched.value.reason == "WRONG_CLUSTER"
             assert (await client.release(grant)).lease.claim_status == pb.RELEASED
 
     asyncio.run(asyncio.wait_for(body(), 50))

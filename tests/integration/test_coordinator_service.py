@@ -428,8 +428,10 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
                                  timeout=20)
-    first = next(stream)
+    opening, first = next(stream), next(stream)  # the opening event names the cluster, with no record
+    assert not opening.HasField("record") and opening.cluster_id and not opening.resync
     assert not first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
+    assert first.cluster_id == opening.cluster_id
     stream.cancel()
 
     async def compact() -> None:
@@ -443,7 +445,8 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
     asyncio.run(compact())
     stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
                                  timeout=20)
-    first = next(stream)
+    opening, first = next(stream), next(stream)
+    assert not opening.HasField("record")
     assert first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
     stream.cancel()
 
