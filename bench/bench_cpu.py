@@ -283,9 +283,9 @@ def _children(pid: int) -> list[int]:
 
 def end(proc: subprocess.Popen[bytes]) -> None:
     """Ends a `run` this bench started (its nsenter's child, by pid), and reaps the nsenter. With
-    SIGINT, as a Ctrl-C: a `run` still waiting for its grant then removes its grant directory, where
-    a SIGTERM's default death leaves it for the next `run` of that pid namespace, and a simulated
-    host's namespace has none."""
+    SIGINT, as a Ctrl-C: a `run` still waiting for its grant then removes its grant directory (a
+    killed one leaves it for the next `run` of that pid namespace, and a simulated host's namespace
+    has none)."""
     for pid in _children(proc.pid):
         os.kill(pid, signal.SIGINT)
     proc.wait(30)

@@ -151,8 +151,8 @@ class SimulatedHost:
         self._unshare = None
         self._address = ""
         if self._namespace:
-            # The grant dirs of runs killed inside (a waiting run's SIGTERM, a crash's SIGKILL): the
-            # next run of a namespace sweeps them, and this one has none.
+            # The grant dirs of runs killed inside (the namespace's end, a crash's SIGKILL): the next
+            # run of a namespace sweeps them, and this one has none.
             grantdir.sweep_ended(self._namespace, self._ending_at)
         self._namespace = self._ending_at = 0
 

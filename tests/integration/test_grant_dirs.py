@@ -88,8 +88,9 @@ def test_an_ended_namespace_loses_the_dirs_of_runs_started_before_its_end(tmp_pa
 @pytest.mark.root
 def test_a_stopped_simulated_host_leaves_no_grant_dir_of_a_run_killed_inside(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A `run` killed by SIGTERM while it waits for its grant leaves its directory for the next run
-    # of its pid namespace to sweep; a simulated host's namespace has no next run once stopped.
+    # A `run` killed (SIGKILL: a SIGTERM it handles, and removes its directory) while it waits for
+    # its grant leaves its directory for the next run of its pid namespace to sweep; a simulated
+    # host's namespace has no next run once stopped.
     monkeypatch.setattr(tempfile, "tempdir", str(cluster.tmp))  # where this cluster's runs keep theirs
     host, sid = cluster.host("host-grantdirs"), "sess-grantdirs-1"
     owner = cluster.run(host, sid, cmd=["sleep", "600"])
@@ -107,9 +108,9 @@ def test_a_stopped_simulated_host_leaves_no_grant_dir_of_a_run_killed_inside(
         return sorted(cluster.tmp.glob(f"{grantdir.PREFIX}*"))
 
     until("the waiter's grant directory", lambda: len(grant_dirs()) == 2)
-    os.kill(waiter.run_pid, signal.SIGTERM)
+    os.kill(waiter.run_pid, signal.SIGKILL)
     waiter.wait()
-    assert len(grant_dirs()) == 2, "a SIGTERM's death leaves the waiter's directory"
+    assert len(grant_dirs()) == 2, "a SIGKILL's death leaves the waiter's directory"
     host.stop()
     owner.wait()
     assert grant_dirs() == []
