@@ -17,6 +17,7 @@ import pytest
 
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration import unprivileged
 from tests.integration.conftest import descendants
 from tests.integration.run_fixtures import Cluster, Run, until
 
@@ -209,21 +210,27 @@ def test_a_forced_takeover_of_a_session_run_inside_another_ends_only_its_own_tre
     outer.wait(30)
 
 
-def test_a_waiting_run_stopped_by_sigterm_ends_cleanly_and_disturbs_nothing(cluster: Cluster) -> None:
+@pytest.mark.parametrize("as_nobody", [False, True], ids=["root", "unprivileged"])
+def test_a_waiting_run_stopped_by_sigterm_ends_cleanly_and_disturbs_nothing(cluster: Cluster,
+                                                                           as_nobody: bool) -> None:
     """SIGTERM (a service manager's stop, a pod's deletion) while `run --wait` waits for a held
-    session: exit 143 as a shell reports it, one line, the report saying CMD never ran and why, its
-    gate ended and its grant directory removed; the holder and its record untouched."""
+    session, by root or by an unprivileged user: exit 143 as a shell reports it, one line, the
+    report saying CMD never ran and why, its gate ended and its grant directory removed; the
+    holder and its record untouched."""
     sid = "sess-term-wait-01"
     holder = cluster.run(cluster.host("host-term-a"), sid, cmd=["sleep", "60"])
     held = until("the holder live", lambda: next((
         r for r in cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10).records
         if r.session_id == sid and r.lease.claim_status == pb.LIVE), None))
-    report = cluster.tmp / "term-report.json"
+    reports = unprivileged.shared_dir("holdfast-term-report-")
+    cluster.shared.append(reports)
+    report = reports / "report.json"
     waiter = cluster.run(cluster.host("host-term-b"), sid, "--wait", "60", "--report", str(report),
-                         cmd=["echo", "ran"])
+                         cmd=["echo", "ran"], as_nobody=as_nobody)
+    tmp = cluster.shared[-1] if as_nobody else cluster.tmp  # the waiter's TMPDIR
     gate = until("the waiter's gate", lambda: descendants(waiter.run_pid))
-    before = sorted(cluster.tmp.glob("holdfast-run-*"))
-    assert len(before) == 2  # the holder's grant directory, and the waiter's
+    # The waiter's grant directory, and beside it as root the holder's.
+    assert len(sorted(tmp.glob("holdfast-run-*"))) == (1 if as_nobody else 2)
     os.kill(waiter.run_pid, signal.SIGTERM)
     assert waiter.wait(30) == 143, waiter.err()
     said = [line for line in waiter.err().splitlines() if line.strip()]
@@ -232,5 +239,5 @@ def test_a_waiting_run_stopped_by_sigterm_ends_cleanly_and_disturbs_nothing(clus
         "schema": "holdfast/v1", "ran": False, "exit_code": 143, "cmd_status": None, "reason": "TERMINATED",
         "message": "", "next_step": "", "session": sid, "fence": 0}
     assert all(gone(pid) for pid in gate)  # type: ignore[union-attr]
-    assert len(sorted(cluster.tmp.glob("holdfast-run-*"))) == 1
+    assert len(sorted(tmp.glob("holdfast-run-*"))) == (0 if as_nobody else 1)
     assert cluster.record(sid).record == held and holder.proc.poll() is None
