@@ -21,10 +21,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from holdfast.coordinator import records
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import agent_pb2 as apb
-from holdfast.v1 import agent_pb2_grpc
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import Coordinator, snapshot
 from tests.integration.lifecycle_helpers import cli
@@ -430,39 +430,30 @@ def test_an_operator_fences_by_hand(by_hand: Fencing) -> None:
 
 
 def test_an_owner_from_before_a_reboot_is_freed_by_the_fence_of_the_boot_after(by_hand: Fencing) -> None:
-    """A host rebooted before anyone took its session, then lost that later incarnation too: with
-    no agent left to probe the old owner, the fence of the later incarnation frees it, because
-    that incarnation proves the earlier one ended (a new namespace given the old one's inode, as a
-    reboot of a simulated host is) and the record was written before the proof."""
+    """A host rebooted before anyone took its session, then lost that later boot too: with no
+    agent left to probe the old owner, the fence of the later boot frees it, because that boot
+    proves the earlier one ended and the record was written before the proof. A simulated host
+    cannot change its boot id (every namespace shares the kernel's), and a namespace inode given
+    back to its next namespace is up to the kernel; so the record is put as a boot before this one
+    left it: its owner's incarnation the same machine and namespace, another boot id."""
     c = by_hand.cluster
     host = by_hand.host("fh-older")
     other = by_hand.host("fh-other8")
     sid = "sess-fence-older-1"
     c.run(host, sid)
     started(c, 1)
-    old = c.record(sid).record.lease.owner.incarnation
-    # The kernel gives a new namespace the lowest free inode, so a freed one is usually reused at
-    # once; another namespace made anywhere on the machine may take it first, hence tries.
-    deadline = time.monotonic() + 60
-    while True:
-        host.reboot()
-        new = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(host.agent_address)).GetHostInfo(
-            apb.GetHostInfoRequest(), timeout=5).incarnation
-        if new.pid_ns == old.pid_ns:
-            break
-        assert time.monotonic() < deadline, "no reboot reused the namespace inode in 60 s"
-    by_hand.mark(host)
-    assert new.ns_init_start_ticks != old.ns_init_start_ticks
-    until("the new incarnation registered", lambda: any(
-        h.host_id == "fh-older" and h.incarnation == new
-        for h in c.stub.ListHosts(pb.ListHostsRequest(), timeout=5).hosts), 30)
-    assert c.record(sid).record.lease.owner.incarnation == old  # nobody took the session
+    record = c.record(sid).record
+    current = apb.HostIncarnation()
+    current.CopyFrom(record.lease.owner.incarnation)
+    record.lease.owner.incarnation.boot_id = "a-boot-before-this-one"
+    c.etcd_put(f"sessions/{sid}", records.encode(record))
     members = namespace(host)
-    os.kill(host.reaper_pid, signal.SIGKILL)  # the later incarnation is lost as well
+    os.kill(by_hand.agent_pid(host), signal.SIGSTOP)  # the later boot is lost as well
     until("the registration to lapse", lambda: "fh-older" not in by_hand.registered(), 20)
     code, out = cli(c.coordinator.address, "admin", "fence", "fh-older", "--reason", "gone again")
     assert code == 0, out
     assert out["attempt"]["answer"] == "off"
+    assert out["attempt"]["incarnation"]["boot_id"] == current.boot_id  # the proof is of the later boot
     assert [(r["session_id"], r["recovered"]) for r in out["results"]] == [(sid, True)]
     assert in_namespace(members) == []
     assert c.record(sid).record.lease.death_evidence.kind == "host-fenced"
