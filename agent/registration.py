@@ -9,6 +9,7 @@ reason, and retried only after that lease could have expired.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import tempfile
@@ -128,8 +129,11 @@ async def serve_registered(
 
     The registered address is `advertise` when set, else the bound one: coordinators dial exactly
     what is registered. With TLS they still accept only this host's certificate behind it."""
-    with tempfile.TemporaryDirectory(prefix="holdfast-agent-") as scratch:
-        ready = Path(ready_file) if ready_file else Path(scratch) / "ready.json"
+    with contextlib.ExitStack() as scratch:
+        # A scratch directory only when no ready file is given: an agent killed before it read its
+        # address (a host rebooted at once) left one behind in /tmp on every start.
+        ready = Path(ready_file) if ready_file else Path(
+            scratch.enter_context(tempfile.TemporaryDirectory(prefix="holdfast-agent-"))) / "ready.json"
         server = asyncio.create_task(serve(str(ready)))
         while not ready.exists() and not server.done():
             await asyncio.sleep(0.05)
