@@ -1,6 +1,7 @@
 """Exit events from the kernel, the moment they happen: one pidfd per watched identity, polled by
 the event loop. The pidfd is opened first and the identity re-checked after, closing the
-read-then-open race; observed exits are remembered by full identity, never by pid.
+read-then-open race; observed exits are remembered by full identity, never by pid. Arming reads
+the owner's environ, so it runs on a reader thread (agent/reads.py); the watch itself on the loop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from holdfast.agent.observe import pidfd_exited
 from holdfast.v1 import agent_pb2
 
 P = agent_pb2.ProbeOutcome
+# What `arm` found: the pidfd of a live owner, and the verdict of its probe.
+Armed = tuple[int | None, agent_pb2.ProbeResult]
 # Forgetting an old exit is safe (the /proc evidence remains); the cap only bounds memory.
 MEMORY_CAP = 65536
 
@@ -43,27 +46,49 @@ class ExitWatcher:
         while len(self._exited) > MEMORY_CAP:
             self._exited.pop(next(iter(self._exited)))
 
-    def watch(self, identity: agent_pb2.ProcessIdentity) -> asyncio.Future[agent_pb2.ProbeResult]:
-        """Resolves with EXIT_OBSERVED on exit, or at once with whatever proves it is not this owner."""
-        loop = asyncio.get_running_loop()
+    def known(self, identity: agent_pb2.ProcessIdentity) -> asyncio.Future[agent_pb2.ProbeResult] | None:
+        """The watch held for this identity, or one resolved at once when its exit is remembered;
+        None: it is to be armed (`arm`) and then watched (`watch`). On the loop."""
         key = identity_key(identity)
         if key in self._watches:
             return self._watches[key]
-        done: asyncio.Future[agent_pb2.ProbeResult] = loop.create_future()
         if key in self._exited:
+            done: asyncio.Future[agent_pb2.ProbeResult] = asyncio.get_running_loop().create_future()
             done.set_result(exit_result())
             return done
+        return None
+
+    def arm(self, identity: agent_pb2.ProcessIdentity) -> Armed:
+        """A pidfd opened, then the identity judged from /proc: (the pidfd, IDENTITY_MATCHED) when
+        it names this owner, else (None, what proves it is not). On a reader thread: the probe reads
+        the owner's environ (agent/reads.py)."""
         try:
             fd = os.pidfd_open(identity.pid)
         except OSError:
-            done.set_result(self._probe(identity))
-            return done
+            return None, self._probe(identity)
         now = self._probe(identity)
         same_fd = not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino
         if now.outcome != P.IDENTITY_MATCHED or not same_fd:
             # Not this owner at this pid (or it died between open and re-check): the probe says which.
             os.close(fd)
-            done.set_result(now if now.outcome != P.IDENTITY_MATCHED else self._probe(identity))
+            return None, now if now.outcome != P.IDENTITY_MATCHED else self._probe(identity)
+        return fd, now
+
+    def watch(self, identity: agent_pb2.ProcessIdentity,
+              armed: Armed) -> asyncio.Future[agent_pb2.ProbeResult]:
+        """Resolves with EXIT_OBSERVED on exit, or at once with whatever `arm` found proving it is not
+        this owner. Takes the pidfd `arm` opened; a watch armed meanwhile by another call is shared."""
+        fd, now = armed
+        already = self.known(identity)
+        if already is not None:
+            if fd is not None:
+                os.close(fd)
+            return already
+        loop = asyncio.get_running_loop()
+        key = identity_key(identity)
+        done: asyncio.Future[agent_pb2.ProbeResult] = loop.create_future()
+        if fd is None:
+            done.set_result(now)
             return done
         if pidfd_exited(fd):
             os.close(fd)

@@ -18,7 +18,7 @@ import signal
 from holdfast.agent.observe import pidfd_exited
 from holdfast.proc import cgroups
 from holdfast.proc.ending import stop_until_stable
-from holdfast.proc.environ import read_proc_file, read_value
+from holdfast.proc.environ import EnvironReader, read_proc_file, read_value
 from holdfast.proc.procstat import StatParseError, parse_stat
 from holdfast.proc.scan import scan
 from holdfast.v1 import agent_pb2
@@ -45,13 +45,13 @@ def _open_root(identity: agent_pb2.ProcessIdentity) -> int | None:
     return fd
 
 
-def _open_carrier(pid: int, variable: bytes, token: bytes) -> int | None:
+def _open_carrier(pid: int, variable: bytes, token: bytes, environ: EnvironReader) -> int | None:
     try:
         fd = os.pidfd_open(pid)
     except OSError:
         return None
     try:
-        if read_value(pid, variable) != token or pidfd_exited(fd):
+        if read_value(pid, variable, environ) != token or pidfd_exited(fd):
             raise LookupError
     except (OSError, LookupError):
         os.close(fd)
@@ -67,18 +67,19 @@ def _send(fd: int, sig: int) -> bool:
         return False  # exited since it was checked
 
 
-def stop_carriers(variable: bytes, token: bytes, skip: int = 0) -> dict[int, int]:
+def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, skip: int = 0) -> dict[int, int]:
     """SIGSTOP every carrier of the token until a stable scan shows none that is not stopped;
-    returns the pidfds of the stopped ones (the caller kills and closes them)."""
+    returns the pidfds of the stopped ones (the caller kills and closes them). Every environ is read
+    through `environ`: one that cannot be read is no carrier proven, and is not signalled."""
     stopped: dict[int, int] = {}
 
     def carriers() -> tuple[list[int], bool]:
-        found = scan(variable, token)
+        found = scan(variable, token, environ=environ)
         return [c.pid for c in found.carriers if c.pid != skip], found.stable
 
     def stop(new: set[int]) -> list[int]:
         for pid in new:
-            fd = _open_carrier(pid, variable, token)
+            fd = _open_carrier(pid, variable, token, environ)
             if fd is not None and _send(fd, signal.SIGSTOP):
                 stopped[pid] = fd
             elif fd is not None:
@@ -90,7 +91,7 @@ def stop_carriers(variable: bytes, token: bytes, skip: int = 0) -> dict[int, int
 
 
 def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched: bool,
-              cap: cgroups.Capability) -> int:
+              cap: cgroups.Capability, environ: EnvironReader) -> int:
     """Signals sent. The root is signalled only when just judged IDENTITY_MATCHED and re-checked
     through its pidfd; the cgroup and the carriers whenever the root is matched or proven dead,
     since descendants outlive their root."""
@@ -104,7 +105,7 @@ def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched
         sent += cgroups.kill(identity.cgroup, cap)
     if identity.spawn_token:
         skip = identity.pid if root_matched else 0
-        stopped = stop_carriers(variable, identity.spawn_token.encode(), skip)
+        stopped = stop_carriers(variable, identity.spawn_token.encode(), environ, skip)
         for fd in stopped.values():
             with contextlib.suppress(OSError):
                 sent += _send(fd, signal.SIGKILL)

@@ -21,6 +21,12 @@ SCAN_UNREADABLE = Gauge("holdfast_agent_scan_unreadable_processes",
                         "Processes whose environ the last scan could not read (absence claims are off)")
 SCAN_PASSES = Histogram("holdfast_agent_scan_passes", "Passes over /proc one stable scan took",
                         buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 256))
+READS_PARKED = Gauge("holdfast_agent_reads_parked",
+                     "Reads of another process's memory given up as stuck and still pending: a thread parked "
+                     "in the kernel each, and their processes unreadable (scans meeting them incomplete)")
+READS_REFUSED = Counter("holdfast_agent_reads_refused",
+                        "Reads of another process's memory not started: its read was pending, or too "
+                        "many were")
 ATTESTATIONS = Counter("holdfast_agent_attestations", "Trees attested, by the proof their end needs "
                        "(scan_only: no session cgroup could be made)", ["tree_proof"])
 SESSION_CGROUPS_SWEPT = Counter("holdfast_agent_session_cgroups_swept", "Empty session cgroups removed")

@@ -12,7 +12,7 @@ import select
 
 from holdfast.agent.probe_rules import Observation, TreeObservation
 from holdfast.proc import cgroups
-from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
+from holdfast.proc.environ import EnvironReader, read_proc_file, value_in_block
 from holdfast.proc.procstat import StatParseError, parse_stat
 from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2
@@ -27,7 +27,9 @@ def pidfd_exited(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: bool) -> Observation:
+def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: bool,
+            environ: EnvironReader) -> Observation:
+    """What /proc shows of the identity's pid; its environ read through `environ`."""
     pid = identity.pid
     try:
         fd = os.pidfd_open(pid)
@@ -48,8 +50,9 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
         token: bool | None = None
         if identity.spawn_token:
             try:
-                block = read_environ(pid)
-                # No environ at all (a zombie's memory is gone) and an unreadable one are no evidence.
+                block = environ(pid, stat.start_ticks, "/proc")
+                # No environ at all (a zombie's memory is gone) and an unreadable (or stuck) one are
+                # no evidence.
                 if block is not None:
                     token = value_in_block(block, variable) == identity.spawn_token.encode()
             except OSError:

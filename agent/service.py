@@ -1,5 +1,10 @@
 """The HostAgent gRPC servicer: validates every request whole (agent/requests.py: INVALID_ARGUMENT with
 what was wrong, nothing changed), then answers only for this host from its own process table.
+
+Guarantee: no call reads another process's memory on the event loop. Whatever reads an environ (a
+probe, an attestation, a scan, a kill, arming an exit watch) runs as one job per call on a reader
+thread (agent/reads.py), its reads guarded: a process whose read is stuck is unreadable, never
+dead, and heartbeats and every other call go on meanwhile.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from holdfast.agent import metrics, probe_rules, requests
-from holdfast.agent.exit_watch import ExitWatcher
+from holdfast.agent.exit_watch import Armed, ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
+from holdfast.agent.reads import Readers
 from holdfast.common import identifiers, reasons
 from holdfast.common.identifiers import InvalidInput
 from holdfast.common.reasons import Reason
@@ -27,7 +33,7 @@ from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
 from holdfast.proc.ages import ProcessAges
 from holdfast.proc.ending import KILL_WAIT_S
-from holdfast.proc.environ import read_proc_file, read_value
+from holdfast.proc.environ import read_proc_file, value_in_block
 from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
 from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
@@ -35,20 +41,6 @@ from holdfast.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger("holdfast.agent")
 P = agent_pb2.ProbeOutcome
 SWEEP_EVERY_S = 30.0
-
-
-# A scan's first pass over at most this many /proc entries costs less on the event loop than the
-# hand-off to a thread and back (measured: ~0.2 ms of agent CPU per tree proof, while a quiet
-# host's one pass takes a tenth of a millisecond or two).
-INLINE_LISTING = 512
-
-
-def timed_scan(variable: bytes, token: bytes | frozenset[bytes] | None = None) -> Scan:
-    """One stable scan on this thread, timed and counted for the metrics endpoint."""
-    started = time.monotonic()
-    result = scan_.scan(variable, token)
-    metrics.observe_scan(result, time.monotonic() - started)
-    return result
 
 
 def trees_wanted(judged: Sequence[tuple[agent_pb2.ProcessIdentity, agent_pb2.ProbeResult]],
@@ -92,36 +84,25 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         self.cgroups = facts.cgroups
         self.watcher = ExitWatcher(self.probe_proc)
         self.ages = ProcessAges(pidfd_budget())
-        self.listed = INLINE_LISTING + 1  # /proc entries the last scan listed; none yet: a thread
+        # Every read of another process's environ: on a reader thread, through this guard.
+        self.readers = Readers()
+        self.environ = self.readers.environ
 
-    # -- scanning --------------------------------------------------------------------------------
-    async def scan(self, token: bytes | frozenset[bytes] | None = None, born_since: int = 0,
-                   dead: scan_.Dead | None = None) -> Scan:
-        """One stable scan (with the process ages when it looks for trees), timed and counted. A
-        scan reads every process, several passes on a busy host, and the event loop also carries
-        the exit watches and every other call: passes run on a thread, but for the first pass of a
-        tree scan while the last scan listed at most INLINE_LISTING entries (a quiet host's whole
-        tree proof; a tree scan reads no environ, and with the ages no stat, of a process older
-        than its roots, where a scan for a token alone reads every environ). Where a pass runs
-        changes nothing of what it reads or how it is judged; the size remembered only chooses
-        where the next first pass runs."""
+    # -- scanning (on a reader thread) -----------------------------------------------------------
+    def scan(self, token: bytes | frozenset[bytes] | None = None, born_since: int = 0,
+             dead: scan_.Dead | None = None) -> Scan:
+        """One stable scan (with the process ages when it looks for trees), timed and counted."""
         started = time.monotonic()
-        passes = scan_.passes(self.variable, token, born_since=born_since,
-                              ages=self.ages if born_since else None, dead=dead)
-        first = next(passes) if born_since and self.listed <= INLINE_LISTING else None
-        if first is None or not first.stable:
-            result = await asyncio.to_thread(scan_.last_pass, passes, first)
-        else:
-            result = first
-        self.listed = result.listed
+        result = scan_.scan(self.variable, token, born_since=born_since,
+                            ages=self.ages if born_since else None, dead=dead, environ=self.environ)
         metrics.observe_scan(result, time.monotonic() - started)
         return result
 
-    async def scan_trees(self, judged: Sequence[tuple[agent_pb2.ProcessIdentity, agent_pb2.ProbeResult]],
-                         ) -> Scan:
+    def scan_trees(self, judged: Sequence[tuple[agent_pb2.ProcessIdentity, agent_pb2.ProbeResult]],
+                   ) -> Scan:
         """The scan a tree check of these owners needs (`trees_wanted`)."""
         tokens, born_since, dead = trees_wanted(judged)
-        return await self.scan(tokens, born_since, dead)
+        return self.scan(tokens, born_since, dead)
 
     # -- judging ---------------------------------------------------------------------------------
     def _stamp(self, result: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
@@ -131,14 +112,15 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             result.observed_at_unix_ms = int(time.time() * 1000)
         return result
 
+    # -- judging (on a reader thread, but for identities of other hosts: they read nothing) ------
     def probe_proc(self, identity: agent_pb2.ProcessIdentity) -> agent_pb2.ProbeResult:
         """/proc evidence only, without the exit memory (used by the watcher's re-check)."""
-        seen = observe(identity, self.variable, exit_watched=False)
+        seen = observe(identity, self.variable, False, self.environ)
         return probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
 
     def probe(self, identity: agent_pb2.ProcessIdentity, tree: Scan | None) -> agent_pb2.ProbeResult:
         if identity.host_id == self.host_id and identity.incarnation == self.facts.incarnation:
-            seen = observe(identity, self.variable, exit_watched=self.watcher.exited(identity))
+            seen = observe(identity, self.variable, self.watcher.exited(identity), self.environ)
         else:
             seen = probe_rules.Observation()  # judged on host id / incarnation alone
         result = probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
@@ -151,6 +133,50 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         observed = observe_tree(identity, tree, self.cgroups)
         gone, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
         result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
+
+    def judge_own_tree(self, identity: agent_pb2.ProcessIdentity, result: agent_pb2.ProbeResult) -> None:
+        """`result`, the root's verdict, with the tree that verdict calls for judged."""
+        self.judge_tree(identity, self.scan_trees([(identity, result)]), result)
+
+    def probe_tree(self, identity: agent_pb2.ProcessIdentity,
+                   before: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
+        """A probe with the tree judged that the root's verdict `before` calls for (read first)."""
+        return self.probe(identity, self.scan_trees([(identity, before)]))
+
+    def probe_owners(self, owners: Sequence[agent_pb2.ProcessIdentity],
+                     check_tree: bool) -> list[agent_pb2.ProbeResult]:
+        """ProbeOwners' answer. The tree is read only for roots not proven alive. A live root is its
+        session held whatever its tree does, and no rule reads a tree then (a dead root's and an
+        unused reservation's are read): so a probe of a held session — `holdfast probe`, a waiting
+        Acquire, a handoff request — reads no process list. Reading the tree after its root was
+        judged (it was read before) changes nothing: a root proven dead stays dead, and the scan is
+        the tree's own proof."""
+        results = [self.probe(o, None) for o in owners]
+        unproven = [(o, r) for o, r in zip(owners, results, strict=True) if r.outcome != P.IDENTITY_MATCHED]
+        if check_tree and unproven:
+            tree = self.scan_trees(unproven)
+            for owner, result in unproven:
+                self.judge_tree(owner, tree, result)
+        return results
+
+    def arm_all(self, owners: Sequence[agent_pb2.ProcessIdentity]) -> list[Armed]:
+        return [self.watcher.arm(o) for o in owners]
+
+    def token_roots(self) -> agent_pb2.ListTokenRootsResponse:
+        found = self.scan()
+        roots = []
+        complete = found.complete
+        for carrier in found.carriers:
+            token = carrier.token.decode(errors="replace")
+            if carrier.root and identifiers.is_spawn_token(token):
+                identity = self.identity_of(carrier.pid, token)
+                if identity is None:
+                    # A root whose identity could not be taken is a root not listed: its tree may
+                    # live on under a new root, so the listing cannot claim to be whole.
+                    complete = False
+                else:
+                    roots.append(agent_pb2.TokenRoot(identity=identity))
+        return agent_pb2.ListTokenRootsResponse(complete=complete, unreadable=found.unreadable, roots=roots)
 
     def identity_of(self, pid: int, token: str) -> agent_pb2.ProcessIdentity | None:
         """The full identity of a live pid, taken through a pidfd so it cannot name a reused pid."""
@@ -183,11 +209,12 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except OSError:
             return None
 
-    def _carries(self, pid: int, token: bytes) -> bool:
+    def _carries(self, pid: int, start_ticks: int | None, token: bytes) -> bool:
         try:
-            return read_value(pid, self.variable) == token
+            block = self.environ(pid, start_ticks, "/proc")
         except OSError:
             return False
+        return block is not None and value_in_block(block, self.variable) == token
 
     def _open_root(self, pid: int, token: bytes) -> tuple[int, int, ProcStat] | None:
         """(pid, a pidfd of it, its stat), when it is a root of the token's tree: it carries the
@@ -199,7 +226,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             return None
         try:
             stat = parse_stat(read_proc_file(f"/proc/{pid}/stat"))
-            if self._carries(pid, token) and not self._carries(stat.ppid, token):
+            if self._carries(pid, stat.start_ticks, token) and not self._carries(stat.ppid, None, token):
                 return pid, fd, stat
         except (OSError, StatParseError):
             pass
@@ -211,7 +238,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         one, else the one a full scan finds; or why there is none."""
         if pid_hint and (opened := self._open_root(pid_hint, token)) is not None:
             return opened
-        roots = [c for c in timed_scan(self.variable, token).carriers if c.root]
+        roots = [c for c in self.scan(token).carriers if c.root]
         if len(roots) != 1:
             return f"{len(roots)} tree roots carry the token; attestation needs exactly one"
         return self._open_root(roots[0].pid, token) or "the token's root exited during attestation"
@@ -277,7 +304,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             requests.check_scan(request)
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
-        found = await self.scan(request.spawn_token.encode())
+        found = await self.readers.run(self.scan, request.spawn_token.encode())
         return agent_pb2.ScanResult(
             enumerable=found.enumerable, complete=found.complete, scanned=found.scanned,
             unreadable=found.unreadable, passes=found.passes, stable=found.stable,
@@ -290,37 +317,17 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             requests.check_attest(request)
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
-        # A root at its hint (what `run` sends) is attested on the event loop: a few /proc reads, a
-        # mkdir and a move, ~0.25 ms of CPU, where the hand-off to a thread and back cost the agent
-        # about as much again. The move waits for the kernel (p90 ~80 µs here, ~10 ms at worst
-        # under load), the loop with it. A root only a scan finds (no hint, or a wrong one) is
-        # attested on a thread: that scan reads every process's environ.
-        token = request.spawn_token
-        hinted = self._open_root(request.pid_hint, token.encode()) if request.pid_hint else None
-        if hinted is not None:
-            identity, why = self._attest_root(hinted, token, request.session_id, request.fence)
-        else:
-            identity, why = await asyncio.to_thread(self.attest, token, 0, request.session_id, request.fence)
+        # One job, whether the root is at its hint (what `run` sends) or only a scan finds it: the
+        # hint's and its parent's environs are another process's memory too.
+        identity, why = await self.readers.run(self.attest, request.spawn_token, request.pid_hint,
+                                               request.session_id, request.fence)
         if identity is None:
             log.info("attestation refused", extra={"fields": {"reason": why}})
             return await abort(context, Reason.ATTESTATION_FAILED, why)
         return agent_pb2.AttestSpawnResponse(identity=identity)
 
     async def ListTokenRoots(self, request, context):
-        found = await self.scan()
-        roots = []
-        complete = found.complete
-        for carrier in found.carriers:
-            token = carrier.token.decode(errors="replace")
-            if carrier.root and identifiers.is_spawn_token(token):
-                identity = self.identity_of(carrier.pid, token)
-                if identity is None:
-                    # A root whose identity could not be taken is a root not listed: its tree may
-                    # live on under a new root, so the listing cannot claim to be whole.
-                    complete = False
-                else:
-                    roots.append(agent_pb2.TokenRoot(identity=identity))
-        return agent_pb2.ListTokenRootsResponse(complete=complete, unreadable=found.unreadable, roots=roots)
+        return await self.readers.run(self.token_roots)
 
     async def ProbeOwners(self, request, context):
         try:
@@ -328,18 +335,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         started = time.monotonic()
-        results = [self.probe(o, None) for o in request.owners]
-        # The tree is read only for roots not proven alive. A live root is its session held whatever
-        # its tree does, and no rule reads a tree then (a dead root's and an unused reservation's are
-        # read): so a probe of a held session — `holdfast probe`, a waiting Acquire, a handoff
-        # request — reads no process list. Reading the tree after its root was judged (it was read
-        # before) changes nothing: a root proven dead stays dead, and the scan is the tree's own proof.
-        unproven = [(o, r) for o, r in zip(request.owners, results, strict=True)
-                    if r.outcome != P.IDENTITY_MATCHED]
-        if request.check_tree and unproven:
-            tree = await self.scan_trees(unproven)
-            for owner, result in unproven:
-                self.judge_tree(owner, tree, result)
+        results = await self.readers.run(self.probe_owners, request.owners, request.check_tree)
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
         return agent_pb2.ProbeOwnersResponse(results=results)
 
@@ -351,11 +347,14 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             return
         pending: dict[asyncio.Future[agent_pb2.ProbeResult], agent_pb2.ProcessIdentity] = {}
         answered = []
+        local = []
         for owner in request.owners:
             if owner.host_id == self.host_id and owner.incarnation == self.facts.incarnation:
-                pending[self.watcher.watch(owner)] = owner
-            else:
+                local.append(owner)
+            else:  # judged on host id / incarnation alone: nothing read
                 answered.append(agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None)))
+        for owner, watch in zip(local, await self.watch(local), strict=True):
+            pending[watch] = owner
         yield agent_pb2.ExitEvent(armed=True)
         for event in answered:
             yield await self._with_tree(event, request.check_tree)
@@ -373,9 +372,17 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         """With `check_tree`, a root not proven alive has its tree judged as ProbeOwners judges it
         (the tree read after the root was: a root proven dead stays dead)."""
         if check_tree and event.result.outcome != P.IDENTITY_MATCHED:
-            tree = await self.scan_trees([(event.identity, event.result)])
-            self.judge_tree(event.identity, tree, event.result)
+            await self.readers.run(self.judge_own_tree, event.identity, event.result)
         return event
+
+    async def watch(self, owners: Sequence[agent_pb2.ProcessIdentity],
+                    ) -> list[asyncio.Future[agent_pb2.ProbeResult]]:
+        """An exit watch of each of this host's owners; those not watched yet armed in one job."""
+        held = [self.watcher.known(o) for o in owners]
+        fresh = [o for o, h in zip(owners, held, strict=True) if h is None]
+        armed = iter(await self.readers.run(self.arm_all, fresh) if fresh else [])
+        return [h if h is not None else self.watcher.watch(o, next(armed))
+                for o, h in zip(owners, held, strict=True)]
 
     async def KillOwner(self, request, context):
         try:
@@ -383,14 +390,13 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         owner = request.owner
-        before = self.probe(owner, None)
+        before = await self.readers.run(self.probe, owner, None)
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            tree = await self.scan_trees([(owner, before)])
-            return agent_pb2.KillOwnerResponse(result=self.probe(owner, tree))
-        watch = self.watcher.watch(owner)
-        sent = await asyncio.to_thread(kill_tree, owner, self.variable, matched, self.cgroups)
+            return agent_pb2.KillOwnerResponse(result=await self.readers.run(self.probe_tree, owner, before))
+        (watch,) = await self.watch([owner])
+        sent = await self.readers.run(kill_tree, owner, self.variable, matched, self.cgroups, self.environ)
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
                                                         "signalled": sent}})
         with contextlib.suppress(TimeoutError):
@@ -398,7 +404,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means KILL_WAIT_S.
         deadline = time.monotonic() + (request.wait_seconds or KILL_WAIT_S)
         while True:
-            result = self.probe(owner, await self.scan_trees([(owner, before)]))
+            result = await self.readers.run(self.probe_tree, owner, before)
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

@@ -3,11 +3,16 @@
 A token may stand after hundreds of KB of other variables, so the block is read whole. A match is
 exact: `VAR=` at the start of an entry, never the prefix of `VAR_EXTRA=`. Nothing but that one
 value ever leaves this module.
+
+Reading another process's environ (or cmdline) faults in that process's memory, and a process can
+make that wait forever (a file of a FUSE daemon that never answers, mapped over its environ): the
+agent reads it only through a guard (agent/reads.py), passed in as an `EnvironReader`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 _CHUNK = 1 << 16
 
@@ -62,7 +67,16 @@ def read_environ(pid: int | str, proc: str = "/proc") -> bytes | None:
         return None
 
 
-def read_value(pid: int, variable: bytes) -> bytes | None:
+# (pid, its start ticks when the caller read them, else None; the proc root) -> `read_environ`'s answer.
+EnvironReader = Callable[[int | str, int | None, str], bytes | None]
+
+
+def plain_environ(pid: int | str, start_ticks: int | None, proc: str) -> bytes | None:
+    """`read_environ` unguarded, for a reader that may wait on its own host's processes (a CLI)."""
+    return read_environ(pid, proc)
+
+
+def read_value(pid: int, variable: bytes, environ: EnvironReader = plain_environ) -> bytes | None:
     """The variable's value in `pid`'s environ; raises OSError when it cannot be read."""
-    block = read_environ(pid)
+    block = environ(pid, None, "/proc")
     return None if block is None else value_in_block(block, variable)

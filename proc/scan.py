@@ -10,7 +10,8 @@ process read as a non-carrier), and the pid counter did not wrap during its list
 `pids_ascended`; a whole cycle of the pid space within one listing, pid_max pids handed out in its
 millisecond or two, is not seen). Passes repeat until one is settled, within a bound of passes and
 time; past it the scan is not complete, and a caller may claim nothing from it. A process whose
-environ may not be read (EACCES/EPERM/EIO) is counted unreadable: never "carries nothing".
+environ may not be read (EACCES/EPERM/EIO, or a read the caller's guard gave up as stuck) is
+counted unreadable: never "carries nothing".
 
 A scan for trees whose roots started at or after some tick (`born_since`) does not read the
 environ of a process that started earlier, and takes it as carrying nothing. A descendant is born
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from holdfast.proc.ages import ProcessAges
-from holdfast.proc.environ import read_environ, read_proc_file, value_in_block
+from holdfast.proc.environ import EnvironReader, plain_environ, read_proc_file, value_in_block
 from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
 
 # A pass settles only if no listed process exits between the listing and its read, and none is
@@ -191,7 +192,7 @@ def _stat_of(proc: str, entry: str, ages: ProcessAges | None) -> ProcStat:
 
 def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], listed_at: int,
               before: _Seen, born_since: int, ages: ProcessAges | None,
-              known: dict[int, int], dead: Dead) -> tuple[Scan, _Seen]:
+              known: dict[int, int], dead: Dead, environ: EnvironReader) -> tuple[Scan, _Seen]:
     """One pass over the listed `entries`; `known` is `ages.alive()` as of after the listing."""
     result = Scan(enumerable=True)
     listed = set(entries)
@@ -229,12 +230,12 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
             result.older += 1
             continue
         try:
-            block = read_environ(entry, proc)
+            block = environ(entry, stat.start_ticks, proc)
         except (FileNotFoundError, ProcessLookupError):
             unsettled += not _settled(before, pid, stat.start_ticks, wanted)
             continue
         except OSError:
-            # EACCES/EPERM/EIO: alive but unreadable; absence claims are off for this scan.
+            # EACCES/EPERM/EIO, or stuck: alive but unreadable; absence claims are off for this scan.
             result.scanned += 1
             result.unreadable += 1
             result.unreadable_started.append(stat.start_ticks)
@@ -282,22 +283,24 @@ def _one_pass(variable: bytes, wanted: Wanted, proc: str, entries: list[str], li
 
 def scan(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
          max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0,
-         ages: ProcessAges | None = None, dead: Dead | None = None) -> Scan:
+         ages: ProcessAges | None = None, dead: Dead | None = None,
+         environ: EnvironReader = plain_environ) -> Scan:
     """Carriers of `variable` (only those whose value is `token`, or one of a set, when given),
     roots marked, from the first settled pass; or the last pass, not stable, when none settled
     within the bounds. Naming the tokens wanted lets another session's churn settle a pass;
     `born_since` (the earliest start ticks of the roots whose tokens are wanted; 0: none known)
     spares the environ reads of every older process, and with `ages` (of this process's own pid
     namespace, whose /proc `proc` must be) the stat reads of those read before; a zombie in `dead`
-    (same namespace) settles the first pass it is seen in."""
-    return last_pass(passes(variable, token, proc, max_passes, max_seconds, born_since, ages, dead))
+    (same namespace) settles the first pass it is seen in. Every environ is read through `environ`."""
+    found = passes(variable, token, proc, max_passes, max_seconds, born_since, ages, dead, environ)
+    return collections.deque(found, maxlen=1)[0]  # the last one yielded is the result
 
 
 def passes(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc: str = "/proc",
            max_passes: int = MAX_PASSES, max_seconds: float = MAX_SECONDS, born_since: int = 0,
-           ages: ProcessAges | None = None, dead: Dead | None = None) -> Iterator[Scan]:
-    """The passes of `scan`, in turn: the last one yielded is its result (a settled one ends them).
-    A caller may take them in different threads, one after another."""
+           ages: ProcessAges | None = None, dead: Dead | None = None,
+           environ: EnvironReader = plain_environ) -> Iterator[Scan]:
+    """The passes of `scan`, in turn: the last one yielded is its result (a settled one ends them)."""
     wanted: Wanted = frozenset((token,)) if isinstance(token, bytes) else token
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
@@ -314,19 +317,10 @@ def passes(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc:
         count += 1
         known = ages.alive() if ages is not None and born_since > 0 else {}  # after the listing
         result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since,
-                                   ages, known, dead or {})
+                                   ages, known, dead or {}, environ)
         result.stable = result.stable and not wrapped
         result.passes, result.listed = count, len(entries)
         yield result
         if result.stable or count >= max_passes or time.monotonic() >= deadline:
             return
 
-
-def last_pass(rest: Iterator[Scan], last: Scan | None = None) -> Scan:
-    """The scan's result: the last of its passes still to come, else `last` (the one taken before)."""
-    result = collections.deque(rest, maxlen=1)  # the last one yielded is the result
-    if result:
-        return result[0]
-    if last is None:
-        raise ValueError("a scan yields at least one pass")
-    return last

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -144,7 +145,7 @@ def test_a_root_that_exits_after_it_was_read_is_not_attested(children: list, rea
     service = HostAgentService("host-local", hostinfo.gather(), VAR)
     token = mint_token()
     child = spawn(children, ["sleep", "300"], token)
-    opened = service._root_of(token.encode(), child.pid)
+    opened = asyncio.run(service.readers.run(service._root_of, token.encode(), child.pid))
     assert not isinstance(opened, str), opened
     pid, fd, stat = opened
     session = f"exit-test-{secrets.token_hex(4)}"

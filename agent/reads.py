@@ -1,0 +1,199 @@
+"""The agent's work that reads other processes' memory, run off the event loop on reader threads.
+
+Guarantee: every read of another process's environ the agent makes goes through `Readers.environ`
+on a reader thread, in a job `Readers.run` awaits, so the event loop (heartbeats, exit watches,
+every other call) never waits on one. A job whose thread has been in one read for STUCK_AFTER_S is
+given up and run again on another thread, where that process is refused (agent/reads_rules.py):
+the answer is as for an unreadable environ. The given-up thread stays parked until its read
+returns, then ends at once (`Abandoned`), so no job ever runs twice at the same time and nothing
+it would have done after the read is done. Reader threads are at most MAX_WORKERS, besides the
+parked ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from holdfast.agent import metrics, reads_rules
+from holdfast.agent.reads_rules import Identity
+from holdfast.proc.environ import read_environ, read_proc_file
+from holdfast.proc.procstat import StatParseError, parse_stat
+
+log = logging.getLogger("holdfast.agent.reads")
+T = TypeVar("T")
+# Jobs at once: a scan may take up to a second on a churning host, and others' probes must not
+# queue behind it.
+MAX_WORKERS = 8
+
+
+class ReadRefused(OSError):
+    """A read not started: its process's read is pending, or too many are (unreadable, as EAGAIN)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(errno.EAGAIN, why)
+
+
+class Abandoned(BaseException):
+    """Raised in a parked thread when its read returns: its job was given up and runs elsewhere.
+    Not an Exception, so no handler of a job's failures takes it for one."""
+
+
+class _GivenUp(Exception):
+    """A job's thread is stuck in a read: the job is run again."""
+
+
+class _Worker:
+    __slots__ = ("abandoned", "current", "jobs")
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.current: tuple[Identity, float] | None = None  # the read under way, since when
+        self.abandoned = False
+
+
+class _Job:
+    __slots__ = ("args", "done", "fn", "loop", "timer", "worker")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[object, ...],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.fn, self.args, self.loop = fn, args, loop
+        self.done: asyncio.Future[Any] = loop.create_future()
+        self.worker: _Worker | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _settle(done: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
+    if done.done():
+        return  # given up meanwhile, or its caller went away
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)
+
+
+class Readers:
+    def __init__(self, workers: int = MAX_WORKERS, parked_limit: int = reads_rules.MAX_PARKED) -> None:
+        self._workers = workers
+        self._lock = threading.Lock()
+        self._parked = reads_rules.Parked(parked_limit)
+        self._idle: list[_Worker] = []
+        self._backlog: collections.deque[_Job] = collections.deque()
+        self._live = 0
+        self._local = threading.local()
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on a reader thread; run again on another while its thread is stuck in a read."""
+        loop = asyncio.get_running_loop()
+        while True:
+            job = _Job(fn, args, loop)
+            self._submit(job)
+            try:
+                return await job.done
+            except _GivenUp:
+                continue
+            finally:
+                if job.timer is not None:
+                    job.timer.cancel()
+
+    def _submit(self, job: _Job) -> None:
+        job.timer = job.loop.call_later(reads_rules.STUCK_AFTER_S, self._check, job)
+        with self._lock:
+            if self._idle:
+                self._idle.pop().jobs.put(job)
+                return
+            if self._live >= self._workers:
+                self._backlog.append(job)
+                return
+            self._live += 1
+        worker = _Worker()
+        worker.jobs.put(job)
+        threading.Thread(target=self._serve, args=(worker,), name="holdfast-reads", daemon=True).start()
+
+    def _serve(self, worker: _Worker) -> None:
+        self._local.worker = worker
+        while True:
+            job = worker.jobs.get()
+            job.worker = worker
+            try:
+                result, error = job.fn(*job.args), None
+            except Abandoned:
+                return
+            except BaseException as exc:  # handed to the caller awaiting the job
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits the job
+                job.loop.call_soon_threadsafe(_settle, job.done, result, error)
+            with self._lock:
+                if self._backlog:
+                    worker.jobs.put(self._backlog.popleft())
+                else:
+                    self._idle.append(worker)
+
+    def _check(self, job: _Job) -> None:
+        """On the loop, every so often while a job runs: time asks whether its read is stuck; a read
+        under way for STUCK_AFTER_S answers yes, and the job is given up (never answered by time)."""
+        if job.done.done():
+            return
+        now = time.monotonic()
+        with self._lock:
+            worker = job.worker
+            current = worker.current if worker is not None else None
+            stuck = worker is not None and current is not None and reads_rules.stuck(current[1], now)
+            if stuck:
+                worker.abandoned = True
+                self._parked.park(current[0])
+                self._live -= 1
+            total = self._parked.total
+        if not stuck or current is None:
+            started = current[1] if current is not None else None
+            job.timer = job.loop.call_later(reads_rules.recheck_in(started, now), self._check, job)
+            return
+        parked = current[0]
+        metrics.READS_PARKED.set(total)
+        log.warning("a read of another process's memory is stuck: it reads as unreadable while the read "
+                    "is pending, and scans meeting it are incomplete",
+                    extra={"fields": {"pid": parked[0], "start_ticks": parked[1], "parked": total}})
+        job.done.set_exception(_GivenUp())
+
+    def environ(self, pid: int | str, start_ticks: int | None, proc: str) -> bytes | None:
+        """`read_environ`, on a reader thread, unless the process is refused (`ReadRefused`); raises
+        `Abandoned` when the read returns after its job was given up. Without `start_ticks` the
+        process's stat is read first: the identity a stuck read is remembered by."""
+        if start_ticks is None:
+            try:
+                start_ticks = parse_stat(read_proc_file(f"{proc}/{pid}/stat")).start_ticks
+            except StatParseError as exc:
+                raise ReadRefused(f"/proc/{pid}/stat unparsable: {exc}") from exc
+        who = (int(pid), start_ticks)
+        worker: _Worker = self._local.worker
+        with self._lock:
+            why = self._parked.refusal(who)
+            if not why:
+                worker.current = (who, time.monotonic())
+        if why:
+            metrics.READS_REFUSED.inc()
+            raise ReadRefused(why)
+        try:
+            block = read_environ(pid, proc)
+        finally:
+            self._finish(worker, who)
+        return block
+
+    def _finish(self, worker: _Worker, who: Identity) -> None:
+        with self._lock:
+            worker.current = None
+            if worker.abandoned:
+                self._parked.unpark(who)
+            total = self._parked.total
+        if worker.abandoned:
+            metrics.READS_PARKED.set(total)
+            log.info("a read given up as stuck returned", extra={"fields": {"pid": who[0], "parked": total}})
+            raise Abandoned
