@@ -23,7 +23,6 @@ from typing import TypeVar
 
 from holdfast.client.errors import ClientError
 from holdfast.common.carry_rules import (
-    MAX_LINK_HOPS,
     CarryRefused,
     check_manifest,
     describe,
@@ -31,6 +30,7 @@ from holdfast.common.carry_rules import (
     shown_root,
 )
 from holdfast.common.files import open_beneath, open_user_dir, remove_tree
+from holdfast.common.link_rules import MAX_LINK_HOPS, LinkEnds
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -73,100 +73,58 @@ def _write_file(directory: int, name: str, data: bytes, entry: pb.CarryEntry) ->
         os.fchmod(f.fileno(), entry.mode)
 
 
-@dataclass
-class _Follow:
-    """One link's target being followed on disk from the link's own directory: the directories
-    reached (each found on disk, none a link), how many components below them are missing, and
-    the links followed."""
+class _OnDisk:
+    """The tree below the directory open as `top`, as the kernel would walk it: every name looked
+    up with lstat beneath `top` (a filesystem that folds names is judged by what it finds, not by
+    what the manifest says), a place being the list of components below `top`, a link known by its
+    inode."""
 
-    link: tuple[int, int]
-    parts: list[str]
-    here: list[str]
-    at: int = 0
-    below: int = 0
-    hops: int = 1
+    def __init__(self, top: int) -> None:
+        self.top = top
 
-
-def _escaping_on_disk(top: int, links: Sequence[str]) -> str | None:
-    """The first of `links` (paths below the directory open as `top`) that, followed on disk as
-    the kernel follows it (every link read back with readlink, at most MAX_LINK_HOPS in one
-    lookup, a missing component taken as a plain directory, as the rules take it), leaves `top`
-    or loops; None when none does. Every name is looked up with lstat beneath `top`, so a
-    filesystem that folds names is judged by what it finds, not by what the manifest says; each
-    link's end is worked out once and remembered by its inode: os.path.realpath per link walked a
-    hop bomb's 62,400 components again for every link, minutes for one restore."""
-    ends: dict[tuple[int, int], tuple[list[str], int, int] | None] = {}
-
-    def at(here: list[str], name: str, op: Callable[[str, int], T]) -> T:
+    def _at(self, here: list[str], name: str, op: Callable[[str, int], T]) -> T:
         try:
-            return op("/".join([*here, name]), top)
+            return op("/".join([*here, name]), self.top)
         except OSError as exc:
             if exc.errno != errno.ENAMETOOLONG:
                 raise
-        fd = open_beneath(top, here)  # a path of PATH_MAX bytes, which no one call may name
+        fd = open_beneath(self.top, here)  # a path of PATH_MAX bytes, which no one call may name
         try:
             return op(name, fd)
         finally:
             os.close(fd)
 
-    def lookup(here: list[str], name: str) -> os.stat_result | None:
+    def lookup(self, here: list[str], name: str) -> os.stat_result | None:
         try:
-            return at(here, name, lambda p, d: os.stat(p, dir_fd=d, follow_symlinks=False))
+            return self._at(here, name, lambda p, d: os.stat(p, dir_fd=d, follow_symlinks=False))
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def target(here: list[str], name: str) -> list[str]:
-        return at(here, name, lambda p, d: os.readlink(p, dir_fd=d)).split("/")
+    def up(self, here: list[str]) -> list[str] | None:
+        return here[:-1] if here else None
 
+    def find(self, here: list[str], name: str) -> tuple[list[str], tuple[int, int] | None] | None:
+        found = self.lookup(here, name)
+        if found is None:
+            return None
+        return [*here, name], (found.st_dev, found.st_ino) if stat.S_ISLNK(found.st_mode) else None
+
+    def target(self, here: list[str], name: str) -> list[str]:
+        return self._at(here, name, lambda p, d: os.readlink(p, dir_fd=d)).split("/")
+
+
+def _escaping_on_disk(top: int, links: Sequence[str]) -> str | None:
+    """The first of `links` (paths below the directory open as `top`) that is not a link on disk,
+    or that, followed on disk as the kernel follows it (link_rules.LinkEnds: each link read back
+    with readlink, its end worked out once and remembered by its inode), leaves `top` or loops;
+    None when none does."""
+    tree = _OnDisk(top)
+    ends = LinkEnds(tree)
     for path in links:
         *parent, name = path.split("/")
-        found = lookup(parent, name)
-        if found is None or not stat.S_ISLNK(found.st_mode):
-            return path  # not the link this restore made
-        start = (found.st_dev, found.st_ino)
-        stack = [] if start in ends else [_Follow(start, target(parent, name), parent)]
-        following = {start}
-        while stack:
-            walk = stack[-1]
-            if walk.at == len(walk.parts):
-                stack.pop()
-                following.discard(walk.link)
-                ends[walk.link] = (walk.here, walk.below, walk.hops)
-                continue
-            part = walk.parts[walk.at]
-            if part in ("", "."):
-                walk.at += 1
-            elif part == "..":
-                if walk.below:
-                    walk.below -= 1
-                elif not walk.here:
-                    walk.hops = MAX_LINK_HOPS + 1  # above the root
-                else:
-                    walk.here = walk.here[:-1]
-                walk.at += 1
-            elif walk.below or (found := lookup(walk.here, part)) is None:
-                walk.below += 1
-                walk.at += 1
-            elif not stat.S_ISLNK(found.st_mode):
-                walk.here = [*walk.here, part]
-                walk.at += 1
-            elif (link := (found.st_dev, found.st_ino)) in following:
-                walk.hops = MAX_LINK_HOPS + 1  # a link met again while it is followed loops
-            elif link not in ends:
-                following.add(link)
-                stack.append(_Follow(link, target(walk.here, part), walk.here))
-                continue
-            elif (end := ends[link]) is None:
-                walk.hops = MAX_LINK_HOPS + 1
-            else:
-                walk.here, walk.below, walk.hops = end[0], end[1], walk.hops + end[2]
-                walk.at += 1
-            if walk.hops > MAX_LINK_HOPS:
-                for failed in stack:  # each waits on the one above it
-                    ends[failed.link] = None
-                stack = []
-        if ends[start] is None:
-            return path
+        found = tree.find(parent, name)
+        if found is None or found[1] is None or ends.resolve(parent, name, found[1]) is None:
+            return path  # not the link this restore made, or one that leaves the root
     return None
 
 

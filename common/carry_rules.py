@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from holdfast.common.identifiers import HOST_ID
+from holdfast.common.link_rules import MAX_LINK_HOPS, LinkEnds
 from holdfast.v1 import coordinator_pb2 as pb
 
 CHUNK_BYTES = 512 * 1024  # each chunk is one request, far below etcd's 1.5 MiB
@@ -31,7 +31,6 @@ MAX_ENTRIES = 10_000
 # files with short names take about 1.4 MB of it.
 MANIFEST_BYTES = 1536 * 1024 - 32 * 1024
 UPLOAD_FIELDS_BYTES = 1024  # what an upload adds to a packed manifest: fence, slot, host id, reason
-MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup (MAXSYMLINKS)
 NAME_MAX = 255      # bytes in one path component, as the kernel allows
 PATH_MAX = 4096     # bytes in a path; a link target is shorter (symlink(2) counts its NUL)
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -112,33 +111,14 @@ def check_entry(path: str, kind: str, mode: int, link_target: str = "") -> None:
         )
 
 
-@dataclass
-class _Walk:
-    """One link's target being followed from the link's own directory: the trie node reached,
-    how many components below it the tree does not hold (no link can lie there), links followed."""
-
-    link: int
-    parts: list[str]
-    at: int = 0
-    node: int = 0
-    below: int = 0
-    hops: int = 1
-
-
-class _Links:
-    """A tree's links as a trie of path components, each link's target followed once and its end
-    remembered, with an explicit stack rather than recursion: thousands of links each through 40
-    long ones (a hop bomb), or a chain of 10,000, are judged in time linear in the manifest's size
-    instead of stalling the coordinator's event loop or overflowing Python's stack."""
+class _Trie:
+    """A tree's links as a trie of path components (a node per distinct directory or link path)."""
 
     def __init__(self, links: Mapping[str, str]) -> None:
-        self.parent = [0]
+        self.parent: list[int | None] = [None]
         self.child: dict[tuple[int, str], int] = {}
-        self.target: dict[int, str] = {}
+        self.links: dict[int, str] = {}  # link node -> its target
         self.node: dict[str, int] = {}
-        # link node -> (node, components below it, links followed), or None when it leaves the
-        # root, loops or follows more than MAX_LINK_HOPS; absent while being followed.
-        self.end: dict[int, tuple[int, int, int] | None] = {}
         for path, target in links.items():
             node = 0
             for part in path.split("/"):
@@ -146,67 +126,32 @@ class _Links:
                     self.child[node, part] = len(self.parent)
                     self.parent.append(node)
                 node = self.child[node, part]
-            self.target[node] = target
+            self.links[node] = target
             self.node[path] = node
 
-    def resolve(self, link: int) -> tuple[int, int, int] | None:
-        stack: list[_Walk] = []
-        following: set[int] = set()
+    def up(self, here: int) -> int | None:
+        return self.parent[here]
 
-        def begin(node: int) -> None:
-            following.add(node)
-            stack.append(_Walk(node, self.target[node].split("/"), node=self.parent[node]))
+    def find(self, here: int, name: str) -> tuple[int, int | None] | None:
+        node = self.child.get((here, name))
+        return None if node is None else (node, node if node in self.links else None)
 
-        if link not in self.end:
-            begin(link)
-        while stack:
-            walk = stack[-1]
-            if walk.at == len(walk.parts):
-                stack.pop()
-                following.discard(walk.link)
-                self.end[walk.link] = (walk.node, walk.below, walk.hops)
-                continue
-            part = walk.parts[walk.at]
-            if part in ("", "."):
-                walk.at += 1
-            elif part == "..":
-                if walk.below:
-                    walk.below -= 1
-                elif walk.node == 0:
-                    walk.hops = MAX_LINK_HOPS + 1  # above the root
-                else:
-                    walk.node = self.parent[walk.node]
-                walk.at += 1
-            elif walk.below or (walk.node, part) not in self.child:
-                walk.below += 1
-                walk.at += 1
-            elif (node := self.child[walk.node, part]) not in self.target:
-                walk.node = node
-                walk.at += 1
-            elif node in following:
-                walk.hops = MAX_LINK_HOPS + 1  # a link met again while it is followed loops
-            elif node not in self.end:
-                begin(node)
-                continue
-            elif (end := self.end[node]) is None:
-                walk.hops = MAX_LINK_HOPS + 1
-            else:
-                walk.node, walk.below, walk.hops = end[0], end[1], walk.hops + end[2]
-                walk.at += 1
-            if walk.hops > MAX_LINK_HOPS:
-                # Each walk on the stack waits on the one above it: all of them fail.
-                for failed in stack:
-                    self.end[failed.link] = None
-                return None
-        return self.end[link]
+    def target(self, here: int, name: str) -> list[str]:
+        return self.links[self.child[here, name]].split("/")
 
 
 def escaping_links(links: Mapping[str, str]) -> list[str]:
     """The links of one tree (path -> target) whose target leaves the root, or loops, when
-    followed in that tree the way the kernel would: each of the tree's links followed, at most
-    MAX_LINK_HOPS in one lookup, a component the tree does not hold taken as a plain directory."""
-    tree = _Links(links)
-    return [path for path, node in tree.node.items() if tree.resolve(node) is None]
+    followed in that tree the way the kernel would (link_rules.LinkEnds)."""
+    tree = _Trie(links)
+    ends = LinkEnds(tree)
+    escaping = []
+    for path, node in tree.node.items():
+        parent = tree.parent[node]
+        assert parent is not None  # a link is never the root
+        if ends.resolve(parent, path.rsplit("/", 1)[-1], node) is None:
+            escaping.append(path)
+    return escaping
 
 
 def check_tree(entries: Sequence[tuple[str, str, int, str]], root_kind: str) -> None:

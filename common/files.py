@@ -23,8 +23,9 @@ import os
 import stat
 from collections.abc import Sequence
 
+from holdfast.common.link_rules import MAX_LINK_HOPS
+
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-MAX_LINK_HOPS = 40  # the kernel's own limit on links followed in one lookup
 
 
 class UntrustedLink(OSError):
