@@ -8,7 +8,10 @@ the decision read (the record, the replay, the revival keys, the grant's gates, 
 registration, the cluster identity); a refusal writes nothing and signals nothing (a forced Acquire
 kills only after a `force-pending` transition comparing every precondition of the grant; a gate is
 attested before anything is decided, written or signalled); indeterminate never grants; a lost
-race re-reads and decides again, at most RACE_RETRIES times.
+race re-reads and decides again, at most RACE_RETRIES times. A first pass with no read round trip,
+on the record as this replica's own transaction last wrote it (`remembered_reads`), may only grant:
+its transaction compares that record's bytes and every key it took as absent, and anything else —
+a refusal, a wait, a probe, a lost transaction — is decided again on a fresh read.
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ class Acquisition:
         attempts = 0
         while attempts < RACE_RETRIES:
             attempts += 1
-            gates, (replay, record_read, *revival), woken_by = await self.read()
+            gates, (replay, record_read, *revival), woken_by, held = await self.read(first=attempts == 1)
             self.exited = None
             entry = record_read.entry
             record = parts.sessions.decode(entry) if entry is not None else None
@@ -157,13 +160,21 @@ class Acquisition:
                     raise CoordinatorError(Reason.STALE_FENCE,
                                            "the fence has moved since this operation's grant")
             verdict = adjudication.adjudicate(record, ask, None, now_ms())
-            reads: list[Seen] = [replay]
+            # A remembered record is compared on its bytes too: the transition's own compare of the
+            # record is on its mod revision alone.
+            reads: list[Seen] = [replay, record_read] if record_read.remembered else [replay]
             if verdict.reason is Reason.RESERVED and record is not None and entry is not None:
                 verdict = await self.question_reservation(entry, record, verdict, reads)
             if self.gate_token and self.attested is None and verdict.action in (Action.GRANT, Action.PROBE):
                 # Before anything is decided, written or signalled: a gate that cannot be attested
-                # refuses here with nothing done, never after a force-pending write or a kill.
-                self.attested = await self.attest(record, gates)
+                # refuses here with nothing done, never after a force-pending write or a kill; on
+                # held reads, which only a grant may rest on, a fresh read decides instead.
+                try:
+                    self.attested = await self.attest(record, gates)
+                except CoordinatorError:
+                    if held:
+                        continue
+                    raise
             if verdict.action is Action.PROBE and record is not None:
                 if request.force:
                     # The kill is authorised only by a force-pending transaction comparing every
@@ -203,11 +214,11 @@ class Acquisition:
                     probe, registration = await parts.sessions.probe(record.lease.owner, kill=request.force)
                 reads.append(registration)
                 verdict = adjudication.adjudicate(record, ask, probe, now_ms())
-            if woken_by is not None and woken_by.wait_reads is not None and (
-                    verdict.action is not Action.GRANT or request.await_release):
-                # Decided on the reads held over the wait: only a grant may rest on them (its
-                # transaction compares each one). Anything else is decided again on a fresh read.
-                self.exited = replace(woken_by, wait_reads=None)
+            if held and (verdict.action is not Action.GRANT or request.await_release):
+                # Decided on reads held, not made now (this replica's own writes, or those a wait
+                # began on): only a grant may rest on them (its transaction compares each one).
+                # Anything else is decided again on a fresh read, having written and signalled nothing.
+                self.exited = replace(woken_by, wait_reads=None) if woken_by is not None else None
                 continue
             metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
             if verdict.action is Action.TO_MANUAL and record is not None:
@@ -262,30 +273,58 @@ class Acquisition:
         return adjudication.adjudicate(record, self.ask, probe, now_ms())
 
     # --- read -------------------------------------------------------------------------------
-    async def read(self) -> tuple[GrantGates, list[Seen], Exited | None]:
+    async def read(self, first: bool) -> tuple[GrantGates, list[Seen], Exited | None, bool]:
         """Everything a decision reads, in one round trip at one revision: the grant's gates, then
         this operation's replay, the record and what a new record's first fence rests on, each
         compared in the grant's transaction. After a wait ended by an owner's exit event, that
         owner's proof comes with the read: the event's own when its agent proved the tree gone with
         it, else a probe beside the read (never a kill). Either proves the same whichever lands
         first, the grant still follows both, and it is used only if the record still names that
-        owner. With the event's own proof, the reads are those the wait began on, no round trip:
-        a grant may rest on them, nothing else (`run` decides anything else on a fresh read)."""
+        owner. Last, whether the reads are held, not made now, with no round trip: on the `first`
+        pass, what this replica holds (`remembered_reads`); with the event's own proof, those the
+        wait began on. A grant may rest on held reads, nothing else (`run` decides anything else
+        on a fresh read)."""
         exited = self.exited
         if exited is None or self.request.force:
+            if first and (remembered := self.remembered_reads()) is not None:
+                return *remembered, None, True
             gates, keys_read = await self._read_keys()
-            return gates, keys_read, None
+            return gates, keys_read, None, False
         if exited.result is not None and adjudication.proves_gone(exited.result):
             if exited.wait_reads is not None:
                 # No round trip: the grant that may follow compares every one of these keys in its
                 # transaction, so a change since they were read makes it lose (and the next pass
                 # reads afresh); it can grant nothing a fresh read would refuse.
-                return *exited.wait_reads, exited
+                return *exited.wait_reads, exited, True
             gates, keys_read = await self._read_keys()
-            return gates, keys_read, exited
+            return gates, keys_read, exited, False
         (gates, keys_read), (probe, registration) = await asyncio.gather(
             self._read_keys(), self.parts.sessions.probe(exited.owner))
-        return gates, keys_read, Exited(exited.owner, probe, registration)
+        return gates, keys_read, Exited(exited.owner, probe, registration), False
+
+    def remembered_reads(self) -> tuple[GrantGates, list[Seen]] | None:
+        """`_read_keys`' answer as this replica holds it, when a grant may follow it without asking
+        anyone: the record as this replica's own transaction last wrote it (coordinator/remembered.py:
+        a session acquired again after this replica's Release), with no claim on it and of the
+        caller's tenant; the gates `taken_open`; this operation's replay key absent (a new operation;
+        a retry's key makes the grant lose, and the fresh read replays it); the revival keys absent,
+        unused beside a record. None — read them — for no such record, a claim (it is probed or
+        questioned: asked only on a fresh read), or a registration the cache does not hold.
+        It cannot grant anything a fresh read would refuse: the grant compares each of these reads —
+        the record on its mod revision and bytes, the registration on its mod revision, every key
+        taken as absent as absent — so it applies only while etcd holds what a fresh read would have
+        returned, on which the same decision is made; anything but a grant `run` decides afresh."""
+        parts = self.parts
+        key = parts.sessions.key(self.sid)
+        entry = parts.sessions.remembered.get(key)
+        gates = grant_gates.taken_open(parts.store, parts.registry, self.request.host_id)
+        if entry is None or gates is None:
+            return None
+        record = parts.sessions.decode(entry)
+        if adjudication.has_claim(record.lease) or not parts.tenancy.allows(self.caller, record):
+            return None
+        absent = [Seen(k, None) for k in (self.ops_key, *revival_keys(parts.store, self.sid))]
+        return gates, [absent[0], Seen(key, entry, remembered=True), *absent[1:]]
 
     async def _read_keys(self) -> tuple[GrantGates, list[Seen]]:
         parts, sid = self.parts, self.sid

@@ -43,7 +43,7 @@ class Verdict:
     evidence: pb.DeathEvidence | None = None
 
 
-def _has_claim(lease: pb.Lease) -> bool:
+def has_claim(lease: pb.Lease) -> bool:
     return lease.claim_status in (pb.RESERVED, pb.COMMITTED, pb.LIVE, pb.CONFLICTED)
 
 
@@ -60,7 +60,7 @@ def adjudicate(
     if requested_by_another(lease, ask.operation_hash):
         return Verdict(Action.REFUSE, Reason.OPERATION_CONFLICT,
                        f"a handoff was requested by host {lease.handoff_requested_by_host}")
-    if not _has_claim(lease):
+    if not has_claim(lease):
         return Verdict(Action.GRANT, Reason.FREE)
     if lease.claim_status == pb.RESERVED:
         return _reservation(lease, probe, now_ms)

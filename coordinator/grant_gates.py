@@ -4,7 +4,9 @@ Guarantee: a `GrantGates` is the three keys as one decision read them, frozen: i
 decision (in the decision's one round trip), judged from that reading, and every transaction that
 rests on it (the grant, a takeover's handoff request, a force-pending) compares `reads`, so a gate
 that closes after the reading makes that transaction lose, never pass. A closed gate refuses with
-its reason and nothing written.
+its reason and nothing written. `taken_open` is the gates without a round trip, for a grant alone:
+a gate it takes as open but etcd holds closed makes that grant lose, and the refusal is a fresh
+reading's.
 """
 
 from __future__ import annotations
@@ -55,3 +57,15 @@ async def read(store: Store, registry: Registry, host_id: str, *also: str) -> tu
     drain, restore = got[len(also)], got[len(also) + 1]
     registration = cached if cached is not None else got[-1]
     return GrantGates(host_id, registration, drain, restore), got[: len(also)]
+
+
+def taken_open(store: Store, registry: Registry, host_id: str) -> GrantGates | None:
+    """The gates as they are when open, with no round trip: the host's registration from the
+    followed cache, the drain flag and the restore gate absent; None when the cache does not hold the
+    registration. Only a grant may rest on it: its transaction compares the registration's mod
+    revision and the other two absent, so it applies only while a fresh read would find them so."""
+    registration = registry.cached(host_id)
+    if registration is None:
+        return None
+    return GrantGates(host_id, registration, Seen(keys.draining(store, host_id), None),
+                      Seen(keys.restore_pending(store), None))

@@ -1,11 +1,13 @@
 """The session records this replica's own transactions wrote, so that a decision following its own
-write — a `run`'s Release after the grant this replica made — starts without reading the record.
+write — a `run`'s Release after the grant this replica made, an Acquire of a session this replica
+released — starts without reading the record.
 
 Guarantee: a remembered entry is only ever where a decision starts. The decision's transaction
 compares the record's mod revision *and* its bytes (`Seen(remembered=True)`), so it applies only
 while etcd holds exactly the bytes remembered, which is what a fresh read would have returned; a
 decision that loses its transaction, or would refuse, on a remembered entry is made again on a
-fresh read (`Sessions.on_latest`). A stale entry therefore costs one round trip and never grants,
+fresh read (`Sessions.on_latest`; an Acquire grants on one or decides afresh:
+`Acquisition.remembered_reads`). A stale entry therefore costs one round trip and never grants,
 releases or refuses anything a fresh read would not. Not guaranteed: a hit — another replica's
 write, more than `limit` writes since, or a record past MAX_VALUE_BYTES sends the decision to etcd
 as before.

@@ -88,13 +88,17 @@ class Tenancy:
     def judge(self, rpc: str, sid: str, found: pb.SessionRecord | None, who: Caller) -> None:
         """Refuses WRONG_TENANT when `found` (the session's record, or its archive) is another
         tenant's; a session never seen is anyone's to create."""
-        if found is None or who.may_act_on(tenant_of(found, self.default)):
+        if found is None or self.allows(who, found):
             return
         metrics.TENANT_REFUSALS.labels(rpc).inc()
         log.warning("refused %s of session %s: caller %s (tenant %s), session of tenant %s", rpc, sid,
                     who.who, who.tenant or "none", tenant_of(found, self.default))
         raise CoordinatorError(Reason.WRONG_TENANT, f"session {sid} belongs to another tenant; nothing "
                                "was read for it, asked or written")
+
+    def allows(self, who: Caller, found: pb.SessionRecord) -> bool:
+        """Whether `who` may act on the session `found` binds; unlike `judge`, logs and counts nothing."""
+        return who.may_act_on(tenant_of(found, self.default))
 
     async def bound(self, sid: str) -> pb.SessionRecord | None:
         """What binds the id to a tenant: its record, else its archive record (or floor). Both at one

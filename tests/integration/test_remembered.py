@@ -1,24 +1,32 @@
-"""A release that follows this replica's own grant starts from the record it wrote, not a read
-(coordinator/remembered.py), over a real etcd: it reads nothing when nothing changed since, and a
-remembered record that another replica's write made stale can only lose its transaction or be
-decided again on a fresh read — never release, or refuse, what a fresh read would not."""
+"""A release that follows this replica's own grant, and an acquire of a session this replica
+released, start from the record it wrote, not a read (coordinator/remembered.py), over a real etcd:
+they read nothing when nothing changed since, and a remembered record that another replica's write
+made stale can only lose its transaction or be decided again on a fresh read — never grant,
+release, or refuse what a fresh read would not."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import pytest
 
+from holdfast.common import spawn_tokens
+from holdfast.coordinator import keys, records
+from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import Entry, Put, Seen, Store, open_channel, unchanged
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
 from tests.integration.txn_harness import (
+    TOKEN_ENV,
     Pair,
     Refused,
     acquire,
+    create,
     delete,
     pair,
     record_of,
@@ -57,6 +65,158 @@ class Reads:
             return await plain(key)
 
         store.get = get  # type: ignore[method-assign]
+
+
+class Requests:
+    """Counts the requests the victim replica sends to etcd, by kind (TxnRequest, RangeRequest...)."""
+
+    def __init__(self, p: Pair) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        plain = p.store._call
+
+        async def call(method, request):  # type: ignore[no-untyped-def]
+            self.counts[type(request).__name__] += 1
+            return await plain(method, request)
+
+        p.store._call = call  # type: ignore[method-assign]
+
+
+@contextlib.asynccontextmanager
+async def following(svc: CoordinatorService) -> AsyncIterator[None]:
+    """The replica's registration cache following etcd, as a serving coordinator's does: the gates
+    of a grant on remembered reads need the host's registration from it."""
+    follow = asyncio.create_task(svc.registry.follow())
+    try:
+        await asyncio.wait_for(svc.registry.following.wait(), 10)
+        yield
+    finally:
+        follow.cancel()
+        await asyncio.gather(follow, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def victim_released(etcd: EtcdServer, prefix: str, sid: str) -> AsyncIterator[Pair]:
+    """`sid` granted and released by the victim, which remembers it released and follows the
+    registrations: its next Acquire of `sid` may start from its memory."""
+    async with victim_granted(etcd, prefix, sid) as (p, granted), following(p.victim):
+        await release(p.victim, p.ctx, granted.grant)
+        yield p
+
+
+@run_async
+async def test_an_acquire_after_this_replicas_release_makes_no_read(etcd: EtcdServer, prefix: str) -> None:
+    sid = "sess-remembered-acquire-1"
+    async with victim_released(etcd, prefix, sid) as p:
+        requests = Requests(p)
+        again = await acquire(p.victim, p.ctx, sid, HOST)
+        await release(p.victim, p.ctx, again.grant)
+        assert again.grant.fence == 2
+        # The cycle's read transaction is gone: the grant's and the release's are all it sends.
+        assert requests.counts == {"TxnRequest": 2}, requests.counts
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [True, True, True, True]
+
+
+async def rewritten(p: Pair, sid: str) -> None:
+    await touch(p.other.store, p.key("sessions", sid))  # by another replica
+
+
+async def other_bytes_at_its_revision(p: Pair, sid: str) -> None:
+    # An etcd restored from a backup may give the remembered mod revision to other bytes: here the
+    # victim remembers, at etcd's revision, the record released at fence 5 where etcd holds fence 1.
+    entry, record = await p.victim.sessions.require(sid)
+    record.lease.fence = 5
+    p.victim.sessions.remembered.wrote(replace(entry, value=records.encode(record)))
+
+
+@pytest.mark.parametrize("stale", [rewritten, other_bytes_at_its_revision])
+@run_async
+async def test_a_stale_memory_loses_then_the_acquire_is_decided_on_a_fresh_read(
+        etcd: EtcdServer, prefix: str, stale: Callable[[Pair, str], Awaitable[None]]) -> None:
+    sid = f"sess-remembered-{stale.__name__}"
+    async with victim_released(etcd, prefix, sid) as p:
+        await stale(p, sid)
+        again = await acquire(p.victim, p.ctx, sid, HOST)
+        assert again.grant.fence == 2, "granted on etcd's record, read afresh, not on the remembered one"
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [True, True, False, True], \
+            "grant; release; the grant on the remembered record lost; the grant on the fresh read applied"
+
+
+@run_async
+async def test_a_session_taken_by_another_replica_since_is_refused_on_a_fresh_read(
+        etcd: EtcdServer, prefix: str) -> None:
+    sid = "sess-remembered-acquire-3"
+    async with victim_released(etcd, prefix, sid) as p:
+        taken = await acquire(p.other, p.ctx, sid, HOST)  # fence 2, reserved, by the other replica
+        # The victim remembers fence 1 released, which it would grant on: etcd holds fence 2 reserved.
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, p.ctx, sid, HOST)
+        assert refused.value.reason == "RESERVED"
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [True, True, False], \
+            "the grant on the remembered record lost; the fresh read refused, writing nothing"
+        record = await record_of(p.other, sid)
+        assert record is not None and record.lease == taken.record.lease
+
+
+@run_async
+async def test_a_gate_not_attested_on_a_remembered_record_is_refused_as_a_fresh_read_refuses(
+        etcd: EtcdServer, prefix: str) -> None:
+    # On the remembered record (released) the gate is attested before the grant, and its host's
+    # address answers nothing: that refusal is not the remembered record's to make. On etcd's record
+    # (reserved by another replica since) the Acquire is refused RESERVED before any gate is attested.
+    sid = "sess-remembered-acquire-8"
+    async with victim_released(etcd, prefix, sid) as p:
+        await acquire(p.other, p.ctx, sid, HOST)
+        secret = spawn_tokens.mint_spawn_secret()
+        gate = pb.GateSpawn(pid_hint=1, token_secret=secret, spawn_token_env=TOKEN_ENV)
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, p.ctx, sid, HOST, gate=gate)
+        assert refused.value.reason == "RESERVED"
+
+
+@run_async
+async def test_a_refusal_on_a_remembered_record_is_the_fresh_reads(etcd: EtcdServer, prefix: str) -> None:
+    sid = "sess-remembered-acquire-4"
+    async with victim_released(etcd, prefix, sid) as p:
+        second = await acquire(p.other, p.ctx, sid, HOST)
+        await release(p.other, p.ctx, second.grant)  # fence 2 released, by the other replica
+        requests = Requests(p)
+        # On the remembered record (fence 1) an expected fence of 2 is stale; on etcd's it is current.
+        third = await acquire(p.victim, p.ctx, sid, HOST, expected_fence=2, has_expected_fence=True)
+        assert third.grant.fence == 3
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [True, True, True], \
+            "the refusal on the remembered record wrote nothing; the fresh read granted"
+        assert requests.counts == {"TxnRequest": 2}, "one read, one grant"
+
+
+@run_async
+async def test_a_retried_operation_is_replayed_or_refused_on_a_fresh_read(
+        etcd: EtcdServer, prefix: str) -> None:
+    sid = "sess-remembered-acquire-5"
+    retried = "0f" * 16
+    async with victim_released(etcd, prefix, sid) as p:
+        first = await acquire(p.victim, p.ctx, sid, HOST, operation_id=retried)
+        assert (await acquire(p.victim, p.ctx, sid, HOST, operation_id=retried)).grant == first.grant
+        await release(p.victim, p.ctx, first.grant)
+        later = await acquire(p.victim, p.ctx, sid, HOST)
+        await release(p.victim, p.ctx, later.grant)
+        # The victim remembers the record released at the later fence, which it would grant on; the
+        # operation's key in etcd, taken as absent, makes that grant lose, and the fresh read refuses.
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, p.ctx, sid, HOST, operation_id=retried)
+        assert refused.value.reason == "STALE_FENCE"
+        assert p.store.outcomes_for(p.key("sessions", sid))[-1] is False
+
+
+@run_async
+async def test_a_gate_taken_open_but_closed_in_etcd_is_refused_on_a_fresh_read(
+        etcd: EtcdServer, prefix: str) -> None:
+    sid = "sess-remembered-acquire-6"
+    async with victim_released(etcd, prefix, sid) as p:
+        await create(p.other.store, keys.draining(p.other.store, HOST))
+        with pytest.raises(Refused) as refused:
+            await acquire(p.victim, p.ctx, sid, HOST)
+        assert refused.value.reason == "HOST_DRAINING"
+        assert p.store.outcomes_for(p.key("sessions", sid)) == [True, True, False]
 
 
 @run_async
