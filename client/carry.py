@@ -19,6 +19,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from holdfast.client.carry_restore import restore
 from holdfast.client.connection import Client
@@ -169,7 +170,14 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
     return sizes
 
 
-Entry = tuple[str, str, int, str, bytes]  # path, kind, mode, link target, a file's bytes
+class Entry(NamedTuple):
+    """One entry of a directory root, as packed: a file's bytes are read as the walk meets it."""
+
+    path: str
+    kind: str
+    mode: int
+    target: str = ""  # a link's
+    data: bytes = b""  # a file's
 
 
 def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
@@ -185,10 +193,10 @@ def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
             if not _utf8(rel):
                 skipped.append(f"{shown!r}: its name is not UTF-8; not carried")
             elif stat.S_ISDIR(s.st_mode):
-                entries.append((rel, "dir", stat.S_IMODE(s.st_mode) & 0o777, "", b""))
+                entries.append(Entry(rel, "dir", stat.S_IMODE(s.st_mode) & 0o777))
             elif stat.S_ISREG(s.st_mode):
                 data, st = _read_whole(entry, shown, fd)
-                entries.append((rel, "file", stat.S_IMODE(st.st_mode) & 0o777, "", data))
+                entries.append(Entry(rel, "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
             elif stat.S_ISLNK(s.st_mode):
                 target = os.readlink(entry, dir_fd=fd)
                 if not _utf8(target):  # a manifest holds UTF-8 only: it would not encode
@@ -199,16 +207,16 @@ def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
                 except CarryRefused as exc:
                     skipped.append(f"{shown}: {exc}")
                     continue
-                entries.append((rel, "symlink", 0o777, target, b""))
+                entries.append(Entry(rel, "symlink", 0o777, target))
             else:
                 skipped.append(f"{shown}: not a file, directory or symlink; not carried")
     skipped += [f"{os.path.join(name, what)}: its contents could not be read; not carried" for what in unread]
     # A link that leaves the directory once the tree's other links are followed is left out; each
     # one left out changes where others lead, so this repeats until none leaves.
-    while escaping := escaping_links({e[0]: e[3] for e in entries if e[1] == "symlink"}):
+    while escaping := escaping_links({e.path: e.target for e in entries if e.kind == "symlink"}):
         skipped += [f"{os.path.join(name, p)}: its link leads outside the carried directory; not carried"
                     for p in escaping]
-        entries = [e for e in entries if e[0] not in escaping]
+        entries = [e for e in entries if e.path not in escaping]
     return entries, skipped
 
 
@@ -242,61 +250,101 @@ def _created(name: str, path: str, parent: tuple[int, int]) -> tuple[int | None,
     return None, f"--carry {name}: {why}; not carried"
 
 
+@dataclass
+class _Packing:
+    """A copy being packed: its manifest, its files' bytes in manifest order, what is left out."""
+
+    manifest: pb.CarryManifest
+    stream: list[bytes] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def add(self, root: int, entry: Entry) -> None:
+        if entry.kind == "file":
+            self.manifest.entries.add(root=root, path=entry.path, kind="file", mode=entry.mode,
+                                      size=len(entry.data), sha256=hashlib.sha256(entry.data).hexdigest())
+            self.stream.append(entry.data)
+        else:
+            self.manifest.entries.add(root=root, path=entry.path, kind=entry.kind, mode=entry.mode,
+                                      link_target=entry.target)
+
+    def root(self, name: str, cwd: str, absent: Absent | None) -> None:
+        """Root `name` and everything below it; left out, with why, when it is in `absent` and CMD
+        did not create it (`_created`)."""
+        session_id = self.manifest.session_id
+        path = where = _where(name, cwd)
+        parent: int | None = None
+        if absent and name in absent:
+            parent, why = _created(name, path, absent[name])
+            if parent is None:
+                self.skipped.append(why or f"--carry {name}: CMD did not create it; not carried")
+                return
+            where = os.path.basename(path)
+        index = len(self.manifest.roots)
+        try:
+            try:
+                st = os.stat(where, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                raise failed(f"--carry {name}: no such file or directory here (in {cwd})",
+                             session_id) from None
+            if stat.S_ISREG(st.st_mode):
+                self.manifest.roots.add(path=name, kind="file")
+                data, st = _read_whole(where, name, parent)
+                self.add(index, Entry("", "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
+            top = os.open(where, OPEN_DIR, dir_fd=parent)  # the root itself swapped for a link is refused
+        finally:
+            if parent is not None:
+                os.close(parent)
+        self.manifest.roots.add(path=name, kind="dir")
+        self.add(index, Entry("", "dir", stat.S_IMODE(st.st_mode) & 0o777))
+        try:
+            entries, left_out = _walk_root(top, name)
+        finally:
+            os.close(top)
+        self.skipped += left_out
+        for entry in entries:
+            self.add(index, entry)
+
+    def packed(self) -> Packed:
+        """The copy, refused here as restore's rules and CommitCarry would refuse it, before
+        anything is uploaded."""
+        manifest, session_id = self.manifest, self.manifest.session_id
+        data = b"".join(self.stream)
+        chunks = chunked(data)
+        manifest.total_bytes = len(data)
+        manifest.chunk_sha256.extend(hashlib.sha256(c).hexdigest() for c in chunks)
+        try:
+            check_manifest(manifest)
+        except CarryRefused as exc:
+            raise failed(f"the carried state cannot be carried: {exc}; nothing was uploaded",
+                         session_id) from None
+        # Checked here, measured as CommitCarry measures it (the JSON etcd stores: coordinator/protojson
+        # writes exactly this), so a copy it would refuse is not uploaded whole first. Imported here:
+        # packing happens after CMD, and `run`'s path to CMD stays without json_format.
+        from google.protobuf import json_format
+
+        size = len(json_format.MessageToJson(manifest, indent=None, sort_keys=True).encode())
+        if size + UPLOAD_FIELDS_BYTES > MANIFEST_BYTES:
+            raise ClientError(
+                Reason.CARRY_TOO_LARGE,
+                f"the carried state's manifest ({len(manifest.entries)} entries) is {size} bytes; the "
+                f"coordinator takes at most {MANIFEST_BYTES - UPLOAD_FIELDS_BYTES} (fewer files or shorter "
+                "names); nothing was uploaded",
+                session_id,
+            )
+        return Packed(manifest, chunks, self.skipped)
+
+
 def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = None) -> Packed:
     """The named roots as one copy: files in walk order, a stream cut into chunks; a copy the
     rules of restore would refuse is refused here, before anything is uploaded. A root in `absent`
     is carried only if CMD created it (`_created`), and left out otherwise."""
-    manifest = pb.CarryManifest(session_id=session_id)
-    skipped: list[str] = []
-    stream: list[bytes] = []
-
-    def add_file(root: int, rel: str, mode: int, data: bytes) -> None:
-        manifest.entries.add(root=root, path=rel, kind="file", mode=mode, size=len(data),
-                             sha256=hashlib.sha256(data).hexdigest())
-        stream.append(data)
-
-    index = -1
+    packing = _Packing(pb.CarryManifest(session_id=session_id))
     try:
         for name in names:
-            path = where = _where(name, cwd)
-            parent: int | None = None
-            if absent and name in absent:
-                parent, why = _created(name, path, absent[name])
-                if parent is None:
-                    skipped.append(why or f"--carry {name}: CMD did not create it; not carried")
-                    continue
-                where = os.path.basename(path)
-            index += 1
-            try:
-                try:
-                    st = os.stat(where, dir_fd=parent, follow_symlinks=False)
-                except FileNotFoundError:
-                    raise failed(
-                        f"--carry {name}: no such file or directory here (in {cwd})", session_id
-                    ) from None
-                if stat.S_ISREG(st.st_mode):
-                    manifest.roots.add(path=name, kind="file")
-                    data, st = _read_whole(where, name, parent)
-                    add_file(index, "", stat.S_IMODE(st.st_mode) & 0o777, data)
-                    continue
-                if not stat.S_ISDIR(st.st_mode):
-                    raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
-                top = os.open(where, OPEN_DIR, dir_fd=parent)  # the root itself swapped for a link is refused
-            finally:
-                if parent is not None:
-                    os.close(parent)
-            manifest.roots.add(path=name, kind="dir")
-            manifest.entries.add(root=index, path="", kind="dir", mode=stat.S_IMODE(st.st_mode) & 0o777)
-            try:
-                entries, left_out = _walk_root(top, name)
-            finally:
-                os.close(top)
-            skipped += left_out
-            for rel, kind, mode, target, body in entries:
-                if kind == "file":
-                    add_file(index, rel, mode, body)
-                else:
-                    manifest.entries.add(root=index, path=rel, kind=kind, mode=mode, link_target=target)
+            packing.root(name, cwd, absent)
     except OSError as exc:
         # A file CMD removes while a checkpoint reads it: the owner catches ClientError only, so an
         # OSError here ended its checkpoints, or its release.
@@ -305,31 +353,7 @@ def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = No
             "good copy stands)",
             session_id,
         ) from None
-    data = b"".join(stream)
-    chunks = chunked(data)
-    manifest.total_bytes = len(data)
-    manifest.chunk_sha256.extend(hashlib.sha256(c).hexdigest() for c in chunks)
-    try:
-        check_manifest(manifest)
-    except CarryRefused as exc:
-        raise failed(
-            f"the carried state cannot be carried: {exc}; nothing was uploaded", session_id
-        ) from None
-    # Checked here, measured as CommitCarry measures it (the JSON etcd stores: coordinator/protojson
-    # writes exactly this), so a copy it would refuse is not uploaded whole first. Imported here:
-    # packing happens after CMD, and `run`'s path to CMD stays without json_format.
-    from google.protobuf import json_format
-
-    size = len(json_format.MessageToJson(manifest, indent=None, sort_keys=True).encode())
-    if size + UPLOAD_FIELDS_BYTES > MANIFEST_BYTES:
-        raise ClientError(
-            Reason.CARRY_TOO_LARGE,
-            f"the carried state's manifest ({len(manifest.entries)} entries) is {size} bytes; the "
-            f"coordinator takes at most {MANIFEST_BYTES - UPLOAD_FIELDS_BYTES} (fewer files or shorter "
-            "names); nothing was uploaded",
-            session_id,
-        )
-    return Packed(manifest, chunks, skipped)
+    return packing.packed()
 
 
 async def upload(client: Client, grant: Grant, packed: Packed, reason: str) -> int:
