@@ -66,7 +66,11 @@ class ExitWatcher:
             fd = os.pidfd_open(identity.pid)
         except OSError:
             return None, self._probe(identity)
-        now = self._probe(identity)
+        try:
+            now = self._probe(identity)
+        except BaseException:  # the job given up while stuck on a read: it runs again elsewhere
+            os.close(fd)
+            raise
         same_fd = not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino
         if now.outcome != P.IDENTITY_MATCHED or not same_fd:
             # Not this owner at this pid (or it died between open and re-check): the probe says which.

@@ -51,9 +51,13 @@ def _open_carrier(pid: int, variable: bytes, token: bytes, environ: EnvironReade
     except OSError:
         return None
     try:
-        if read_value(pid, variable, environ) != token or pidfd_exited(fd):
-            raise LookupError
-    except (OSError, LookupError):
+        carries = read_value(pid, variable, environ) == token
+    except OSError:
+        carries = False
+    except BaseException:  # the job given up while stuck on a read (agent/reads.py): it runs again
+        os.close(fd)
+        raise
+    if not carries or pidfd_exited(fd):
         os.close(fd)
         return None
     return fd
@@ -86,7 +90,13 @@ def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, skip: i
                 os.close(fd)
         return [pid for pid in new if pid in stopped]  # one not stopped is looked at again
 
-    stop_until_stable(carriers, stop, STOP_SECONDS)
+    try:
+        stop_until_stable(carriers, stop, STOP_SECONDS)
+    except BaseException:
+        # Given up while stuck on a read (agent/reads.py): the kill runs again, and stops them again.
+        for fd in stopped.values():
+            os.close(fd)
+        raise
     return stopped
 
 

@@ -230,6 +230,9 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
                 return pid, fd, stat
         except (OSError, StatParseError):
             pass
+        except BaseException:  # the job given up (agent/reads.py): it runs again elsewhere
+            os.close(fd)
+            raise
         os.close(fd)
         return None
 
