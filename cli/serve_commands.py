@@ -16,7 +16,8 @@ from typing import Any
 from holdfast.cli.agent_commands import TLS_DIR
 from holdfast.common import config, tls
 from holdfast.common.config import Setting
-from holdfast.coordinator import carry, fence_rules
+from holdfast.coordinator import carry_budget_rules as carry
+from holdfast.coordinator import fence_rules
 from holdfast.coordinator.store import DEFAULT_PREFIX, channel_target
 
 EX_USAGE = 2
@@ -79,6 +80,10 @@ SETTINGS = [
             "carried state of all sessions together: keep it at most a quarter of etcd's "
             "--quota-backend-bytes "
             "(at its quota etcd refuses every write, heartbeats included)", default=carry.DEFAULT_BUDGET),
+    Setting("carry_tenant_budget_bytes", "HOLDFAST_CARRY_TENANT_BUDGET_BYTES", config.integer_in(0, 1 << 40),
+            "carried state of one tenant's sessions together, within carry_budget_bytes, so one tenant "
+            "cannot spend every other tenant's share; 0: no per-tenant limit",
+            default=carry.DEFAULT_TENANT_BUDGET),
     Setting("default_tenant", "HOLDFAST_DEFAULT_TENANT", config.tenant,
             "tenant of a client certificate that names none, and of sessions recorded before tenants "
             "existed (keep it the same across restarts and replicas)", default="default"),
@@ -150,7 +155,8 @@ def _serve(raw: argparse.Namespace) -> int:
         asyncio.run(server.serve(args.etcd, args.listen, args.ready_file, args.prefix,
                                  tls_dir, etcd_tls, args.metrics_listen,
                                  args.census_seconds, args.health_listen, args.commit_window_seconds, issuer,
-                                 (args.carry_session_cap_bytes, args.carry_budget_bytes), fencing,
+                                 carry.CarryLimits(args.carry_session_cap_bytes, args.carry_budget_bytes,
+                                                   args.carry_tenant_budget_bytes), fencing,
                                  args.default_tenant))
     except (ValueError, FileNotFoundError) as exc:
         logs.fatal(f"holdfast coordinator: {exc}")  # its log is set up: JSON by default

@@ -6,11 +6,17 @@ holding its fence (committed or live) and its secret's hash, so a superseded own
 refused whole; the manifest names one of two slots and a new copy is written into the other, so the last
 committed copy stays readable until a whole new one — every chunk present and matching its sha256,
 checked here — is committed. Space is reserved against the cluster-wide budget (`carry-budget`)
-before any chunk is stored, in the transaction that also clears the slot, so carried state never
-grows past the budget (etcd at its quota refuses every write, heartbeats included).
+and the budget of the tenant the session's record names (`carry-budget/<tenant>`) before any chunk
+is stored, in the transaction that also clears the slot and compares the record, both budget keys
+and every slot as read, so carried state never grows past the cluster's budget (etcd at its quota
+refuses every write, heartbeats included) nor a tenant's past its own: one tenant's uploads cannot
+spend the rest of the cluster's budget when a per-tenant budget is set. The slot names the tenant
+charged, and a give-back returns its bytes to exactly that tenant and the cluster
+(coordinator/carry_budget_rules.py), in the transaction that deletes the slot.
 
 Keys (holdfast.coordinator.keys): `carry/<id>/manifest`, `carry/<id>/slot/<s>` (the reservation:
-fence, bytes, chunks), `carry/<id>/chunk/<s>/<index>`, and `carry-budget`.
+fence, bytes, chunks, tenant charged), `carry/<id>/chunk/<s>/<index>`, `carry-budget` and
+`carry-budget/<tenant>`.
 """
 
 from __future__ import annotations
@@ -18,22 +24,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from holdfast.common import carry_rules, identifiers
 from holdfast.common.reasons import Reason
+from holdfast.coordinator import carry_budget_rules as budgets
 from holdfast.coordinator import fencing, keys, protojson, records
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Put, Seen, Store, unchanged
+from holdfast.coordinator.tenancy import DEFAULT_TENANT, tenant_of
 from holdfast.v1 import coordinator_pb2 as pb
 
 CHUNK_BYTES = carry_rules.CHUNK_BYTES
-DEFAULT_SESSION_CAP = 4 << 20
-MAX_SESSION_CAP = 32 << 20  # 64 chunks: a commit compares each, and etcd allows 128 ops a transaction
-DEFAULT_BUDGET = 512 << 20  # 25 % of etcd's default 2 GiB quota
 MANIFEST_LIMIT = carry_rules.MANIFEST_BYTES  # the one a pack checks too, before it uploads
-BUDGET_RETRIES = 16  # other sessions' reservations move the budget key meanwhile
+BUDGET_RETRIES = 16  # other sessions' reservations move the budget keys meanwhile
 
 
 @dataclass(frozen=True)
@@ -41,16 +46,24 @@ class Reservation:
     fence: int
     reserved: int
     chunks: int
+    # The tenant its bytes were charged to, given back to it alone; budgets.CLUSTER in a slot reserved
+    # before per-tenant budgets (no "tenant" field), charged to the cluster's budget alone.
+    tenant: str = budgets.CLUSTER
 
     @classmethod
     def of(cls, seen: Seen) -> Reservation | None:
         if seen.entry is None:
             return None
         raw = json.loads(seen.entry.value)
-        return cls(int(raw["fence"]), int(raw["reserved"]), int(raw["chunks"]))
+        return cls(int(raw["fence"]), int(raw["reserved"]), int(raw["chunks"]),
+                   str(raw.get("tenant", budgets.CLUSTER)))
 
     def encode(self) -> bytes:
-        return json.dumps({"fence": self.fence, "reserved": self.reserved, "chunks": self.chunks}).encode()
+        return json.dumps({"fence": self.fence, "reserved": self.reserved, "chunks": self.chunks,
+                           "tenant": self.tenant}).encode()
+
+    def charge(self) -> budgets.Charge:
+        return budgets.Charge(self.tenant, self.reserved)
 
 
 def chunks_for(total: int) -> int:
@@ -62,7 +75,7 @@ def budget_used(seen: Seen) -> int:
 
 
 def budget_value(used: int) -> bytes:
-    return json.dumps({"reserved_bytes": max(used, 0)}).encode()
+    return json.dumps({"reserved_bytes": used}).encode()
 
 
 def decode_manifest(seen: Seen) -> pb.CarryManifest | None:
@@ -92,18 +105,29 @@ def check_manifest_shape(manifest: pb.CarryManifest, reservation: Reservation) -
 
 
 class CarryStore:
-    def __init__(
-        self, sessions: Sessions, session_cap: int = DEFAULT_SESSION_CAP, budget: int = DEFAULT_BUDGET
-    ) -> None:
-        if not 0 < session_cap <= MAX_SESSION_CAP:
-            raise ValueError(f"carry session cap {session_cap} is outside 1..{MAX_SESSION_CAP} bytes")
+    def __init__(self, sessions: Sessions, limits: budgets.CarryLimits = budgets.DEFAULT_LIMITS,
+                 default_tenant: str = DEFAULT_TENANT) -> None:
         self.sessions = sessions
         self.store: Store = sessions.store
-        self.session_cap = session_cap
-        self.budget = budget
+        self.limits = limits
+        self.session_cap = limits.session_cap
+        self.default_tenant = default_tenant
 
-    def budget_key(self) -> str:
-        return keys.carry_budget(self.store)
+    def budget_key(self, account: str = budgets.CLUSTER) -> str:
+        """The cluster's budget key, or a tenant's."""
+        if account == budgets.CLUSTER:
+            return keys.carry_budget(self.store)
+        return keys.carry_tenant_budget(self.store, account)
+
+    async def _ledger(self, moved: dict[str, int]) -> tuple[dict[str, int], list[Seen], list[Put]]:
+        """The accounts `moved` touches: their reserved bytes and keys as read (at one revision; the
+        caller compares every one), and the puts that move them — none for an account left as it was."""
+        names = sorted(moved)
+        seen = await self.store.read_all([self.budget_key(a) for a in names])
+        used = {a: budget_used(s) for a, s in zip(names, seen, strict=True)}
+        totals = budgets.after(used, moved)
+        puts = [Put(s.key, budget_value(totals[a])) for a, s in zip(names, seen, strict=True) if moved[a]]
+        return used, seen, puts
 
     def prefix(self, sid: str) -> str:
         return keys.carry_prefix(self.store, sid)
@@ -138,31 +162,45 @@ class CarryStore:
             )
         for _ in range(BUDGET_RETRIES):
             fence_seen = await self._owner_fence(sid, request.fence, request.secret)
-            manifest_seen, budget_seen = await asyncio.gather(
-                self.store.read(keys.carry_manifest(self.store, sid)), self.store.read(self.budget_key())
-            )
+            # The record names the tenant charged; compared below, so the charge is the tenant of
+            # the record as it stands when the reservation lands.
+            record_seen, manifest_seen = await self.store.read_all(
+                [keys.session(self.store, sid), keys.carry_manifest(self.store, sid)])
+            if record_seen.entry is None:
+                continue  # archived since the fence was read: the next read of it refuses
+            tenant = tenant_of(self.sessions.decode(record_seen.entry), self.default_tenant)
             current = decode_manifest(manifest_seen)
             slot = 1 - current.slot if current is not None else 0
-            slot_seen = await self.store.read(keys.carry_slot(self.store, sid, slot))
-            old = Reservation.of(slot_seen)
-            used = budget_used(budget_seen) - (old.reserved if old else 0) + request.total_bytes
-            if used > self.budget:
-                raise CoordinatorError(
-                    Reason.CARRY_BUDGET_EXHAUSTED,
-                    f"reserving {request.total_bytes} bytes would "
-                    f"bring the cluster's carried state to {used} of its {self.budget}-byte "
-                    "budget; nothing was written",
-                )
-            reservation = Reservation(request.fence, request.total_bytes, request.chunks)
+            slot_seen, kept_seen = await self.store.read_all(
+                [keys.carry_slot(self.store, sid, slot), keys.carry_slot(self.store, sid, 1 - slot)])
+            reservation = Reservation(request.fence, request.total_bytes, request.chunks, tenant)
+            given_back, taken = [], [reservation.charge()]
+            puts = [Put(slot_seen.key, reservation.encode())]
+            old, kept = Reservation.of(slot_seen), Reservation.of(kept_seen)
+            if old is not None:
+                given_back.append(old.charge())
+            if kept is not None and kept.tenant == budgets.CLUSTER:
+                # The copy kept was reserved before per-tenant budgets: from its session's next
+                # upload on it counts against its tenant too, or a tenant's old copies went uncounted.
+                adopted = replace(kept, tenant=tenant)
+                given_back.append(kept.charge())
+                taken.append(adopted.charge())
+                puts.append(Put(kept_seen.key, adopted.encode()))
+            moved = budgets.moves(given_back, taken)
+            used, budgets_seen, budget_puts = await self._ledger(moved)
+            why = budgets.refusal(used, moved, self.limits)
+            if why is not None:
+                raise CoordinatorError(Reason.CARRY_BUDGET_EXHAUSTED, f"reserving {request.total_bytes} "
+                                       f"bytes for {sid}: {why}; nothing was written")
             ok, _ = await self.store.txn(
-                unchanged([fence_seen, manifest_seen, budget_seen, slot_seen]),
-                [Put(slot_seen.key, reservation.encode()), Put(budget_seen.key, budget_value(used))],
+                unchanged([fence_seen, record_seen, manifest_seen, slot_seen, kept_seen, *budgets_seen]),
+                [*puts, *budget_puts],
                 delete_prefixes=[keys.carry_chunks_prefix(self.store, sid, slot)],
             )
             if ok:
                 return slot
         raise CoordinatorError(Reason.UNAVAILABLE,
-                               "the carry budget kept changing under this reservation; retry")
+                               "the carry budgets kept changing under this reservation; retry")
 
     async def put_chunk(self, request: pb.PutCarryChunkRequest) -> None:
         sid = identifiers.check_session_id(request.session_id)
@@ -267,11 +305,12 @@ class CarryStore:
     # --- with the session ----------------------------------------------------------------------------
     async def discard(self, sid: str) -> tuple[list[Seen], list[Put]]:
         """What archiving a session must compare and put so its carried state goes with it: the two
-        reservations and the budget as read, and the budget less what they held. The caller deletes
-        `prefix(sid)` in the same transaction."""
-        slots = await asyncio.gather(*(self.store.read(keys.carry_slot(self.store, sid, s)) for s in (0, 1)))
-        held = sum(r.reserved for r in map(Reservation.of, slots) if r is not None)
-        if not held:
-            return list(slots), []
-        budget_seen = await self.store.read(self.budget_key())
-        return [*slots, budget_seen], [Put(budget_seen.key, budget_value(budget_used(budget_seen) - held))]
+        reservations and the budgets they were charged to as read, and those budgets less what each
+        slot held — the cluster's, and the tenant's each slot names. The caller deletes `prefix(sid)`
+        in the same transaction."""
+        slots = await self.store.read_all([keys.carry_slot(self.store, sid, s) for s in (0, 1)])
+        charges = [r.charge() for r in map(Reservation.of, slots) if r is not None and r.reserved]
+        if not charges:
+            return slots, []
+        _, budgets_seen, budget_puts = await self._ledger(budgets.moves(charges, []))
+        return [*slots, *budgets_seen], budget_puts

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from holdfast.common.tls import TENANT
+
 if TYPE_CHECKING:
     from holdfast.coordinator.store import Store
 
@@ -140,6 +142,14 @@ def carry_chunks_prefix(store: Store, sid: str, slot: int) -> str:
 
 def carry_budget(store: Store) -> str:
     return store.key(CARRY_BUDGET)
+
+
+def carry_tenant_budget(store: Store, tenant: str) -> str:
+    """A tenant's share of the carry budget. Only a tenant name (a DNS label: no `/`, never empty)
+    is taken, so no record or slot naming something else can address a key outside `carry-budget/`."""
+    if not TENANT.fullmatch(tenant):
+        raise ValueError(f"{tenant[:80]!r} is not a tenant: a DNS label ({TENANT.pattern})")
+    return store.key(CARRY_BUDGET, tenant)
 
 
 def host_last(store: Store, host_id: str) -> str:

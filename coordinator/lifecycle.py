@@ -78,7 +78,8 @@ class Lifecycle:
                  keys.ops_prefix(self.store, sid), self.carried.prefix(sid)])
             if ok:
                 break
-            # Another session's upload may have moved the shared carry budget: that alone is retried.
+            # Another session's upload may have moved a shared carry budget (the cluster's, or the
+            # tenant's): that alone is retried.
             decided_on = [Seen(self.sessions.key(sid), entry), *reads]
             now = await asyncio.gather(*(self.store.get(seen.key) for seen in decided_on))
             if any(seen.entry != current for seen, current in zip(decided_on, now, strict=True)):
@@ -86,7 +87,7 @@ class Lifecycle:
                                        "archived")
         else:
             raise CoordinatorError(Reason.UNAVAILABLE,
-                                   "the carry budget kept changing while archiving; retry")
+                                   "the carry budgets kept changing while archiving; retry")
         return pb.ArchiveSessionResponse(record=archived, history_archived=len(history),
                                          verdict=verdict.reason.value)
 

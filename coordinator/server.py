@@ -20,8 +20,8 @@ from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
-from holdfast.coordinator import carry
 from holdfast.coordinator.authorization import coordinator_rule
+from holdfast.coordinator.carry_budget_rules import DEFAULT_LIMITS, CarryLimits
 from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
@@ -50,7 +50,7 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                 census_seconds: float = 15.0, health_listen: str = "",
                 commit_window_seconds: float = 30.0,
                 issuer: tuple[str, issuer_.Issuer] | None = None,
-                carry_limits: tuple[int, int] = (carry.DEFAULT_SESSION_CAP, carry.DEFAULT_BUDGET),
+                carry_limits: CarryLimits = DEFAULT_LIMITS,
                 fencing: FencingSettings | None = None, default_tenant: str = DEFAULT_TENANT) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
@@ -61,8 +61,8 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     # Which replica ran a fence is part of its evidence: this machine, this process, what it serves.
     name = f"{socket.gethostname()} pid {os.getpid()} listening on {listen}"
     service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000),
-                                 carry_session_cap=carry_limits[0], carry_budget=carry_limits[1],
-                                 fencing=fencing, name=name, default_tenant=default_tenant)
+                                 carry_limits=carry_limits, fencing=fencing, name=name,
+                                 default_tenant=default_tenant)
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:

@@ -33,6 +33,7 @@ from holdfast.coordinator import (
     tenancy,
 )
 from holdfast.coordinator.acquire import RACE_RETRIES, handoff_hash
+from holdfast.coordinator.carry_budget_rules import DEFAULT_LIMITS, CarryLimits
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.host_fencing import FencingSettings, HostFencing
@@ -130,8 +131,8 @@ def _tenant_checked(fn: Callable[..., Awaitable[object]]) -> Callable[..., Await
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None,
-                 commit_window_ms: int = COMMIT_WINDOW_MS, carry_session_cap: int = carry.DEFAULT_SESSION_CAP,
-                 carry_budget: int = carry.DEFAULT_BUDGET, fencing: FencingSettings | None = None,
+                 commit_window_ms: int = COMMIT_WINDOW_MS, carry_limits: CarryLimits = DEFAULT_LIMITS,
+                 fencing: FencingSettings | None = None,
                  name: str = "", default_tenant: str = tenancy.DEFAULT_TENANT) -> None:
         self.store = store
         self.tenancy = tenancy.Tenancy(store, default_tenant)
@@ -139,7 +140,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.registry = Registry(store)
         self.router = Router(agent_tls_dir)
         self.sessions = Sessions(store, self.registry, self.router)
-        self.carried = carry.CarryStore(self.sessions, carry_session_cap, carry_budget)
+        self.carried = carry.CarryStore(self.sessions, carry_limits, default_tenant)
         self.lifecycle = lifecycle.Lifecycle(self.sessions, self.carried)
         self.host_fencing = HostFencing(self.lifecycle, fencing or FencingSettings(), name)
         self.replays = ReplayLease(store)

@@ -1,6 +1,9 @@
-"""The carry store over a real etcd (coordinator/carry.py, no gRPC): the cluster-wide budget is
-taken before any chunk is stored and refuses a reservation past it with nothing written; a commit
-refuses chunks that do not match the manifest and keeps the last good copy."""
+"""The carry store over a real etcd (coordinator/carry.py, no gRPC): the cluster-wide budget and the
+tenant's are taken before any chunk is stored and refuse a reservation past either with nothing
+written, one tenant's full budget leaving another's uploads be; a give-back (archive) returns the
+bytes to the tenant and the cluster it charged, exactly, also when the record's tenant or a racing
+give-back moved the keys between the read and the write; a commit refuses chunks that do not match
+the manifest and keeps the last good copy."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import hashlib
 
 import pytest
 
-from holdfast.coordinator import fencing
+from holdfast.coordinator import fencing, records
+from holdfast.coordinator.carry_budget_rules import CarryLimits
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import Put, Store, open_channel
@@ -22,10 +26,18 @@ KIB = 1024
 SECRET = "s" * 64
 
 
-async def owner(store: Store, sid: str, fence: int = 1) -> None:
-    """A committed owner of `sid` at `fence`, as a CommitOwner transaction leaves its fence key."""
+async def owner(store: Store, sid: str, fence: int = 1, tenant: str = "") -> None:
+    """A committed owner of `sid` at `fence`, as a CommitOwner transaction leaves its record and
+    fence key; the record names `tenant` ("": written before tenants)."""
     value = fencing.fence_value(fence, pb.COMMITTED, fencing.hash_secret(SECRET)).encode()
-    assert (await store.txn([], [Put(store.key("fence", sid), value)]))[0]
+    assert (await store.txn([], [Put(store.key("fence", sid), value),
+                                 Put(store.key("sessions", sid), record(sid, fence, tenant))]))[0]
+
+
+def record(sid: str, fence: int, tenant: str, status: pb.ClaimStatus = pb.COMMITTED) -> bytes:
+    return records.encode(pb.SessionRecord(
+        schema_version=records.SCHEMA_VERSION, session_id=sid, tenant=tenant,
+        lease=pb.Lease(fence=fence, claim_status=status, grant_secret_hash=fencing.hash_secret(SECRET))))
 
 
 async def everything(store: Store) -> list[tuple[str, bytes]]:
@@ -43,7 +55,8 @@ def begin(sid: str, total: int) -> pb.BeginCarryRequest:
 async def test_the_budget_refuses_a_reservation_past_it_and_writes_nothing(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    service = CoordinatorService(Store(open_channel(etcd.url), prefix), carry_budget=1024 * KIB)
+    service = CoordinatorService(Store(open_channel(etcd.url), prefix),
+                                 carry_limits=CarryLimits(budget=1024 * KIB))
     carried = service.carried
     try:
         await owner(service.store, "sess-budget-a")
@@ -104,6 +117,6 @@ async def test_a_commit_checks_every_chunk_and_keeps_the_last_good_copy(
             await carried.begin(
                 pb.BeginCarryRequest(session_id=sid, fence=1, secret="t" * 64, total_bytes=1, chunks=1)
             )
-        assert stale.value.reason == "NOT_FOUND"  # no record: a wrong secret is never taken for the owner
+        assert stale.value.reason == "PERMISSION_DENIED"  # a wrong secret is never taken for the owner
     finally:
         await service.store.close()
