@@ -8,6 +8,8 @@ the manifest and keeps the last good copy."""
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -15,7 +17,7 @@ from holdfast.coordinator import fencing, records
 from holdfast.coordinator.carry_budget_rules import CarryLimits
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.service import CoordinatorService
-from holdfast.coordinator.store import Put, Store, open_channel
+from holdfast.coordinator.store import Put, Store, open_channel, unchanged
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
@@ -120,3 +122,205 @@ async def test_a_commit_checks_every_chunk_and_keeps_the_last_good_copy(
         assert stale.value.reason == "PERMISSION_DENIED"  # a wrong secret is never taken for the owner
     finally:
         await service.store.close()
+
+
+async def budgets(store: Store) -> dict[str, int]:
+    """Every carry budget key's reserved bytes: "" the cluster's, else a tenant's."""
+    base = store.key("carry-budget")
+    entries, _ = await store.list_prefix(base)
+    return {e.key.removeprefix(base).removeprefix("/"): json.loads(e.value)["reserved_bytes"]
+            for e in entries}
+
+
+async def slot_tenant(store: Store, sid: str, slot: int) -> str | None:
+    entry = await store.get(store.key("carry", sid, "slot", str(slot)))
+    return json.loads(entry.value).get("tenant") if entry is not None else None
+
+
+def tenants_service(etcd: EtcdServer, prefix: str, budget: int, tenant_budget: int,
+                    default_tenant: str = "default") -> CoordinatorService:
+    return CoordinatorService(Store(open_channel(etcd.url), prefix), default_tenant=default_tenant,
+                              carry_limits=CarryLimits(budget=budget, tenant_budget=tenant_budget))
+
+
+@run_async
+async def test_a_tenant_filling_its_own_budget_is_refused_while_another_still_uploads(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
+    carried, store = service.carried, service.store
+    try:
+        for sid, tenant in (("sess-ten-a1", "team-a"), ("sess-ten-a2", "team-a"), ("sess-ten-b1", "team-b"),
+                            ("sess-ten-d1", "")):
+            await owner(store, sid, tenant=tenant)
+        assert await carried.begin(begin("sess-ten-a1", 400 * KIB)) == 0
+        before = await everything(store)
+        with pytest.raises(CoordinatorError) as refused:
+            await carried.begin(begin("sess-ten-a2", 200 * KIB))
+        assert refused.value.reason == "CARRY_BUDGET_EXHAUSTED"
+        detail = refused.value.message
+        assert "tenant team-a" in detail and "carry_tenant_budget_bytes" in detail, detail
+        assert await everything(store) == before, "a refused reservation wrote nothing"
+        # The cluster has 624 KiB left: tenant b's upload, and the default tenant's (a record
+        # naming none), are taken whatever tenant a holds.
+        assert await carried.begin(begin("sess-ten-b1", 500 * KIB)) == 0
+        assert await carried.begin(begin("sess-ten-d1", 100 * KIB)) == 0
+        assert await budgets(store) == {"": 1000 * KIB, "team-a": 400 * KIB, "team-b": 500 * KIB,
+                                        "default": 100 * KIB}
+        assert await slot_tenant(store, "sess-ten-d1", 0) == "default"
+        # Past the cluster's budget, it is the cluster's that is named.
+        with pytest.raises(CoordinatorError) as full:
+            await carried.begin(begin("sess-ten-a2", 100 * KIB))
+        assert full.value.reason == "CARRY_BUDGET_EXHAUSTED" and "the cluster's" in full.value.message
+    finally:
+        await store.close()
+
+
+async def archive(service: CoordinatorService, sid: str) -> None:
+    """Releases the session's grant (so archiving it needs no probe) and archives it."""
+    released = record(sid, 1, "team-a", pb.RELEASED)
+    assert (await service.store.txn([], [Put(service.store.key("sessions", sid), released)]))[0]
+    await service.lifecycle.archive(
+        pb.ArchiveSessionRequest(session_id=sid, expected_fence=1, operator="test", reason="done"))
+
+
+@run_async
+async def test_archive_gives_back_to_the_tenant_and_the_cluster_exactly(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
+    carried, store = service.carried, service.store
+    try:
+        await owner(store, "sess-arch-a1", tenant="team-a")
+        await owner(store, "sess-arch-a2", tenant="team-a")
+        assert await carried.begin(begin("sess-arch-a2", 100 * KIB)) == 0
+        assert await budgets(store) == {"": 100 * KIB, "team-a": 100 * KIB}
+        await carried.begin(begin("sess-arch-a1", 300 * KIB))
+        await archive(service, "sess-arch-a1")
+        assert await budgets(store) == {"": 100 * KIB, "team-a": 100 * KIB}, "given back to both, exactly"
+        assert await carried.begin(begin("sess-arch-a2", 500 * KIB)) == 0, "the tenant's share is free again"
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_copy_given_back_after_its_tenant_changed_leaves_no_bytes_behind(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """A record naming no tenant is the default tenant's, and the default may be configured anew: a
+    slot is given back to the tenant it charged, never to whoever the record names now."""
+    store = Store(open_channel(etcd.url), prefix)
+    before = CoordinatorService(store, default_tenant="team-a",
+                                carry_limits=CarryLimits(budget=1024 * KIB, tenant_budget=512 * KIB))
+    after = CoordinatorService(store, default_tenant="team-b",
+                               carry_limits=CarryLimits(budget=1024 * KIB, tenant_budget=512 * KIB))
+    sid = "sess-moved-01"
+    try:
+        await owner(store, sid)
+        assert await before.carried.begin(begin(sid, 300 * KIB)) == 0
+        assert await budgets(store) == {"": 300 * KIB, "team-a": 300 * KIB}
+        assert await after.carried.begin(begin(sid, 200 * KIB)) == 0  # the same slot, reserved anew
+        assert await budgets(store) == {"": 200 * KIB, "team-a": 0, "team-b": 200 * KIB}
+        reads, puts = await after.carried.discard(sid)
+        assert (await store.txn(unchanged(reads), puts, delete_prefixes=[after.carried.prefix(sid)]))[0]
+        assert await budgets(store) == {"": 0, "team-a": 0, "team-b": 0}
+    finally:
+        await store.close()
+
+
+def racing(store: Store, move: Callable[[], Awaitable[None]]) -> list[int]:
+    """Makes `move` land once, just before the next transaction that writes a carry budget: that
+    transaction then finds a key it read changed. The list counts the transactions tried."""
+    tried: list[int] = []
+    txn = store.txn
+
+    async def raced(compares, puts, deletes=(), delete_prefixes=()):  # type: ignore[no-untyped-def]
+        if any("carry-budget" in put.key for put in puts):
+            tried.append(1)
+            if len(tried) == 1:
+                await move()
+        return await txn(compares, puts, deletes, delete_prefixes)
+
+    store.txn = raced  # type: ignore[method-assign]
+    return tried
+
+
+@run_async
+async def test_a_record_changing_tenant_under_a_reservation_is_read_again(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
+    store, sid = service.store, "sess-race-t1"
+    try:
+        await owner(store, sid, tenant="team-a")
+
+        async def move() -> None:  # the record now names another tenant (an etcd restored, a hand edit)
+            assert (await store.txn([], [Put(store.key("sessions", sid), record(sid, 1, "team-b"))]))[0]
+
+        tried = racing(store, move)
+        assert await service.carried.begin(begin(sid, 300 * KIB)) == 0
+        assert len(tried) == 2, "the reservation that read team-a lost and was decided again"
+        assert await budgets(store) == {"": 300 * KIB, "team-b": 300 * KIB}
+        assert await slot_tenant(store, sid, 0) == "team-b"
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_an_upload_racing_a_give_back_neither_leaks_nor_double_counts(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
+    store = service.store
+    try:
+        await owner(store, "sess-race-g1", tenant="team-a")
+        await owner(store, "sess-race-g2", tenant="team-a")
+        await service.carried.begin(begin("sess-race-g1", 400 * KIB))
+        released = record("sess-race-g1", 1, "team-a", pb.RELEASED)
+        assert (await store.txn([], [Put(store.key("sessions", "sess-race-g1"), released)]))[0]
+
+        async def move() -> None:  # g1's archive gives its 400 KiB back between g2's read and write
+            await service.lifecycle.archive(pb.ArchiveSessionRequest(
+                session_id="sess-race-g1", expected_fence=1, operator="test", reason="done"))
+
+        tried = racing(store, move)
+        assert await service.carried.begin(begin("sess-race-g2", 100 * KIB)) == 0
+        assert len(tried) == 3, "g2's write, the archive's, g2's again on the budgets read anew"
+        # Written on its first reading, g2 put back the 400 KiB the archive had just given back.
+        assert await budgets(store) == {"": 100 * KIB, "team-a": 100 * KIB}
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_copy_reserved_before_tenant_budgets_counts_against_its_tenant_from_its_next_upload(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """An upgraded cluster: `carry-budget` counts two sessions' copies, no tenant key exists and the
+    slots name no tenant. A give-back of such a copy takes from the cluster alone (no tenant key goes
+    below what was charged to it); the session's next upload charges its kept copy to its tenant."""
+    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
+    carried, store = service.carried, service.store
+    old = {"sess-old-up": 300 * KIB, "sess-old-idle": 200 * KIB}
+    try:
+        puts = [Put(store.key("carry-budget"), json.dumps({"reserved_bytes": sum(old.values())}).encode())]
+        for sid, size in old.items():
+            await owner(store, sid, tenant="team-a")
+            puts += [Put(store.key("carry", sid, "slot", "0"),
+                         json.dumps({"fence": 1, "reserved": size, "chunks": 1}).encode()),
+                     Put(store.key("carry", sid, "manifest"),
+                         records.encode(pb.CarryManifest(session_id=sid, fence=1, slot=0, total_bytes=size)))]
+        assert (await store.txn([], puts))[0]
+        with pytest.raises(CoordinatorError) as refused:  # 300 KiB kept + 300 KiB new: past team a's 512
+            await carried.begin(begin("sess-old-up", 300 * KIB))
+        assert refused.value.reason == "CARRY_BUDGET_EXHAUSTED" and "tenant team-a" in refused.value.message
+        assert await carried.begin(begin("sess-old-up", 100 * KIB)) == 1
+        assert await slot_tenant(store, "sess-old-up", 0) == "team-a", "the kept copy is charged to it"
+        assert await budgets(store) == {"": 600 * KIB, "team-a": 400 * KIB}
+        for sid, left in (("sess-old-idle", {"": 400 * KIB, "team-a": 400 * KIB}),
+                          ("sess-old-up", {"": 0, "team-a": 0})):
+            reads, give_back = await carried.discard(sid)
+            assert (await store.txn(unchanged(reads), give_back, delete_prefixes=[carried.prefix(sid)]))[0]
+            assert await budgets(store) == left
+    finally:
+        await store.close()

@@ -7,9 +7,16 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from holdfast.coordinator import keys
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class Prefixed:
+    def key(self, *parts: str) -> str:
+        return "/p/" + "/".join(parts)
 
 
 def documented_kinds() -> set[str]:
@@ -38,13 +45,16 @@ def test_only_keys_py_builds_keys_from_literals() -> None:
 
 
 def test_prefixes_end_in_a_separator() -> None:
-    class Prefixed:
-        def key(self, *parts: str) -> str:
-            return "/p/" + "/".join(parts)
-
     store = Prefixed()
     prefixes = [keys.sessions_prefix(store), keys.hosts_prefix(store), keys.history_prefix(store, "s"),
                 keys.data_prefix(store, "s"), keys.ops_prefix(store, "s"), keys.archives_prefix(store),
                 keys.archive_history_prefix(store, "s"), keys.draining_prefix(store),
                 keys.carry_prefix(store, "s"), keys.carry_chunks_prefix(store, "s", 0)]
     assert all(p.endswith("/") for p in prefixes)
+
+
+def test_a_tenant_budget_key_stays_under_its_prefix() -> None:
+    assert keys.carry_tenant_budget(Prefixed(), "team-a") == "/p/carry-budget/team-a"
+    for hostile in ("", "../sessions/x", "a/b", "Team-A", "*"):
+        with pytest.raises(ValueError):
+            keys.carry_tenant_budget(Prefixed(), hostile)
