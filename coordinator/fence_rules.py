@@ -16,20 +16,21 @@ manual-recovery records stay as they are.
 
 The other kind of fencer is Kubernetes' non-graceful node shutdown: the
 `node.kubernetes.io/out-of-service` taint on the Node. It proves a host off only when it sits on the
-Node uid the host's agent enrolled with (kept in its registered-last registration), its `timeAdded`
-is after this replica first saw that registration lapse, and the Node is not Ready (what Kubernetes
-itself requires before it force-deletes the node's pods). A deleted Node, a Node of another uid, a
-taint without `timeAdded` or added before the lapse prove nothing.
+Node uid the host's agent enrolled with (kept in its registered-last registration), none of this
+replica's earlier reads of the Node since it saw that registration absent found it (its
+`timeAdded` names the addition: the API server's own record, compared only with itself, never with
+a clock), at least one such read answered before, and the Node is not Ready (what Kubernetes itself
+requires before it force-deletes the node's pods). A deleted Node, a Node of another uid, a taint
+without `timeAdded`, or one the first read after the lapse already found, prove nothing.
 """
 
 from __future__ import annotations
 
-import datetime
 import fnmatch
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -245,15 +246,27 @@ def needs_status(off: pb.FenceAction) -> bool:
 
 
 # --- the out-of-service taint ------------------------------------------------------------------
-def _time_added(text: Any) -> datetime.datetime | None:
-    """A taint's `timeAdded` (RFC 3339, as the API server writes it), or None."""
-    if not isinstance(text, str):
-        return None
-    try:
-        added = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return added if added.tzinfo is not None else None
+def _out_of_service(node: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [t for t in ((node or {}).get("spec") or {}).get("taints") or []
+            if isinstance(t, dict) and t.get("key") == OUT_OF_SERVICE]
+
+
+@dataclass
+class TaintSightings:
+    """What this replica's reads of a lost host's Node found since it first saw the host's
+    registration absent: whether one answered, and the `timeAdded` of each out-of-service taint
+    found. Each read is made after the lapse, so a taint none of them found, met by a later read,
+    was added after the lapse — on the API server's own record, whatever any clock says. A taint
+    left from an earlier outage, or put on while the agent still registered, is found by the first
+    read and never proves this loss (a clock comparison took a leftover taint as proof whenever the
+    replica's clock ran behind the API server's by more than the leftover's age)."""
+
+    looked: bool = False
+    added: set[str] = field(default_factory=set)
+
+    def saw(self, node: dict[str, Any] | None) -> None:
+        self.looked = True
+        self.added.update(str(t.get("timeAdded")) for t in _out_of_service(node))
 
 
 def _ready(node: dict[str, Any]) -> str:
@@ -263,44 +276,45 @@ def _ready(node: dict[str, Any]) -> str:
 
 
 def judge_taint(node: dict[str, Any] | None, name: str, enrolled_uid: str,
-                lapsed_at_unix_ms: int) -> tuple[Answer, str, str]:
-    """The answer of one read of Node `name` (None: 404), why, and what was read (for the record)."""
+                sightings: TaintSightings) -> tuple[Answer, str, str]:
+    """The answer of one read of Node `name` (None: 404), why, and what was read (for the record),
+    judged against the reads before it (`sightings`, which the caller then updates with this one)."""
     if not enrolled_uid:
         return Answer.UNKNOWN, ("the host's agent registered with no Node uid in its certificate (not "
                                 "enrolled by holdfast's issuer): no Node can speak for it"), "not read"
-    if not lapsed_at_unix_ms:
-        return Answer.UNKNOWN, "this replica has not seen the host's registration lapse", "not read"
     if node is None:
         return Answer.UNKNOWN, (f"Node {name} does not exist: a deleted Node is not proof (kubelet creates "
                                 "it again with a new uid, and containers outlive a stopped kubelet)"), \
             f"Node {name}: not found"
     uid = str((node.get("metadata") or {}).get("uid") or "")
-    taints = [t for t in (node.get("spec") or {}).get("taints") or []
-              if isinstance(t, dict) and t.get("key") == OUT_OF_SERVICE]
+    taints = _out_of_service(node)
     ready = _ready(node)
     taint = taints[0] if taints else {}
-    added = _time_added(taint.get("timeAdded"))
+    added = taint.get("timeAdded")
     seen = (f"Node {name} uid {uid}: " + (f"taint {OUT_OF_SERVICE}={taint.get('value', '')}:"
-                                          f"{taint.get('effect', '')} added {taint.get('timeAdded')}"
+                                          f"{taint.get('effect', '')} added {added}"
                                           if taints else f"no {OUT_OF_SERVICE} taint") + f"; Ready {ready}")
-    lapsed = datetime.datetime.fromtimestamp(lapsed_at_unix_ms / 1000, datetime.UTC)
     if uid != enrolled_uid:
         return Answer.UNKNOWN, (f"Node {name} has uid {uid}, not {enrolled_uid} the host enrolled with: "
                                 "another machine took the name"), seen
     if not taints:
         return Answer.UNKNOWN, f"Node {name} has no {OUT_OF_SERVICE} taint", seen
-    if added is None:
+    if not isinstance(added, str) or not added:
         return Answer.UNKNOWN, (f"the taint on Node {name} has no timeAdded (only a NoExecute taint gets "
                                 "one)"), seen
-    if added <= lapsed:
-        return Answer.UNKNOWN, (f"the taint on Node {name} was added at {added.isoformat()}, not after the "
-                                f"registration lapsed ({lapsed.isoformat()}): it says nothing of this "
-                                "loss"), seen
+    if not sightings.looked:
+        return Answer.UNKNOWN, (f"this is the first read of Node {name} since this replica saw the host's "
+                                "registration lapse: a taint it finds may be older than the loss (remove "
+                                "it and add it again)"), seen
+    if added in sightings.added:
+        return Answer.UNKNOWN, (f"the taint on Node {name} (added {added}) was already there when this "
+                                "replica read the Node after the registration lapsed: it says nothing of "
+                                "this loss (remove it and add it again)"), seen
     if ready == "True":
         return Answer.ON, f"Node {name} is Ready: its kubelet still reports", seen
     return Answer.OFF, (f"the {OUT_OF_SERVICE} taint on Node {name} (uid {uid}, the one the host enrolled "
-                        f"with) was added at {added.isoformat()}, after the registration lapsed "
-                        f"({lapsed.isoformat()}), and the Node is not Ready"), seen
+                        f"with), added {added}, was not there when this replica read the Node after the "
+                        "registration lapsed, and the Node is not Ready"), seen
 
 
 # --- which hosts, when ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,10 +49,11 @@ NodeReaders = Callable[[FencerSpec], NodeReader]  # one reader per attempt, from
 @dataclass(frozen=True)
 class Lost:
     """What a fence of a host may rest on besides its fencer: the Node uid its registered-last
-    registration carried, and when this replica first saw that registration absent (0: not yet)."""
+    registration carried, and what this replica's reads of that Node found since it saw that
+    registration absent (each read adds to them)."""
 
     node_uid: str = ""
-    lapsed_at_unix_ms: int = 0
+    sightings: fence_rules.TaintSightings = field(default_factory=fence_rules.TaintSightings)
 
 
 def check_fencers(specs: Iterable[FencerSpec]) -> None:
@@ -149,38 +150,47 @@ def read_secrets(spec: FencerSpec) -> dict[str, str]:
     return {name: fence_rules.secret_of(Path(path).read_text()) for name, path in spec.secrets}
 
 
+async def read_node(spec: FencerSpec, host_id: str, timeout: float,
+                    readers: NodeReaders) -> dict[str, Any] | None:
+    """Node `host_id` (an enrolled agent's host id is its Node's name) as the API server answers
+    now (None: 404), read on a worker thread within `timeout`; raises on any failure to read."""
+    reader = readers(spec)
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(reader.read_node, host_id), timeout)
+    finally:
+        reader.close()
+
+
 async def read_taint(spec: FencerSpec, host_id: str, timeout: float, lost: Lost,
                      readers: NodeReaders | None) -> tuple[list[pb.FenceAction], Answer, str]:
-    """One read of Node `host_id` (an enrolled agent's host id is its Node's name), judged."""
+    """One read of Node `host_id`, judged against the reads before it, then added to them."""
     started = time.monotonic()
     action = pb.FenceAction(action=fence_rules.READ_NODE)
     node: dict[str, Any] | None = None
-    if lost.node_uid and lost.lapsed_at_unix_ms:  # else nothing is asked: the rules say why not
+    if lost.node_uid:  # else nothing is asked: the rules say why not
         if readers is None:
             action.error = "no Kubernetes API client was configured"
             return [action], Answer.UNKNOWN, action.error
         try:
-            reader = readers(spec)
-            try:
-                node = await asyncio.wait_for(asyncio.to_thread(reader.read_node, host_id), timeout)
-            finally:
-                reader.close()
+            node = await read_node(spec, host_id, timeout, readers)
         except Exception as exc:  # the API server's trouble is an unknown, never a proof
             action.error = f"the API server did not answer: {type(exc).__name__}: {str(exc)[:300]}"
             action.took_ms = int((time.monotonic() - started) * 1000)
             return [action], Answer.UNKNOWN, action.error
-    answer, detail, seen = fence_rules.judge_taint(node, host_id, lost.node_uid, lost.lapsed_at_unix_ms)
+    answer, detail, seen = fence_rules.judge_taint(node, host_id, lost.node_uid, lost.sightings)
+    if lost.node_uid:
+        lost.sightings.saw(node)
     action.ran, action.stdout = True, seen
     action.took_ms = int((time.monotonic() - started) * 1000)
     return [action], answer, detail
 
 
-async def fence(spec: FencerSpec, host_id: str, timeout: float, lost: Lost = Lost(),
+async def fence(spec: FencerSpec, host_id: str, timeout: float, lost: Lost | None = None,
                 readers: NodeReaders | None = None) -> tuple[list[pb.FenceAction], Answer, str]:
     """`off`, then (only after an off that may prove) `status`; the actions as recorded and the answer.
     The taint fencer reads the Node instead."""
     if spec.kind == fence_rules.KUBERNETES:
-        return await read_taint(spec, host_id, timeout, lost, readers)
+        return await read_taint(spec, host_id, timeout, lost or Lost(), readers)
     try:
         secret_values = read_secrets(spec)
         options = fence_rules.agent_options(spec, host_id, secret_values)

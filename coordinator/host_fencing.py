@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -62,11 +62,14 @@ class FencingSettings:
 
 @dataclass
 class Absence:
-    """When this replica first saw a host's registration absent, under which registered-last."""
+    """When this replica first saw a host's registration absent, under which registered-last, and
+    what its reads of the host's Node have found since (the taint fencer's only evidence of order)."""
 
     since: float        # monotonic
     since_unix_ms: int  # the same instant on the wall clock, for people
     last_revision: int  # host-last's mod revision then: a registration since restarts the clock
+    sightings: fence_rules.TaintSightings = field(default_factory=fence_rules.TaintSightings)
+    look_at: float = 0.0  # monotonic: the Node is not read for it again before
 
 
 class HostFencing:
@@ -116,6 +119,7 @@ class HostFencing:
         now = time.monotonic()
         for host_id in sorted(named):
             absence = self.absent[host_id]
+            await self._look_at_node(host_id, absence, now)
             metrics.HOST_ABSENT_SECONDS.labels(host_id).set(fence_rules.lost_for(absence.since, now))
             if fence_rules.due(absence.since, now, self.settings.host_loss_after, self.retry_at.get(host_id)):
                 await self.fence(host_id, fence_rules.HOST_LOST)
@@ -147,6 +151,25 @@ class HostFencing:
                 self.absent[host_id] = Absence(now, wall, revision)
         for host_id in set(self.absent) - set(missing):
             del self.absent[host_id]
+
+    async def _look_at_node(self, host_id: str, absence: Absence, now: float) -> None:
+        """The first read of a lost host's Node, as soon as its absence is seen rather than when a
+        fence is due: the taint fencer takes as proof only a taint that a read after the lapse did
+        not find (fence_rules.TaintSightings), so a taint put on soon after the loss counts. A read
+        that fails is tried again `fence_retry_seconds` later; it records nothing in etcd."""
+        spec = fence_rules.fencer_for(self.settings.fencers, host_id)
+        readers = self.settings.node_readers
+        if (spec is None or spec.kind != fence_rules.KUBERNETES or readers is None
+                or absence.sightings.looked or now < absence.look_at):
+            return
+        try:
+            node = await fencers.read_node(spec, host_id, self.settings.timeout, readers)
+        except Exception as exc:  # the API server's trouble delays the first look, nothing else
+            absence.look_at = now + self.settings.retry_first
+            log.warning("host %s: its Node could not be read (%s); read again in %.0f s", host_id, exc,
+                        self.settings.retry_first, extra={"fields": {"host": host_id}})
+            return
+        absence.sightings.saw(node)
 
     def absent_since_unix_ms(self, host_id: str) -> int:
         seen = self.absent.get(host_id)
@@ -224,11 +247,12 @@ class HostFencing:
         self.unfenceable.pop(host_id, None)
         log.warning("fencing host %s with %s: %s", host_id, spec.program, requested_by,
                     extra={"fields": {"host": host_id, "program": spec.program}})
-        # The lapse this replica timed must be the registered-last's it fences, not an earlier one's.
+        # The reads this replica made since the lapse must be of the registered-last's absence it
+        # fences, not an earlier one's.
         last_entry = reads[1].entry
-        lapsed_ms = (absence.since_unix_ms if absence is not None and last_entry is not None
-                     and absence.last_revision == last_entry.mod_revision else 0)
-        lost = fencers.Lost(gates.last.node_uid, lapsed_ms)
+        lost = fencers.Lost(gates.last.node_uid, absence.sightings if absence is not None and last_entry
+                            is not None and absence.last_revision == last_entry.mod_revision
+                            else fence_rules.TaintSightings())
         actions, answer, detail = await fencers.fence(spec, host_id, self.settings.timeout, lost,
                                                       self.settings.node_readers)
         attempt.actions.extend(actions)

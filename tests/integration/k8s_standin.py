@@ -55,6 +55,7 @@ class ApiState:
     # models the moment between a TokenReview and the issuer's own pod read.
     check_bound_objects: bool = True
     reviews: int = 0
+    node_reads: int = 0  # Node GETs answered (counted once the answer is sent)
 
 
 def _self_signed_server(directory: Path) -> tuple[Path, Path, Path]:
@@ -238,6 +239,7 @@ class KubeStandIn:
                 elif parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
                     node = standin.state.nodes.get(parts[3])
                     self._send(200, node) if node else self._not_found("nodes", parts[3])
+                    standin.state.node_reads += 1
                 else:
                     self._not_found("paths", self.path)
 

@@ -2,9 +2,11 @@
 kube-apiserver cannot run here): a real coordinator (mTLS, a real etcd on its own CA) serving the
 issuer, an agent that enrolled through it (so its certificate carries its Node's uid) and a real
 `holdfast run` owning a session on that host. The host is lost (its run and agent killed -9), its
-registration lapses, and only the taint on the enrolled Node uid, added after the lapse, on a Node
-that is not Ready, frees the session; a taint added before the lapse, on another uid, removed
-before the fence reads it, or a deleted Node proves nothing and writes nothing but the attempt.
+registration lapses, and only the taint on the enrolled Node uid, that the coordinator's first read
+of the Node after the lapse did not find, on a Node that is not Ready, frees the session; a taint
+added before the lapse (whatever its timeAdded says, a clock ahead of the coordinator's included),
+on another uid, removed before the fence reads it, or a deleted Node proves nothing and writes
+nothing but the attempt.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +104,11 @@ class Lost:
             return False
         return lease.claim_status in (pb.COMMITTED, pb.LIVE) and lease.owner.host_id == NODE
 
-    def lose(self, sid: str) -> int:
-        """The host gone (its run, its CMD and its agent killed -9); returns this replica's first
-        sight of the lapse (ms), once it has one."""
+    def lose(self, sid: str) -> None:
+        """The host gone (its run, its CMD and its agent killed -9), once the coordinator has seen
+        its registration absent and read its Node since (the read a later taint is judged against)."""
         assert self.run is not None and self.agent is not None
+        reads = self.kube.state.node_reads
         cmd = self.record(sid).record.lease.owner.pid  # in its own process group, as the gate put it
         os.killpg(self.run.pid, signal.SIGKILL)
         self.run.wait(10)
@@ -115,29 +117,26 @@ class Lost:
         self.agent.proc.kill()
         self.agent.proc.wait(10)
         until("the registration to lapse", lambda: not self.registered(), 20)
-        seen = until("the coordinator to see it absent",
-                     lambda: (s := self.state()) is not None and s.absent_since_unix_ms, 10)
-        assert isinstance(seen, int)
-        return seen
+        until("the coordinator to see it absent", lambda: (s := self.state()) is not None
+              and s.absent_since_unix_ms, 10)
+        until("the coordinator's first read of the Node since",
+              lambda: self.kube.state.node_reads > reads, 10)
 
 
-def now_rfc3339() -> str:
-    """A taint's timeAdded as the API server writes it (whole seconds, UTC)."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def rfc3339(ahead_s: float = 0.0) -> str:
+    """A taint's timeAdded as the API server writes it (whole seconds, UTC), by a clock `ahead_s`
+    ahead of this machine's."""
+    added = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=ahead_s)
+    return added.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def taint(kube: KubeStandIn, ready: str = "Unknown") -> None:
+def taint(kube: KubeStandIn, ready: str = "Unknown", added: str = "") -> None:
     """`kubectl taint nodes node-1 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, on a
     Node whose kubelet stopped reporting (the node controller set Ready Unknown)."""
     node = kube.state.nodes[NODE]
     node["spec"]["taints"] = [{"key": fence_rules.OUT_OF_SERVICE, "value": "nodeshutdown",
-                               "effect": "NoExecute", "timeAdded": now_rfc3339()}]
+                               "effect": "NoExecute", "timeAdded": added or rfc3339()}]
     node["status"]["conditions"] = [{"type": "Ready", "status": ready}]
-
-
-def a_second_past(ms: int) -> None:
-    """timeAdded has whole seconds: one added in the lapse's own second is not after it."""
-    until("a second past the lapse", lambda: time.time() * 1000 >= (ms // 1000 + 1) * 1000, 5)
 
 
 @pytest.fixture
@@ -183,7 +182,7 @@ def test_a_taint_on_the_enrolled_node_after_the_lapse_frees_the_session(lost: Lo
     sid = "sess-kube-taint-1"
     lost.own(sid)
     uid = lost.kube.state.nodes[NODE]["metadata"]["uid"]
-    a_second_past(lost.lose(sid))
+    lost.lose(sid)
     taint(lost.kube)
     until("the proof", lambda: (s := lost.state()) is not None and s.state == "fenced", 30)
     got = until("the session freed", lambda: (r := lost.record(sid)).record.lease.death_evidence.kind
@@ -201,6 +200,13 @@ def _before_the_lapse(lost: Lost) -> None:
     taint(lost.kube)  # while its agent still heartbeats: a declaration about some earlier loss
 
 
+def _before_the_lapse_by_a_clock_ahead(lost: Lost) -> None:
+    # A leftover taint stamped an hour ahead of the coordinator's clock (the API server's runs
+    # ahead, or the coordinator's behind): a rule comparing timeAdded with the lapse's wall-clock
+    # time took it as this loss's proof.
+    taint(lost.kube, added=rfc3339(ahead_s=3600))
+
+
 def _on_another_uid(lost: Lost) -> None:
     lost.kube.add_node(NODE)  # deleted and created again: kubelet's new Node, a new uid
     taint(lost.kube)
@@ -216,7 +222,8 @@ def _deleted(lost: Lost) -> None:
 
 
 @pytest.mark.parametrize(("before", "after", "says"), [
-    (_before_the_lapse, None, "not after the registration lapsed"),
+    (_before_the_lapse, None, "was already there when this replica read the Node"),
+    (_before_the_lapse_by_a_clock_ahead, None, "was already there when this replica read the Node"),
     (None, _on_another_uid, "another machine took the name"),
     (None, _removed_before_the_read, f"has no {fence_rules.OUT_OF_SERVICE} taint"),
     (None, _deleted, "a deleted Node is not proof"),
@@ -227,11 +234,9 @@ def test_a_taint_that_proves_nothing_writes_nothing(lost: Lost, before: Callable
     lost.own(sid)
     if before is not None:
         before(lost)
-        a_second_past(int(time.time() * 1000))
-    lapsed = lost.lose(sid)
+    lost.lose(sid)
     written = lost.written()
     if after is not None:
-        a_second_past(lapsed)
         after(lost)
     state = until("an attempt that proves nothing", lambda: (s := lost.state()) is not None
                   and s.state == "failed" and s, 30)
@@ -241,3 +246,14 @@ def test_a_taint_that_proves_nothing_writes_nothing(lost: Lost, before: Callable
     assert lost.written() == written  # every record, fence, history entry and proof as it was
     assert not [k for k, _ in lost.etcd_keys() if k.endswith(f"/fenced/{NODE}")]
     assert lost.record(sid).record.lease.claim_status in (pb.COMMITTED, pb.LIVE)
+
+
+def test_a_leftover_taint_removed_and_added_again_after_the_lapse_frees_the_session(lost: Lost) -> None:
+    sid = "sess-kube-taint-again"
+    lost.own(sid)
+    taint(lost.kube, added="2026-01-01T00:00:00Z")  # left from an earlier outage
+    lost.lose(sid)
+    lost.kube.state.nodes[NODE]["spec"]["taints"] = []
+    taint(lost.kube, added="2026-01-01T00:00:01Z")  # this loss's: a new addition, whatever its time
+    until("the proof", lambda: (s := lost.state()) is not None and s.state == "fenced", 30)
+    until("the session freed", lambda: lost.record(sid).record.lease.death_evidence.kind == "host-fenced", 20)
