@@ -291,8 +291,10 @@ TABLE: dict[Reason, Meaning] = {
         family=Family.BAD_INPUT),
     Reason.CARRY_BUDGET_EXHAUSTED: Meaning(
         grpc.StatusCode.RESOURCE_EXHAUSTED, EX_TEMPFAIL,
-        "the cluster's carried state has reached carry_budget_bytes: archive finished sessions "
-        "(`holdfast archive`), or raise the budget with etcd's quota; the last good copy is kept"),
+        "the carried state of the cluster (carry_budget_bytes) or of the session's tenant "
+        "(carry_tenant_budget_bytes) is full — the message names which: archive finished sessions of "
+        "that tenant or the cluster (`holdfast archive`), or raise that budget (the cluster's with "
+        "etcd's quota); the last good copy is kept"),
     Reason.CARRY_CORRUPT: Meaning(
         F, EX_TEMPFAIL,
         "the uploaded chunks do not match their manifest (a chunk lost or changed in flight); retry the "
