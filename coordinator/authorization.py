@@ -1,7 +1,7 @@
 """Who may call which Coordinator RPC, by the role in the caller's verified certificate.
 
 Guarantee (with TLS): only an agent certificate naming host H may RegisterHost or Heartbeat H;
-only a client (runtime), coordinator or operator certificate may make the runtime's session calls;
+only a client (runtime) or operator certificate may make the runtime's session calls;
 only an operator certificate may make the calls that override evidence or touch every session
 (docs/design.md §4: a stolen runtime key must not release a live owner); retention (PurgeArchives) needs
 maintenance or operator; any certificate of the CA may read (what its tenant may: an agent's or a
@@ -29,7 +29,8 @@ OPERATOR_CALLS = frozenset({"Recover", "RecoverHost", "FenceHost", "RestoreEpoch
                             "DrainHost"})
 RETENTION_CALLS = frozenset({"PurgeArchives"})
 HOST_CALLS = frozenset({"RegisterHost", "Heartbeat"})
-WRITER_KINDS = ("client", "coordinator", "operator")
+# A coordinator's certificate dials agents and acts for no tenant: it makes no session call.
+WRITER_KINDS = ("client", "operator")
 RETENTION_KINDS = ("maintenance", "operator")
 
 

@@ -87,14 +87,19 @@ class Tenancy:
 
     def judge(self, rpc: str, sid: str, found: pb.SessionRecord | None, who: Caller) -> None:
         """Refuses WRONG_TENANT when `found` (the session's record, or its archive) is another
-        tenant's; a session never seen is anyone's to create."""
-        if found is None or self.allows(who, found):
+        tenant's; a session never seen is any tenant's to create, and no one's who acts for no tenant
+        (the record would name none, which reads as the default tenant's: a stolen infrastructure
+        key would squat the default tenant's ids)."""
+        if found is None and (who.tenant or who.all_tenants):
+            return
+        if found is not None and self.allows(who, found):
             return
         metrics.TENANT_REFUSALS.labels(rpc).inc()
         log.warning("refused %s of session %s: caller %s (tenant %s), session of tenant %s", rpc, sid,
-                    who.who, who.tenant or "none", tenant_of(found, self.default))
-        raise CoordinatorError(Reason.WRONG_TENANT, f"session {sid} belongs to another tenant; nothing "
-                               "was read for it, asked or written")
+                    who.who, who.tenant or "none", tenant_of(found, self.default) if found else "none yet")
+        raise CoordinatorError(Reason.WRONG_TENANT, (f"session {sid} belongs to another tenant" if found
+                                                     else "a certificate of no tenant creates no session")
+                               + "; nothing was read for it, asked or written")
 
     def allows(self, who: Caller, found: pb.SessionRecord) -> bool:
         """Whether `who` may act on the session `found` binds; unlike `judge`, logs and counts nothing."""

@@ -58,10 +58,12 @@ def etcd_tls(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Et
 
 
 @pytest.fixture
-def stack(etcd_tls: EtcdServer, tmp_path: Path, prefix: str,
-          pki: Path) -> Iterator[tuple[Coordinator, Path]]:
+def stack(etcd_tls: EtcdServer, tmp_path: Path, prefix: str, pki: Path,
+          request: pytest.FixtureRequest) -> Iterator[tuple[Coordinator, Path]]:
+    """The coordinator (with the flags a test parametrizes it with, indirect) and host-a's agent."""
     coordinator = Coordinator(etcd_tls.url, tmp_path, prefix, args=(
-        "--tls-dir", str(pki / "ca"), "--metrics-listen", "127.0.0.1:0")).start()
+        "--tls-dir", str(pki / "ca"), "--metrics-listen", "127.0.0.1:0",
+        *getattr(request, "param", ()))).start()
     agent = AgentProcess(tmp_path, "host-a", args=[
         "--tls-dir", str(pki / "ca"), "--coordinator", coordinator.address,
         "--metrics-listen", "127.0.0.1:0"])
@@ -315,6 +317,24 @@ def test_an_agent_or_maintenance_certificate_acts_on_no_tenants_sessions(
         assert stub.ListHosts(pb.ListHostsRequest(), timeout=10).hosts, role
 
 
+def test_a_certificate_of_no_tenant_creates_no_session(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    coordinator, _ = stack
+    before = state(etcd_tls, prefix, pki)
+    for role in (Role("coordinator"), Role("agent", "host-a"), Role("maintenance")):
+        # A record naming no tenant reads as the default tenant's: a stolen infrastructure key
+        # granted an unseen id would squat one of the default tenant's ids.
+        stub = coordinator_pb2_grpc.CoordinatorStub(tls.open_channel(coordinator.address, pki / "ca", role,
+                                                                     sync=True))
+        with pytest.raises(grpc.RpcError) as err:
+            acquire(stub, f"sess-unseen-{role.kind}")
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, (role, err.value)  # type: ignore[attr-defined]
+        # Read of an unseen id: refused alike, so a refusal tells it nothing of which ids exist.
+        wrong_tenant(stub.GetSession, pb.GetSessionRequest(session_id=f"sess-unseen-{role.kind}"))
+    assert state(etcd_tls, prefix, pki) == before
+
+
 def _cert(pki: Path, who: str) -> x509.Certificate:
     return x509.load_pem_x509_certificate((pki / who / f"{CALLERS[who].kind}.pem").read_bytes())
 
@@ -341,3 +361,43 @@ def test_a_certificate_names_one_tenant_or_gets_no_role(pki: Path, tmp_path: Pat
                  ("holdfast-tenant://team-a/", "holdfast://client")):              # not exactly one
         assert tls.role_of_certificate(with_uris(*uris)) is None, uris
     assert tls.role_of_certificate(with_uris("holdfast://client")) == Role("client")
+
+
+@pytest.mark.parametrize("stack", [("--carry-tenant-budget-bytes", str(64 << 10), "--census-seconds", "0.2")],
+                         indirect=True)
+def test_a_tenant_filling_its_carry_budget_leaves_another_tenants_uploads_be(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    coordinator, tmp = stack
+    write = "head -c 40000 /dev/zero > {0}/f"
+
+    def carried(who: str, sid: str) -> subprocess.Popen[bytes]:
+        (tmp / sid).mkdir()
+        return run(pki, who, coordinator, tmp, sid, "--carry", sid, cmd=["sh", "-c", write.format(sid)])
+
+    def budget_keys() -> list[tuple[str, bytes]]:
+        return [(k, v) for k, v in state(etcd_tls, prefix, pki) if "carry-budget" in k]
+
+    first = carried("team-a", "sess-carry-a1")
+    assert first.wait(60) == 0, first.stderr.read() if first.stderr else ""
+    before = budget_keys()
+    refused = carried("team-a", "sess-carry-a2")  # 40000 more bytes: past team a's 65536
+    refused.wait(60)
+    err = refused.stderr.read().decode() if refused.stderr else ""
+    assert "CARRY_BUDGET_EXHAUSTED" in err and "tenant team-a" in err, err
+    assert budget_keys() == before, "the refused upload moved no budget"
+    assert not [k for k, _ in state(etcd_tls, prefix, pki) if "/carry/sess-carry-a2/" in k]
+    other = carried("team-b", "sess-carry-b1")  # the cluster's 512 MiB are far from full
+    assert other.wait(60) == 0, other.stderr.read() if other.stderr else ""
+
+    def census() -> dict[str, float] | None:
+        text = urllib.request.urlopen(f"http://{coordinator.metrics}/metrics", timeout=10).read().decode()
+        found = dict(re.findall(r'^(holdfast_carry_\S+) (\S+)$', text, re.M))
+        return found if found.get('holdfast_carry_tenant_reserved_bytes{tenant="team-b"}') else None
+
+    gauges = until("the census of the carry budgets", census)
+    assert gauges is not None
+    assert {k: float(v) for k, v in gauges.items()} == {
+        "holdfast_carry_reserved_bytes": 80000.0,
+        'holdfast_carry_tenant_reserved_bytes{tenant="team-a"}': 40000.0,
+        'holdfast_carry_tenant_reserved_bytes{tenant="team-b"}': 40000.0}

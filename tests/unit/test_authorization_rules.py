@@ -59,8 +59,7 @@ def test_who_may_do_what(role: Role) -> None:
     for method in READS:
         assert coordinator_rule(method, role, None) is None
     for method in SESSION_WRITES:
-        assert (coordinator_rule(method, role, None) is None) == (role.kind in ("client", "coordinator",
-                                                                                "operator"))
+        assert (coordinator_rule(method, role, None) is None) == (role.kind in ("client", "operator"))
     for method in OPERATOR_CALLS:
         assert (coordinator_rule(method, role, None) is None) == (role.kind == "operator")
     for method in RETENTION_CALLS:
