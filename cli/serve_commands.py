@@ -69,7 +69,7 @@ SETTINGS = [
             "also answer grpc.health.v1, plaintext and nothing else, on host:port (kubelet probes)",
             default=""),
     Setting("census_seconds", "HOLDFAST_CENSUS_SECONDS", seconds,
-            "how often the session and host gauges are recounted from etcd", default=15.0),
+            "how often the session, host and carry budget gauges are recounted from etcd", default=15.0),
     Setting("commit_window_seconds", "HOLDFAST_COMMIT_WINDOW_SECONDS", seconds,
             "how long a grant stays reserved for its commit before another caller may supersede it "
             "(it can never run CMD uncommitted)", default=30.0),

@@ -78,6 +78,14 @@ def budget_value(used: int) -> bytes:
     return json.dumps({"reserved_bytes": used}).encode()
 
 
+async def reserved(store: Store) -> tuple[int, dict[str, int]]:
+    """The bytes reserved against the cluster's budget, and against each tenant's (the census)."""
+    cluster = budget_used(await store.read(keys.carry_budget(store)))
+    prefix = keys.carry_tenant_budgets_prefix(store)
+    tenants, _ = await store.list_prefix(prefix)
+    return cluster, {e.key.removeprefix(prefix): budget_used(Seen(e.key, e)) for e in tenants}
+
+
 def decode_manifest(seen: Seen) -> pb.CarryManifest | None:
     return protojson.parse(seen.entry.value, pb.CarryManifest) if seen.entry is not None else None
 

@@ -152,6 +152,10 @@ def carry_tenant_budget(store: Store, tenant: str) -> str:
     return store.key(CARRY_BUDGET, tenant)
 
 
+def carry_tenant_budgets_prefix(store: Store) -> str:
+    return store.key(CARRY_BUDGET, "")
+
+
 def host_last(store: Store, host_id: str) -> str:
     return store.key(HOST_LAST, host_id)
 

@@ -3,8 +3,9 @@ routing, the census task in coordinator/census.py), never inside the pure adjudi
 
 `holdfast_session_indeterminate_seconds{session}` is how long this replica has been answering
 OWNERSHIP_UNKNOWN for a session it was asked about (Acquire, ProbeSession), cleared by any other
-verdict; `holdfast_sessions` and `holdfast_host_registered` come from a periodic census of etcd, so
-every replica reports the same figures (aggregate with max). Labels never carry tokens or secrets.
+verdict; `holdfast_sessions`, `holdfast_host_registered` and the carry budgets' use come from a
+periodic census of etcd, so every replica reports the same figures (aggregate with max). Labels
+never carry tokens or secrets.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ HOST_ABSENT_SECONDS = Gauge("holdfast_host_absent_seconds", "Seconds this replic
                             "sessions name without a registration (fenced after host_loss_after)", ["host"])
 ACQUIRES_WAITING = Gauge("holdfast_acquires_waiting", "Acquire calls this replica holds open for a held or "
                          "reserved session (run --wait, a takeover waiting for the owner's exit)")
+CARRY_RESERVED = Gauge("holdfast_carry_reserved_bytes", "Carried state reserved against the cluster's "
+                       "carry budget, carry_budget_bytes (census)")
+CARRY_TENANT_RESERVED = Gauge("holdfast_carry_tenant_reserved_bytes", "Carried state reserved against each "
+                              "tenant's carry budget, carry_tenant_budget_bytes (census)", ["tenant"])
 HOST_REGISTERED = Gauge("holdfast_host_registered", "1 while a host has a live agent registration (census)",
                         ["host"])
 

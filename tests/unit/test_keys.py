@@ -49,7 +49,8 @@ def test_prefixes_end_in_a_separator() -> None:
     prefixes = [keys.sessions_prefix(store), keys.hosts_prefix(store), keys.history_prefix(store, "s"),
                 keys.data_prefix(store, "s"), keys.ops_prefix(store, "s"), keys.archives_prefix(store),
                 keys.archive_history_prefix(store, "s"), keys.draining_prefix(store),
-                keys.carry_prefix(store, "s"), keys.carry_chunks_prefix(store, "s", 0)]
+                keys.carry_prefix(store, "s"), keys.carry_chunks_prefix(store, "s", 0),
+                keys.carry_tenant_budgets_prefix(store)]
     assert all(p.endswith("/") for p in prefixes)
 
 
