@@ -7,13 +7,15 @@ the manifest and keeps the last good copy."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from holdfast.coordinator import fencing, records
+from holdfast.coordinator.carry import CarryStore
 from holdfast.coordinator.carry_budget_rules import CarryLimits
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.service import CoordinatorService
@@ -137,22 +139,34 @@ async def slot_tenant(store: Store, sid: str, slot: int) -> str | None:
     return json.loads(entry.value).get("tenant") if entry is not None else None
 
 
-def tenants_service(etcd: EtcdServer, prefix: str, budget: int, tenant_budget: int,
-                    default_tenant: str = "default") -> CoordinatorService:
-    return CoordinatorService(Store(open_channel(etcd.url), prefix), default_tenant=default_tenant,
-                              carry_limits=CarryLimits(budget=budget, tenant_budget=tenant_budget))
+@contextlib.asynccontextmanager
+async def sharing(etcd: EtcdServer, prefix: str, owners: dict[str, str],
+                  default_tenant: str = "default") -> AsyncIterator[CoordinatorService]:
+    """A coordinator's service over a cluster budget of 1 MiB and 512 KiB a tenant, and a committed
+    owner of each session, its record naming the tenant `owners` gives it."""
+    service = CoordinatorService(Store(open_channel(etcd.url), prefix), default_tenant=default_tenant,
+                                 carry_limits=CarryLimits(budget=1024 * KIB, tenant_budget=512 * KIB))
+    try:
+        for sid, tenant in owners.items():
+            await owner(service.store, sid, tenant=tenant)
+        yield service
+    finally:
+        await service.store.close()
+
+
+async def give_back(carried: CarryStore, sid: str) -> None:
+    """What an archive does to the session's carried state: deleted, its bytes given back."""
+    reads, puts = await carried.discard(sid)
+    assert (await carried.store.txn(unchanged(reads), puts, delete_prefixes=[carried.prefix(sid)]))[0]
 
 
 @run_async
 async def test_a_tenant_filling_its_own_budget_is_refused_while_another_still_uploads(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
-    carried, store = service.carried, service.store
-    try:
-        for sid, tenant in (("sess-ten-a1", "team-a"), ("sess-ten-a2", "team-a"), ("sess-ten-b1", "team-b"),
-                            ("sess-ten-d1", "")):
-            await owner(store, sid, tenant=tenant)
+    owners = {"sess-ten-a1": "team-a", "sess-ten-a2": "team-a", "sess-ten-b1": "team-b", "sess-ten-d1": ""}
+    async with sharing(etcd, prefix, owners) as service:
+        carried, store = service.carried, service.store
         assert await carried.begin(begin("sess-ten-a1", 400 * KIB)) == 0
         before = await everything(store)
         with pytest.raises(CoordinatorError) as refused:
@@ -172,8 +186,6 @@ async def test_a_tenant_filling_its_own_budget_is_refused_while_another_still_up
         with pytest.raises(CoordinatorError) as full:
             await carried.begin(begin("sess-ten-a2", 100 * KIB))
         assert full.value.reason == "CARRY_BUDGET_EXHAUSTED" and "the cluster's" in full.value.message
-    finally:
-        await store.close()
 
 
 async def archive(service: CoordinatorService, sid: str) -> None:
@@ -188,19 +200,14 @@ async def archive(service: CoordinatorService, sid: str) -> None:
 async def test_archive_gives_back_to_the_tenant_and_the_cluster_exactly(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
-    carried, store = service.carried, service.store
-    try:
-        await owner(store, "sess-arch-a1", tenant="team-a")
-        await owner(store, "sess-arch-a2", tenant="team-a")
+    async with sharing(etcd, prefix, {"sess-arch-a1": "team-a", "sess-arch-a2": "team-a"}) as service:
+        carried, store = service.carried, service.store
         assert await carried.begin(begin("sess-arch-a2", 100 * KIB)) == 0
         assert await budgets(store) == {"": 100 * KIB, "team-a": 100 * KIB}
         await carried.begin(begin("sess-arch-a1", 300 * KIB))
         await archive(service, "sess-arch-a1")
         assert await budgets(store) == {"": 100 * KIB, "team-a": 100 * KIB}, "given back to both, exactly"
         assert await carried.begin(begin("sess-arch-a2", 500 * KIB)) == 0, "the tenant's share is free again"
-    finally:
-        await store.close()
 
 
 @run_async
@@ -209,23 +216,15 @@ async def test_a_copy_given_back_after_its_tenant_changed_leaves_no_bytes_behind
 ) -> None:
     """A record naming no tenant is the default tenant's, and the default may be configured anew: a
     slot is given back to the tenant it charged, never to whoever the record names now."""
-    store = Store(open_channel(etcd.url), prefix)
-    before = CoordinatorService(store, default_tenant="team-a",
-                                carry_limits=CarryLimits(budget=1024 * KIB, tenant_budget=512 * KIB))
-    after = CoordinatorService(store, default_tenant="team-b",
-                               carry_limits=CarryLimits(budget=1024 * KIB, tenant_budget=512 * KIB))
     sid = "sess-moved-01"
-    try:
-        await owner(store, sid)
+    async with sharing(etcd, prefix, {sid: ""}, default_tenant="team-a") as before:
         assert await before.carried.begin(begin(sid, 300 * KIB)) == 0
-        assert await budgets(store) == {"": 300 * KIB, "team-a": 300 * KIB}
+        assert await budgets(before.store) == {"": 300 * KIB, "team-a": 300 * KIB}
+    async with sharing(etcd, prefix, {}, default_tenant="team-b") as after:
         assert await after.carried.begin(begin(sid, 200 * KIB)) == 0  # the same slot, reserved anew
-        assert await budgets(store) == {"": 200 * KIB, "team-a": 0, "team-b": 200 * KIB}
-        reads, puts = await after.carried.discard(sid)
-        assert (await store.txn(unchanged(reads), puts, delete_prefixes=[after.carried.prefix(sid)]))[0]
-        assert await budgets(store) == {"": 0, "team-a": 0, "team-b": 0}
-    finally:
-        await store.close()
+        assert await budgets(after.store) == {"": 200 * KIB, "team-a": 0, "team-b": 200 * KIB}
+        await give_back(after.carried, sid)
+        assert await budgets(after.store) == {"": 0, "team-a": 0, "team-b": 0}
 
 
 def racing(store: Store, move: Callable[[], Awaitable[None]]) -> list[int]:
@@ -249,10 +248,9 @@ def racing(store: Store, move: Callable[[], Awaitable[None]]) -> list[int]:
 async def test_a_record_changing_tenant_under_a_reservation_is_read_again(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
-    store, sid = service.store, "sess-race-t1"
-    try:
-        await owner(store, sid, tenant="team-a")
+    sid = "sess-race-t1"
+    async with sharing(etcd, prefix, {sid: "team-a"}) as service:
+        store = service.store
 
         async def move() -> None:  # the record now names another tenant (an etcd restored, a hand edit)
             assert (await store.txn([], [Put(store.key("sessions", sid), record(sid, 1, "team-b"))]))[0]
@@ -262,34 +260,23 @@ async def test_a_record_changing_tenant_under_a_reservation_is_read_again(
         assert len(tried) == 2, "the reservation that read team-a lost and was decided again"
         assert await budgets(store) == {"": 300 * KIB, "team-b": 300 * KIB}
         assert await slot_tenant(store, sid, 0) == "team-b"
-    finally:
-        await store.close()
 
 
 @run_async
 async def test_an_upload_racing_a_give_back_neither_leaks_nor_double_counts(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
-    store = service.store
-    try:
-        await owner(store, "sess-race-g1", tenant="team-a")
-        await owner(store, "sess-race-g2", tenant="team-a")
+    async with sharing(etcd, prefix, {"sess-race-g1": "team-a", "sess-race-g2": "team-a"}) as service:
         await service.carried.begin(begin("sess-race-g1", 400 * KIB))
-        released = record("sess-race-g1", 1, "team-a", pb.RELEASED)
-        assert (await store.txn([], [Put(store.key("sessions", "sess-race-g1"), released)]))[0]
 
         async def move() -> None:  # g1's archive gives its 400 KiB back between g2's read and write
-            await service.lifecycle.archive(pb.ArchiveSessionRequest(
-                session_id="sess-race-g1", expected_fence=1, operator="test", reason="done"))
+            await archive(service, "sess-race-g1")
 
-        tried = racing(store, move)
+        tried = racing(service.store, move)
         assert await service.carried.begin(begin("sess-race-g2", 100 * KIB)) == 0
         assert len(tried) == 3, "g2's write, the archive's, g2's again on the budgets read anew"
         # Written on its first reading, g2 put back the 400 KiB the archive had just given back.
-        assert await budgets(store) == {"": 100 * KIB, "team-a": 100 * KIB}
-    finally:
-        await store.close()
+        assert await budgets(service.store) == {"": 100 * KIB, "team-a": 100 * KIB}
 
 
 @run_async
@@ -299,13 +286,11 @@ async def test_a_copy_reserved_before_tenant_budgets_counts_against_its_tenant_f
     """An upgraded cluster: `carry-budget` counts two sessions' copies, no tenant key exists and the
     slots name no tenant. A give-back of such a copy takes from the cluster alone (no tenant key goes
     below what was charged to it); the session's next upload charges its kept copy to its tenant."""
-    service = tenants_service(etcd, prefix, budget=1024 * KIB, tenant_budget=512 * KIB)
-    carried, store = service.carried, service.store
     old = {"sess-old-up": 300 * KIB, "sess-old-idle": 200 * KIB}
-    try:
+    async with sharing(etcd, prefix, dict.fromkeys(old, "team-a")) as service:
+        carried, store = service.carried, service.store
         puts = [Put(store.key("carry-budget"), json.dumps({"reserved_bytes": sum(old.values())}).encode())]
         for sid, size in old.items():
-            await owner(store, sid, tenant="team-a")
             puts += [Put(store.key("carry", sid, "slot", "0"),
                          json.dumps({"fence": 1, "reserved": size, "chunks": 1}).encode()),
                      Put(store.key("carry", sid, "manifest"),
@@ -317,10 +302,7 @@ async def test_a_copy_reserved_before_tenant_budgets_counts_against_its_tenant_f
         assert await carried.begin(begin("sess-old-up", 100 * KIB)) == 1
         assert await slot_tenant(store, "sess-old-up", 0) == "team-a", "the kept copy is charged to it"
         assert await budgets(store) == {"": 600 * KIB, "team-a": 400 * KIB}
-        for sid, left in (("sess-old-idle", {"": 400 * KIB, "team-a": 400 * KIB}),
-                          ("sess-old-up", {"": 0, "team-a": 0})):
-            reads, give_back = await carried.discard(sid)
-            assert (await store.txn(unchanged(reads), give_back, delete_prefixes=[carried.prefix(sid)]))[0]
-            assert await budgets(store) == left
-    finally:
-        await store.close()
+        await give_back(carried, "sess-old-idle")
+        assert await budgets(store) == {"": 400 * KIB, "team-a": 400 * KIB}, "from the cluster alone"
+        await give_back(carried, "sess-old-up")
+        assert await budgets(store) == {"": 0, "team-a": 0}
