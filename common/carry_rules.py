@@ -102,12 +102,14 @@ def check_entry(path: str, kind: str, mode: int, link_target: str = "") -> None:
         return
     if not path:
         raise CarryRefused("a carried root is a file or a directory, not a symlink")
+    # A name over NAME_MAX: the kernel fails its lookup (ENAMETOOLONG) where the rules would take it
+    # as a directory CMD could make, so the walk on disk could not judge a copy the rules accepted.
     if not link_target or link_target.startswith("/") or "\0" in link_target or (
         len(link_target.encode()) >= PATH_MAX
-    ):
+    ) or any(len(part.encode()) > NAME_MAX for part in link_target.split("/")):
         raise CarryRefused(
             f"carry entry {_shown(path)}: symlink target {link_target[:256]!r} is empty, absolute, "
-            f"holds a NUL or is over {PATH_MAX - 1} bytes"
+            f"holds a NUL, is over {PATH_MAX - 1} bytes or has a name over {NAME_MAX}"
         )
 
 

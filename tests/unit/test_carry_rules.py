@@ -456,12 +456,31 @@ def test_a_directory_swapped_for_a_link_while_packing_is_not_read_through(
 def test_a_link_target_is_at_most_what_the_kernel_makes(tmp_path: Path) -> None:
     """symlink(2) refuses a target of PATH_MAX (4,096) bytes: a copy holding one was committed and
     then failed every restore."""
-    check_entry("l", "symlink", 0o777, "a" * 4095)
-    os.symlink("a" * 4095, tmp_path / "l")
+    longest = "/".join(["a" * 255] * 16)  # 4,095 bytes, in names the kernel can look up
+    check_entry("l", "symlink", 0o777, longest)
+    os.symlink(longest, tmp_path / "l")
     with pytest.raises(CarryRefused):
-        check_entry("l", "symlink", 0o777, "a" * 4096)
+        check_entry("l", "symlink", 0o777, longest + "a")
     with pytest.raises(OSError):
-        os.symlink("a" * 4096, tmp_path / "m")
+        os.symlink(longest + "a", tmp_path / "m")
+
+
+def test_a_link_through_a_name_the_kernel_cannot_look_up_is_never_carried(tmp_path: Path) -> None:
+    """A target with a name over NAME_MAX: the rules took it as a directory CMD could make, the walk
+    on disk met ENAMETOOLONG, so CommitCarry accepted a copy every restore then failed."""
+    with pytest.raises(CarryRefused, match="a name over 255"):
+        check_entry("l", "symlink", 0o777, "ok/" + "x" * 256)
+    check_entry("l", "symlink", 0o777, "ok/" + "x" * 255)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "data").write_text("state")
+    os.symlink("x" * 300, tmp_path / "notes" / "dangling")
+    packed = carry.pack(["notes"], str(tmp_path), "sess-long-name")
+    assert [e.path for e in packed.manifest.entries] == ["", "data"]
+    assert any("dangling" in why and "a name over 255" in why for why in packed.skipped), packed.skipped
+    there = tmp_path / "elsewhere"
+    there.mkdir()
+    restore(packed.manifest, b"".join(packed.chunks), ["notes"], str(there))
+    assert (there / "notes" / "data").read_text() == "state"
 
 
 def test_a_hop_bomb_restores_in_time_linear_in_its_size(tmp_path: Path) -> None:
