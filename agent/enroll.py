@@ -9,14 +9,13 @@ the issuer signed for another node than ours is refused here too, and nothing is
 from __future__ import annotations
 
 import datetime
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from cryptography import x509
 
-from holdfast.common import certs
+from holdfast.common import certs, files
 from holdfast.common.reasons import reason_of
 from holdfast.common.tls import Role
 from holdfast.v1 import enrollment_pb2 as pb
@@ -72,13 +71,7 @@ async def enroll(target: str, server_ca_pem: bytes, node: str, token: str,
 
 
 def _replace(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    files.write_whole(path.parent, path.name, data, mode, durable=True)
 
 
 def write(directory: Path, node: str, creds: Credentials) -> Path:

@@ -38,7 +38,7 @@ from holdfast.common.carry_rules import (
     root_name,
     root_sizes,
 )
-from holdfast.common.files import open_beneath
+from holdfast.common.files import Replaced, open_beneath, open_listed
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -65,11 +65,16 @@ def _where(name: str, cwd: str) -> str:
     return name if os.path.isabs(name) else os.path.join(cwd, name)
 
 
-def _read_whole(path: str, shown: str, directory: int | None = None) -> tuple[bytes, os.stat_result]:
-    """The file's bytes (`path` in the directory open as `directory`, if given), refused if it
-    changed while it was read (size or modification time)."""
+def _read_whole(path: str, shown: str, listed: os.stat_result,
+                directory: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file `listed` by its lstat (`path` in the directory open as
+    `directory`, if given), refused if it changed while it was read (size or modification time) or
+    was replaced since its lstat: a FIFO renamed over it is never waited on (open_listed)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        fd = open_listed(path, directory, listed)
+    except Replaced:
+        raise failed(f"{shown} was replaced by something else while it was read; nothing of this copy "
+                     "was kept (the last good copy stands)") from None
     except OSError as exc:
         raise type(exc)(exc.errno, exc.strerror, shown) from None  # named as the user knows it
     try:
@@ -195,7 +200,7 @@ def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
             elif stat.S_ISDIR(s.st_mode):
                 entries.append(Entry(rel, "dir", stat.S_IMODE(s.st_mode) & 0o777))
             elif stat.S_ISREG(s.st_mode):
-                data, st = _read_whole(entry, shown, fd)
+                data, st = _read_whole(entry, shown, s, fd)
                 entries.append(Entry(rel, "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
             elif stat.S_ISLNK(s.st_mode):
                 target = os.readlink(entry, dir_fd=fd)
@@ -288,7 +293,7 @@ class _Packing:
                              session_id) from None
             if stat.S_ISREG(st.st_mode):
                 self.manifest.roots.add(path=name, kind="file")
-                data, st = _read_whole(where, name, parent)
+                data, st = _read_whole(where, name, st, parent)
                 self.add(index, Entry("", "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
                 return
             if not stat.S_ISDIR(st.st_mode):

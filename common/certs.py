@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography import x509
@@ -19,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from holdfast.common import config
+from holdfast.common import config, files
 from holdfast.common.tls import (
     AGENT_CA_NAME,
     AGENT_CA_STEM,
@@ -42,9 +41,7 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
+    files.write_whole(path.parent, path.name, data, 0o600)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -9,10 +9,12 @@ sees the old file or the whole new one. `open_private_dir` refuses a directory t
 not this user's, or that others may write. `remove_tree` removes a tree from a directory it is
 given open, following no link and holding no Python frame per level; `copy_tree` copies one
 directory's contents into another the same way, so a directory swapped for a link on either side
-meanwhile is refused, never read or written through. `open_user_dir` opens a directory a user
-named, following a link on the way only where the kernel's `fs.protected_symlinks` would in a
-sticky directory — the link is the user's own, root's, or its directory owner's — whatever that
-setting is here: a link another user planted at `/tmp/x` never takes a root run's writes elsewhere.
+meanwhile is refused, never read or written through; `open_listed` opens a file a walk listed
+only while it is still that regular file, never waiting on a FIFO renamed over it.
+`open_user_dir` opens a directory a user named, following a link on the way only where the
+kernel's `fs.protected_symlinks` would in a sticky directory — the link is the user's own, root's,
+or its directory owner's — whatever that setting is here: a link another user planted at `/tmp/x`
+never takes a root run's writes elsewhere.
 """
 
 from __future__ import annotations
@@ -179,8 +181,27 @@ def remove_tree(parent: int, name: str) -> None:
             os.close(fd)
 
 
+class Replaced(OSError):
+    """A file found by its lstat was another by the time it was opened: something renamed over it."""
+
+
+def open_listed(name: str, directory: int | None, listed: os.stat_result) -> int:
+    """A descriptor for reading `name` (in the directory open as `directory`, if given), the
+    regular file its lstat found as `listed`. Opened O_NONBLOCK: in a directory others may write,
+    a FIFO renamed over the name after the lstat would otherwise block the open, waiting for a
+    writer, for ever (a root `run` never releasing). Then required to be that very file — a
+    regular file, same device and inode — else Replaced: never read from whatever took its place."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (listed.st_dev, listed.st_ino):
+        os.close(fd)
+        raise Replaced(errno.ESTALE, "replaced by something else since it was listed: not read", name)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _copy_file(source: int, target: int, name: str, st: os.stat_result) -> None:
-    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source)
+    fin = open_listed(name, source, st)
     try:
         fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                        dir_fd=target)
@@ -202,8 +223,9 @@ def copy_tree(source: int, target: int) -> None:
     (open_beneath), each name is opened or made relative to its directory's descriptor without
     following a link, files are created O_EXCL, and the walk keeps a stack rather than recursing:
     a directory another writer swaps for a link meanwhile, on either side, is refused (OSError),
-    never read or written through. A FIFO, socket or device is refused too: opening a FIFO to copy
-    it waits for a writer forever."""
+    never read or written through. A FIFO, socket or device is refused too, found so by its lstat
+    or swapped in before its open (open_listed): opening a FIFO to copy it waits for a writer
+    forever."""
     stack: list[list[str]] = [[]]
     made: list[tuple[list[str], os.stat_result]] = []
     while stack:
@@ -238,8 +260,12 @@ def copy_tree(source: int, target: int) -> None:
             os.close(fd)
 
 
-def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """`data` as `directory/name`, whole or not at all; `directory` a path or an open descriptor."""
+def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes, mode: int = 0o600,
+                durable: bool = False) -> None:
+    """`data` as `directory/name`, whole or not at all; `directory` a path or an open descriptor.
+    Never through a link: the temporary file is created O_EXCL|O_NOFOLLOW beside the name and
+    renamed over it, so a link planted at either name is replaced, never followed. `durable`: the
+    data is on disk before the rename (what must survive a crash, a key)."""
     if os.sep in name or name in ("", ".", ".."):
         raise ValueError(f"{name!r} is a name within one directory")
     fd = directory if isinstance(directory, int) else os.open(directory, OPEN_DIR)
@@ -257,6 +283,9 @@ def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes,
             with open(out, "wb") as f:
                 f.write(data)
                 os.fchmod(f.fileno(), mode)  # the mode asked for, whatever the umask
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
         except BaseException:
             with contextlib.suppress(OSError):

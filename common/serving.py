@@ -21,14 +21,13 @@ import signal
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from holdfast.common import listeners
+from holdfast.common import files, listeners
 
 
 @dataclass
@@ -131,11 +130,11 @@ def start_metrics(listen: str) -> str:
 
 def announce(ready_file: str | None, serving: Serving, metrics: str = "", enroll: str = "") -> None:
     if ready_file:
-        tmp = Path(ready_file + ".tmp")
         extra = {name: value for name, value in (("metrics", metrics), ("health", serving.health_address),
                                                  ("enroll", enroll)) if value}
-        tmp.write_text(json.dumps({"address": serving.address, **extra}))
-        tmp.rename(ready_file)
+        # Servers run as root and the file's directory may be shared: never written through a link.
+        files.write_whole(os.path.dirname(ready_file) or ".", os.path.basename(ready_file),
+                          json.dumps({"address": serving.address, **extra}).encode(), 0o644)
 
 
 def notify(state: str) -> None:
