@@ -65,6 +65,20 @@ def _mkdtemp(parent: int, prefix: str) -> str:
         return name
 
 
+def _open_own_dir(parent: int, name: str) -> int:
+    """A descriptor on the directory `name` this restore just made in `parent`; OSError, with
+    nothing touched, if another user swapped it meanwhile for a link or a directory of theirs."""
+    replaced = "the directory this restore made beside it was replaced: nothing moved through it"
+    try:
+        fd = os.open(name, OPEN_DIR, dir_fd=parent)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{replaced} ({exc.strerror})", name) from None
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{replaced} (another user's)", name)
+    return fd
+
+
 def _write_file(directory: int, name: str, data: bytes, entry: pb.CarryEntry) -> None:
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise CarryRefused(f"carry entry {entry.path or '(the carried file)'!r} does not match its sha256")
@@ -217,8 +231,19 @@ class _Root:
             self.placed = True
             return
         old = _mkdtemp(self.parent, self.beside("old"))
+        # The holder is opened at once and everything moved through its descriptor, never by the
+        # name `old/was`: in a directory others may write without the sticky bit, `old` swapped for
+        # a link would move the previous tree wherever that link leads.
+        held = _open_own_dir(self.parent, old)
         try:
-            os.rename(self.base, f"{old}/was", src_dir_fd=self.parent, dst_dir_fd=self.parent)
+            self._replace_through(old, held)
+        finally:
+            os.close(held)
+
+    def _replace_through(self, old: str, held: int) -> None:
+        """The previous tree moved into `old` (open as `held`), the new one renamed into place."""
+        try:
+            os.rename(self.base, "was", src_dir_fd=self.parent, dst_dir_fd=held)
         except OSError:  # a mount point, another user's name in a sticky directory: no holder left
             os.rmdir(old, dir_fd=self.parent)
             raise
@@ -226,14 +251,15 @@ class _Root:
             os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
         except OSError:
             try:
-                os.rename(f"{old}/was", self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
+                os.rename("was", self.base, src_dir_fd=held, dst_dir_fd=self.parent)
                 os.rmdir(old, dir_fd=self.parent)
             except OSError as exc:
                 self.notes.append(f"what was there before is kept in '{old}/was' beside it ({exc.strerror})")
             raise
         self.placed = True
         try:
-            remove_tree(self.parent, old)
+            remove_tree(held, "was")
+            os.rmdir(old, dir_fd=self.parent)
         except OSError as exc:
             self.notes.append(f"what was there before is kept in {old!r} beside it ({exc.strerror})")
 
