@@ -155,3 +155,19 @@ def test_a_run_removes_its_directory_however_deep_its_cmd_built_it() -> None:
     os.close(fd)
     files.remove_quietly(top)
     assert not os.path.lexists(top)
+
+
+def test_a_servers_ready_file_is_written_through_no_link(tmp_path: Path) -> None:
+    """Agents and coordinators run as root: a link planted at the ready file, or at the name its
+    temporary file once had (`<ready>.tmp`), overwrote the link's target."""
+    from holdfast.common import serving
+
+    victims = [tmp_path / "victim-1", tmp_path / "victim-2"]
+    for victim in victims:
+        victim.write_text("kept")
+    ready = tmp_path / "agent.ready"
+    ready.symlink_to(victims[0])
+    Path(f"{ready}.tmp").symlink_to(victims[1])
+    serving.announce(str(ready), serving.Serving(server=None, health=None, address="127.0.0.1:1"))  # type: ignore[arg-type]
+    assert [victim.read_text() for victim in victims] == ["kept", "kept"]
+    assert not ready.is_symlink() and ready.read_text() == '{"address": "127.0.0.1:1"}'
