@@ -8,9 +8,12 @@ fork+exec through `subprocess` with `pass_fds` only: no `preexec_fn`, no multipr
 is safe beside gRPC's threads.
 
 A gate spawned before its grant (commit at grant) cannot have CMD's fence in its environment: it
-is given an `env_file`, which `release` writes (mode 0600, created exclusively, values quoted for
-the shell) before the word, and which the gate sources after reading it and before the exec; a
-file that does not source cleanly ends the gate without running CMD.
+inherits a memory file (memfd_create: no name in any directory), which `release` writes (values
+quoted for the shell) before the word, and which the gate sources through `/dev/fd/N` — that very
+file, never a path: a grant directory in a TMPDIR another user may write could be swapped for
+theirs, and root would source their file — after reading the word and before the exec; text that
+does not source cleanly ends the gate without running CMD. CMD inherits that descriptor too; it
+holds only what CMD's environment already holds.
 """
 
 from __future__ import annotations
@@ -33,18 +36,17 @@ COMMITTED = b"committed\n"
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def gate_argv(read_fd: int, argv: Sequence[str], env_file: str | None = None) -> list[str]:
+def gate_argv(read_fd: int, argv: Sequence[str], env_fd: int | None = None) -> list[str]:
     """The shell program: read one line from `read_fd`, exec CMD only if it says committed (after
-    sourcing `env_file`, when given: `$1`, shifted off before the exec).
+    sourcing the file open as `env_fd`, when given).
 
     The pipe is read through `/dev/fd/N` because dash (Debian's /bin/sh) parses only one-digit
     descriptors in `<&N`, and a process running gRPC holds fds 3..12 already. So CMD inherits
     that read end, drained and at EOF once the parent closed its write end: harmless.
     """
     committed = f'IFS= read -r go </dev/fd/{read_fd} && [ "$go" = committed ]'
-    if env_file is None:
-        return ["/bin/sh", "-c", f'{committed} && exec "$@"', "holdfast-gate", *argv]
-    return ["/bin/sh", "-c", f'{committed} && . "$1" && shift && exec "$@"', "holdfast-gate", env_file, *argv]
+    sourced = "" if env_fd is None else f" && . /dev/fd/{env_fd}"
+    return ["/bin/sh", "-c", f'{committed}{sourced} && exec "$@"', "holdfast-gate", *argv]
 
 
 def env_file_text(values: Mapping[str, str]) -> str:
@@ -59,18 +61,20 @@ class Gate:
     """One gated child. The write end of its pipe never leaves this process (it is close-on-exec)."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
-                 process_group: int | None = None, env_file: str | None = None) -> None:
+                 process_group: int | None = None, env_at_release: bool = False) -> None:
         if not argv:
             raise ValueError("a gate needs a command to run")
-        self.env_file = env_file
+        self._env_fd = os.memfd_create("holdfast-gate-env", os.MFD_CLOEXEC) if env_at_release else -1
         read_fd, self._write_fd = os.pipe()  # both non-inheritable; pass_fds opens only the read end
+        env_fd = self._env_fd if env_at_release else None
         try:
             self.process = subprocess.Popen(
-                gate_argv(read_fd, argv, env_file), env=dict(env), cwd=cwd, pass_fds=(read_fd,),
+                gate_argv(read_fd, argv, env_fd), env=dict(env), cwd=cwd,
+                pass_fds=(read_fd,) if env_fd is None else (read_fd, env_fd),
                 process_group=process_group, close_fds=True,
             )
         except BaseException:
-            os.close(self._write_fd)
+            self._close()
             raise
         finally:
             os.close(read_fd)
@@ -97,13 +101,13 @@ class Gate:
             return False
 
     def release(self, grant_env: Mapping[str, str] | None = None) -> None:
-        """Let the gate exec CMD, with `grant_env` added to its environment (a gate with an env
-        file only). Call only after the commit succeeded."""
+        """Let the gate exec CMD, with `grant_env` added to its environment (a gate spawned with
+        `env_at_release` only). Call only after the commit succeeded."""
         try:
-            if self.env_file is not None:
-                fd = os.open(self.env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(env_file_text(grant_env or {}))
+            if self._env_fd >= 0:
+                text = env_file_text(grant_env or {}).encode()
+                while text:
+                    text = text[os.write(self._env_fd, text):]
             elif grant_env:
                 raise ValueError("this gate's environment was fixed at its spawn")
             os.write(self._write_fd, COMMITTED)
@@ -115,7 +119,8 @@ class Gate:
         self._close()
 
     def _close(self) -> None:
-        if self._write_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._write_fd)
-            self._write_fd = -1
+        for fd in (self._write_fd, self._env_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._write_fd = self._env_fd = -1

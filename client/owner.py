@@ -226,7 +226,7 @@ class Owner:
         def spawn(variable: str, value: str) -> Gate:
             env = spawn_environment(spec.session_id, client.address, variable, value, grant_file,
                                     tls_dir=client.tls_dir, guarded=guarded)
-            return Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_file=f"{grant_file}.env")
+            return Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_at_release=True)
 
         try:
             # Spawned before the Acquire, still blocked on its pipe, so that the coordinator can have

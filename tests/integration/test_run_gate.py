@@ -384,7 +384,7 @@ def test_end_tree_bounds_its_scans_as_the_agent_does_by_the_gates_start() -> Non
 
 
 def test_a_gate_spawned_before_its_grant_runs_cmd_with_the_grants_environment(tmp_path: Path) -> None:
-    """A gate spawned before its grant is handed CMD's fence and handle through its env file at
+    """A gate spawned before its grant is handed CMD's fence and handle through its memory file at
     release: every value reaches CMD exactly, whatever it holds, and the token stays inherited."""
     token = secrets.token_hex(16)
     handed = {"HOLDFAST_FENCE": "7", "HOLDFAST_PROVIDER": "codex",
@@ -392,17 +392,29 @@ def test_a_gate_spawned_before_its_grant_runs_cmd_with_the_grants_environment(tm
     dump = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
     out = tmp_path / "env.json"
     gate = Gate([sys.executable, "-c", dump, str(out)], {**os.environ, VAR: token, "HOLDFAST_FENCE": ""},
-                env_file=str(tmp_path / "grant.env"))
+                env_at_release=True)
     gate.release(handed)
     assert gate.process.wait(30) == 0
     seen = json.loads(out.read_text())
     assert {name: seen[name] for name in handed} == handed and seen[VAR] == token
 
 
-def test_a_gate_whose_env_file_cannot_be_written_never_runs_cmd(tmp_path: Path) -> None:
-    marker, env_file = tmp_path / "ran", tmp_path / "grant.env"
-    env_file.write_text("export HOLDFAST_FENCE=999\n")  # not this run's: created exclusively, so refused
-    gate = Gate(["touch", str(marker)], dict(os.environ), env_file=str(env_file))
-    with pytest.raises(FileExistsError):
-        gate.release({"HOLDFAST_FENCE": "7"})
+def test_a_gate_whose_environment_cannot_be_handed_never_runs_cmd(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    gate = Gate(["touch", str(marker)], dict(os.environ), env_at_release=True)
+    with pytest.raises(ValueError, match="not a shell variable name"):
+        gate.release({"HOLDFAST FENCE": "7"})
     assert gate.process.wait(30) != 0 and not marker.exists()
+
+
+def test_a_gate_sources_no_file_by_its_path(tmp_path: Path) -> None:
+    """The environment reaches the gate in a file with no name: nothing in a directory another
+    user may write (a TMPDIR without the sticky bit) can be swapped for a file of theirs, which a
+    root gate sourced."""
+    out = tmp_path / "fence"
+    gate = Gate(["sh", "-c", f'printf %s "$HOLDFAST_FENCE" > {out}'], dict(os.environ), env_at_release=True)
+    argv = gate.process.args
+    assert isinstance(argv, list) and all(str(tmp_path) not in arg for arg in argv[:-3])
+    assert ". /dev/fd/" in argv[2]
+    gate.release({"HOLDFAST_FENCE": "7"})
+    assert gate.process.wait(30) == 0 and out.read_text() == "7"
