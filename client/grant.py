@@ -2,8 +2,8 @@
 that minted it.
 
 Guarantee: the secret is never printed (not in repr, not in logs); the grant file is mode 0600 and
-created exclusively; a grant answered by another holdfast cluster is refused (WRONG_CLUSTER) before
-anything is done with the answer.
+created exclusively, in a directory held open, never through a link; a grant answered by another
+holdfast cluster is refused (WRONG_CLUSTER) before anything is done with the answer.
 """
 
 from __future__ import annotations
@@ -43,14 +43,15 @@ class Grant:
         found = json.loads(Path(path).read_text())
         return cls(**{f.name: found[f.name] for f in fields(cls) if f.name in found})
 
-    def write(self, directory: str, resume: Mapping[str, object] | None = None) -> str:
-        """A mode-0600 file the child can read to make fenced writes, and with `resume` what it
-        needs to resume the provider's session (`holdfast.client.owner.resume_of`)."""
-        path = os.path.join(directory, GRANT_FILE)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    def write(self, directory: int, resume: Mapping[str, object] | None = None) -> None:
+        """GRANT_FILE, mode 0600, in the directory open as `directory`: what the child reads to make
+        fenced writes, and with `resume` what it needs to resume the provider's session
+        (`holdfast.client.owner.resume_of`). Created through the descriptor, exclusively and not
+        through a link: never where a path swapped meanwhile would lead."""
+        fd = os.open(GRANT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=directory)
         with os.fdopen(fd, "w") as f:
             json.dump({**asdict(self), **({"resume": dict(resume)} if resume is not None else {})}, f)
-        return path
 
 
 def same_cluster(grant: Grant, answered_by: str) -> None:

@@ -6,7 +6,10 @@ Guarantee: a directory is removed only when it is this user's, was named in this
 namespace, and the process it names is provably not running: its pid is absent, or held by a
 process that started at other ticks. Never a live run's (its CMD reads the grant file from it),
 never one whose process cannot be read, never another namespace's (a simulated host or a
-container sharing the temp directory numbers its pids otherwise).
+container sharing the temp directory numbers its pids otherwise). A directory is made only in a
+temp directory where no other user can rename or replace it (sticky, or written by its owner alone,
+and that owner root or this user), and held open from its making: the grant file is created through
+that descriptor, never by a path another user could make lead elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import stat
 import tempfile
 from collections.abc import Callable
 
+from holdfast.client.errors import ClientError
 from holdfast.common import files
+from holdfast.common.reasons import Reason
 from holdfast.proc.environ import read_proc_file
 from holdfast.proc.procstat import StatParseError, parse_stat
 
@@ -52,17 +57,46 @@ def _gone(pid: int, start_ticks: int) -> bool:
     return now is None or now != start_ticks
 
 
-def make() -> str:
-    """A new 0700 directory for this run's grant file, after removing those of dead runs."""
+def make() -> tuple[str, int]:
+    """A new 0700 directory for this run's grant file, after removing those of dead runs: its path
+    and a descriptor on it, held from its making, in which the grant file is created (Grant.write).
+    Refuses (INVALID_ARGUMENT, before anything is asked) a temporary directory that another user
+    could swap it in: the grant file, secret inside, would be created wherever they chose."""
+    base = tempfile.gettempdir()
+    _check_temp_dir(base)
     namespace = _pid_namespace()
     try:
         ticks = _start_ticks(os.getpid()) if namespace is not None else None
     except (OSError, StatParseError):
         ticks = None
     if namespace is None or ticks is None:
-        return tempfile.mkdtemp(prefix="holdfast-")  # unnamed: no later run will judge it
-    sweep()
-    return tempfile.mkdtemp(prefix=f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-")
+        path = tempfile.mkdtemp(prefix="holdfast-", dir=base)  # unnamed: no later run will judge it
+    else:
+        sweep()
+        path = tempfile.mkdtemp(prefix=f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-", dir=base)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # not the directory mkdtemp just made
+        os.close(fd)
+        raise ClientError(Reason.INVALID_ARGUMENT, f"{path}, this run's grant directory, was replaced "
+                          "as soon as it was made; nothing was asked of the coordinator")
+    return path, fd
+
+
+def _check_temp_dir(base: str) -> None:
+    """Refuses a TMPDIR where another user may rename or replace this run's directory: one that
+    others may write without the sticky bit, or one another user (not root) owns."""
+    st = os.stat(base)
+    if st.st_uid not in (0, os.getuid(), os.geteuid()):
+        why = f"belongs to uid {st.st_uid}"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        why = "may be written by others and has no sticky bit"
+    else:
+        return
+    raise ClientError(Reason.INVALID_ARGUMENT, f"the temporary directory {base} (TMPDIR) {why}: another "
+                      "user could replace this run's grant directory in it; set TMPDIR to a directory only "
+                      f"you may write, or make it sticky (chmod +t {base}); nothing was asked of the "
+                      "coordinator")
 
 
 def sweep(directory: str | None = None) -> list[str]:

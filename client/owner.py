@@ -215,7 +215,7 @@ class Owner:
     @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
                      carried: tuple[list[str], int, carry.Absent]) -> Owner:
-        workdir = grantdir.make()  # mode 0700; a dead run's is removed by the next one
+        workdir, held = grantdir.make()  # mode 0700, held open; a dead run's is removed by the next one
         grant_file = os.path.join(workdir, GRANT_FILE)
         secret = spawn_tokens.mint_spawn_secret()
         token, token_env = spawn_tokens.spawn_token_for(secret), spawn_tokens.expected_variable()
@@ -249,7 +249,7 @@ class Owner:
                     await asyncio.to_thread(gate.process.wait)
                     gate = spawn(grant.spawn_token_env, grant.spawn_token)
                 record = await client.commit(grant, gate.pid, gate.is_process)
-            grant.write(workdir, resume_of(granted))
+            grant.write(held, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
             names, cap, _ = carried
@@ -266,6 +266,8 @@ class Owner:
                     await client.release(grant)  # its gate ended unrun: lets the next caller in at once
             files.remove_quietly(workdir)
             raise
+        finally:
+            os.close(held)
         tree = Tree.of_gate(grant.spawn_token_env, grant.spawn_token, gate.pid)  # before CMD can move
         terminal = hand_terminal(gate.pid)
         gate.release(grant_environment(grant, granted))

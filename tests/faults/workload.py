@@ -94,7 +94,7 @@ class Soak:
         atexit.register(shutil.rmtree, self.shared, True)  # read until the figures are printed
         shutil.copy(CHILD, self.shared / CHILD.name)
         (self.shared / "home").mkdir(mode=0o777)
-        os.chmod(self.shared / "home", 0o777)
+        os.chmod(self.shared / "home", 0o1777)  # nobody's TMPDIR too: one others may write must be sticky
         for session in self.session_ids():
             for suffix in (".lock", ".log"):
                 (self.shared / f"{session}{suffix}").touch(mode=0o666)

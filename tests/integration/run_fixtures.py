@@ -98,6 +98,7 @@ class Cluster:
         if as_nobody:
             python, extra = unprivileged.interpreter()
             home = unprivileged.shared_dir("holdfast-nobody-home-")
+            os.chmod(home, 0o1777)  # its TMPDIR too: one others may write must be sticky (grantdir)
             self.shared.append(home)
             run_env.update(extra, HOME=str(home), TMPDIR=str(home), XDG_STATE_HOME=str(home))
             prefix = unprivileged.DROP

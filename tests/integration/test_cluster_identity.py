@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
-from holdfast.client.grant import Grant
+from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.common.reasons import reason_of
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
@@ -108,7 +109,10 @@ def test_client_keeps_the_identity_and_refuses_another_clusters_answers(coordina
         async with Client(coordinator.address, HOST) as client:
             grant, _ = await client.acquire("cluster-id-client", secrets.token_hex(16))
             assert len(grant.cluster_id) == 32
-            kept = Grant.from_file(grant.write(str(tmp_path)))
+            held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+            grant.write(held)
+            os.close(held)
+            kept = Grant.from_file(tmp_path / GRANT_FILE)
             assert kept == grant and kept.cluster_id == grant.cluster_id
             forged = dataclasses.replace(grant, cluster_id="0" * 32)
             with pytest.raises(ClientError) as refused:

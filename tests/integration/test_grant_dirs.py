@@ -4,6 +4,7 @@ killed -9 left its 0700 directory with grant.json behind). Real processes, the r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -13,9 +14,13 @@ import grpc
 import pytest
 
 from holdfast.client import grantdir
+from holdfast.client.errors import ClientError
+from holdfast.client.grant import GRANT_FILE, Grant
+from holdfast.common.reasons import Reason
 from holdfast.proc.environ import read_proc_file
 from holdfast.proc.procstat import parse_stat
 from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration import unprivileged
 from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -68,10 +73,108 @@ def test_another_users_directory_is_never_swept(tmp_path: Path) -> None:
 def test_a_run_names_its_directory_so_that_it_survives_sweeps_while_it_lives(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    made = Path(grantdir.make())
+    path, held = grantdir.make()
+    os.close(held)
+    made = Path(path)
     assert made.parent == tmp_path and made.stat().st_mode & 0o777 == 0o700
     assert made.name.startswith(f"{grantdir.PREFIX}{NAMESPACE}-{os.getpid()}-{ticks(os.getpid())}-")
     assert grantdir.sweep(str(tmp_path)) == [] and made.exists()
+
+
+def test_the_grant_file_is_never_written_through_a_link_in_tmpdir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's directory swapped for a link while the Acquire is out (as its owner may in a sticky
+    TMPDIR, and anyone could in one without): the grant file, secret inside, is created in the
+    directory the run made and holds open, never where the link leads."""
+    shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    elsewhere.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    path, held = grantdir.make()
+    try:
+        os.rename(path, f"{path}.moved")
+        os.symlink(elsewhere, path)  # the swap, during the Acquire
+        Grant("sess-grantdirs-2", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1").write(held)
+    finally:
+        os.close(held)
+    assert list(elsewhere.iterdir()) == []
+    assert Grant.from_file(f"{path}.moved/{GRANT_FILE}").secret == "secret"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_tmpdir_others_may_write_without_the_sticky_bit_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int) -> None:
+    """Anyone who may write it may rename a run's directory away and put a link or their own
+    directory in its place; the run refuses before it asks anything, and makes nothing there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    with pytest.raises(ClientError) as refused:
+        grantdir.make()
+    assert refused.value.reason == Reason.INVALID_ARGUMENT
+    assert f"{shared} (TMPDIR) may be written by others and has no sticky bit" in refused.value.message
+    assert f"chmod +t {shared}" in refused.value.message
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user owns needs root")
+def test_a_tmpdir_another_user_owns_is_refused_as_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its owner may rename anything in it, sticky or not: a root run would create its grant file,
+    or have its gate read, wherever that user chose."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chmod(theirs, 0o700)
+    os.chown(theirs, 65534, 65534)
+    monkeypatch.setattr(tempfile, "tempdir", str(theirs))
+    with pytest.raises(ClientError, match=r"\(TMPDIR\) belongs to uid 65534"):
+        grantdir.make()
+    assert list(theirs.iterdir()) == []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to nobody needs root")
+@pytest.mark.parametrize("mode,owner,refused", [
+    (0o777, 0, "may be written by others and has no sticky bit"),
+    (0o1777, 65533, "belongs to uid 65533"),
+    (0o1777, 0, ""),  # as /tmp is: kept
+])
+def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, refused: str) -> None:
+    tmp = unprivileged.shared_dir("holdfast-tmpdir-")  # pytest's tmp is root-only
+    try:
+        os.chown(tmp, owner, owner)
+        os.chmod(tmp, mode)
+        python, extra = unprivileged.interpreter()
+        probe = "from holdfast.client import grantdir\nprint(grantdir.make()[0])"
+        done = subprocess.run([*unprivileged.DROP, python, "-c", probe], capture_output=True, text=True,
+                              env={**os.environ, **extra, "TMPDIR": str(tmp)}, cwd="/")
+        if refused:
+            assert done.returncode != 0 and f"{tmp} (TMPDIR) {refused}" in done.stderr, done.stderr
+            assert list(tmp.iterdir()) == []
+        else:
+            assert done.returncode == 0, done.stderr
+            made = Path(done.stdout.strip())
+            assert made.parent == tmp and made.stat().st_uid == unprivileged.NOBODY
+    finally:
+        shutil.rmtree(tmp)
+
+
+@pytest.mark.root
+def test_a_run_in_a_tmpdir_without_the_sticky_bit_asks_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    run = cluster.run(cluster.host("host-grantdirs-tmp"), "sess-grantdirs-3", cmd=["true"],
+                      env={"TMPDIR": str(shared)})
+    assert run.wait() == 2, run.err()
+    assert f"{shared} (TMPDIR) may be written by others and has no sticky bit" in run.err()
+    assert list(shared.iterdir()) == []
+    with pytest.raises(grpc.RpcError) as absent:
+        cluster.record("sess-grantdirs-3")
+    assert absent.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
 
 
 def test_an_ended_namespace_loses_the_dirs_of_runs_started_before_its_end(tmp_path: Path) -> None:

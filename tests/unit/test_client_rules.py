@@ -13,7 +13,7 @@ import pytest
 from holdfast.client.acquire import RunSpec, held_hint, resolve_command
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import gate_argv
-from holdfast.client.grant import Grant
+from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.owner import cli_on_path, grant_environment, resume_of, spawn_environment, status_of
 from holdfast.common import reasons
 from holdfast.v1 import coordinator_pb2 as pb
@@ -64,13 +64,23 @@ def test_child_environment_of_design_section_5() -> None:
     assert "s" * 64 not in env.values()  # the secret travels only in the 0600 file
 
 
+def written(directory: Path, resume: dict[str, object] | None = None) -> Path:
+    """grant() written in `directory`, as Grant.write makes it: through a descriptor held on it."""
+    held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        grant().write(held, resume)
+    finally:
+        os.close(held)
+    return directory / GRANT_FILE
+
+
 def test_the_child_is_handed_the_newest_provider_handle_and_the_file_the_chain(tmp_path: Path) -> None:
     record = pb.SessionRecord(session_id="my-session-01", provider="codex", provider_handle_chain=[
         pb.ProviderHandleLink(handle="thread-1", minted_at_fence=1),
         pb.ProviderHandleLink(handle="thread-2", minted_at_fence=3)])
     env = child_environment(grant(), "/tmp/x/grant.json", {"PATH": "/bin"}, record=record)
     assert (env["HOLDFAST_PROVIDER"], env["HOLDFAST_PROVIDER_HANDLE"]) == ("codex", "thread-2")
-    path = grant().write(str(tmp_path), resume_of(record))
+    path = written(tmp_path, resume_of(record))
     assert json.loads(Path(path).read_text())["resume"] == {
         "provider": "codex", "provider_handle_chain": [{"handle": "thread-1", "minted_at_fence": 1},
                                                        {"handle": "thread-2", "minted_at_fence": 3}]}
@@ -84,7 +94,7 @@ def test_the_cli_is_appended_to_a_path_that_lacks_it(tmp_path: Path) -> None:
 
 
 def test_grant_file_is_0600_round_trips_and_hides_the_secret_in_repr(tmp_path: Path) -> None:
-    path = grant().write(str(tmp_path))
+    path = written(tmp_path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert Grant.from_file(path) == grant()
     assert "s" * 64 not in repr(grant()) and "a" * 32 not in repr(grant())

@@ -13,7 +13,7 @@ import pytest
 
 from holdfast.client import provider
 from holdfast.client.errors import ClientError
-from holdfast.client.grant import Grant
+from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.common import env
 from holdfast.common.reasons import Reason
 
@@ -29,7 +29,10 @@ class Stdout:
 @pytest.fixture
 def turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Stdout:
     grant = Grant("sess-unit-turn", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1")
-    monkeypatch.setenv(env.GRANT_FILE, grant.write(str(tmp_path)))
+    held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    grant.write(held)
+    os.close(held)
+    monkeypatch.setenv(env.GRANT_FILE, str(tmp_path / GRANT_FILE))
     monkeypatch.setenv(env.PROVIDER_HANDLE, "")
     return Stdout()  # sys.stdout is replaced by it in the test itself: pytest's capture resets it
 
