@@ -297,7 +297,7 @@ async def _status_watch(args: argparse.Namespace, client: Client) -> int:
 async def _carried(client: Client, session: str) -> tuple[pb.GetCarryResponse | None, str]:
     """The session's carried state, or why it is not known (a coordinator older than --carry)."""
     try:
-        return await client.get_carry(session), ""
+        return await client.get_carry(session, with_budget=True), ""
     except ClientError as err:
         return None, err.message
 
@@ -316,8 +316,10 @@ async def _show(args: argparse.Namespace, client: Client) -> int:
                          "total_bytes": manifest.total_bytes,
                          "roots": [{"path": path, "files": files, "bytes": size}
                                    for path, files, size in carry_rules.root_sizes(manifest)]}
+        budget = budget_doc(carried.budget) if carried is not None and carried.HasField("budget") else None
         print_json({"record": as_dict(found.record), "history": [as_dict(h) for h in found.history],
-                    "carried": carry_doc, **({"carried_unknown": unknown} if unknown else {})})
+                    "carried": carry_doc, "carry_budget": budget,
+                    **({"carried_unknown": unknown} if unknown else {})})
         return 0
     print(table([session_row(found.record)], SESSION_HEADER) + "\n")
     if manifest is not None:
@@ -325,6 +327,8 @@ async def _show(args: argparse.Namespace, client: Client) -> int:
             print(f"carried state: {carry_rules.describe(manifest, path, files, size, time.time())}")
     elif unknown:
         print(f"carried state: unknown ({unknown})")
+    if carried is not None and carried.HasField("budget"):
+        print(budget_line(carried.budget))
     lease = found.record.lease
     if lease.death_evidence.kind:
         ev = lease.death_evidence
@@ -335,6 +339,19 @@ async def _show(args: argparse.Namespace, client: Client) -> int:
     rows = [[str(h.seq), _when(h.at_unix_ms), h.transition, str(h.fence), h.detail] for h in found.history]
     print(table(rows, ["SEQ", "AT", "TRANSITION", "FENCE", "DETAIL"]))
     return 0
+
+
+def budget_doc(budget: pb.CarryBudget) -> dict[str, object]:
+    """`show --json`'s `carry_budget`: every field, 0s included (0 tenant_budget_bytes: no limit)."""
+    return {field.name: getattr(budget, field.name) for field in budget.DESCRIPTOR.fields}
+
+
+def budget_line(budget: pb.CarryBudget) -> str:
+    """What the session's uploads reserve against: its tenant's budget and the cluster's."""
+    own = (f"of {budget.tenant_budget_bytes}" if budget.tenant_budget_bytes
+           else "(no per-tenant limit)")
+    return (f"carry budget: tenant {budget.tenant} {budget.tenant_reserved_bytes} bytes {own}; "
+            f"cluster {budget.reserved_bytes} of {budget.budget_bytes} bytes")
 
 
 def unasked(found: pb.ProbeSessionResponse) -> str:

@@ -292,9 +292,11 @@ class Client:
         same_cluster(grant, response.cluster_id)
         return response.revision
 
-    async def get_carry(self, session_id: str) -> pb.GetCarryResponse:
-        """The session's carry manifest and the coordinator's per-session cap."""
-        return await self._call(self.stub.GetCarry, pb.GetCarryRequest(session_id=session_id), session_id)
+    async def get_carry(self, session_id: str, with_budget: bool = False) -> pb.GetCarryResponse:
+        """The session's carry manifest and the coordinator's per-session cap; `with_budget`: also
+        the carry budgets of the session's tenant and of the cluster, with their use."""
+        return await self._call(self.stub.GetCarry, pb.GetCarryRequest(session_id=session_id,
+                                                                       with_budget=with_budget), session_id)
 
     async def get_carry_chunk(self, grant: Grant, slot: int, index: int) -> pb.GetCarryResponse:
         """The manifest and chunk `index` of `slot`: the session's content, for its committed owner."""

@@ -298,6 +298,8 @@ class CarryStore:
         if manifest is not None:
             response.found = True
             response.manifest.CopyFrom(manifest)
+        if request.with_budget:
+            await self._budget(sid, response.budget)
         if request.with_chunk:
             # The files are the session's content, as private as its writer: another session's
             # runtime, or this one's superseded owner, reads the manifest at most.
@@ -309,6 +311,17 @@ class CarryStore:
                 )
             response.chunk = entry.value
         return response
+
+    async def _budget(self, sid: str, out: pb.CarryBudget) -> None:
+        """The budgets the session's uploads reserve against: its tenant's (the record's) and the
+        cluster's, with their use — for a session with a record; a read, never a decision."""
+        record = await self.store.get(keys.session(self.store, sid))
+        if record is None:
+            return
+        out.tenant = tenant_of(self.sessions.decode(record), self.default_tenant)
+        cluster, tenant = await self.store.read_all([self.budget_key(), self.budget_key(out.tenant)])
+        out.reserved_bytes, out.tenant_reserved_bytes = budget_used(cluster), budget_used(tenant)
+        out.budget_bytes, out.tenant_budget_bytes = self.limits.budget, self.limits.tenant_budget
 
     # --- with the session ----------------------------------------------------------------------------
     async def discard(self, sid: str) -> tuple[list[Seen], list[Put]]:

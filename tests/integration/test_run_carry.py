@@ -91,9 +91,14 @@ def test_state_moves_to_the_next_host_before_its_cmd_runs(cluster: Cluster, tmp_
     carried = json.loads(shown.stdout)["carried"]
     assert (carried["fence"], carried["host_id"], carried["reason"]) == (2, "host-b", "release")
     assert carried["roots"] == [{"path": "state", "files": 2, "bytes": 9}]
+    # And what its uploads reserve against: both copies (one a slot), its tenant's and the cluster's.
+    assert json.loads(shown.stdout)["carry_budget"] == {
+        "tenant": "default", "tenant_reserved_bytes": 18, "tenant_budget_bytes": 0, "reserved_bytes": 18,
+        "budget_bytes": 512 << 20}
     text = subprocess.run([sys.executable, "-m", "holdfast.cli", "show", sid], capture_output=True, text=True,
                           env=cluster.env(b), check=True).stdout
     assert "carried state: state (2 files, 9 bytes) carried at fence 2 from host host-b on release" in text
+    assert "carry budget: tenant default 18 bytes (no per-tenant limit); cluster 18 of 536870912" in text
 
 
 TAKEN_OVER = (

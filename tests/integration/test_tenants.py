@@ -11,6 +11,7 @@ an archived or purged id stays its tenant's.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -91,8 +92,6 @@ def state(etcd: EtcdServer, prefix: str, pki: Path) -> list[tuple[str, bytes]]:
 def agent_calls(coordinator: Coordinator, tmp: Path) -> dict[str, float]:
     """Every counter of what was asked of agents: the coordinator's routed probes and kills, and
     the agent's own probes, attestations, scans and exit watches."""
-    import json
-
     agent_metrics = json.loads((tmp / "ready-host-a.json").read_text())["metrics"]
     counts = {}
     for address, wanted in ((coordinator.metrics, "holdfast_probes"), (agent_metrics, "holdfast_agent_")):
@@ -389,6 +388,12 @@ def test_a_tenant_filling_its_carry_budget_leaves_another_tenants_uploads_be(
     assert not [k for k, _ in state(etcd_tls, prefix, pki) if "/carry/sess-carry-a2/" in k]
     other = carried("team-b", "sess-carry-b1")  # the cluster's 512 MiB are far from full
     assert other.wait(60) == 0, other.stderr.read() if other.stderr else ""
+    shown = subprocess.run([sys.executable, "-m", "holdfast.cli", "show", "sess-carry-a1", "--json",
+                            "--tls-dir", str(pki / "team-a")], capture_output=True, check=True,
+                           env={**os.environ, "HOLDFAST_COORDINATOR": coordinator.address})
+    assert json.loads(shown.stdout)["carry_budget"] == {
+        "tenant": "team-a", "tenant_reserved_bytes": 40000, "tenant_budget_bytes": 64 << 10,
+        "reserved_bytes": 80000, "budget_bytes": 512 << 20}
 
     def census() -> dict[str, float] | None:
         text = urllib.request.urlopen(f"http://{coordinator.metrics}/metrics", timeout=10).read().decode()

@@ -831,7 +831,7 @@ class CommitCarryResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class GetCarryRequest(_message.Message):
-    __slots__ = ("session_id", "with_chunk", "slot", "index", "fence", "secret", "cluster_id")
+    __slots__ = ("session_id", "with_chunk", "slot", "index", "fence", "secret", "cluster_id", "with_budget")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_CHUNK_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
@@ -839,6 +839,7 @@ class GetCarryRequest(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_BUDGET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     with_chunk: bool
     slot: int
@@ -846,16 +847,33 @@ class GetCarryRequest(_message.Message):
     fence: int
     secret: str
     cluster_id: str
-    def __init__(self, session_id: _Optional[str] = ..., with_chunk: _Optional[bool] = ..., slot: _Optional[int] = ..., index: _Optional[int] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+    with_budget: bool
+    def __init__(self, session_id: _Optional[str] = ..., with_chunk: _Optional[bool] = ..., slot: _Optional[int] = ..., index: _Optional[int] = ..., fence: _Optional[int] = ..., secret: _Optional[str] = ..., cluster_id: _Optional[str] = ..., with_budget: _Optional[bool] = ...) -> None: ...
+
+class CarryBudget(_message.Message):
+    __slots__ = ("tenant", "tenant_reserved_bytes", "tenant_budget_bytes", "reserved_bytes", "budget_bytes")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    tenant_reserved_bytes: int
+    tenant_budget_bytes: int
+    reserved_bytes: int
+    budget_bytes: int
+    def __init__(self, tenant: _Optional[str] = ..., tenant_reserved_bytes: _Optional[int] = ..., tenant_budget_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
 
 class GetCarryResponse(_message.Message):
-    __slots__ = ("found", "manifest", "chunk", "session_cap_bytes")
+    __slots__ = ("found", "manifest", "chunk", "session_cap_bytes", "budget")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     SESSION_CAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     found: bool
     manifest: CarryManifest
     chunk: bytes
     session_cap_bytes: int
-    def __init__(self, found: _Optional[bool] = ..., manifest: _Optional[_Union[CarryManifest, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_cap_bytes: _Optional[int] = ...) -> None: ...
+    budget: CarryBudget
+    def __init__(self, found: _Optional[bool] = ..., manifest: _Optional[_Union[CarryManifest, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_cap_bytes: _Optional[int] = ..., budget: _Optional[_Union[CarryBudget, _Mapping]] = ...) -> None: ...
