@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 from holdfast.client.errors import ClientError
 from holdfast.common.reasons import Reason
@@ -39,8 +39,18 @@ class Grant:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Grant:
-        """The grant in a grant file; what else the file carries (`resume`) is not the grant's."""
-        found = json.loads(Path(path).read_text())
+        """The grant in a grant file; what else the file carries (`resume`) is not the grant's.
+        Raises ValueError unless the file is a regular file of this user's alone, as `run` writes
+        it: where another user may rename in the temp directory, they can put a directory of theirs
+        where the grant directory was, and the grant in it would send CMD's writes, data and all, to
+        the coordinator it names. Opened without waiting: a FIFO put there is refused, not read."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise ValueError(f"{os.fspath(path)} is not a grant file of this user's alone (owner uid "
+                                 f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}; `run` writes it 0600)")
+            found = json.loads(file.read())
         return cls(**{f.name: found[f.name] for f in fields(cls) if f.name in found})
 
     def write(self, directory: int, resume: Mapping[str, object] | None = None) -> None:

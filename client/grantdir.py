@@ -6,14 +6,21 @@ Guarantee: a directory is removed only when it is this user's, was named in this
 namespace, and the process it names is provably not running: its pid is absent, or held by a
 process that started at other ticks. Never a live run's (its CMD reads the grant file from it),
 never one whose process cannot be read, never another namespace's (a simulated host or a
-container sharing the temp directory numbers its pids otherwise). A directory is made only in a
-temp directory where no other user can rename or replace it (sticky, or written by its owner alone,
-and that owner root or this user), and held open from its making: the grant file is created through
-that descriptor, never by a path another user could make lead elsewhere.
+container sharing the temp directory numbers its pids otherwise). Directories are made in the
+temp directory itself when no other user can rename or replace what is in it (sticky, or written
+by its owner alone, that owner root or this user); else in a 0700 directory of this user's inside
+it (`holdfast-<uid>`: an emptyDir a pod mounts at /tmp is 0777 without the sticky bit). Each is
+made and opened through a descriptor held on that directory, never by a path another user could
+make lead elsewhere, and the grant file is created through the run directory's own descriptor.
+Not guaranteed where another user may rename in the temp directory: that CMD, reading the grant
+file by its path, finds this run's — another user can put a directory of theirs in its place, and
+`Grant.from_file` then refuses what it finds (not this user's), so CMD reads no grant rather than
+theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -59,44 +66,65 @@ def _gone(pid: int, start_ticks: int) -> bool:
 
 def make() -> tuple[str, int]:
     """A new 0700 directory for this run's grant file, after removing those of dead runs: its path
-    and a descriptor on it, held from its making, in which the grant file is created (Grant.write).
-    Refuses (INVALID_ARGUMENT, before anything is asked) a temporary directory that another user
-    could swap it in: the grant file, secret inside, would be created wherever they chose."""
-    base = tempfile.gettempdir()
-    _check_temp_dir(base)
-    namespace = _pid_namespace()
+    and a descriptor on it, held from its making, in which the grant file is created (Grant.write)."""
+    root, root_fd = _root()
     try:
-        ticks = _start_ticks(os.getpid()) if namespace is not None else None
-    except (OSError, StatParseError):
-        ticks = None
-    if namespace is None or ticks is None:
-        path = tempfile.mkdtemp(prefix="holdfast-", dir=base)  # unnamed: no later run will judge it
-    else:
-        sweep()
-        path = tempfile.mkdtemp(prefix=f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-", dir=base)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        namespace = _pid_namespace()
+        try:
+            ticks = _start_ticks(os.getpid()) if namespace is not None else None
+        except (OSError, StatParseError):
+            ticks = None
+        if namespace is None or ticks is None:
+            prefix = "holdfast-"  # unnamed: no later run will judge it
+        else:
+            _sweep(root_fd, namespace, _gone)
+            prefix = f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-"
+        while True:
+            name = f"{prefix}{os.urandom(6).hex()}"
+            try:
+                os.mkdir(name, 0o700, dir_fd=root_fd)
+            except FileExistsError:
+                continue
+            break
+        return os.path.join(root, name), _open_own(root_fd, name, os.path.join(root, name))
+    finally:
+        os.close(root_fd)
+
+
+def _open_own(parent: int, name: str, shown: str) -> int:
+    """A descriptor on directory `name` in `parent`, refused unless it is this user's alone."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as exc:
+        raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not a directory this run may use "
+                          f"({exc.strerror}); nothing was asked of the coordinator") from None
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # not the directory mkdtemp just made
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         os.close(fd)
-        raise ClientError(Reason.INVALID_ARGUMENT, f"{path}, this run's grant directory, was replaced "
-                          "as soon as it was made; nothing was asked of the coordinator")
-    return path, fd
+        raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not this user's alone (owner uid "
+                          f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user made or replaced "
+                          "it; remove it, or set TMPDIR to a directory only you may write; nothing was asked "
+                          "of the coordinator")
+    return fd
 
 
-def _check_temp_dir(base: str) -> None:
-    """Refuses a TMPDIR where another user may rename or replace this run's directory: one that
-    others may write without the sticky bit, or one another user (not root) owns."""
-    st = os.stat(base)
-    if st.st_uid not in (0, os.getuid(), os.geteuid()):
-        why = f"belongs to uid {st.st_uid}"
-    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        why = "may be written by others and has no sticky bit"
-    else:
-        return
-    raise ClientError(Reason.INVALID_ARGUMENT, f"the temporary directory {base} (TMPDIR) {why}: another "
-                      "user could replace this run's grant directory in it; set TMPDIR to a directory only "
-                      f"you may write, or make it sticky (chmod +t {base}); nothing was asked of the "
-                      "coordinator")
+def _root() -> tuple[str, int]:
+    """The directory grant directories are made in, and a descriptor on it: the temp directory when
+    no other user may rename or replace what is in it, else this user's own `holdfast-<uid>` in it."""
+    base = tempfile.gettempdir()
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    others_rename = st.st_uid not in (0, os.getuid(), os.geteuid()) or (
+        st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)
+    if not others_rename:
+        return base, fd
+    private = f"holdfast-{os.geteuid()}"
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(private, 0o700, dir_fd=fd)
+        return os.path.join(base, private), _open_own(fd, private, os.path.join(base, private))
+    finally:
+        os.close(fd)
 
 
 def sweep(directory: str | None = None) -> list[str]:
@@ -104,7 +132,7 @@ def sweep(directory: str | None = None) -> list[str]:
     namespace = _pid_namespace()
     if namespace is None:
         return []
-    return _sweep(directory, namespace, _gone)
+    return _sweep_in(directory, namespace, _gone)
 
 
 def sweep_ended(namespace: int, ended_at_ticks: int, directory: str | None = None) -> list[str]:
@@ -112,14 +140,26 @@ def sweep_ended(namespace: int, ended_at_ticks: int, directory: str | None = Non
     stopped or rebooted: no later run there sweeps them): each one named for a process that started
     before the namespace ended (`ended_at_ticks`, clock ticks since boot). One named for a later
     start is another namespace's that was given the freed inode number, and is kept."""
-    return _sweep(directory, namespace, lambda _pid, start_ticks: start_ticks < ended_at_ticks)
+    return _sweep_in(directory, namespace, lambda _pid, start_ticks: start_ticks < ended_at_ticks)
 
 
-def _sweep(directory: str | None, namespace: int, dead: Callable[[int, int], bool]) -> list[str]:
-    removed = []
-    base = directory or tempfile.gettempdir()
+def _sweep_in(directory: str | None, namespace: int, dead: Callable[[int, int], bool]) -> list[str]:
     try:
-        entries = list(os.scandir(base))
+        root, fd = (directory, os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) \
+            if directory else _root()
+    except (OSError, ClientError):
+        return []
+    try:
+        return [os.path.join(root, name) for name in _sweep(fd, namespace, dead)]
+    finally:
+        os.close(fd)
+
+
+def _sweep(parent: int, namespace: int, dead: Callable[[int, int], bool]) -> list[str]:
+    """The names of the dead runs' directories removed from the directory open as `parent`."""
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
     except OSError:
         return []
     for entry in entries:
@@ -133,6 +173,7 @@ def _sweep(directory: str | None, namespace: int, dead: Callable[[int, int], boo
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             continue
         if dead(int(found[2]), int(found[3])):
-            files.remove_quietly(entry.path)
-            removed.append(entry.path)
+            with contextlib.suppress(OSError):
+                files.remove_tree(parent, entry.name)
+                removed.append(entry.name)
     return removed

@@ -81,6 +81,10 @@ def main(argv: list[str]) -> int:
     handle = os.environ.get(env.PROVIDER_HANDLE, "")
     try:
         grant = Grant.from_file(os.environ[env.GRANT_FILE])
+    except (OSError, ValueError) as exc:
+        print(f"holdfast {name}: cannot read the grant file: {exc}", file=sys.stderr)
+        return reasons.EX_USAGE
+    try:
         turn = _codex if provider.name == rules.CODEX else _claude
         return turn(grant, cli, handle, args)
     except rules.ProviderRefused as refused:

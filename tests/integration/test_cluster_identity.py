@@ -137,4 +137,5 @@ def test_a_grant_file_from_before_the_field_still_reads(tmp_path: Path) -> None:
     path = tmp_path / "grant.json"
     path.write_text('{"session_id": "s-old-grant", "fence": 3, "secret": "x", "spawn_token": "t", '
                     '"spawn_token_env": "HOLDFAST_SPAWN_TOKEN", "coordinator": "127.0.0.1:7420"}')
+    path.chmod(0o600)  # as `run` wrote it
     assert Grant.from_file(path).cluster_id == ""

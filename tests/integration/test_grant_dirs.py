@@ -103,46 +103,51 @@ def test_the_grant_file_is_never_written_through_a_link_in_tmpdir(
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
-def test_a_tmpdir_others_may_write_without_the_sticky_bit_is_refused(
+def test_in_a_tmpdir_others_may_rename_in_grant_dirs_are_made_in_a_directory_of_this_users(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int) -> None:
-    """Anyone who may write it may rename a run's directory away and put a link or their own
-    directory in its place; the run refuses before it asks anything, and makes nothing there."""
+    """Anyone who may write it without the sticky bit (a pod's emptyDir at /tmp is 0777) may rename
+    a run's directory away and put a link or their own directory in its place: the run's are made
+    in `holdfast-<uid>`, this user's alone, through a descriptor held on it."""
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, mode)
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    with pytest.raises(ClientError) as refused:
-        grantdir.make()
-    assert refused.value.reason == Reason.INVALID_ARGUMENT
-    assert f"{shared} (TMPDIR) may be written by others and has no sticky bit" in refused.value.message
-    assert f"chmod +t {shared}" in refused.value.message
-    assert list(shared.iterdir()) == []
+    path, held = grantdir.make()
+    os.close(held)
+    private = shared / f"holdfast-{os.geteuid()}"
+    assert Path(path).parent == private and os.listdir(shared) == [private.name]
+    assert private.stat().st_uid == os.geteuid() and private.stat().st_mode & 0o777 == 0o700
+    assert grantdir.sweep() == [] and Path(path).exists()  # a live run's: found and kept
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user owns needs root")
-def test_a_tmpdir_another_user_owns_is_refused_as_root(
+def test_a_directory_another_user_put_where_this_users_goes_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its owner may rename anything in it, sticky or not: a root run would create its grant file,
-    or have its gate read, wherever that user chose."""
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chmod(theirs, 0o700)
+    """Made before this user's first run (or swapped in since): the run refuses before it asks
+    anything, and makes nothing in it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    theirs = shared / "holdfast-0"
+    theirs.mkdir(mode=0o700)
     os.chown(theirs, 65534, 65534)
-    monkeypatch.setattr(tempfile, "tempdir", str(theirs))
-    with pytest.raises(ClientError, match=r"\(TMPDIR\) belongs to uid 65534"):
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    with pytest.raises(ClientError) as refused:
         grantdir.make()
+    assert refused.value.reason == Reason.INVALID_ARGUMENT
+    assert f"{theirs} is not this user's alone (owner uid 65534" in refused.value.message
     assert list(theirs.iterdir()) == []
 
 
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to nobody needs root")
-@pytest.mark.parametrize("mode,owner,refused", [
-    (0o777, 0, "may be written by others and has no sticky bit"),
-    (0o1777, 65533, "belongs to uid 65533"),
-    (0o1777, 0, ""),  # as /tmp is: kept
+@pytest.mark.parametrize("mode,owner,private", [
+    (0o777, 0, True),
+    (0o1777, 65533, True),  # its owner may rename anything in it, sticky or not
+    (0o1777, 0, False),  # as /tmp is: used as it is
 ])
-def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, refused: str) -> None:
+def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, private: bool) -> None:
     tmp = unprivileged.shared_dir("holdfast-tmpdir-")  # pytest's tmp is root-only
     try:
         os.chown(tmp, owner, owner)
@@ -151,30 +156,26 @@ def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, refu
         probe = "from holdfast.client import grantdir\nprint(grantdir.make()[0])"
         done = subprocess.run([*unprivileged.DROP, python, "-c", probe], capture_output=True, text=True,
                               env={**os.environ, **extra, "TMPDIR": str(tmp)}, cwd="/")
-        if refused:
-            assert done.returncode != 0 and f"{tmp} (TMPDIR) {refused}" in done.stderr, done.stderr
-            assert list(tmp.iterdir()) == []
-        else:
-            assert done.returncode == 0, done.stderr
-            made = Path(done.stdout.strip())
-            assert made.parent == tmp and made.stat().st_uid == unprivileged.NOBODY
+        assert done.returncode == 0, done.stderr
+        made = Path(done.stdout.strip())
+        assert made.parent == (tmp / f"holdfast-{unprivileged.NOBODY}" if private else tmp)
+        assert made.stat().st_uid == unprivileged.NOBODY
+        assert made.parent.stat().st_uid == (unprivileged.NOBODY if private else owner)
     finally:
         shutil.rmtree(tmp)
 
 
 @pytest.mark.root
-def test_a_run_in_a_tmpdir_without_the_sticky_bit_asks_nothing(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_run_in_a_tmpdir_without_the_sticky_bit_keeps_its_grant_dir_apart(
+        cluster: Cluster, tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    run = cluster.run(cluster.host("host-grantdirs-tmp"), "sess-grantdirs-3", cmd=["true"],
+    run = cluster.run(cluster.host("host-grantdirs-tmp"), "sess-grantdirs-3",
+                      cmd=["sh", "-c", 'test "${HOLDFAST_GRANT_FILE%/*/grant.json}" = "$TMPDIR/holdfast-0"'],
                       env={"TMPDIR": str(shared)})
-    assert run.wait() == 2, run.err()
-    assert f"{shared} (TMPDIR) may be written by others and has no sticky bit" in run.err()
-    assert list(shared.iterdir()) == []
-    with pytest.raises(grpc.RpcError) as absent:
-        cluster.record("sess-grantdirs-3")
-    assert absent.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+    assert run.wait() == 0, run.err()
+    assert os.listdir(shared) == ["holdfast-0"] and os.listdir(shared / "holdfast-0") == []
 
 
 def test_an_ended_namespace_loses_the_dirs_of_runs_started_before_its_end(tmp_path: Path) -> None:

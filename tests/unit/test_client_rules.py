@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -177,3 +178,25 @@ def test_next_steps_fit_what_was_tried_and_what_is_known() -> None:
     err = ClientError("HELD", "held by host-a")
     err.hint = waited
     assert str(err).endswith(f"Next: {waited}")
+
+
+def test_a_grant_file_not_this_users_alone_is_never_read(tmp_path: Path) -> None:
+    """Where another user may rename in TMPDIR, they can put their own directory where the grant
+    directory was: CMD, reading the grant file by its path, would send its writes to the
+    coordinator theirs names."""
+    grant = Grant("sess-unit-theirs", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1")
+    path = tmp_path / GRANT_FILE
+    path.write_text(json.dumps(dataclasses.asdict(grant)))
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="not a grant file of this user's alone"):
+        Grant.from_file(path)
+    path.chmod(0o600)
+    assert Grant.from_file(path) == grant
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+        with pytest.raises(ValueError, match="owner uid 65534"):
+            Grant.from_file(path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ValueError, match="not a grant file"):  # refused without waiting for a writer
+        Grant.from_file(fifo)
