@@ -1,7 +1,7 @@
 """Exit events from the kernel, the moment they happen: one pidfd per watched identity, polled by
 the event loop. The pidfd is opened first and the identity re-checked after, closing the
-read-then-open race; observed exits are remembered by full identity, never by pid. Arming reads
-the owner's environ, so it runs on a reader thread (agent/reads.py); the watch itself on the loop.
+read-then-open race; observed exits are remembered by full identity, never by pid. Arming may read
+the owner's environ, through the reader it is given (agent/reads.py); the watch itself is the loop's.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from holdfast.agent.observe import pidfd_exited
+from holdfast.proc.environ import EnvironReader
 from holdfast.v1 import agent_pb2
 
 P = agent_pb2.ProbeOutcome
@@ -33,7 +34,8 @@ def exit_result() -> agent_pb2.ProbeResult:
 class ExitWatcher:
     """Pidfds for watched owners; `probe` judges an identity from /proc without this memory."""
 
-    def __init__(self, probe: Callable[[agent_pb2.ProcessIdentity], agent_pb2.ProbeResult]) -> None:
+    def __init__(self, probe: Callable[[agent_pb2.ProcessIdentity, EnvironReader], agent_pb2.ProbeResult],
+                 ) -> None:
         self._probe = probe
         self._exited: dict[bytes, int] = {}
         self._watches: dict[bytes, asyncio.Future[agent_pb2.ProbeResult]] = {}
@@ -58,24 +60,24 @@ class ExitWatcher:
             return done
         return None
 
-    def arm(self, identity: agent_pb2.ProcessIdentity) -> Armed:
-        """A pidfd opened, then the identity judged from /proc: (the pidfd, IDENTITY_MATCHED) when
-        it names this owner, else (None, what proves it is not). On a reader thread: the probe reads
-        the owner's environ (agent/reads.py)."""
+    def arm(self, identity: agent_pb2.ProcessIdentity, environ: EnvironReader) -> Armed:
+        """A pidfd opened, then the identity judged from /proc, its environ (where it decides) read
+        through `environ`: (the pidfd, IDENTITY_MATCHED) when it names this owner, else (None, what
+        proves it is not)."""
         try:
             fd = os.pidfd_open(identity.pid)
         except OSError:
-            return None, self._probe(identity)
+            return None, self._probe(identity, environ)
         try:
-            now = self._probe(identity)
-        except BaseException:  # the job given up while stuck on a read: it runs again elsewhere
+            now = self._probe(identity, environ)
+        except BaseException:  # to start over as a job, or given up while stuck on a read
             os.close(fd)
             raise
         same_fd = not identity.pidfd_ino or os.fstat(fd).st_ino == identity.pidfd_ino
         if now.outcome != P.IDENTITY_MATCHED or not same_fd:
             # Not this owner at this pid (or it died between open and re-check): the probe says which.
             os.close(fd)
-            return None, now if now.outcome != P.IDENTITY_MATCHED else self._probe(identity)
+            return None, now if now.outcome != P.IDENTITY_MATCHED else self._probe(identity, environ)
         return fd, now
 
     def watch(self, identity: agent_pb2.ProcessIdentity,

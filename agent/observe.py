@@ -10,7 +10,7 @@ import errno
 import os
 import select
 
-from holdfast.agent.probe_rules import Observation, TreeObservation
+from holdfast.agent.probe_rules import Observation, TreeObservation, token_decides
 from holdfast.proc import cgroups
 from holdfast.proc.environ import EnvironReader, read_proc_file, value_in_block
 from holdfast.proc.procstat import StatParseError, parse_stat
@@ -29,7 +29,8 @@ def pidfd_exited(fd: int) -> bool:
 
 def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: bool,
             environ: EnvironReader) -> Observation:
-    """What /proc shows of the identity's pid; its environ read through `environ`."""
+    """What /proc shows of the identity's pid; its environ read through `environ`, and only when the
+    token can change the verdict (`token_decides`)."""
     pid = identity.pid
     try:
         fd = os.pidfd_open(pid)
@@ -48,7 +49,7 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
         except StatParseError as exc:
             return Observation(exit_watched=exit_watched, error=f"/proc/{pid}/stat unparsable: {exc}")
         token: bool | None = None
-        if identity.spawn_token:
+        if token_decides(identity, ino):
             try:
                 block = environ(pid, stat.start_ticks, "/proc")
                 # No environ at all (a zombie's memory is gone) and an unreadable (or stuck) one are

@@ -38,6 +38,15 @@ class TreeObservation:
     passes: int = 1
 
 
+def token_decides(identity: agent_pb2.ProcessIdentity, pidfd_ino: int) -> bool:
+    """Whether the token in the pid's environ can change `judge`'s outcome, the pidfs inode seen
+    being `pidfd_ino` (0: none). Where both the recorded and the seen inode are known they decide
+    first — differing: a mismatch; the same: the start ticks tell life from a contradiction — and the
+    token would only add itself to `matched_on`. So that environ, another process's memory that it
+    can make a read of wait forever (docs/guarantees.md), is read only when it can decide."""
+    return bool(identity.spawn_token) and not (identity.pidfd_ino and pidfd_ino)
+
+
 def _result(outcome: int, **kw: object) -> agent_pb2.ProbeResult:
     return agent_pb2.ProbeResult(outcome=outcome, **kw)  # type: ignore[arg-type]
 

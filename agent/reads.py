@@ -7,7 +7,8 @@ given up and run again on another thread, where that process is refused (agent/r
 the answer is as for an unreadable environ. The given-up thread stays parked until its read
 returns, then ends at once (`Abandoned`), so no job ever runs twice at the same time and nothing
 it would have done after the read is done. Reader threads are at most MAX_WORKERS, besides the
-parked ones.
+parked ones. Work that may need no environ at all is first tried on the loop with `on_loop` as its
+reader, which reads nothing: at its first read it raises `OnLoop`, and the work starts over as a job.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from holdfast.agent import metrics, reads_rules
 from holdfast.agent.reads_rules import Identity
@@ -45,6 +46,16 @@ class ReadRefused(OSError):
 class Abandoned(BaseException):
     """Raised in a parked thread when its read returns: its job was given up and runs elsewhere.
     Not an Exception, so no handler of a job's failures takes it for one."""
+
+
+class OnLoop(BaseException):
+    """Work tried on the event loop needs another process's memory: it starts over as a job. Not an
+    Exception, so no handler of unreadable environs takes it for one."""
+
+
+def on_loop(pid: int | str, start_ticks: int | None, proc: str) -> NoReturn:
+    """The environ reader of work on the event loop: reads nothing (`OnLoop`)."""
+    raise OnLoop
 
 
 class _GivenUp(Exception):
@@ -129,13 +140,15 @@ class Readers:
                 return
             except BaseException as exc:  # handed to the caller awaiting the job
                 result, error = None, exc
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits the job
-                job.loop.call_soon_threadsafe(_settle, job.done, result, error)
+            # Idle (or given the next job waiting) before the answer is posted: the loop may hand
+            # out its next job the moment it has it, and must find this thread free for it.
             with self._lock:
                 if self._backlog:
                     worker.jobs.put(self._backlog.popleft())
                 else:
                     self._idle.append(worker)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits the job
+                job.loop.call_soon_threadsafe(_settle, job.done, result, error)
 
     def _check(self, job: _Job) -> None:
         """On the loop, every so often while a job runs: time asks whether its read is stuck; a read

@@ -1,10 +1,12 @@
 """The HostAgent gRPC servicer: validates every request whole (agent/requests.py: INVALID_ARGUMENT with
 what was wrong, nothing changed), then answers only for this host from its own process table.
 
-Guarantee: no call reads another process's memory on the event loop. Whatever reads an environ (a
-probe, an attestation, a scan, a kill, arming an exit watch) runs as one job per call on a reader
-thread (agent/reads.py), its reads guarded: a process whose read is stuck is unreadable, never
-dead, and heartbeats and every other call go on meanwhile.
+Guarantee: no call reads another process's memory on the event loop. Whatever reads an environ (an
+attestation, a scan, a kill, a probe or exit watch whose token decides) runs as one job per call on
+a reader thread (agent/reads.py), its reads guarded: a process whose read is stuck is unreadable,
+never dead, and heartbeats and every other call go on meanwhile. A probe, an exit watch's arming
+and a tree proof are first tried on the loop with a reader that reads nothing (`reads.on_loop`):
+at its first environ they start over as a job. What a call answers does not depend on where it ran.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import logging
 import os
 import resource
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -24,7 +27,7 @@ from holdfast.agent.exit_watch import Armed, ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
 from holdfast.agent.kill import kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
-from holdfast.agent.reads import Readers
+from holdfast.agent.reads import OnLoop, Readers, on_loop
 from holdfast.common import identifiers, reasons
 from holdfast.common.identifiers import InvalidInput
 from holdfast.common.reasons import Reason
@@ -33,7 +36,7 @@ from holdfast.proc import cgroups
 from holdfast.proc import scan as scan_
 from holdfast.proc.ages import ProcessAges
 from holdfast.proc.ending import KILL_WAIT_S
-from holdfast.proc.environ import read_proc_file, value_in_block
+from holdfast.proc.environ import EnvironReader, read_proc_file, value_in_block
 from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
 from holdfast.proc.scan import Scan
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
@@ -41,6 +44,11 @@ from holdfast.v1 import agent_pb2, agent_pb2_grpc
 log = logging.getLogger("holdfast.agent")
 P = agent_pb2.ProbeOutcome
 SWEEP_EVERY_S = 30.0
+T = TypeVar("T")
+# A tree scan's first pass is tried on the event loop while the last scan listed at most this many
+# /proc entries: a quiet host's whole tree proof (it reads no environ of a process older than its
+# roots) costs less there than the hand-off to a thread and back (~0.2 ms of agent CPU).
+INLINE_LISTING = 512
 
 
 def trees_wanted(judged: Sequence[tuple[agent_pb2.ProcessIdentity, agent_pb2.ProbeResult]],
@@ -87,22 +95,41 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Every read of another process's environ: on a reader thread, through this guard.
         self.readers = Readers()
         self.environ = self.readers.environ
+        self.listed = INLINE_LISTING + 1  # /proc entries the last scan listed; none yet: a thread
 
-    # -- scanning (on a reader thread) -----------------------------------------------------------
-    def scan(self, token: bytes | frozenset[bytes] | None = None, born_since: int = 0,
-             dead: scan_.Dead | None = None) -> Scan:
-        """One stable scan (with the process ages when it looks for trees), timed and counted."""
+    async def reading(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args, environ)` on the loop with `on_loop` as its reader, or, at its first environ
+        read, started over as a job on a reader thread with the guarded one. `fn` does nothing before
+        a read that it could not do twice."""
+        try:
+            return fn(*args, on_loop)
+        except OnLoop:
+            return await self.readers.run(fn, *args, self.environ)
+
+    # -- scanning ----------------------------------------------------------------------------------
+    def scan(self, token: bytes | frozenset[bytes] | None, born_since: int, dead: scan_.Dead | None,
+             environ: EnvironReader) -> Scan:
+        """One stable scan (with the process ages when it looks for trees), timed and counted. On the
+        loop (`on_loop`) only a tree scan's first pass runs, over a small listing, reading no environ
+        and settled: anything more raises OnLoop, and the scan runs whole on a reader thread."""
+        inline = environ is on_loop
+        if inline and (not born_since or self.listed > INLINE_LISTING):
+            raise OnLoop
         started = time.monotonic()
         result = scan_.scan(self.variable, token, born_since=born_since,
-                            ages=self.ages if born_since else None, dead=dead, environ=self.environ)
+                            ages=self.ages if born_since else None, dead=dead, environ=environ,
+                            max_passes=1 if inline else scan_.MAX_PASSES)
+        self.listed = result.listed
+        if inline and not result.stable:
+            raise OnLoop
         metrics.observe_scan(result, time.monotonic() - started)
         return result
 
     def scan_trees(self, judged: Sequence[tuple[agent_pb2.ProcessIdentity, agent_pb2.ProbeResult]],
-                   ) -> Scan:
+                   environ: EnvironReader) -> Scan:
         """The scan a tree check of these owners needs (`trees_wanted`)."""
         tokens, born_since, dead = trees_wanted(judged)
-        return self.scan(tokens, born_since, dead)
+        return self.scan(tokens, born_since, dead, environ)
 
     # -- judging ---------------------------------------------------------------------------------
     def _stamp(self, result: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
@@ -112,15 +139,17 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             result.observed_at_unix_ms = int(time.time() * 1000)
         return result
 
-    # -- judging (on a reader thread, but for identities of other hosts: they read nothing) ------
-    def probe_proc(self, identity: agent_pb2.ProcessIdentity) -> agent_pb2.ProbeResult:
+    # -- judging (every environ read through the reader given: `on_loop` or the guarded one) ------
+    def probe_proc(self, identity: agent_pb2.ProcessIdentity,
+                   environ: EnvironReader) -> agent_pb2.ProbeResult:
         """/proc evidence only, without the exit memory (used by the watcher's re-check)."""
-        seen = observe(identity, self.variable, False, self.environ)
+        seen = observe(identity, self.variable, False, environ)
         return probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
 
-    def probe(self, identity: agent_pb2.ProcessIdentity, tree: Scan | None) -> agent_pb2.ProbeResult:
+    def probe(self, identity: agent_pb2.ProcessIdentity, tree: Scan | None,
+              environ: EnvironReader) -> agent_pb2.ProbeResult:
         if identity.host_id == self.host_id and identity.incarnation == self.facts.incarnation:
-            seen = observe(identity, self.variable, self.watcher.exited(identity), self.environ)
+            seen = observe(identity, self.variable, self.watcher.exited(identity), environ)
         else:
             seen = probe_rules.Observation()  # judged on host id / incarnation alone
         result = probe_rules.judge(identity, self.host_id, self.facts.incarnation, seen, self.spawn_token_env)
@@ -134,36 +163,46 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         gone, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
         result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
 
-    def judge_own_tree(self, identity: agent_pb2.ProcessIdentity, result: agent_pb2.ProbeResult) -> None:
+    def judge_own_tree(self, identity: agent_pb2.ProcessIdentity, result: agent_pb2.ProbeResult,
+                       environ: EnvironReader) -> None:
         """`result`, the root's verdict, with the tree that verdict calls for judged."""
-        self.judge_tree(identity, self.scan_trees([(identity, result)]), result)
+        self.judge_tree(identity, self.scan_trees([(identity, result)], environ), result)
 
-    def probe_tree(self, identity: agent_pb2.ProcessIdentity,
-                   before: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
+    def probe_tree(self, identity: agent_pb2.ProcessIdentity, before: agent_pb2.ProbeResult,
+                   environ: EnvironReader) -> agent_pb2.ProbeResult:
         """A probe with the tree judged that the root's verdict `before` calls for (read first)."""
-        return self.probe(identity, self.scan_trees([(identity, before)]))
+        return self.probe(identity, self.scan_trees([(identity, before)], environ), environ)
 
-    def probe_owners(self, owners: Sequence[agent_pb2.ProcessIdentity],
-                     check_tree: bool) -> list[agent_pb2.ProbeResult]:
+    def probe_owners(self, owners: Sequence[agent_pb2.ProcessIdentity], check_tree: bool,
+                     environ: EnvironReader) -> list[agent_pb2.ProbeResult]:
         """ProbeOwners' answer. The tree is read only for roots not proven alive. A live root is its
         session held whatever its tree does, and no rule reads a tree then (a dead root's and an
         unused reservation's are read): so a probe of a held session — `holdfast probe`, a waiting
         Acquire, a handoff request — reads no process list. Reading the tree after its root was
         judged (it was read before) changes nothing: a root proven dead stays dead, and the scan is
         the tree's own proof."""
-        results = [self.probe(o, None) for o in owners]
+        results = [self.probe(o, None, environ) for o in owners]
         unproven = [(o, r) for o, r in zip(owners, results, strict=True) if r.outcome != P.IDENTITY_MATCHED]
         if check_tree and unproven:
-            tree = self.scan_trees(unproven)
+            tree = self.scan_trees(unproven, environ)
             for owner, result in unproven:
                 self.judge_tree(owner, tree, result)
         return results
 
-    def arm_all(self, owners: Sequence[agent_pb2.ProcessIdentity]) -> list[Armed]:
-        return [self.watcher.arm(o) for o in owners]
+    def arm_all(self, owners: Sequence[agent_pb2.ProcessIdentity], environ: EnvironReader) -> list[Armed]:
+        armed: list[Armed] = []
+        try:
+            for owner in owners:
+                armed.append(self.watcher.arm(owner, environ))
+        except BaseException:  # to start over as a job, or given up while stuck on a read
+            for fd, _ in armed:
+                if fd is not None:
+                    os.close(fd)
+            raise
+        return armed
 
     def token_roots(self) -> agent_pb2.ListTokenRootsResponse:
-        found = self.scan()
+        found = self.scan(None, 0, None, self.environ)
         roots = []
         complete = found.complete
         for carrier in found.carriers:
@@ -241,7 +280,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         one, else the one a full scan finds; or why there is none."""
         if pid_hint and (opened := self._open_root(pid_hint, token)) is not None:
             return opened
-        roots = [c for c in self.scan(token).carriers if c.root]
+        roots = [c for c in self.scan(token, 0, None, self.environ).carriers if c.root]
         if len(roots) != 1:
             return f"{len(roots)} tree roots carry the token; attestation needs exactly one"
         return self._open_root(roots[0].pid, token) or "the token's root exited during attestation"
@@ -307,7 +346,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             requests.check_scan(request)
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
-        found = await self.readers.run(self.scan, request.spawn_token.encode())
+        found = await self.readers.run(self.scan, request.spawn_token.encode(), 0, None, self.environ)
         return agent_pb2.ScanResult(
             enumerable=found.enumerable, complete=found.complete, scanned=found.scanned,
             unreadable=found.unreadable, passes=found.passes, stable=found.stable,
@@ -338,7 +377,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         started = time.monotonic()
-        results = await self.readers.run(self.probe_owners, request.owners, request.check_tree)
+        results = await self.reading(self.probe_owners, request.owners, request.check_tree)
         metrics.observe_probes(self.host_id, results, time.monotonic() - started)
         return agent_pb2.ProbeOwnersResponse(results=results)
 
@@ -355,7 +394,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             if owner.host_id == self.host_id and owner.incarnation == self.facts.incarnation:
                 local.append(owner)
             else:  # judged on host id / incarnation alone: nothing read
-                answered.append(agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None)))
+                answered.append(agent_pb2.ExitEvent(identity=owner, result=self.probe(owner, None, on_loop)))
         for owner, watch in zip(local, await self.watch(local), strict=True):
             pending[watch] = owner
         yield agent_pb2.ExitEvent(armed=True)
@@ -375,7 +414,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         """With `check_tree`, a root not proven alive has its tree judged as ProbeOwners judges it
         (the tree read after the root was: a root proven dead stays dead)."""
         if check_tree and event.result.outcome != P.IDENTITY_MATCHED:
-            await self.readers.run(self.judge_own_tree, event.identity, event.result)
+            await self.reading(self.judge_own_tree, event.identity, event.result)
         return event
 
     async def watch(self, owners: Sequence[agent_pb2.ProcessIdentity],
@@ -383,7 +422,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         """An exit watch of each of this host's owners; those not watched yet armed in one job."""
         held = [self.watcher.known(o) for o in owners]
         fresh = [o for o, h in zip(owners, held, strict=True) if h is None]
-        armed = iter(await self.readers.run(self.arm_all, fresh) if fresh else [])
+        armed = iter(await self.reading(self.arm_all, fresh) if fresh else [])
         return [h if h is not None else self.watcher.watch(o, next(armed))
                 for o, h in zip(owners, held, strict=True)]
 
@@ -393,11 +432,11 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         except InvalidInput as exc:
             return await abort(context, Reason.INVALID_ARGUMENT, str(exc))
         owner = request.owner
-        before = await self.readers.run(self.probe, owner, None)
+        before = await self.reading(self.probe, owner, None)
         matched = before.outcome == P.IDENTITY_MATCHED
         if not matched and before.outcome not in probe_rules.PROVEN_DEAD:
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
-            return agent_pb2.KillOwnerResponse(result=await self.readers.run(self.probe_tree, owner, before))
+            return agent_pb2.KillOwnerResponse(result=await self.reading(self.probe_tree, owner, before))
         (watch,) = await self.watch([owner])
         sent = await self.readers.run(kill_tree, owner, self.variable, matched, self.cgroups, self.environ)
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
@@ -407,7 +446,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means KILL_WAIT_S.
         deadline = time.monotonic() + (request.wait_seconds or KILL_WAIT_S)
         while True:
-            result = await self.readers.run(self.probe_tree, owner, before)
+            result = await self.reading(self.probe_tree, owner, before)
             if result.tree_gone or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

@@ -103,8 +103,12 @@ def test_attest_then_alive_then_absent(agent: AgentProcess, children: list) -> N
     assert identity.pid == child.pid and identity.pidfd_ino and identity.spawn_token == token
     alive = probe(agent.stub, identity)
     assert alive.outcome == P.IDENTITY_MATCHED
-    assert set(alive.matched_on) == {"pidfd", "start-time", "token"}
+    assert set(alive.matched_on) == {"pidfd", "start-time"}  # the token cannot change that: not read
     assert alive.answered_by_host_id == "host-local"
+    without_pidfs = agent_pb2.ProcessIdentity()
+    without_pidfs.CopyFrom(identity)
+    without_pidfs.pidfd_ino = 0  # as attested on a kernel without pidfs: the token is read
+    assert set(probe(agent.stub, without_pidfs).matched_on) == {"start-time", "token"}
     child.kill()
     child.wait()
     assert probe(agent.stub, identity).outcome == P.PID_ABSENT

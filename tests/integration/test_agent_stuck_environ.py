@@ -51,8 +51,11 @@ def until(what: str, cond, timeout: float = 15.0) -> None:  # type: ignore[no-un
         time.sleep(0.05)
 
 
-def threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
+def waiting(pid: int) -> int:
+    """The process's threads waiting in the kernel uninterruptibly (state D): its stuck reads."""
+    states = [Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+              for tid in os.listdir(f"/proc/{pid}/task")]
+    return states.count(b"D")
 
 
 def parked(metrics: str) -> float:
@@ -101,12 +104,11 @@ def test_a_stuck_environ_leaves_the_agent_answering(coordinator: Coordinator, et
 
             root_a.kill()
             root_a.wait()
-            before = threads(agent.proc.pid)
             gone_a = probe(agent.stub, identity_a, check_tree=True)
             assert gone_a.outcome == P.PID_ABSENT
             assert gone_a.tree_checked and not gone_a.tree_gone, gone_a
             assert "could not be read" in gone_a.tree_reason
-            assert parked(metrics) == 1
+            assert parked(metrics) == 1 and waiting(agent.proc.pid) == 1
             # The agent's registration is renewed while the read stays stuck: its lease's time left
             # goes up again.
             lowest = [lease_ttl(etcd.url, lease)]
@@ -130,8 +132,7 @@ def test_a_stuck_environ_leaves_the_agent_answering(coordinator: Coordinator, et
             with pytest.raises(grpc.RpcError) as refused:
                 attest(agent.stub, token_a, pid_hint=hostile.pid)
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert parked(metrics) == 1
-            assert threads(agent.proc.pid) <= before + 1  # the parked thread's replacement
+            assert parked(metrics) == 1 and waiting(agent.proc.pid) == 1
             assert agent.log_path.read_text().count(STUCK_LOG) == 1
 
             # Session B, started after it, is attested, probed and proven gone as ever.

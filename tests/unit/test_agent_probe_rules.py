@@ -181,3 +181,19 @@ def test_an_owner_attested_under_another_variable_is_indeterminate_whatever_was_
 def test_an_owner_without_a_token_needs_no_variable() -> None:
     assert judge(ident(spawn_token="", spawn_token_env=""), "h", INC, Observation(absent=True)).outcome == \
         P.PID_ABSENT
+
+
+@pytest.mark.parametrize("recorded", [0, 77])
+@pytest.mark.parametrize("seen_ino", [0, 77, 78])
+@pytest.mark.parametrize("seen", [live(), live(start_ticks=999), live(state="Z", pidfd_exited=True),
+                                  live(state="Z"), live(start_ticks=999, token_matched=False)])
+def test_the_token_is_read_only_where_it_can_change_the_outcome(recorded: int, seen_ino: int,
+                                                                 seen: Observation) -> None:
+    identity = ident(pidfd_ino=recorded)
+    outcomes = {judge(identity, "h", INC, Observation(**{**seen.__dict__, "pidfd_ino": seen_ino,
+                                                         "token_matched": token})).outcome
+                for token in (True, False, None)}
+    if not probe_rules.token_decides(identity, seen_ino):
+        assert len(outcomes) == 1
+    assert probe_rules.token_decides(identity, seen_ino) == (not (recorded and seen_ino))
+    assert not probe_rules.token_decides(ident(spawn_token=""), 0)
