@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from holdfast.client.errors import ClientError
+from holdfast.common import files
 from holdfast.common.carry_rules import (
     CarryRefused,
     check_manifest,
@@ -55,28 +56,14 @@ def _walk(top: int, parts: Sequence[str]) -> int:
         ) from None
 
 
-def _mkdtemp(parent: int, prefix: str) -> str:
-    while True:
-        name = f"{prefix}{os.urandom(6).hex()}"
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent)
-        except FileExistsError:
-            continue
-        return name
-
-
 def _open_own_dir(parent: int, name: str) -> int:
     """A descriptor on the directory `name` this restore just made in `parent`; OSError, with
     nothing touched, if another user swapped it meanwhile for a link or a directory of theirs."""
-    replaced = "the directory this restore made beside it was replaced: nothing moved through it"
     try:
-        fd = os.open(name, OPEN_DIR, dir_fd=parent)
+        return files.open_own_dir(parent, name)
     except OSError as exc:
-        raise OSError(exc.errno, f"{replaced} ({exc.strerror})", name) from None
-    if os.fstat(fd).st_uid != os.geteuid():
-        os.close(fd)
-        raise OSError(errno.EPERM, f"{replaced} (another user's)", name)
-    return fd
+        raise OSError(exc.errno, "the directory this restore made beside it was replaced: nothing moved "
+                      f"through it ({exc.strerror})", name) from None
 
 
 def _write_file(directory: int, name: str, data: bytes, entry: pb.CarryEntry) -> None:
@@ -172,7 +159,7 @@ class _Root:
         # missing, and said if the restore then fails; a link on the way that another user planted
         # is not followed); everything below it is reached from this one descriptor.
         self.parent, self.made = open_user_dir(directory, make=True)
-        self.temp = _mkdtemp(self.parent, self.beside("restore"))
+        self.temp = files.make_dir(self.parent, self.beside("restore"))
         self.temp_fd = os.open(self.temp, OPEN_DIR, dir_fd=self.parent)
 
     def build(self) -> None:
@@ -230,7 +217,7 @@ class _Root:
             os.rename(self.temp, self.base, src_dir_fd=self.parent, dst_dir_fd=self.parent)
             self.placed = True
             return
-        old = _mkdtemp(self.parent, self.beside("old"))
+        old = files.make_dir(self.parent, self.beside("old"))
         # The holder is opened at once and everything moved through its descriptor, never by the
         # name `old/was`: in a directory others may write without the sticky bit, `old` swapped for
         # a link would move the previous tree wherever that link leads.

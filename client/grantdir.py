@@ -79,13 +79,7 @@ def make() -> tuple[str, int]:
         else:
             _sweep(root_fd, namespace, _gone)
             prefix = f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-"
-        while True:
-            name = f"{prefix}{os.urandom(6).hex()}"
-            try:
-                os.mkdir(name, 0o700, dir_fd=root_fd)
-            except FileExistsError:
-                continue
-            break
+        name = files.make_dir(root_fd, prefix)
         return os.path.join(root, name), _open_own(root_fd, name, os.path.join(root, name))
     finally:
         os.close(root_fd)
@@ -94,18 +88,12 @@ def make() -> tuple[str, int]:
 def _open_own(parent: int, name: str, shown: str) -> int:
     """A descriptor on directory `name` in `parent`, refused unless it is this user's alone."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        return files.open_own_dir(parent, name)
     except OSError as exc:
-        raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not a directory this run may use "
-                          f"({exc.strerror}); nothing was asked of the coordinator") from None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        os.close(fd)
-        raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not this user's alone (owner uid "
-                          f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user made or replaced "
-                          "it; remove it, or set TMPDIR to a directory only you may write; nothing was asked "
-                          "of the coordinator")
-    return fd
+        raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not a directory this run may use: "
+                          f"{exc.strerror}; another user may have made or replaced it: remove it, or set "
+                          "TMPDIR to a directory only you may write; nothing was asked of the "
+                          "coordinator") from None
 
 
 def _root() -> tuple[str, int]:

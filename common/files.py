@@ -260,6 +260,30 @@ def copy_tree(source: int, target: int) -> None:
             os.close(fd)
 
 
+def make_dir(parent: int, prefix: str) -> str:
+    """A new 0700 directory `prefix<random>` in the directory open as `parent`; its name."""
+    while True:
+        name = f"{prefix}{os.urandom(6).hex()}"
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            continue
+        return name
+
+
+def open_own_dir(parent: int, name: str) -> int:
+    """A descriptor on the directory `name` in `parent`, never through a link; OSError (EPERM)
+    unless it is this user's alone (its owner, no group or other bits): one another user swapped
+    in for the one this user made."""
+    fd = os.open(name, OPEN_DIR | os.O_NOFOLLOW, dir_fd=parent)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"not this user's alone (owner uid {st.st_uid}, mode "
+                      f"{stat.S_IMODE(st.st_mode):o})", name)
+    return fd
+
+
 def write_whole(directory: str | os.PathLike[str] | int, name: str, data: bytes, mode: int = 0o600,
                 durable: bool = False) -> None:
     """`data` as `directory/name`, whole or not at all; `directory` a path or an open descriptor.

@@ -136,7 +136,8 @@ def test_a_directory_another_user_put_where_this_users_goes_is_refused(
     with pytest.raises(ClientError) as refused:
         grantdir.make()
     assert refused.value.reason == Reason.INVALID_ARGUMENT
-    assert f"{theirs} is not this user's alone (owner uid 65534" in refused.value.message
+    assert f"{theirs} is not a directory this run may use: not this user's alone (owner uid 65534" \
+        in refused.value.message
     assert list(theirs.iterdir()) == []
 
 

@@ -117,7 +117,7 @@ def test_put_in_place_moves_nothing_through_a_link(tmp_path: Path, monkeypatch: 
     manifest = pb.CarryManifest(session_id="sess-old-01", fence=1, written_at_unix_ms=1)
     manifest.roots.add(path="notes", kind="dir")
     manifest.entries.add(root=0, path="", kind="dir", mode=0o755)
-    made = carry_restore._mkdtemp
+    made = files.make_dir
 
     def swapped(parent: int, prefix: str) -> str:
         name = made(parent, prefix)
@@ -126,7 +126,7 @@ def test_put_in_place_moves_nothing_through_a_link(tmp_path: Path, monkeypatch: 
             os.symlink(outside, name, dir_fd=parent)
         return name
 
-    monkeypatch.setattr(carry_restore, "_mkdtemp", swapped)
+    monkeypatch.setattr(files, "make_dir", swapped)
     with pytest.raises(ClientError, match="putting notes in place"):
         carry_restore.restore(manifest, b"", ["notes"], str(shared))
     assert os.listdir(outside) == []
