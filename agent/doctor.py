@@ -7,6 +7,7 @@ run here (no coordinator configured, not asked to check a node) is `skip`, never
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,10 +17,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from holdfast.agent import hostinfo
+from holdfast.agent.reads import Readers
 from holdfast.common import reloading, tls
 from holdfast.common.version import JSON_SCHEMA
 from holdfast.proc import cgroups
-from holdfast.proc.environ import read_environ
+from holdfast.proc.environ import EnvironReader
 from holdfast.proc.procstat import StatParseError, parse_stat
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -239,9 +241,9 @@ def _comm_and_start(pid: str) -> tuple[str, int | None]:
         return comm, None
 
 
-def environ_facts() -> tuple[int, int, int, str, tuple[Unreadable, ...]]:
-    """Reads every visible process's environ as a scan would: (read, denied, other users, first
-    error, the denied processes)."""
+def environ_facts(environ: EnvironReader) -> tuple[int, int, int, str, tuple[Unreadable, ...]]:
+    """Reads every visible process's environ as a scan would, through `environ`: (read, denied,
+    other users, first error, the denied processes)."""
     me, self_pid = os.geteuid(), str(os.getpid())
     read = denied = others = 0
     first = ""
@@ -252,7 +254,7 @@ def environ_facts() -> tuple[int, int, int, str, tuple[Unreadable, ...]]:
         if uid is None:
             continue
         try:
-            block = read_environ(entry)
+            block = environ(entry, None, "/proc")
         except FileNotFoundError:
             continue  # exited meanwhile
         except OSError as exc:
@@ -313,7 +315,10 @@ def in_init_pid_ns() -> bool:
 
 def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: str = "",
            cgroup_ns_error: str = "") -> Facts:
-    read, denied, others, first, unreadable = environ_facts()
+    # Guarded as the agent's own reads (agent/reads.py): a process whose environ read waits forever
+    # is named unreadable after 0.5 s, and the doctor still answers.
+    readers = Readers()
+    read, denied, others, first, unreadable = asyncio.run(readers.run(environ_facts, readers.environ))
     able = cgroups.capability()
     return Facts(
         node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),

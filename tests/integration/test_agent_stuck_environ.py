@@ -2,7 +2,8 @@
 read its own thread started (tests/integration/stuck_fuse.py) — stops nothing of the agent but the
 answers that need that environ: the agent keeps its registration, another session on the host is
 attested, probed and proven gone, and whatever needs the stuck environ answers unproven (never
-death), parking one thread however often it is asked (docs/guarantees.md)."""
+death), parking one thread however often it is asked (docs/guarantees.md). `agent doctor` answers
+beside it too."""
 
 from __future__ import annotations
 
@@ -134,6 +135,12 @@ def test_a_stuck_environ_leaves_the_agent_answering(coordinator: Coordinator, et
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert parked(metrics) == 1 and waiting(agent.proc.pid) == 1
             assert agent.log_path.read_text().count(STUCK_LOG) == 1
+            # `agent doctor` answers too, naming it unreadable (at most three are named).
+            doctor = subprocess.run([sys.executable, "-m", "holdfast.cli", "agent", "doctor", "--json"],
+                                    capture_output=True, text=True, timeout=60)
+            environ = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["environ-readable"]
+            assert environ["status"] == "fail", environ
+            assert f"pid {hostile.pid} (python" in environ["detail"] or " more)" in environ["detail"], environ
 
             # Session B, started after it, is attested, probed and proven gone as ever.
             token_b = mint_token()
