@@ -63,10 +63,11 @@ class _GivenUp(Exception):
 
 
 class _Worker:
-    __slots__ = ("abandoned", "current", "jobs")
+    __slots__ = ("abandoned", "current", "job", "jobs")
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.job: _Job | None = None  # the job it runs now
         self.current: tuple[Identity, float] | None = None  # the read under way, since when
         self.abandoned = False
 
@@ -133,7 +134,7 @@ class Readers:
         self._local.worker = worker
         while True:
             job = worker.jobs.get()
-            job.worker = worker
+            job.worker, worker.job = worker, job
             try:
                 result, error = job.fn(*job.args), None
             except Abandoned:
@@ -158,18 +159,17 @@ class Readers:
         now = time.monotonic()
         with self._lock:
             worker = job.worker
-            current = worker.current if worker is not None else None
-            stuck = worker is not None and current is not None and reads_rules.stuck(current[1], now)
-            if stuck:
-                worker.abandoned = True
-                self._parked.park(current[0])
-                self._live -= 1
+            # The read under way is this job's only while its thread still runs it.
+            current = worker.current if worker is not None and worker.job is job else None
+            if worker is None or current is None or not reads_rules.stuck(current[1], now):
+                started = current[1] if current is not None else None
+                job.timer = job.loop.call_later(reads_rules.recheck_in(started, now), self._check, job)
+                return
+            worker.abandoned = True
+            parked = current[0]
+            self._parked.park(parked)
+            self._live -= 1
             total = self._parked.total
-        if not stuck or current is None:
-            started = current[1] if current is not None else None
-            job.timer = job.loop.call_later(reads_rules.recheck_in(started, now), self._check, job)
-            return
-        parked = current[0]
         metrics.READS_PARKED.set(total)
         log.warning("a read of another process's memory is stuck: it reads as unreadable while the read "
                     "is pending, and scans meeting it are incomplete",

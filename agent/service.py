@@ -131,7 +131,7 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         tokens, born_since, dead = trees_wanted(judged)
         return self.scan(tokens, born_since, dead, environ)
 
-    # -- judging ---------------------------------------------------------------------------------
+    # -- judging (every environ read through the reader given: `on_loop` or the guarded one) ------
     def _stamp(self, result: agent_pb2.ProbeResult) -> agent_pb2.ProbeResult:
         result.answered_by_host_id = self.host_id
         result.answered_by_incarnation.CopyFrom(self.facts.incarnation)
@@ -139,7 +139,6 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             result.observed_at_unix_ms = int(time.time() * 1000)
         return result
 
-    # -- judging (every environ read through the reader given: `on_loop` or the guarded one) ------
     def probe_proc(self, identity: agent_pb2.ProcessIdentity,
                    environ: EnvironReader) -> agent_pb2.ProbeResult:
         """/proc evidence only, without the exit memory (used by the watcher's re-check)."""
