@@ -64,7 +64,9 @@ def check(history: list[Event]) -> list[Violation]:
 
 
 def _fences_strictly_increase(session: str, events: list[Event]) -> list[Violation]:
-    grants = [e for e in events if e.kind == "grant"]
+    # A session's first fence is 1: a tree started at fence 0 (with no grant at all) is no new fence
+    # either, even as the first of its session.
+    grants = [Event(0, "grant", session, 0), *(e for e in events if e.kind == "grant")]
     return [Violation("fence did not strictly increase", session, [before, after])
             for before, after in itertools.pairwise(grants) if after.fence <= before.fence]
 

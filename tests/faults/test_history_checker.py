@@ -35,6 +35,9 @@ def test_a_clean_history_has_no_violation() -> None:
                 Event(5, "tree-start", "s", fence=2, host="b"),
                 Event(6, "tree-end", "s", fence=1, host="a"), *h[6:]],
      "two trees alive at once"),
+    # A tree started with no grant at all, the first and only one of its session (a gateless
+    # client's, its host then lost): no pair of grants to compare, and still no new fence.
+    (lambda h: [*h, Event(11, "grant", "t", fence=0, host="c")], "fence did not strictly increase"),
     (lambda h: [*h, Event(11, "flock-failed", "s", fence=2, host="b")],
      "two trees held the session lock at once"),
     (lambda h: [*h, Event(11, "put-stale-ack", "s", fence=1, key="s/1/2")],

@@ -176,7 +176,14 @@ class Soak:
                     "--grace", "1", "--", *self.child(session, *extra, python=python)]
         err = open(self.tmp / f"run-{len(self.launched)}.err", "wb")  # noqa: SIM115 - handed to the child
         with err:
-            proc = host.spawn(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            gateless = kind == "skip-gate"
+            proc = host.spawn(argv, env=env, stdout=subprocess.PIPE if gateless else subprocess.DEVNULL,
+                              stderr=err)
+        if gateless and proc.stdout is not None:
+            # Started (its first log line written) or ended (a second tree refused the lock): a
+            # fault may not end it before, or a gateless child that never ran shows nothing to catch.
+            with proc.stdout:
+                proc.stdout.readline()
         run = Launched(host, proc, session, kind)
         self.launched.append(run)
         self.ops[kind] += 1

@@ -95,6 +95,8 @@ def main() -> int:
     if "--hostile" in rest:
         start_hostile(rest[rest.index("--hostile") + 1], lock)
     if "--unfenced" in rest:
+        print("started", flush=True)  # the harness waits for it: a fault may end this child only after
+        sys.stdout.close()
         while True:
             signal.pause()
     asyncio.run(write_forever(log_path))
