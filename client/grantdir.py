@@ -12,6 +12,9 @@ by its owner alone, that owner root or this user); else in a 0700 directory of t
 it (`holdfast-<uid>`: an emptyDir a pod mounts at /tmp is 0777 without the sticky bit). Each is
 made and opened through a descriptor held on that directory, never by a path another user could
 make lead elsewhere, and the grant file is created through the run directory's own descriptor.
+The descriptor on the directory a run's was made in is held to the run's end, and the run's is
+removed by its name through it: never a same-named directory where a link put in place of
+`holdfast-<uid>` meanwhile leads.
 Not guaranteed where another user may rename in the temp directory: that CMD, reading the grant
 file by its path, finds this run's — another user can put a directory of theirs in its place, and
 `Grant.from_file` then refuses what it finds (not this user's), so CMD reads no grant rather than
@@ -26,6 +29,7 @@ import re
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from holdfast.client.errors import ClientError
 from holdfast.common import files
@@ -64,9 +68,27 @@ def _gone(pid: int, start_ticks: int) -> bool:
     return now is None or now != start_ticks
 
 
-def make() -> tuple[str, int]:
-    """A new 0700 directory for this run's grant file, after removing those of dead runs: its path
-    and a descriptor on it, held from its making, in which the grant file is created (Grant.write)."""
+@dataclass(frozen=True)
+class RunDir:
+    """A run's grant directory: `path` is shown to CMD, never used to reach it; `root` is a
+    descriptor on the directory it was made in, held from its making to the run's end."""
+
+    path: str
+    root: int
+
+    def remove(self) -> None:
+        """Removes it and whatever CMD left in it, by its name in `root`, following no link, and
+        closes `root`. Never by its path: in a temp directory others may rename in, another user
+        may rename `holdfast-<uid>` away and put a link in its place, and a removal by path would
+        remove a same-named directory wherever that link leads (as root: anywhere)."""
+        with contextlib.suppress(OSError):
+            files.remove_tree(self.root, os.path.basename(self.path))
+        os.close(self.root)
+
+
+def make() -> tuple[RunDir, int]:
+    """A new 0700 directory for this run's grant file, after removing those of dead runs; and a
+    descriptor on it, held from its making, in which the grant file is created (Grant.write)."""
     root, root_fd = _root()
     try:
         namespace = _pid_namespace()
@@ -80,9 +102,10 @@ def make() -> tuple[str, int]:
             _sweep(root_fd, namespace, _gone)
             prefix = f"{PREFIX}{namespace}-{os.getpid()}-{ticks}-"
         name = files.make_dir(root_fd, prefix)
-        return os.path.join(root, name), _open_own(root_fd, name, os.path.join(root, name))
-    finally:
+        return RunDir(os.path.join(root, name), root_fd), _open_own(root_fd, name, os.path.join(root, name))
+    except BaseException:
         os.close(root_fd)
+        raise
 
 
 def _open_own(parent: int, name: str, shown: str) -> int:

@@ -33,7 +33,7 @@ from holdfast.client.gate import Gate
 from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.tree import Tree, end_tree
 from holdfast.common import env as cmd_env
-from holdfast.common import files, spawn_tokens
+from holdfast.common import spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -156,10 +156,10 @@ class Owner:
     """A committed owner: the gate released, CMD running in its own process group."""
 
     def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
-                 workdir: str, record: pb.SessionRecord, say: Say, terminal: int | None = None,
+                 rundir: grantdir.RunDir, record: pb.SessionRecord, say: Say, terminal: int | None = None,
                  carried: Sequence[str] = (), absent: carry.Absent | None = None) -> None:
         self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
-        self.workdir, self.record, self.say, self.terminal = workdir, record, say, terminal
+        self.rundir, self.record, self.say, self.terminal = rundir, record, say, terminal
         self.carried = list(carried)  # --carry roots, as the manifest names them
         self.absent = absent or {}  # those that existed nowhere at the start: carried if CMD made them
         self.ended_by = ""   # "", "handoff" or "lost"
@@ -215,8 +215,8 @@ class Owner:
     @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
                      carried: tuple[list[str], int, carry.Absent]) -> Owner:
-        workdir, held = grantdir.make()  # mode 0700, held open; a dead run's is removed by the next one
-        grant_file = os.path.join(workdir, GRANT_FILE)
+        rundir, held = grantdir.make()  # mode 0700, held open; a dead run's is removed by the next one
+        grant_file = os.path.join(rundir.path, GRANT_FILE)
         secret = spawn_tokens.mint_spawn_secret()
         token, token_env = spawn_tokens.spawn_token_for(secret), spawn_tokens.expected_variable()
         guarded = [guard.url for guard in guards]
@@ -264,7 +264,7 @@ class Owner:
             if grant is not None:
                 with contextlib.suppress(ClientError):
                     await client.release(grant)  # its gate ended unrun: lets the next caller in at once
-            files.remove_quietly(workdir)
+            rundir.remove()
             raise
         finally:
             os.close(held)
@@ -277,7 +277,7 @@ class Owner:
         if not owner.cgroup.path:
             say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
                 "is proven by its spawn token alone, and a process that drops it is not found")
-        return cls(client, spec, grant, gate, tree, workdir, record, say, terminal, carried[0], carried[2])
+        return cls(client, spec, grant, gate, tree, rundir, record, say, terminal, carried[0], carried[2])
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
@@ -444,7 +444,7 @@ class Owner:
             with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.terminal, os.getpgrp())
             signal.signal(signal.SIGTTOU, previous)
-        files.remove_quietly(self.workdir)
+        self.rundir.remove()
 
 
 async def run(spec: RunSpec, address: str | None = None, host_id: str | None = None,

@@ -132,17 +132,6 @@ def _open_to_empty(parent: int, name: str) -> int:
     return fd
 
 
-def remove_quietly(path: str | os.PathLike[str]) -> None:
-    """`remove_tree` of a path, whatever stays: a run's own temporary directory, where a CMD may
-    have built anything (shutil.rmtree raised RecursionError past a thousand levels)."""
-    with contextlib.suppress(OSError):
-        parent = os.open(os.path.dirname(os.fspath(path)) or ".", OPEN_DIR)
-        try:
-            remove_tree(parent, os.path.basename(os.fspath(path)))
-        finally:
-            os.close(parent)
-
-
 def remove_tree(parent: int, name: str) -> None:
     """Removes `name` in the directory open as `parent`, and everything beneath it; raises OSError
     when something stays. No link is followed, and the walk down keeps a stack of descriptors

@@ -98,9 +98,10 @@ class Cluster:
         if as_nobody:
             python, extra = unprivileged.interpreter()
             home = unprivileged.shared_dir("holdfast-nobody-home-")
-            os.chmod(home, 0o1777)  # its TMPDIR too: one others may write must be sticky (grantdir)
+            os.chmod(home, 0o1777)  # its TMPDIR unless given: one others may write must be sticky (grantdir)
             self.shared.append(home)
-            run_env.update(extra, HOME=str(home), TMPDIR=str(home), XDG_STATE_HOME=str(home))
+            run_env.update(extra, HOME=str(home), TMPDIR=(env or {}).get("TMPDIR", str(home)),
+                           XDG_STATE_HOME=str(home))
             prefix = unprivileged.DROP
         argv = [*prefix, python, "-m", "holdfast.cli", "run", "--session", session, *options,
                 "--", *cmd]

@@ -73,9 +73,10 @@ def test_another_users_directory_is_never_swept(tmp_path: Path) -> None:
 def test_a_run_names_its_directory_so_that_it_survives_sweeps_while_it_lives(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    path, held = grantdir.make()
+    rundir, held = grantdir.make()
     os.close(held)
-    made = Path(path)
+    os.close(rundir.root)
+    made = Path(rundir.path)
     assert made.parent == tmp_path and made.stat().st_mode & 0o777 == 0o700
     assert made.name.startswith(f"{grantdir.PREFIX}{NAMESPACE}-{os.getpid()}-{ticks(os.getpid())}-")
     assert grantdir.sweep(str(tmp_path)) == [] and made.exists()
@@ -91,13 +92,15 @@ def test_the_grant_file_is_never_written_through_a_link_in_tmpdir(
     os.chmod(shared, 0o1777)
     elsewhere.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    path, held = grantdir.make()
+    rundir, held = grantdir.make()
+    path = rundir.path
     try:
         os.rename(path, f"{path}.moved")
         os.symlink(elsewhere, path)  # the swap, during the Acquire
         Grant("sess-grantdirs-2", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1").write(held)
     finally:
         os.close(held)
+        os.close(rundir.root)
     assert list(elsewhere.iterdir()) == []
     assert Grant.from_file(f"{path}.moved/{GRANT_FILE}").secret == "secret"
 
@@ -112,12 +115,13 @@ def test_in_a_tmpdir_others_may_rename_in_grant_dirs_are_made_in_a_directory_of_
     shared.mkdir()
     os.chmod(shared, mode)
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    path, held = grantdir.make()
+    rundir, held = grantdir.make()
     os.close(held)
+    os.close(rundir.root)
     private = shared / f"holdfast-{os.geteuid()}"
-    assert Path(path).parent == private and os.listdir(shared) == [private.name]
+    assert Path(rundir.path).parent == private and os.listdir(shared) == [private.name]
     assert private.stat().st_uid == os.geteuid() and private.stat().st_mode & 0o777 == 0o700
-    assert grantdir.sweep() == [] and Path(path).exists()  # a live run's: found and kept
+    assert grantdir.sweep() == [] and Path(rundir.path).exists()  # a live run's: found and kept
 
 
 @pytest.mark.root
@@ -154,7 +158,7 @@ def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, priv
         os.chown(tmp, owner, owner)
         os.chmod(tmp, mode)
         python, extra = unprivileged.interpreter()
-        probe = "from holdfast.client import grantdir\nprint(grantdir.make()[0])"
+        probe = "from holdfast.client import grantdir\nprint(grantdir.make()[0].path)"
         done = subprocess.run([*unprivileged.DROP, python, "-c", probe], capture_output=True, text=True,
                               env={**os.environ, **extra, "TMPDIR": str(tmp)}, cwd="/")
         assert done.returncode == 0, done.stderr
@@ -177,6 +181,45 @@ def test_a_run_in_a_tmpdir_without_the_sticky_bit_keeps_its_grant_dir_apart(
                       env={"TMPDIR": str(shared)})
     assert run.wait() == 0, run.err()
     assert os.listdir(shared) == ["holdfast-0"] and os.listdir(shared / "holdfast-0") == []
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("as_nobody", [False, True])
+def test_a_run_removes_its_grant_dir_where_it_made_it_never_where_a_link_put_meanwhile_leads(
+        cluster: Cluster, as_nobody: bool) -> None:
+    """In a TMPDIR without the sticky bit, another user renames the run's `holdfast-<uid>` away while
+    CMD runs and puts a link in its place, leading to a directory holding one named like the run's:
+    the run, ending, removes its own directory, never the one the link leads to (a root run would
+    remove it wherever it was; an unprivileged one wherever it may write)."""
+    shared = unprivileged.shared_dir("holdfast-grantdirs-")  # nobody's run must reach it too
+    cluster.shared.append(shared)
+    tmpdir, theirs = shared / "tmp", shared / "theirs"
+    for made in (tmpdir, theirs):
+        made.mkdir()
+        os.chmod(made, 0o777)  # no sticky bit: anyone may rename in it
+    said, go = shared / "said", shared / "go"
+    for fifo in (said, go):
+        os.mkfifo(fifo, 0o666)
+        os.chmod(fifo, 0o666)
+    run = cluster.run(cluster.host("host-grantdirs-link"), "sess-grantdirs-5", as_nobody=as_nobody,
+                      cmd=["sh", "-c", 'echo "$HOLDFAST_GRANT_FILE" > "$1" && read -r _ < "$2"', "sh",
+                           str(said), str(go)], env={"TMPDIR": str(tmpdir)})
+    with open(said) as f:  # CMD runs: its grant directory is made and in use
+        grant_file = Path(f.read().strip())
+    private = grant_file.parent.parent
+    assert private.parent == tmpdir and private.name == f"holdfast-{unprivileged.NOBODY if as_nobody else 0}"
+    decoy = theirs / grant_file.parent.name
+    decoy.mkdir()
+    (decoy / "keep").write_text("theirs")
+    os.chown(decoy, unprivileged.NOBODY, unprivileged.NOBODY)  # one the run's user may remove too
+    os.chown(decoy / "keep", unprivileged.NOBODY, unprivileged.NOBODY)
+    os.rename(private, tmpdir / "moved")
+    os.symlink(theirs, private)
+    with open(go, "w") as f:
+        f.write("end\n")
+    assert run.wait() == 0, run.err()
+    assert (decoy / "keep").read_text() == "theirs"
+    assert os.listdir(tmpdir / "moved") == []  # its own, removed where it was made
 
 
 def test_an_ended_namespace_loses_the_dirs_of_runs_started_before_its_end(tmp_path: Path) -> None:

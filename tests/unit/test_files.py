@@ -153,7 +153,11 @@ def test_a_run_removes_its_directory_however_deep_its_cmd_built_it() -> None:
         os.close(fd)
         fd = below
     os.close(fd)
-    files.remove_quietly(top)
+    parent = os.open(os.path.dirname(top), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        files.remove_tree(parent, os.path.basename(top))
+    finally:
+        os.close(parent)
     assert not os.path.lexists(top)
 
 
