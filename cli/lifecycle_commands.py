@@ -109,9 +109,7 @@ async def _recover_host(args: argparse.Namespace, client: Client) -> int:
     else:
         for r in reply.results:
             print(f"{r.session_id}: fence {r.fence} " + ("invalidated" if r.recovered else f"NOT: {r.error}"))
-        print(f"host {args.host}: {len(reply.results) - len(failed)} recovered, {len(failed)} failed"
-              + (f"; {reply.skipped_other_tenants} of other tenants skipped (your certificate's scope)"
-                 if reply.skipped_other_tenants else ""))
+        print(f"host {args.host}: {len(reply.results) - len(failed)} recovered, {len(failed)} failed")
     return 1 if failed else 0
 
 

@@ -200,7 +200,9 @@ class Lifecycle:
     async def recover_host(self, request: pb.RecoverHostRequest, peer: str,
                            in_scope: Callable[[pb.SessionRecord], bool]) -> pb.RecoverHostResponse:
         """Every session the host holds and `in_scope` admits (the operator's tenants), released on
-        the operator's word; those of other tenants are counted, left as they are."""
+        the operator's word; those of other tenants are left as they are, and nothing of them is
+        answered (not even how many): a scoped operator learns nothing of another tenant. An
+        all-tenants operator's scope admits every session, so there are none it skipped to count."""
         host_id = identifiers.check_host_id(request.host_id)
         who = operator_text(request.operator, request.reason)
         registration = await self.sessions.registry.seen(host_id)
@@ -212,20 +214,10 @@ class Lifecycle:
                                    "it (`holdfast drain`), or stop its agent and let its lease expire first")
         # The compare on each record's mod revision is the expected-fence check: the fence read is the
         # one freed.
-        skipped = 0
-
-        def select(_: Entry, record: pb.SessionRecord) -> bool:
-            nonlocal skipped
-            if not lifecycle_rules.claimed_on(record, host_id):
-                return False
-            admitted = in_scope(record)
-            skipped += not admitted
-            return admitted
-
-        response = await self.free_claims(select, "operator-asserted", f"host {host_id} gone: {who}",
-                                          "recover", f"host {host_id} by {peer}", [registration])
-        response.skipped_other_tenants = skipped
-        return response
+        return await self.free_claims(
+            lambda _, record: lifecycle_rules.claimed_on(record, host_id) and in_scope(record),
+            "operator-asserted", f"host {host_id} gone: {who}", "recover", f"host {host_id} by {peer}",
+            [registration])
 
     async def free_claims(self, select: Callable[[Entry, pb.SessionRecord], bool], kind: str, evidence: str,
                           transition: str, detail: str, reads: list[Seen]) -> pb.RecoverHostResponse:

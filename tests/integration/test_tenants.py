@@ -121,6 +121,19 @@ def run(pki: Path, who: str, coordinator: Coordinator, tmp: Path, sid: str, *arg
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def rewrite(etcd: EtcdServer, prefix: str, pki: Path, record: pb.SessionRecord) -> None:
+    """`record` written straight into etcd, past every check."""
+    async def put() -> None:
+        store = Store.connect(etcd.url, etcd_credentials(etcd.url, pki / "ca" / "etcd"), prefix=prefix)
+        try:
+            key = store.key("sessions", record.session_id)
+            assert (await store.txn([], [Put(key, records.encode(record))]))[0]
+        finally:
+            await store.close()
+
+    asyncio.run(put())
+
+
 def acquire(stub: coordinator_pb2_grpc.CoordinatorStub, sid: str, **fields: object) -> pb.AcquireResponse:
     return stub.Acquire(pb.AcquireRequest(session_id=sid, operation_id=os.urandom(16).hex(), host_id="host-a",
                                           **fields), timeout=30)  # type: ignore[arg-type]
@@ -236,16 +249,7 @@ def test_a_record_from_before_tenants_is_the_default_tenants(
     assert granted.record.tenant == "default"
     old = granted.record
     old.ClearField("tenant")  # as a coordinator before tenants wrote it
-
-    async def rewrite() -> None:
-        credentials = etcd_credentials(etcd_tls.url, pki / "ca" / "etcd")
-        store = Store.connect(etcd_tls.url, credentials, prefix=prefix)
-        try:
-            assert (await store.txn([], [Put(store.key("sessions", sid), records.encode(old))]))[0]
-        finally:
-            await store.close()
-
-    asyncio.run(rewrite())
+    rewrite(etcd_tls, prefix, pki, old)
     assert plain.GetSession(pb.GetSessionRequest(session_id=sid), timeout=10).record.tenant == ""
     before = state(etcd_tls, prefix, pki)
     a = as_(coordinator, pki, "team-a")
@@ -276,6 +280,35 @@ def test_an_archived_or_purged_id_stays_its_tenants(
                                               host_id="host-a"))
     again = acquire(a, sid)
     assert again.record.tenant == "team-a" and again.grant.fence > granted.grant.fence
+
+
+def test_a_scoped_operators_recover_host_answers_and_changes_nothing_of_another_tenant(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    """The host holds a session of team a and one of team b: b's operator frees b's alone, and its
+    answer is the one it would get were a's not there (it once counted the others it skipped)."""
+    coordinator, _ = stack
+    gone = "host-gone-tenants"  # a node gone for good: no registration, so recover-host may act
+    granted = {}
+    for who, sid in (("team-a", "sess-rh-a"), ("team-b", "sess-rh-b")):
+        record = acquire(as_(coordinator, pki, who), sid).record
+        assert record.lease.claim_status == pb.RESERVED
+        record.lease.reserved_host_id = gone  # reserved there before the node went
+        rewrite(etcd_tls, prefix, pki, record)
+        granted[sid] = record.lease.fence
+
+    def a_keys() -> list[tuple[str, bytes]]:
+        return [(k, v) for k, v in state(etcd_tls, prefix, pki) if "sess-rh-a" in k]
+
+    before = a_keys()
+    request = pb.RecoverHostRequest(host_id=gone, operator="o", reason="node gone")
+    scoped = as_(coordinator, pki, "op-b").RecoverHost(request, timeout=10)
+    assert scoped == pb.RecoverHostResponse(results=[pb.RecoverHostResult(
+        session_id="sess-rh-b", fence=granted["sess-rh-b"], recovered=True)]), scoped
+    assert a_keys() == before, "another tenant's session changed"
+    everyone = as_(coordinator, pki, "op-all").RecoverHost(request, timeout=10)
+    assert everyone == pb.RecoverHostResponse(results=[pb.RecoverHostResult(
+        session_id="sess-rh-a", fence=granted["sess-rh-a"], recovered=True)]), everyone
 
 
 def test_a_scoped_operator_purges_only_its_tenants_archives(
