@@ -1,0 +1,61 @@
+"""What the shared watch of a directory (watch_fanout) holds: its most recent events, and the span of
+revisions over which it holds every event of the directory. Pure: no I/O, no clock.
+
+Guarantee: `covers(start, held, newest)` is true only when every event of the directory at or after
+`start` is either in the buffer or not yet received (so it comes on the shared watch, after every
+buffered one): the buffer is whole from `start` on, and `held` (the caller's revision, e.g. a
+grant's) is one the shared watch saw etcd reach, so it is of this etcd's history. `since(key,
+start)` is the buffered events of `key` from `start` on, in the order they came.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Generic, TypeVar
+
+Event = TypeVar("Event")
+
+
+class Buffer(Generic[Event]):
+    """The last `size` events of a watch started at revision `start`, each with its revision and
+    key, in the order etcd sent them (its revision order)."""
+
+    __slots__ = ("events", "reached", "size", "whole_from")
+
+    def __init__(self, start: int, size: int) -> None:
+        self.size = size
+        self.events: collections.deque[tuple[int, bytes, Event]] = collections.deque()
+        # Every event at or after `whole_from` that was received is still here.
+        self.whole_from = start
+        # Every event up to `reached` was received: etcd sends a watch's events in revision order, a
+        # revision's events in one response, and the watch's start (`start - 1` reached) is proven
+        # by etcd's answer to its create (watch_hub's `reached`).
+        self.reached = start - 1
+
+    def add(self, revision: int, key: bytes, event: Event) -> None:
+        self.events.append((revision, key, event))
+        self.reached = max(self.reached, revision)
+        if len(self.events) > self.size:
+            # The oldest revision may still have events here (a transaction writing several keys);
+            # wholeness is claimed only past it.
+            dropped = self.events.popleft()[0]
+            self.whole_from = max(self.whole_from, dropped + 1)
+
+    def covers(self, start: int, held: int, newest: int) -> bool:
+        """Whether a watch of one key from `start` can be served from here. `held`: a revision the
+        caller holds (0: none), which etcd must be seen to have reached, else it may be another
+        history's (a snapshot restored below it); `newest`: the highest revision any of etcd's
+        answers named, beyond which a start is not known to be of this history either."""
+        return self.whole_from <= start and held <= self.reached and start - 1 <= max(self.reached, newest)
+
+    def since(self, key: bytes, start: int) -> list[Event]:
+        """The buffered events of `key` at or after `start`, oldest first; read from the newest
+        back, so a watch that starts near now reads only the few events since its start."""
+        found = []
+        for revision, k, event in reversed(self.events):
+            if revision < start:
+                break
+            if k == key:
+                found.append(event)
+        found.reverse()
+        return found
