@@ -205,7 +205,7 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
                                         location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
                                         takeover=spec.takeover, await_release=bool(spec.carry) and (
                                             settle_until is None or loop.time() < settle_until),
-                                        gate=gate)
+                                        gate=gate, hold=True)
         except ClientError as err:
             if not reasons.waitable(err.reason):
                 raise
@@ -225,4 +225,4 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
             await client.next_change(spec.session_id, left)
     say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it")
     return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
-                                location=spec.location, takeover=True, force=True, gate=gate)
+                                location=spec.location, takeover=True, force=True, gate=gate, hold=True)

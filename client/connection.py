@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # imported by the caller that enrolls: x509 would cost every 
 CALL_TIMEOUT_S = 10.0
 RETRY_BUDGET_S = 5.0
 OWNED = (pb.COMMITTED, pb.LIVE)
+RECONNECT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)  # a watch's ends it reconnects after
 
 
 def coordinator_address(explicit: str | None = None) -> str:
@@ -87,6 +89,21 @@ def not_the_caller(pid: int, session: str) -> None:
                           "writer as CMD (holdfast.client.session)", session)
 
 
+@dataclass(frozen=True)
+class Held:
+    """A Hold call past its grant: the owner's watch of the record from the grant's revision on."""
+
+    call: grpc.aio.UnaryStreamCall
+    fence: int
+    revision: int
+
+
+def deadline_exceeded() -> grpc.aio.AioRpcError:
+    """What a unary call's own deadline raises, for a stream whose first answer is late."""
+    return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                details="Deadline Exceeded")
+
+
 class Client:
     """One channel to a coordinator, with the calls a runtime and an operator need."""
 
@@ -116,6 +133,9 @@ class Client:
         # A plaintext call the server closed, probed and found to be TLS: no retry can mend that
         # (it cost 5.7 s of retries to say UNREACHABLE, with the advice to start a coordinator).
         self.speaks_tls = False
+        # Each session's Hold call past its grant, until its owner watches on it or lets it go.
+        self.held: dict[str, Held] = {}
+        self.holds = True  # the coordinator serves Hold (an older one answers UNIMPLEMENTED)
 
     def _open(self) -> grpc.aio.Channel:
         if self.enroller is not None:
@@ -182,9 +202,11 @@ class Client:
     async def acquire(self, session_id: str, operation_id: str, *, provider: str = "", location: str = "",
                       wait_seconds: float = 0.0, takeover: bool = False, force: bool = False,
                       live_on_commit: bool = True, await_release: bool = False,
-                      gate: pb.GateSpawn | None = None) -> tuple[Grant, pb.SessionRecord]:
+                      gate: pb.GateSpawn | None = None, hold: bool = False) -> tuple[Grant, pb.SessionRecord]:
         """The grant, and the record as granted: with `gate`, its owner already that gate when the
-        coordinator could attest it (commit at grant), else a reservation for `commit`."""
+        coordinator could attest it (commit at grant), else a reservation for `commit`. With `hold`,
+        the call stays open past the grant, and `watch` with this grant from its revision reads the
+        record's changes from it: no watch call of its own."""
         if gate is not None:
             not_the_caller(gate.pid_hint, session_id)
         request = pb.AcquireRequest(
@@ -192,12 +214,45 @@ class Client:
             host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,
             takeover=takeover, force=force, await_release=await_release, gate=gate,
         )
+        self.let_go(session_id)
         # A replay with the same operation id returns the first grant, so the retry is safe.
-        response = await self._call(self.stub.Acquire, request, session_id, wait_seconds + CALL_TIMEOUT_S)
+        timeout = wait_seconds + CALL_TIMEOUT_S
+        try:
+            response = await self._call(self._hold if hold and self.holds else self.stub.Acquire, request,
+                                        session_id, timeout)
+        except ClientError as err:
+            if err.reason != grpc.StatusCode.UNIMPLEMENTED.name or not hold or not self.holds:
+                raise
+            self.holds = False  # refused before anything was read: Acquire asks the same
+            response = await self._call(self.stub.Acquire, request, session_id, timeout)
         g = response.grant
         grant = Grant(g.session_id, g.fence, g.secret, g.spawn_token, g.spawn_token_env, self.address,
                       g.cluster_id, response.revision)
         return grant, response.record
+
+    async def _hold(self, request: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
+        """Hold's first answer, the Acquire's, within `timeout` as an Acquire's; the call is kept."""
+        call = self.stub.Hold(request)
+        try:
+            first = await asyncio.wait_for(call.read(), timeout)
+        except TimeoutError:
+            call.cancel()
+            raise deadline_exceeded() from None
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF:  # ended without an answer or a status: no coordinator does
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       details="Hold ended without an answer")
+        granted = first.granted
+        self.held[request.session_id] = Held(call, granted.grant.fence, granted.revision)
+        return granted
+
+    def let_go(self, session_id: str) -> None:
+        """Ends the session's Hold call, if one is kept: nobody will watch on it."""
+        held = self.held.pop(session_id, None)
+        if held is not None:
+            held.call.cancel()
 
     async def request_handoff(self, session_id: str, operation_id: str) -> pb.SessionRecord | None:
         """None when the session has no record yet (nothing to hand off)."""
@@ -232,6 +287,7 @@ class Client:
             return record
 
     async def release(self, grant: Grant) -> pb.SessionRecord:
+        self.let_go(grant.session_id)
         request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
                                     cluster_id=grant.cluster_id)
         try:
@@ -380,12 +436,35 @@ class Client:
                     after_revision: int = 0) -> AsyncIterator[pb.SessionRecord]:
         """The session's record now and at every change; reconnects while the coordinator is away.
         With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER. With
-        `after_revision` (the caller holds the record as of it), only the changes after it."""
-        async for event in self.session_events(session_id, after_revision=after_revision):
+        `after_revision` (the caller holds the record as of it), only the changes after it: read from
+        the grant's Hold call when one is kept for exactly that grant and revision."""
+        held = self.held.get(session_id)
+        if held is not None and grant is not None and (held.fence, held.revision) == (grant.fence,
+                                                                                       after_revision):
+            del self.held[session_id]
+            events = self._held_events(held.call, session_id)
+        else:
+            events = self.session_events(session_id, after_revision=after_revision)
+        async for event in events:
             if grant is not None:
                 same_cluster(grant, event.cluster_id)
             if event.HasField("record") and not event.deleted:  # the opening one of after_revision has none
                 yield event.record
+
+    async def _held_events(self, call: grpc.aio.UnaryStreamCall,
+                           session_id: str) -> AsyncIterator[pb.SessionEvent]:
+        """The changes on a Hold call; once it ends as a watch reconnects (a coordinator going away),
+        the record as it is then and its changes, as `session_events` reconnects."""
+        try:
+            while (message := await call.read()) is not grpc.aio.EOF:
+                yield message.change
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in RECONNECT:
+                raise classify(exc, session_id, self.address) from None
+        finally:
+            call.cancel()
+        async for event in self.session_events(session_id):
+            yield event
 
     async def session_events(self, session_id: str = "",
                              lost: Callable[[ClientError], None] | None = None,
@@ -408,7 +487,7 @@ class Client:
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                if exc.code() not in RECONNECT:
                     raise classify(exc, session_id, self.address) from None
                 if lost is not None and not said:
                     said = True

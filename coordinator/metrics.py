@@ -43,6 +43,9 @@ HOST_ABSENT_SECONDS = Gauge("holdfast_host_absent_seconds", "Seconds this replic
                             "sessions name without a registration (fenced after host_loss_after)", ["host"])
 ACQUIRES_WAITING = Gauge("holdfast_acquires_waiting", "Acquire calls this replica holds open for a held or "
                          "reserved session (run --wait, a takeover waiting for the owner's exit)")
+STREAMS_OPEN = Gauge("holdfast_streams_open", "Streaming calls this replica serves now, by RPC: Hold is each "
+                     "owner watching its record on its grant's call (and each run waiting for its grant), "
+                     "WatchSessions every other watch", ["rpc"])
 CARRY_RESERVED = Gauge("holdfast_carry_reserved_bytes", "Carried state reserved against the cluster's "
                        "carry budget, carry_budget_bytes (census)")
 CARRY_TENANT_RESERVED = Gauge("holdfast_carry_tenant_reserved_bytes", "Carried state reserved against each "

@@ -101,15 +101,19 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 
 def _stream_handler(fn: Callable[..., AsyncIterator[object]]) -> Callable[..., AsyncIterator[object]]:
     """`_handler` for a server-streaming call: a domain error ends the stream with its status."""
+    open_now = metrics.STREAMS_OPEN.labels(fn.__name__)
 
     async def wrapped(self: CoordinatorService, request: object,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+        open_now.inc()
         try:
             async for item in fn(self, request, context):
                 yield item
             return
         except REFUSED as exc:
             refused = exc
+        finally:
+            open_now.dec()
         await _refuse(fn.__name__, refused, context)
 
     wrapped.__name__ = fn.__name__
@@ -174,6 +178,20 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> pb.AcquireResponse:
         return await acquire.Acquisition(self.acquiring, request, context).run()
+
+    @_stream_handler
+    async def Hold(
+        self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.HoldEvent]:
+        granted = await acquire.Acquisition(self.acquiring, request, context).run()
+        yield pb.HoldEvent(granted=granted)
+        # The owner's watch, judged as WatchSessions judges each record; the acquisition checked the
+        # id and judged the caller for it. Its opening event, a bare cluster id, `granted` told.
+        changes = self._changes(self.sessions.key(request.session_id), granted.revision,
+                                self.tenancy.caller(context))
+        async for event in changes:
+            if event.HasField("record"):
+                yield pb.HoldEvent(change=event)
 
     @_handler
     @_tenant_checked
@@ -498,7 +516,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             # WRONG_TENANT for another tenant's id; one no tenant holds yet is watched all the same,
             # for every record below is judged as it comes.
             await self.tenancy.admit("WatchSessions", sid, context)
-        caller = self.tenancy.caller(context)
+        async for event in self._changes(key, after, self.tenancy.caller(context)):
+            yield event
+
+    async def _changes(self, key: str | None, after: int,
+                       caller: tenancy.Caller) -> AsyncIterator[pb.SessionEvent]:
+        """One session's (`key`) or every session's record and changes, as `caller` may see them."""
         prefix = key or keys.sessions_prefix(self.store)
         cluster = await self.cluster.current()  # on every event: an owner checks it is its grant's
         # Another tenant's sessions are never shown, nor their deletion: a deleted record names no

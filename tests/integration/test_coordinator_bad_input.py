@@ -97,6 +97,7 @@ def test_bad_input_never_crashes_nor_writes(coordinator: Coordinator, etcd, pref
     assert coordinator.process is not None and coordinator.process.poll() is None
 
 
+STREAMS = ("WatchSessions", "Hold")  # refused at their first read
 PATH_TRICKS = ["../session-fixed-1", "session-fixed-1/../x", "/session-fixed-1", "a/b/c/d/e/f/g/h",
                "session-fixed-1\0", "\0" * 16, "s" * 129, "s" * 100_000, "session-fixed-1/",
                "%2e%2e%2fabcdefg"]
@@ -108,6 +109,7 @@ def session_requests(sid: str) -> list[tuple[str, object]]:
     """Every Coordinator RPC that names a session, with a well-formed rest, so only `sid` is wrong."""
     return [
         ("Acquire", pb.AcquireRequest(session_id=sid, host_id="host-fuzz", operation_id=OP)),
+        ("Hold", pb.AcquireRequest(session_id=sid, host_id="host-fuzz", operation_id=OP)),
         ("CommitOwner", pb.CommitOwnerRequest(session_id=sid, fence=1, secret="s")),
         ("RecordProviderHandle", pb.RecordProviderHandleRequest(session_id=sid, fence=1, secret="s",
                                                                 handle="h")),
@@ -125,8 +127,9 @@ def session_requests(sid: str) -> list[tuple[str, object]]:
 
 def fence_requests(fence: int) -> list[tuple[str, object]]:
     # Acquire's expected fence 0 is a real expectation (nothing owned yet), refused as STALE_FENCE.
-    acquire = [("Acquire", pb.AcquireRequest(session_id=SID, host_id="host-fuzz", operation_id="1" * 32,
-                                             expected_fence=fence, has_expected_fence=True))] if fence else []
+    acquire = [(method, pb.AcquireRequest(session_id=SID, host_id="host-fuzz", operation_id="1" * 32,
+                                          expected_fence=fence, has_expected_fence=True))
+               for method in ("Acquire", "Hold")] if fence else []
     return [
         *acquire,
         ("CommitOwner", pb.CommitOwnerRequest(session_id=SID, fence=fence, secret="s")),
@@ -155,7 +158,7 @@ def test_path_tricks_and_out_of_range_fences_are_invalid_for_every_rpc(coordinat
     for method, request in cases:
         with pytest.raises(grpc.RpcError) as err:
             reply = getattr(coord, method)(request, timeout=10)
-            if method == "WatchSessions":
+            if method in STREAMS:
                 next(iter(reply))
         code = err.value.code()  # type: ignore[attr-defined]
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, str(request)[:200])

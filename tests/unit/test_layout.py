@@ -115,7 +115,8 @@ def test_no_module_uses_another_modules_private_names() -> None:
 
 # Coordinator RPC -> the client library's method; the agent's own two calls are in its registration.
 CLIENT_METHOD = {
-    "Acquire": "acquire", "CommitOwner": "commit", "RecordProviderHandle": "record_provider_handle",
+    "Acquire": "acquire", "Hold": "acquire", "CommitOwner": "commit",
+    "RecordProviderHandle": "record_provider_handle",
     "Release": "release", "RequestHandoff": "request_handoff", "FencedPut": "fenced_put",
     "FencedGet": "fenced_get", "GetSession": "get_session", "ListSessions": "list_sessions",
     "WatchSessions": "watch", "ProbeSession": "probe", "Recover": "recover", "ListHosts": "list_hosts",

@@ -198,6 +198,14 @@ class AcquireResponse(_message.Message):
     revision: int
     def __init__(self, grant: _Optional[_Union[Grant, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
+class HoldEvent(_message.Message):
+    __slots__ = ("granted", "change")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    granted: AcquireResponse
+    change: SessionEvent
+    def __init__(self, granted: _Optional[_Union[AcquireResponse, _Mapping]] = ..., change: _Optional[_Union[SessionEvent, _Mapping]] = ...) -> None: ...
+
 class CommitOwnerRequest(_message.Message):
     __slots__ = ("session_id", "fence", "secret", "pid_hint", "cluster_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class CoordinatorStub:
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireResponse.FromString,
                 _registered_method=True)
+        self.Hold = channel.unary_stream(
+                '/holdfast.v1.Coordinator/Hold',
+                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.SerializeToString,
+                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.FromString,
+                _registered_method=True)
         self.CommitOwner = channel.unary_unary(
                 '/holdfast.v1.Coordinator/CommitOwner',
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.CommitOwnerRequest.SerializeToString,
@@ -171,6 +176,13 @@ class CoordinatorServicer:
 
     def Acquire(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Hold(self, request, context):
+        """Acquire, and the owner's watch of its record on the same call: one call a cycle fewer.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -333,6 +345,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireResponse.SerializeToString,
             ),
+            'Hold': grpc.unary_stream_rpc_method_handler(
+                    servicer.Hold,
+                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.FromString,
+                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.SerializeToString,
+            ),
             'CommitOwner': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitOwner,
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.CommitOwnerRequest.FromString,
@@ -486,6 +503,33 @@ class Coordinator:
             '/holdfast.v1.Coordinator/Acquire',
             holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.SerializeToString,
             holdfast_dot_v1_dot_coordinator__pb2.AcquireResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/holdfast.v1.Coordinator/Hold',
+            holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.SerializeToString,
+            holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.FromString,
             options,
             channel_credentials,
             insecure,
