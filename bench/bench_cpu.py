@@ -6,9 +6,9 @@ not depend on how many cores the machine has or who else runs on it; wall time d
 Measured on the stack of `holdfast up --hosts 1` (etcd on disk, fsync on):
 - a full cycle: `holdfast run --session S -- true` started inside the simulated host, sequentially
   (acquire → gate attested → commit → CMD → exit watch → release), over 100 sessions in turn;
-- the same cycle from a resident client: the RPCs `run` makes, in its order (a gate spawned, an
-  Acquire committing it, WatchSessions opened after the grant's revision, the gate ended, the watch
-  cancelled, Release), on a new channel each time as a new `run` has, from this process. Each `run`
+- the same cycle from a resident client: the RPCs `run` makes, in its order (a gate spawned, a
+  Hold committing it and kept open as the owner's watch, the gate ended, the Hold cancelled,
+  Release), on a new channel each time as a new `run` has, from this process. Each `run`
   is a fresh interpreter whose start (~100 ms of CPU, right beside the servers on this machine)
   leaves every server's caches cold: measured, it adds ~1.5 to 2.5 ms to each of etcd, the
   coordinator and the agent per cycle, etcd included, which no holdfast change reaches. In a
@@ -182,14 +182,12 @@ class CpuBench:
         async with self.channel() as channel:
             coordinator = coordinator_pb2_grpc.CoordinatorStub(channel)
             child, gate = await spawn_owner(self.host)
-            granted = await coordinator.Acquire(pb.AcquireRequest(
+            held = coordinator.Hold(pb.AcquireRequest(
                 session_id=session, host_id=self.host.host_id, live_on_commit=True, gate=gate,
                 operation_id=secrets.token_hex(16)))
-            grant = granted.grant
-            watch = coordinator.WatchSessions(pb.WatchSessionsRequest(session_id=session,
-                                                                      after_revision=granted.revision))
+            grant = (await held.read()).granted.grant
             await end_owner(child)
-            watch.cancel()
+            held.cancel()
             await coordinator.Release(pb.ReleaseRequest(session_id=session, fence=grant.fence,
                                                         secret=grant.secret))
 
