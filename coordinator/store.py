@@ -4,7 +4,8 @@ Guarantee: the gRPC channel is opened here (several endpoints with round_robin, 
 aetcd's own `connect()` does neither, docs/design.md §7) and handed to aetcd's stubs; a write is one
 etcd transaction, so it lands whole or not at all; an unreachable etcd is `StoreUnavailable`, never
 a partial write and never a silent success. Every watch shares the Store's one etcd watch stream
-(watch_hub: what a watcher is promised).
+(watch_hub: what a watcher is promised); a watch of one key is served, when it can be, from one
+watch of its directory (watch_fanout), with the same promise.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aetcd import rpc
 from holdfast.common import tls
 from holdfast.coordinator.store_errors import Compacted as Compacted
 from holdfast.coordinator.store_errors import StoreUnavailable
+from holdfast.coordinator.watch_fanout import Fanout
 from holdfast.coordinator.watch_hub import WatchHub
 
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -155,6 +157,7 @@ class Store:
         self._kv = rpc.KVStub(channel)
         self._lease = rpc.LeaseStub(channel)
         self._watches = WatchHub(rpc.WatchStub(channel))
+        self._fanouts: dict[bytes, Fanout] = {}  # by directory: each one's shared watch
         self.newest = 0  # the highest revision an answer of etcd's named (how old a revision is)
 
     @classmethod
@@ -164,6 +167,11 @@ class Store:
 
     async def close(self) -> None:
         await self.channel.close()
+
+    @property
+    def watch_creates(self) -> int:
+        """WatchCreateRequests this Store has sent to etcd: a watch served by a shared one sends none."""
+        return self._watches.creates
 
     def key(self, *parts: str) -> str:
         return self.prefix + "/".join(parts)
@@ -265,4 +273,30 @@ class Store:
         async with contextlib.aclosing(self._watches.watch(raw, _range_end(raw), start_revision,
                                                            reached)) as events:
             async for event in events:
-                yield event.kv.key.decode() if event.type == rpc.Event.DELETE else _entry(event.kv)
+                yield _change(event)
+
+    async def watch_key(self, key: str, start_revision: int, reached: int = 0) -> AsyncIterator[Entry | str]:
+        """The changes of exactly `key`, as `watch_prefix` yields them and with its errors. Served
+        from one shared watch of the key's directory (its prefix up to its last "/": every
+        session's record for one session's) whenever that holds every change from
+        `start_revision` on, so the watch sends etcd nothing (watch_fanout); else a watch of its
+        own, as `watch_prefix(key)` with only the key's own changes."""
+        raw = key.encode()
+        directory = raw[:raw.rindex(b"/") + 1]
+        fanout = self._fanouts.get(directory)
+        if fanout is None:
+            fanout = self._fanouts[directory] = Fanout(self._watches, directory, _range_end(directory))
+        served = fanout.serve(raw, start_revision, reached, self.newest)
+        if served is None:
+            async with contextlib.aclosing(self.watch_prefix(key, start_revision, reached)) as changes:
+                async for change in changes:
+                    if (change if isinstance(change, str) else change.key) == key:
+                        yield change
+            return
+        async with contextlib.aclosing(served) as events:
+            async for event in events:
+                yield _change(event)
+
+
+def _change(event: rpc.Event) -> Entry | str:
+    return event.kv.key.decode() if event.type == rpc.Event.DELETE else _entry(event.kv)

@@ -100,19 +100,17 @@ class Stream:
         while True:
             yield await self.requests.get()
 
-    def open(self, key: bytes, range_end: bytes, start_revision: int, reached: int = 0) -> Watcher:
+    def open(self, key: bytes, range_end: bytes, start_revision: int, watcher: Watcher) -> None:
         # Built before the watcher is queued: a request that cannot be built (a start revision past
         # int64) would leave a watcher no `created` answers, and every later watcher on the stream
         # would take the id, and the events, of the one after it.
         create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
             key=key, range_end=range_end, start_revision=start_revision))
-        watcher = Watcher(reached)
         # Queued and sent in one order, with nothing awaited between: the `created` responses
         # come back in this order too.
         self.creating.append(watcher)
         self.requests.put_nowait(create)
         self.live += 1
-        return watcher
 
     def close(self, watcher: Watcher) -> None:
         """Its reader is done with `watcher`; the last one closes the stream."""
@@ -198,16 +196,24 @@ class WatchHub:
     def __init__(self, stub: rpc.WatchStub) -> None:
         self._stub = stub
         self._stream: Stream | None = None
+        self.creates = 0  # WatchCreateRequests sent, on every stream
+
+    def open(self, key: bytes, range_end: bytes, start_revision: int, watcher: Watcher) -> Stream:
+        """`watcher` on the stream, created at etcd; its owner closes it on the stream returned."""
+        stream = self._stream
+        if stream is None or stream.lost:
+            stream = self._stream = Stream(self._stub)
+        stream.open(key, range_end, start_revision, watcher)
+        self.creates += 1
+        return stream
 
     async def watch(self, key: bytes, range_end: bytes, start_revision: int,
                     reached: int = 0) -> AsyncIterator[rpc.Event]:
         """Every event of [key, range_end) from `start_revision` on, until the caller stops reading
         (closing this generator cancels the watch) or the watch ends in an error; `Unreached` when
         etcd has not reached revision `reached` (a caller's, e.g. a grant's) by the watch's start."""
-        stream = self._stream
-        if stream is None or stream.lost:
-            stream = self._stream = Stream(self._stub)
-        watcher = stream.open(key, range_end, start_revision, reached)
+        watcher = Watcher(reached)
+        stream = self.open(key, range_end, start_revision, watcher)
         try:
             while True:
                 yield await watcher.next()

@@ -1,0 +1,134 @@
+"""Watches of single keys of one directory (an owner's watch of its own session record, among every
+session's) served in-process from one etcd watch of the whole directory, so that a key's watch
+costs etcd no WatchCreateRequest and no WatchCancelRequest.
+
+The directory's shared watch is opened, on the Store's shared stream (watch_hub), by the first
+watch of one of its keys, at that watch's start revision, and is then kept for the Store's life: a
+replica serves owners all the time, and a watch closed between two of them would have every next
+owner find it not yet created. Its most recent BUFFERED events are kept (watch_fanout_rules.Buffer),
+each with only its key and revision read; an event is handed on only to the watchers of its key, so
+no other session's change is decoded. A watch of a key from revision R is served from it when the
+buffer is whole from R on and the caller's revision is one the shared watch saw etcd reach; else it
+is a watch of its own, exactly as `watch_hub.WatchHub.watch` (also while the shared watch is not yet
+created, and when it has failed: the next watch opens a new one).
+
+Guarantee: every watcher, served or not, has watch_hub's guarantee — every event of its key from
+its start revision on, in revision order, each once, or an error, never silence. A served watcher
+gets the buffered events of its key from R on, then the live ones (both in the order etcd sent
+them: nothing is awaited between reading the buffer and joining, so no event falls between);
+its reader leaving MAX_BEHIND events unread ends it `Lagged`; the shared watch's failure ends
+every served watcher with the error a watch of its own would have had on it (the stream's failure
+`StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`), after the events it
+had received.
+Not guaranteed: that a watch is served (a caller gets the same events either way), nor any order
+between two watchers' events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aetcd import rpc
+
+from holdfast.coordinator.watch_fanout_rules import Buffer
+from holdfast.coordinator.watch_hub import UNANSWERED, Stream, Watcher, WatchHub
+
+# Events of the directory kept for watches that start after them (an owner's watch opens a few
+# milliseconds after its grant): ~200 ms of a cluster changing 5,000 session records a second,
+# ~1.5 KB each, so ~1.5 MB per replica.
+BUFFERED = 1024
+
+
+class SharedWatch(Watcher):
+    """The directory's one watch on the stream: every event into the buffer, and to its key's
+    watchers."""
+
+    __slots__ = ("buffer", "keys")
+
+    def __init__(self, start: int) -> None:
+        # etcd must have reached the revision before the start by its `created` answer: a start
+        # beyond it is another history's, and the shared watch ends Unreached, serving no one.
+        super().__init__(reached=start - 1)
+        self.buffer: Buffer[rpc.Event] = Buffer(start, BUFFERED)
+        self.keys: dict[bytes, list[Watcher]] = {}
+
+    def deliver(self, events: list[rpc.Event]) -> None:
+        if self.ended is not None:
+            return
+        for event in events:
+            kv = event.kv
+            key = kv.key
+            self.buffer.add(kv.mod_revision, key, event)
+            for watcher in self.keys.get(key, ()):
+                watcher.deliver([event])
+
+    def end(self, error: Exception) -> None:
+        if self.ended is not None:
+            return
+        self.ended = error
+        for watchers in self.keys.values():
+            for watcher in watchers:
+                # One error each, as a watch of its own gets: one instance raised in several
+                # readers would carry every reader's traceback.
+                watcher.end(type(error)(*error.args))
+
+    @property
+    def created(self) -> bool:
+        """etcd answered its create, and it has not ended: every event from its start comes."""
+        return self.id != UNANSWERED and self.ended is None
+
+    def join(self, key: bytes, start: int) -> Watcher:
+        watcher = Watcher()
+        buffered = self.buffer.since(key, start)
+        if buffered:
+            watcher.deliver(buffered)
+        self.keys.setdefault(key, []).append(watcher)
+        return watcher
+
+    def leave(self, key: bytes, watcher: Watcher) -> None:
+        watchers = self.keys.get(key)
+        if watchers is not None and watcher in watchers:
+            watchers.remove(watcher)
+            if not watchers:
+                del self.keys[key]
+
+
+class Fanout:
+    """The watches of single keys in [directory, range_end): served from its shared watch when it
+    can."""
+
+    def __init__(self, hub: WatchHub, directory: bytes, range_end: bytes) -> None:
+        self._hub = hub
+        self._range = directory, range_end
+        self._shared: SharedWatch | None = None
+        self._stream: Stream | None = None
+
+    def serve(self, key: bytes, start_revision: int, reached: int,
+              newest: int) -> AsyncIterator[rpc.Event] | None:
+        """The events of `key` from `start_revision` on, from the shared watch; None when it cannot
+        prove it holds every one of them (the caller then watches on its own)."""
+        shared = self._shared
+        if shared is None or shared.ended is not None:
+            # From a revision, never from "now" (0): the buffer's wholeness is counted from the
+            # revision the shared watch was asked to start at.
+            if start_revision > 0:
+                self._open(start_revision)
+            return None
+        if not shared.created or not shared.buffer.covers(start_revision, reached, newest):
+            return None
+        return self._events(shared, key, shared.join(key, start_revision))
+
+    def _open(self, start: int) -> None:
+        if self._shared is not None and self._stream is not None:
+            self._stream.close(self._shared)  # an ended one: no longer keeps its stream open
+        shared = SharedWatch(start)
+        self._stream = self._hub.open(*self._range, start, shared)
+        self._shared = shared
+
+    @staticmethod
+    async def _events(shared: SharedWatch, key: bytes, watcher: Watcher) -> AsyncIterator[rpc.Event]:
+        try:
+            while True:
+                yield await watcher.next()
+        finally:
+            shared.leave(key, watcher)

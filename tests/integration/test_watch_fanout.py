@@ -1,0 +1,278 @@
+"""Watches of one key served from one shared watch of its directory (coordinator/watch_fanout.py), over
+a real etcd: a served watch sends etcd no create (etcd's own watcher count says so) and gets its key's
+events from its start on, buffered then live, in order, once; a start the buffer cannot prove falls
+back to a watch of its own; compaction, a slow reader and a killed etcd end served watches with the
+errors a watch of its own has, never in silence."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aetcd import rpc
+
+from holdfast.coordinator import watch_fanout, watch_hub
+from holdfast.coordinator.store import Compacted, Entry, Put, Store, StoreUnavailable
+from holdfast.coordinator.store_errors import Lagged, Unreached
+from holdfast.localstack.etcd_server import EtcdServer
+from tests.integration.coordinator_fixtures import etcd_server, run_async
+from tests.integration.test_watch_hub import revision, take
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def own_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """An etcd no other test's watches come and go on: its watcher count is this test's alone."""
+    yield from etcd_server(tmp_path_factory)
+
+
+def etcd_watchers(etcd: EtcdServer) -> int:
+    """The watches etcd holds, from its own /metrics."""
+    with urllib.request.urlopen(f"{etcd.url}/metrics", timeout=10) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("etcd reports no watcher count")
+
+
+def key(store: Store, sid: str) -> str:
+    return store.key("sessions", sid)
+
+
+async def put(store: Store, sid: str, value: str) -> int:
+    return (await store.txn([], [Put(key(store, sid), value.encode())]))[1]
+
+
+async def shared_open(store: Store) -> AsyncIterator[Entry | str]:
+    """The directory's shared watch opened and created: the first watch of one of its keys opens it
+    (and falls back), its create queued before that watch's own, so etcd answered it first; an
+    event on the fallen-back watch shows its own create answered. Returns that watch, still open."""
+    creates = store.watch_creates
+    first = store.watch_key(key(store, "opener"), await revision(store) + 1)
+    reading = asyncio.ensure_future(take(first, 1))
+    await put(store, "opener", "x")
+    assert await reading == [f"{key(store, 'opener')}=x"]
+    assert store.watch_creates == creates + 2, "the shared watch and the first watch's own"
+    return first
+
+
+async def synced(store: Store, opener: AsyncIterator[Entry | str]) -> int:
+    """A write of the directory the shared watch has received, with every one before it: etcd sends
+    each revision's events to every watch of a stream before the next revision's, so once the opener
+    has its event of the write after it, the shared watch has every event up to this one."""
+    rev = await put(store, "opener", "synced")
+    await put(store, "opener", "after")
+    assert await take(opener, 2) == [f"{key(store, 'opener')}=synced", f"{key(store, 'opener')}=after"]
+    return rev
+
+
+@run_async
+async def test_a_watch_that_starts_after_its_events_is_served_from_the_buffer_without_a_create(
+    own_etcd: EtcdServer, prefix: str
+) -> None:
+    store = Store.connect(own_etcd.url, prefix=prefix)
+    try:
+        opener = await shared_open(store)
+        first = await put(store, "s1", "1")
+        await put(store, "s1x", "prefix-sibling")  # a key the watched key is a prefix of: not its own
+        await put(store, "s2", "other")
+        await store.txn([], [Put(key(store, "s1"), b"2"), Put(key(store, "s2"), b"both")])
+        await store.txn([], [], deletes=[key(store, "s1")])
+        held = await synced(store, opener)
+        creates, watchers = store.watch_creates, etcd_watchers(own_etcd)
+        # Held: the revision the shared watch must have seen, so only its buffer can serve it.
+        served = store.watch_key(key(store, "s1"), first, held)
+        got = asyncio.ensure_future(take(served, 4))
+        await put(store, "s1", "3")  # then live, after the buffered ones
+        assert await got == [f"{key(store, 's1')}=1", f"{key(store, 's1')}=2", key(store, "s1"),
+                             f"{key(store, 's1')}=3"]
+        assert store.watch_creates == creates, "no WatchCreateRequest for a served watch"
+        assert etcd_watchers(own_etcd) == watchers, "etcd holds no watch for it"
+        # The control: a watch from before the shared watch's start is one more at etcd.
+        own = store.watch_key(key(store, "s1"), 1)
+        reading = asyncio.ensure_future(take(own, 4))
+        assert await reading == [f"{key(store, 's1')}=1", f"{key(store, 's1')}=2", key(store, "s1"),
+                                 f"{key(store, 's1')}=3"]
+        assert store.watch_creates == creates + 1 and etcd_watchers(own_etcd) == watchers + 1
+        for watch in (served, own, opener):
+            await watch.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_watch_started_before_its_revision_gets_only_its_key_live_in_order(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        opener = await shared_open(store)
+        now = await synced(store, opener)
+        creates = store.watch_creates
+        sids = ("a1", "a2", "a1")  # one key watched twice
+        watches = [store.watch_key(key(store, sid), now + 1, now) for sid in sids]
+        readers = [asyncio.ensure_future(take(w, 3)) for w in watches]
+        for value in range(3):
+            await store.txn([], [Put(key(store, "a1"), f"{value}".encode()),
+                                 Put(key(store, "a2"), f"{value}".encode())])
+            await put(store, "a10", "not a1's")
+        expected = [[f"{key(store, sid)}={v}" for v in range(3)] for sid in sids]
+        assert await asyncio.gather(*readers) == expected
+        assert store.watch_creates == creates
+        # Nothing more than its own: the next change each sees is its key's next one.
+        await put(store, "a2", "last")
+        await store.txn([], [], deletes=[key(store, "a1")])
+        assert await asyncio.gather(*(take(w, 1) for w in watches)) == [
+            [key(store, "a1")], [f"{key(store, 'a2')}=last"], [key(store, "a1")]]
+        for watch in (*watches, opener):
+            await watch.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_start_the_buffer_cannot_prove_falls_back_to_a_watch_of_its_own(
+    etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch_fanout, "BUFFERED", 3)
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        opener = await shared_open(store)
+        first = await put(store, "o1", "1")
+        for i in range(2, 6):
+            await put(store, "o1", f"{i}")
+        now = await synced(store, opener)
+        creates = store.watch_creates
+        older = store.watch_key(key(store, "o1"), first, now)  # its first events left the buffer
+        assert await take(older, 5) == [f"{key(store, 'o1')}={i}" for i in range(1, 6)]
+        assert store.watch_creates == creates + 1, "a watch of its own"
+        # A caller's revision the shared watch never saw etcd reach: not served, and its own watch
+        # ends it Unreached (another history's revision), as it did before any sharing.
+        with pytest.raises(Unreached):
+            await take(store.watch_key(key(store, "o1"), now + 100, now + 99), 1)
+        assert store.watch_creates == creates + 2
+        for watch in (older, opener):
+            await watch.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_compaction_ends_a_compacted_start_alone_and_a_compacted_shared_watch_serves_no_one(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        old = await revision(store)
+        await put(store, "c1", "1")
+        now = await put(store, "c1", "2")
+        await rpc.KVStub(store.channel).Compact(rpc.CompactionRequest(revision=now, physical=True))
+        # The first watch opens the shared watch at its own start, compacted: both end Compacted.
+        with pytest.raises(Compacted):
+            await take(store.watch_key(key(store, "c1"), old + 1), 1)
+        # etcd sent the shared watch's compaction in the same pass as that watch's, so before an
+        # event of any later watch on the stream.
+        sync = store.watch_prefix(store.key("sync", ""), now + 1)
+        reading = asyncio.ensure_future(take(sync, 1))
+        await store.txn([], [Put(store.key("sync", "k"), b"1")])
+        await reading
+        await sync.aclose()
+        # The next one opens a new shared watch (and falls back): it serves from then on.
+        creates = store.watch_creates
+        opener = await shared_open(store)
+        assert store.watch_creates == creates + 2
+        held = await synced(store, opener)
+        steady = store.watch_key(key(store, "c1"), held + 1, held)
+        reading = asyncio.ensure_future(take(steady, 1))
+        later = await put(store, "c1", "3")
+        assert await reading == [f"{key(store, 'c1')}=3"]
+        assert store.watch_creates == creates + 2, "served"
+        await rpc.KVStub(store.channel).Compact(rpc.CompactionRequest(revision=later, physical=True))
+        await put(store, "c1", "4")
+        assert await take(steady, 1) == [f"{key(store, 'c1')}=4"], "a live shared watch outlives compactions"
+        for watch in (steady, opener):
+            await watch.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_served_reader_that_falls_behind_ends_lagged_after_its_events_alone(
+    etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch_hub, "MAX_BEHIND", 5)
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        opener = await shared_open(store)
+        now = await synced(store, opener)
+        creates = store.watch_creates
+        slow = store.watch_key(key(store, "l1"), now + 1, now)
+        fast = store.watch_key(key(store, "l1"), now + 1, now)
+        slow_first = asyncio.ensure_future(take(slow, 1))
+        fast_first = asyncio.ensure_future(take(fast, 1))
+        await put(store, "l1", "0")
+        assert await slow_first == await fast_first == [f"{key(store, 'l1')}=0"]
+        fast_seen = []
+        for i in range(1, 8):
+            await put(store, "l1", f"{i}")
+            fast_seen += await take(fast, 1)
+        assert fast_seen == [f"{key(store, 'l1')}={i}" for i in range(1, 8)]
+        got = []
+        with pytest.raises(Lagged):
+            async for change in slow:
+                assert isinstance(change, Entry)
+                got.append(change.value.decode())
+        assert got == [str(i) for i in range(1, 7)], "the events it held past MAX_BEHIND, then the error"
+        await put(store, "l1", "after")
+        assert await take(fast, 1) == [f"{key(store, 'l1')}=after"]
+        assert store.watch_creates == creates
+        for watch in (fast, opener):
+            await watch.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_killed_etcd_ends_every_served_watch_unavailable_and_sharing_starts_again(
+    tmp_path: Path, prefix: str
+) -> None:
+    server = EtcdServer(tmp_path / "etcd", fast_election=True).start()
+    store = Store.connect(server.url, prefix=prefix)
+    try:
+        opener = await shared_open(store)
+        now = await synced(store, opener)
+        creates = store.watch_creates
+        served = [store.watch_key(key(store, f"k{i % 2}"), now + 1, now) for i in range(4)]
+        readers = [asyncio.ensure_future(take(w, 1)) for w in served]
+        await store.txn([], [Put(key(store, "k0"), b"1"), Put(key(store, "k1"), b"1")])
+        assert await asyncio.gather(*readers) == [[f"{key(store, f'k{i % 2}')}=1"] for i in range(4)]
+        assert store.watch_creates == creates
+        waiting = [asyncio.ensure_future(take(w, 1)) for w in served]
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait(10)
+        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 20)
+        assert all(isinstance(r, StoreUnavailable) for r in results), results
+        server.start()
+        await revision(store)  # connected again
+        # The next watch opens a new shared watch and falls back; the one after is served.
+        again = await shared_open(store)
+        now = await synced(store, again)
+        creates = store.watch_creates
+        after = store.watch_key(key(store, "k0"), now + 1, now)
+        reading = asyncio.ensure_future(take(after, 1))
+        await put(store, "k0", "2")
+        assert await reading == [f"{key(store, 'k0')}=2"]
+        assert store.watch_creates == creates
+        for watch in (after, again):
+            await watch.aclose()
+    finally:
+        await store.close()
+        server.stop()
