@@ -553,8 +553,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                         if visible(record):
                             yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
             after = 0
+            # One session's watch (an owner's of its own) is served from this replica's one watch of
+            # every session when it can be: no watch of its own at etcd.
+            changes = (self.store.watch_key(key, revision + 1, held) if key
+                       else self.store.watch_prefix(prefix, revision + 1, held))
             try:
-                async for change in self.store.watch_prefix(prefix, revision + 1, held):
+                async for change in changes:
                     if isinstance(change, str):
                         sid = change.rsplit("/", 1)[1]
                         if (key is None or change == key) and (caller.all_tenants or sid in shown):
