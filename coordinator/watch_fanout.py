@@ -19,7 +19,9 @@ them: nothing is awaited between reading the buffer and joining, so no event fal
 its reader leaving MAX_BEHIND events unread ends it `Lagged`; the shared watch's failure ends
 every served watcher with the error a watch of its own would have had on it (the stream's failure
 `StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`), after the events it
-had received.
+had received. A start etcd has compacted away is served all the same while the buffer still holds
+every event from it: nothing is missing, so there is nothing to re-list for (a watch of its own
+would end `Compacted` and its caller re-list).
 Not guaranteed: that a watch is served (a caller gets the same events either way), nor any order
 between two watchers' events.
 """

@@ -414,7 +414,8 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
     coordinator: Coordinator, hosts
 ) -> None:
     """`after_revision` (the grant's): the stream starts with the first change after the grant,
-    even one made before it opened, never a listing; compacted past it, it lists as a plain watch."""
+    even one made before it opened, never a listing; compacted past it, a replica that still holds
+    every change since (its shared watch's buffer) sends them, and one that does not lists."""
     sid = "session-watch-after"
     coord, granted = handoff_requested(coordinator, hosts, sid)
     assert granted.revision > 0
@@ -443,8 +444,15 @@ def test_an_owners_watch_from_its_grant_revision_lists_nothing_and_misses_no_cha
             await store.close()
 
     asyncio.run(compact())
-    stream = coord.WatchSessions(pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision),
-                                 timeout=20)
+    watch = pb.WatchSessionsRequest(session_id=sid, after_revision=granted.revision)
+    stream = coord.WatchSessions(watch, timeout=20)
+    opening, first = next(stream), next(stream)
+    assert not opening.HasField("record")
+    assert not first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
+    stream.cancel()
+    coordinator.stop()  # a replica with no shared watch yet: the grant's revision is etcd's to answer
+    coordinator.start()
+    stream = stub(coordinator.address).WatchSessions(watch, timeout=20)
     opening, first = next(stream), next(stream)
     assert not opening.HasField("record")
     assert first.resync and first.record.lease.handoff_stage == pb.HANDOFF_REQUESTED
