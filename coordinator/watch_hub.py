@@ -6,7 +6,8 @@ response naming the watch id it chose, and holds a watch's events back until tha
 sent; so the oldest create not yet answered takes the id of each `created` response, and events are
 routed to their watcher by watch id. A watcher that ends sends a WatchCancelRequest for its id (or,
 still unanswered, when its id comes). The first watcher opens the stream; the last one to end
-closes it.
+closes it. A watch of one key is often no watcher here at all: watch_fanout serves it from one
+watcher of its whole directory, with this same guarantee.
 
 Guarantee: a watcher gets every event of its key range from its start revision on, in etcd's
 revision order, each once — or, when that cannot go on, an error, never silence:

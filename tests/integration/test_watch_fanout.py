@@ -7,8 +7,7 @@ errors a watch of its own has, never in silence."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
+import contextlib
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,11 +16,11 @@ import pytest
 from aetcd import rpc
 
 from holdfast.coordinator import watch_fanout, watch_hub
-from holdfast.coordinator.store import Compacted, Entry, Put, Store, StoreUnavailable
-from holdfast.coordinator.store_errors import Lagged, Unreached
+from holdfast.coordinator.store import Compacted, Entry, Put, Store
+from holdfast.coordinator.store_errors import Unreached
 from holdfast.localstack.etcd_server import EtcdServer
 from tests.integration.coordinator_fixtures import etcd_server, run_async
-from tests.integration.test_watch_hub import revision, take
+from tests.integration.test_watch_hub import killed_under, revision, slow_ends_lagged_alone, take
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = pytest.mark.timeout(60)
@@ -40,6 +39,20 @@ def etcd_watchers(etcd: EtcdServer) -> int:
             if line.startswith("etcd_debugging_mvcc_watcher_total "):
                 return int(float(line.rsplit(" ", 1)[1]))
     raise AssertionError("etcd reports no watcher count")
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, prefix: str) -> AsyncIterator[Store]:
+    store = Store.connect(url, prefix=prefix)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def close(*watches: AsyncIterator[Entry | str]) -> None:
+    for watch in watches:
+        await watch.aclose()  # type: ignore[attr-defined]
 
 
 def key(store: Store, sid: str) -> str:
@@ -77,8 +90,9 @@ async def synced(store: Store, opener: AsyncIterator[Entry | str]) -> int:
 async def test_a_watch_that_starts_after_its_events_is_served_from_the_buffer_without_a_create(
     own_etcd: EtcdServer, prefix: str
 ) -> None:
-    store = Store.connect(own_etcd.url, prefix=prefix)
-    try:
+    """Held at a revision the shared watch has seen: only its buffer can serve it, and etcd's own
+    count of its watches shows no watch was made for it."""
+    async with connected(own_etcd.url, prefix) as store:
         opener = await shared_open(store)
         first = await put(store, "s1", "1")
         await put(store, "s1x", "prefix-sibling")  # a key the watched key is a prefix of: not its own
@@ -101,18 +115,15 @@ async def test_a_watch_that_starts_after_its_events_is_served_from_the_buffer_wi
         assert await reading == [f"{key(store, 's1')}=1", f"{key(store, 's1')}=2", key(store, "s1"),
                                  f"{key(store, 's1')}=3"]
         assert store.watch_creates == creates + 1 and etcd_watchers(own_etcd) == watchers + 1
-        for watch in (served, own, opener):
-            await watch.aclose()
-    finally:
-        await store.close()
+        await close(served, own, opener)
 
 
 @run_async
 async def test_a_watch_started_before_its_revision_gets_only_its_key_live_in_order(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    store = Store.connect(etcd.url, prefix=prefix)
-    try:
+    """Several keys, one twice, a key it is a prefix of, written in one transaction and apart."""
+    async with connected(etcd.url, prefix) as store:
         opener = await shared_open(store)
         now = await synced(store, opener)
         creates = store.watch_creates
@@ -131,10 +142,7 @@ async def test_a_watch_started_before_its_revision_gets_only_its_key_live_in_ord
         await store.txn([], [], deletes=[key(store, "a1")])
         assert await asyncio.gather(*(take(w, 1) for w in watches)) == [
             [key(store, "a1")], [f"{key(store, 'a2')}=last"], [key(store, "a1")]]
-        for watch in (*watches, opener):
-            await watch.aclose()
-    finally:
-        await store.close()
+        await close(*watches, opener)
 
 
 @run_async
@@ -142,8 +150,7 @@ async def test_a_start_the_buffer_cannot_prove_falls_back_to_a_watch_of_its_own(
     etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(watch_fanout, "BUFFERED", 3)
-    store = Store.connect(etcd.url, prefix=prefix)
-    try:
+    async with connected(etcd.url, prefix) as store:
         opener = await shared_open(store)
         first = await put(store, "o1", "1")
         for i in range(2, 6):
@@ -158,18 +165,16 @@ async def test_a_start_the_buffer_cannot_prove_falls_back_to_a_watch_of_its_own(
         with pytest.raises(Unreached):
             await take(store.watch_key(key(store, "o1"), now + 100, now + 99), 1)
         assert store.watch_creates == creates + 2
-        for watch in (older, opener):
-            await watch.aclose()
-    finally:
-        await store.close()
+        await close(older, opener)
 
 
 @run_async
 async def test_compaction_ends_a_compacted_start_alone_and_a_compacted_shared_watch_serves_no_one(
     etcd: EtcdServer, prefix: str
 ) -> None:
-    store = Store.connect(etcd.url, prefix=prefix)
-    try:
+    """A start compacted away before any shared watch holds it is etcd's to answer: `Compacted`.
+    A shared watch already following is not touched by a compaction (etcd's synced watches are not)."""
+    async with connected(etcd.url, prefix) as store:
         old = await revision(store)
         await put(store, "c1", "1")
         now = await put(store, "c1", "2")
@@ -197,21 +202,17 @@ async def test_compaction_ends_a_compacted_start_alone_and_a_compacted_shared_wa
         await rpc.KVStub(store.channel).Compact(rpc.CompactionRequest(revision=later, physical=True))
         await put(store, "c1", "4")
         assert await take(steady, 1) == [f"{key(store, 'c1')}=4"], "a live shared watch outlives compactions"
-        for watch in (steady, opener):
-            await watch.aclose()
-    finally:
-        await store.close()
+        await close(steady, opener)
 
 
 @run_async
 async def test_a_served_reader_that_falls_behind_ends_lagged_after_its_events_alone(
     etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(watch_hub, "MAX_BEHIND", 5)
-    store = Store.connect(etcd.url, prefix=prefix)
-    try:
+    async with connected(etcd.url, prefix) as store:
         opener = await shared_open(store)
         now = await synced(store, opener)
+        monkeypatch.setattr(watch_hub, "MAX_BEHIND", 5)  # for the watches below
         creates = store.watch_creates
         slow = store.watch_key(key(store, "l1"), now + 1, now)
         fast = store.watch_key(key(store, "l1"), now + 1, now)
@@ -219,24 +220,9 @@ async def test_a_served_reader_that_falls_behind_ends_lagged_after_its_events_al
         fast_first = asyncio.ensure_future(take(fast, 1))
         await put(store, "l1", "0")
         assert await slow_first == await fast_first == [f"{key(store, 'l1')}=0"]
-        fast_seen = []
-        for i in range(1, 8):
-            await put(store, "l1", f"{i}")
-            fast_seen += await take(fast, 1)
-        assert fast_seen == [f"{key(store, 'l1')}={i}" for i in range(1, 8)]
-        got = []
-        with pytest.raises(Lagged):
-            async for change in slow:
-                assert isinstance(change, Entry)
-                got.append(change.value.decode())
-        assert got == [str(i) for i in range(1, 7)], "the events it held past MAX_BEHIND, then the error"
-        await put(store, "l1", "after")
-        assert await take(fast, 1) == [f"{key(store, 'l1')}=after"]
+        await slow_ends_lagged_alone(store, key(store, "l1"), slow, fast)
         assert store.watch_creates == creates
-        for watch in (fast, opener):
-            await watch.aclose()
-    finally:
-        await store.close()
+        await close(fast, opener)
 
 
 @run_async
@@ -244,35 +230,27 @@ async def test_a_killed_etcd_ends_every_served_watch_unavailable_and_sharing_sta
     tmp_path: Path, prefix: str
 ) -> None:
     server = EtcdServer(tmp_path / "etcd", fast_election=True).start()
-    store = Store.connect(server.url, prefix=prefix)
     try:
-        opener = await shared_open(store)
-        now = await synced(store, opener)
-        creates = store.watch_creates
-        served = [store.watch_key(key(store, f"k{i % 2}"), now + 1, now) for i in range(4)]
-        readers = [asyncio.ensure_future(take(w, 1)) for w in served]
-        await store.txn([], [Put(key(store, "k0"), b"1"), Put(key(store, "k1"), b"1")])
-        assert await asyncio.gather(*readers) == [[f"{key(store, f'k{i % 2}')}=1"] for i in range(4)]
-        assert store.watch_creates == creates
-        waiting = [asyncio.ensure_future(take(w, 1)) for w in served]
-        assert server.process is not None
-        os.kill(server.process.pid, signal.SIGKILL)
-        server.process.wait(10)
-        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 20)
-        assert all(isinstance(r, StoreUnavailable) for r in results), results
-        server.start()
-        await revision(store)  # connected again
-        # The next watch opens a new shared watch and falls back; the one after is served.
-        again = await shared_open(store)
-        now = await synced(store, again)
-        creates = store.watch_creates
-        after = store.watch_key(key(store, "k0"), now + 1, now)
-        reading = asyncio.ensure_future(take(after, 1))
-        await put(store, "k0", "2")
-        assert await reading == [f"{key(store, 'k0')}=2"]
-        assert store.watch_creates == creates
-        for watch in (after, again):
-            await watch.aclose()
+        async with connected(server.url, prefix) as store:
+            opener = await shared_open(store)
+            now = await synced(store, opener)
+            creates = store.watch_creates
+            served = [store.watch_key(key(store, f"k{i % 2}"), now + 1, now) for i in range(4)]
+            readers = [asyncio.ensure_future(take(w, 1)) for w in served]
+            await store.txn([], [Put(key(store, "k0"), b"1"), Put(key(store, "k1"), b"1")])
+            assert await asyncio.gather(*readers) == [[f"{key(store, f'k{i % 2}')}=1"] for i in range(4)]
+            assert store.watch_creates == creates
+            await killed_under(server, served)  # the shared watch's failure is each one's
+            await revision(store)  # connected again
+            # The next watch opens a new shared watch and falls back; the one after is served.
+            again = await shared_open(store)
+            now = await synced(store, again)
+            creates = store.watch_creates
+            after = store.watch_key(key(store, "k0"), now + 1, now)
+            reading = asyncio.ensure_future(take(after, 1))
+            await put(store, "k0", "2")
+            assert await reading == [f"{key(store, 'k0')}=2"]
+            assert store.watch_creates == creates
+            await close(after, again)
     finally:
-        await store.close()
         server.stop()

@@ -206,6 +206,26 @@ async def test_a_revision_etcd_has_not_reached_ends_that_watcher_unreached(etcd:
         await store.close()
 
 
+async def slow_ends_lagged_alone(store: Store, key: str, slow: AsyncIterator[Entry | str],
+                                 fast: AsyncIterator[Entry | str]) -> None:
+    """With MAX_BEHIND 5, `slow` having read `key`'s event 0 and no more, `fast` reading each of 7
+    more as it comes: `slow` ends Lagged after the 6 it held, in order, and `fast` goes on."""
+    fast_seen = []
+    for i in range(1, 8):
+        await store.txn([], [Put(key, str(i).encode())])
+        fast_seen += await take(fast, 1)
+    assert fast_seen == [f"{key}={i}" for i in range(1, 8)]
+    got = []
+    with pytest.raises(Lagged):
+        async for change in slow:
+            assert isinstance(change, Entry)
+            got.append(change.value.decode())
+    # The events it held when it passed MAX_BEHIND, in order, then the error.
+    assert got == [str(i) for i in range(1, 7)], got
+    await store.txn([], [Put(key, b"after")])
+    assert await take(fast, 1) == [f"{key}=after"]
+
+
 @run_async
 async def test_a_reader_that_falls_behind_ends_lagged_after_its_events(
     etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
@@ -220,23 +240,22 @@ async def test_a_reader_that_falls_behind_ends_lagged_after_its_events(
         await store.txn([], [Put(key, b"0")])
         assert await take(slow, 1) == [f"{key}=0"]  # then it reads no more for a while
         assert await take(fast, 1) == [f"{key}=0"]
-        fast_seen = []
-        for i in range(1, 8):
-            await store.txn([], [Put(key, str(i).encode())])
-            fast_seen += await take(fast, 1)
-        assert fast_seen == [f"{key}={i}" for i in range(1, 8)]
-        got = []
-        with pytest.raises(Lagged):
-            async for change in slow:
-                assert isinstance(change, Entry)
-                got.append(change.value.decode())
-        # The events it held when it passed MAX_BEHIND, in order, then the error.
-        assert got == [str(i) for i in range(1, 7)], got
-        await store.txn([], [Put(key, b"after")])
-        assert await take(fast, 1) == [f"{key}=after"]
+        await slow_ends_lagged_alone(store, key, slow, fast)
         await fast.aclose()
     finally:
         await store.close()
+
+
+async def killed_under(server: EtcdServer, watchers: list[AsyncIterator[Entry | str]]) -> None:
+    """etcd killed while each of `watchers` waits for its next change: each ends StoreUnavailable,
+    never in silence; then etcd is started again."""
+    waiting = [asyncio.ensure_future(take(w, 1)) for w in watchers]
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait(10)
+    results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 20)
+    assert all(isinstance(r, StoreUnavailable) for r in results), results
+    server.start()
 
 
 @run_async
@@ -251,13 +270,7 @@ async def test_a_killed_etcd_is_an_error_to_every_watcher_and_the_next_watch_ope
         watchers = [store.watch_prefix(store.key("k", ""), start) for _ in range(5)]
         await store.txn([], [Put(key, b"1")])
         assert await asyncio.gather(*(take(w, 1) for w in watchers)) == [[f"{key}=1"]] * 5
-        waiting = [asyncio.ensure_future(take(w, 1)) for w in watchers]
-        assert server.process is not None
-        os.kill(server.process.pid, signal.SIGKILL)
-        server.process.wait(10)
-        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 20)
-        assert all(isinstance(r, StoreUnavailable) for r in results), results
-        server.start()
+        await killed_under(server, watchers)
         await revision(store)  # the channel is connected again (a read waits for it; a watch does not)
         after = store.watch_prefix(store.key("k", ""), start)
         assert await take(after, 1) == [f"{key}=1"]
