@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from holdfast.proc import cgroups_rules
 from holdfast.proc.environ import read_proc_file
 from holdfast.v1 import agent_pb2
 
@@ -33,7 +34,6 @@ _RANDOM = re.compile(r"[0-9a-f]{8}")  # the name's last part, os.urandom(4).hex(
 # Records of earlier versions name cgroups that `run` (as root) made at <root>/holdfast/<name>.
 LEGACY_PARENT = "holdfast"
 SWEEP_GRACE_S = 60.0
-CAP_SYS_ADMIN = 21
 _CLONE_NEWCGROUP = 0x02000000
 P = agent_pb2.TreeProof
 
@@ -276,48 +276,37 @@ def _status_fields(pid: int) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
 
-def _cgroup_mounts_writable(pid: int) -> bool:
-    """Whether any cgroup2 mount the process sees is read-write."""
-    for line in read_proc_file(f"/proc/{pid}/mountinfo").decode(errors="replace").splitlines():
-        left, _, right = line.partition(" - ")
-        if right.split(" ", 1)[0] == "cgroup2":
-            options = left.split()[5].split(",")
-            if "ro" not in options:
-                return True
-    return False
-
-
-def _writable_by(path: str, uid: int, gids: set[int]) -> bool:
-    st = os.stat(path)
-    if uid == 0:
-        return True
-    if st.st_uid == uid:
-        return bool(st.st_mode & 0o200)
-    if st.st_gid in gids:
-        return bool(st.st_mode & 0o020)
-    return bool(st.st_mode & 0o002)
+def _descriptors(pid: int) -> list[cgroups_rules.Descriptor]:
+    """The process's open descriptors, from their links and fdinfo alone: nothing is asked of the
+    files themselves (a stat of one on a FUSE mount could wait forever). One closed meanwhile is
+    skipped."""
+    held = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            info = read_proc_file(f"/proc/{pid}/fdinfo/{name}").decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        held.append(cgroups_rules.Descriptor(target, int(fields["flags"], 8), int(fields["mnt_id"])))
+    return held
 
 
 def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tuple[int, str]:
-    """How this tree is proven gone, from the gate's own credentials and mounts (docs/design.md §2)."""
+    """How this tree is proven gone (docs/design.md §2), by proc/cgroups_rules.py's rule over what is
+    read here of the gate: an empty cgroup alone only where nothing of the tree could leave it, since
+    one that left and made its memory unreadable would be counted by neither. Anything unreadable
+    needs the scan too."""
     if ref is None:
         return P.SCAN_ONLY, "no session cgroup"
     try:
-        status = _status_fields(pid)
-        bounding = int(status.get("CapBnd", "0").strip() or "0", 16)
-        if not bounding >> CAP_SYS_ADMIN & 1 and not _cgroup_mounts_writable(pid):
-            return P.CGROUP_ONLY, "no CAP_SYS_ADMIN in its bounding set and no writable cgroup mount"
-        if status.get("NoNewPrivs", "0").strip() == "1":
-            uid = int(status["Uid"].split()[1])  # effective
-            gids = {int(g) for g in status.get("Groups", "").split()} | {int(status["Gid"].split()[1])}
-            ancestor = os.path.dirname(ref.path)
-            while ancestor.startswith(cap.root):
-                if _writable_by(os.path.join(ancestor, "cgroup.procs"), uid, gids):
-                    return P.CGROUP_AND_SCAN, f"it may write {ancestor}/cgroup.procs and leave its cgroup"
-                if ancestor == cap.root:
-                    break
-                ancestor = os.path.dirname(ancestor)
-            return P.CGROUP_ONLY, "no new privileges, and no cgroup.procs above its cgroup it may write"
+        who = cgroups_rules.credentials(_status_fields(pid))
+        descriptors = _descriptors(pid)
+        mounts = cgroups_rules.mount_types(read_proc_file(f"/proc/{pid}/mountinfo").decode(errors="replace"))
+        inodes = []
+        for ancestor in cgroups_rules.ancestors(ref.path, cap.root):
+            st = os.stat(procs := os.path.join(ancestor, "cgroup.procs"))
+            inodes.append((procs, cgroups_rules.Inode(st.st_uid, st.st_gid, st.st_mode)))
     except (OSError, ValueError, KeyError, IndexError) as exc:
         return P.CGROUP_AND_SCAN, f"its credentials could not be read ({exc}); the scan is needed too"
-    return P.CGROUP_AND_SCAN, "it could leave its cgroup (it may gain privileges)"
+    return cgroups_rules.tree_proof(who, descriptors, mounts, inodes)

@@ -1,0 +1,148 @@
+"""Whether a tree can leave its session cgroup, as a pure rule over what the agent read of its gate.
+
+Guarantee: CGROUP_ONLY — an empty session cgroup alone proves the tree gone, whatever a scan could
+or could not read — is chosen only when no credential the gate has or can regain can move a process
+out of that cgroup. Otherwise a process of the tree could leave it, make its own memory unreadable
+(so no scan counts it as a carrier of the token), outlive the rest, and the empty cgroup would have a
+second owner granted while it writes. Where this cannot be shown the proof is CGROUP_AND_SCAN.
+
+The kernel's rule (cgroup v2): moving a process from cgroup S to cgroup D needs write access to the
+`cgroup.procs` of their nearest common ancestor, checked with the credentials of whoever opened the
+file written to. Every D outside S has that ancestor at or above S's parent. So the tree is held
+when all of these hold of the gate, read while it is blocked and before anything of the tree runs:
+
+- no-new-privileges (NoNewPrivs 1): an exec ignores setuid and setgid bits and file capabilities;
+- no permitted and no ambient capability (CapPrm, CapAmb; CapEff is a subset of CapPrm): any of
+  CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_ADMIN, … writes every `cgroup.procs`, and with none
+  permitted none comes back — not by setresuid to a uid 0 either, which raises the effective set
+  only from the permitted one;
+- for every uid it has or may switch to without privilege (Uid: real, effective, saved, fs) and
+  every gid (Gid's four and Groups), no `cgroup.procs` from S's parent up to the hierarchy's root is
+  writable: a uid 0 counts as writing any (root owns them), a file owned by one of its uids counts as
+  writable whatever its mode (its owner may chmod it), a group's or other's write bit as the mode says;
+- it holds no descriptor opened for writing on a cgroup2 mount, nor one on a mount the agent cannot
+  place (opened in another mount namespace): a descriptor opened by root (a redirection of stdout by
+  a root shell before it dropped privileges) writes with root's credentials.
+
+Mounts do not decide anything else: a read-only cgroup2 mount in the gate's own mount namespace
+does not stop a root process writing through `/proc/<pid>/root/…` of a process in another one, so
+a uid 0 is never held. User namespaces: an unprivileged process may make one and hold every
+capability in it, but such a capability reaches only inodes whose owner and group are mapped in it,
+and without privilege it maps only its own uid and gid — inodes of its own uid, counted writable
+above. (A range of subordinate ids needs newuidmap, a setuid program that no-new-privileges runs
+without its privilege.)
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from holdfast.v1 import agent_pb2
+
+P = agent_pb2.TreeProof
+_ACCESS_MODE = 0o3  # O_ACCMODE; O_WRONLY 1, O_RDWR 2
+_O_PATH = 0o10000000
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What /proc/<pid>/status says of a process's privileges."""
+
+    no_new_privs: bool
+    capabilities: int  # CapPrm | CapAmb
+    uids: frozenset[int]  # real, effective, saved, fs
+    gids: frozenset[int]  # real, effective, saved, fs, and the supplementary groups
+
+
+@dataclass(frozen=True)
+class Inode:
+    uid: int
+    gid: int
+    mode: int
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """One open descriptor: where /proc/<pid>/fd/N points, and its fdinfo flags and mount."""
+
+    target: str
+    flags: int
+    mount_id: int
+
+
+def credentials(status: Mapping[str, str]) -> Credentials:
+    """From /proc/<pid>/status fields (name → value); KeyError or ValueError when one is missing or
+    malformed."""
+    uids, gids = status["Uid"].split(), status["Gid"].split()
+    if len(uids) != 4 or len(gids) != 4:
+        raise ValueError(f"Uid {status['Uid']!r} / Gid {status['Gid']!r}: four ids each expected")
+    return Credentials(
+        no_new_privs=status["NoNewPrivs"].strip() == "1",
+        capabilities=int(status["CapPrm"], 16) | int(status["CapAmb"], 16),
+        uids=frozenset(int(u) for u in uids),
+        gids=frozenset(int(g) for g in [*gids, *status["Groups"].split()]),
+    )
+
+
+def may_write(inode: Inode, who: Credentials) -> bool:
+    """Whether some uid or gid `who` has or may switch to could write to the file (capabilities
+    aside): as its owner (who may chmod it), as root, or by a group's or other's write bit."""
+    if 0 in who.uids or inode.uid in who.uids:
+        return True
+    return bool((inode.gid in who.gids and inode.mode & stat.S_IWGRP) or inode.mode & stat.S_IWOTH)
+
+
+def mount_types(mountinfo: str) -> dict[int, str]:
+    """Mount id → filesystem type, from a /proc/<pid>/mountinfo."""
+    types = {}
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        if right:
+            types[int(left.split(" ", 1)[0])] = right.split(" ", 1)[0]
+    return types
+
+
+def writes_cgroups(held: Descriptor, mounts: Mapping[int, str]) -> bool:
+    """Whether a descriptor may write a cgroup file with its opener's credentials: opened for
+    writing, on a file (not a pipe, socket or anonymous inode), of a cgroup2 mount or of a mount
+    not in `mounts` (another namespace's: what it is cannot be told)."""
+    writable = held.flags & _ACCESS_MODE and not held.flags & _O_PATH and held.target.startswith("/")
+    return bool(writable and mounts.get(held.mount_id, "cgroup2") == "cgroup2")
+
+
+def ancestors(cgroup: str, root: str) -> list[str]:
+    """The cgroup directories from `cgroup`'s parent up to the hierarchy's root `root`, inclusive;
+    none when `cgroup` is not below `root`."""
+    root, path = posixpath.normpath(root), posixpath.normpath(cgroup)
+    found = []
+    while path != root and path.startswith(root.rstrip("/") + "/"):
+        path = posixpath.dirname(path)
+        found.append(path)
+    return found
+
+
+def tree_proof(who: Credentials, descriptors: Sequence[Descriptor], mounts: Mapping[int, str],
+               procs: Sequence[tuple[str, Inode]]) -> tuple[int, str]:
+    """The proof for a tree in a session cgroup, its gate being `who` holding `descriptors`
+    (`mounts` its mount namespace's), `procs` the `cgroup.procs` files of the cgroup's ancestors."""
+    if not who.no_new_privs:
+        return P.CGROUP_AND_SCAN, "it could leave its cgroup (it may gain privileges: no no-new-privileges)"
+    if who.capabilities:
+        return P.CGROUP_AND_SCAN, (f"it holds capabilities ({who.capabilities:#x} permitted or ambient) "
+                                   "with which it could leave its cgroup")
+    if 0 in who.uids:
+        return P.CGROUP_AND_SCAN, "it has or may regain uid 0, which owns the cgroups it could leave through"
+    for held in descriptors:
+        if writes_cgroups(held, mounts):
+            return P.CGROUP_AND_SCAN, (f"it holds {held.target} open for writing, which writes a cgroup's "
+                                       "processes with its opener's credentials")
+    if not procs:
+        return P.CGROUP_AND_SCAN, "no cgroup.procs above its cgroup was read"
+    for path, inode in procs:
+        if may_write(inode, who):
+            return P.CGROUP_AND_SCAN, f"it may write {path} and leave its cgroup"
+    return P.CGROUP_ONLY, ("no new privileges, no capabilities, no uid 0, and no cgroup.procs above its "
+                           "cgroup that a uid or gid of it may write")
