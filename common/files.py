@@ -6,11 +6,13 @@ exclusively without following a link (O_CREAT | O_EXCL | O_NOFOLLOW), and rename
 within that same directory, so a link planted at the name or at any temporary name — by another
 user, or by whoever owned the directory before — is replaced, never written through; a reader
 sees the old file or the whole new one. `open_private_dir` refuses a directory that is a link, is
-not this user's, or that others may write. `remove_tree` removes a tree from a directory it is
-given open, following no link and holding no Python frame per level; `copy_tree` copies one
-directory's contents into another the same way, so a directory swapped for a link on either side
-meanwhile is refused, never read or written through; `open_listed` opens a file a walk listed
-only while it is still that regular file, never waiting on a FIFO renamed over it.
+not this user's, or that others may write; `check_private_tree` refuses one with anything beneath
+it so (or a link), and `open_private_file` a file so, before it is written or truncated.
+`remove_tree` removes a tree from a directory it is given open, following no link and holding no
+Python frame per level; `copy_tree` copies one directory's contents into another the same way,
+so a directory swapped for a link on either side meanwhile is refused, never read or written
+through; `open_listed` opens a file a walk listed only while it is still that regular file, never
+waiting on a FIFO renamed over it.
 `open_user_dir` opens a directory a user named, following a link on the way only where the
 kernel's `fs.protected_symlinks` would in a sticky directory — the link is the user's own, root's,
 or its directory owner's — whatever that setting is here: a link another user planted at `/tmp/x`
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from holdfast.common.link_rules import MAX_LINK_HOPS
 
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT  # a log's flags for open_private_file
 
 
 class UntrustedLink(OSError):
@@ -39,13 +42,75 @@ class NotPrivate(OSError):
     """A directory meant to be this user's alone is a link, another user's, or writable by others."""
 
 
-def open_private_dir(path: str | os.PathLike[str]) -> int:
-    """A descriptor on `path`, a directory of this user's that nobody else may write."""
-    fd = os.open(path, OPEN_DIR | os.O_NOFOLLOW)
-    st = os.fstat(fd)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+def _private(st: os.stat_result) -> bool:
+    """Whether what `st` describes is this user's (its effective uid: whose files it makes) and no
+    one else may write it: nobody else can have put or changed anything there."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def open_private_dir(path: str | os.PathLike[str], make: bool = False, dir_fd: int | None = None) -> int:
+    """A descriptor on `path` (in the directory open as `dir_fd`, if given), a directory of this
+    user's that nobody else may write; with `make`, made 0o755 when missing (without `dir_fd`, its
+    parents too, as `mkdir -p` would)."""
+    if make:
+        if dir_fd is None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755, dir_fd=dir_fd)
+    fd = os.open(path, OPEN_DIR | os.O_NOFOLLOW, dir_fd=dir_fd)
+    if not _private(os.fstat(fd)):
         os.close(fd)
-        raise NotPrivate(f"{os.fspath(path)} is not a directory of uid {os.getuid()} that only it may write")
+        raise NotPrivate(errno.EPERM, f"is not a directory of uid {os.geteuid()} that only it may write",
+                         os.fspath(path))
+    return fd
+
+
+def check_private_tree(top: int, where: str) -> None:
+    """Raises NotPrivate naming the first entry beneath the directory open as `top` (called `where`)
+    that is a link, neither a regular file nor a directory, not this user's, or that others may
+    write: within a tree that passes, in a directory that passes `open_private_dir`, only this user
+    (or root) can have put anything, so a path into it leads nowhere else. Each directory is opened
+    from the one above without following a link; an entry removed while walked (another process of
+    this user's at work there) is skipped."""
+    stack = [(os.dup(top), where)]
+    try:
+        while stack:
+            fd, here = stack[-1]
+            stack.pop()
+            try:
+                for name in os.listdir(fd):
+                    path = os.path.join(here, name)
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):  # a link too
+                            raise NotPrivate(errno.EPERM, "is a link or special file (only regular files "
+                                             "and directories are trusted there)", path)
+                        if not _private(st):
+                            raise NotPrivate(errno.EPERM, f"is not uid {os.geteuid()}'s alone (owner uid "
+                                             f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})", path)
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append((os.open(name, OPEN_DIR | os.O_NOFOLLOW, dir_fd=fd), path))
+                    except FileNotFoundError:
+                        continue
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+
+
+def open_private_file(directory: int | None, name: str, flags: int, mode: int = 0o600) -> int:
+    """`name` in the directory open as `directory` (or a path, with None) opened with `flags`,
+    never through a link (O_NOFOLLOW) nor waiting on a FIFO (O_NONBLOCK while opened); NotPrivate
+    unless it is a regular file of this user's that nobody else may write, then closed unchanged —
+    a log or lock file left by another user is refused, never appended to or truncated."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=directory)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not _private(st):
+        os.close(fd)
+        raise NotPrivate(errno.EPERM, f"is not a regular file of uid {os.geteuid()}'s alone (owner uid "
+                         f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})", name)
+    os.set_blocking(fd, True)
     return fd
 
 

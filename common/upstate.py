@@ -11,8 +11,11 @@ address. Both `up` and the client library use this module, so neither imports th
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +39,20 @@ def default_state_dir() -> Path:
     return Path(base) / "holdfast"
 
 
-def load(state_dir: Path) -> dict[str, Any]:
+def read_json(directory: int | None, name: str | Path) -> Any:
+    """The JSON of `name` (in the directory open as `directory`, if given), a regular file read
+    never through a link nor waiting on a FIFO: OSError otherwise."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(name))
+        return json.loads(f.read())
+
+
+def load(state_dir: Path, directory: int | None = None) -> dict[str, Any]:
+    """The state `up` left in `state_dir` (read through `directory`, its open descriptor, if given)."""
     try:
-        state = json.loads((state_dir / STATE_FILE).read_text())
+        state = read_json(directory, STATE_FILE if directory is not None else state_dir / STATE_FILE)
     except (OSError, ValueError):
         raise NoStack(f"no running `holdfast up` with state in {state_dir}. Next: start one with "
                       f"`holdfast up --hosts N --state-dir {state_dir}`") from None
@@ -47,12 +61,28 @@ def load(state_dir: Path) -> dict[str, Any]:
     return state
 
 
-def write(state_dir: Path, state: dict[str, Any]) -> None:
-    files.write_whole(state_dir, STATE_FILE, json.dumps(state, indent=2).encode(), mode=0o644)
+def load_private(state_dir: Path) -> dict[str, Any]:
+    """`load`, of a state directory only this user may have written: what another user left in one
+    of theirs (a pid to enter, certificates to trust) is no stack of ours."""
+    try:
+        directory = files.open_private_dir(state_dir)
+    except OSError:
+        raise NoStack(f"no `holdfast up` of uid {os.geteuid()} with state in {state_dir} (it is not a "
+                      "directory of this user's that only it may write)") from None
+    try:
+        return load(state_dir, directory)
+    finally:
+        os.close(directory)
 
 
-def remove(state_dir: Path) -> None:
-    (state_dir / STATE_FILE).unlink(missing_ok=True)
+def write(directory: int | Path, state: dict[str, Any]) -> None:
+    """up.json, in the state directory `directory` (a path, or open as a descriptor)."""
+    files.write_whole(directory, STATE_FILE, json.dumps(state, indent=2).encode(), mode=0o644)
+
+
+def remove(directory: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(STATE_FILE, dir_fd=directory)
 
 
 def _pointer(address: str) -> Path:
@@ -63,7 +93,7 @@ def _pointer(address: str) -> Path:
 def pointed(address: str) -> Path | None:
     """The state directory `point` last named for `address`, if any."""
     try:
-        found = json.loads(_pointer(address).read_text()).get("state_dir")
+        found = read_json(None, _pointer(address)).get("state_dir")
     except (OSError, ValueError, AttributeError):
         return None
     return Path(found) if isinstance(found, str) and found else None
@@ -73,9 +103,18 @@ def point(state_dir: Path, address: str) -> None:
     """Tells the CLI, from any directory, that the `up` with state in `state_dir` serves `address`:
     a state directory other than the default (`up --state-dir X`) is otherwise unknown to it."""
     pointer = _pointer(address)
-    pointer.parent.mkdir(parents=True, exist_ok=True)
     said = json.dumps({"state_dir": str(state_dir.resolve())}).encode()
-    files.write_whole(pointer.parent, pointer.name, said, mode=0o644)
+    # Both this user's alone: a default state directory another user made (or may write) gets no
+    # word of ours, and nothing is written through a link there.
+    top = files.open_private_dir(default_state_dir(), make=True)
+    try:
+        where = files.open_private_dir(ADDRESSES_DIR, make=True, dir_fd=top)
+    finally:
+        os.close(top)
+    try:
+        files.write_whole(where, pointer.name, said, mode=0o644)
+    finally:
+        os.close(where)
 
 
 def unpoint(state_dir: Path, address: str) -> None:
@@ -89,7 +128,7 @@ def tls_dir_for(address: str) -> Path | None:
     default state directory, or the one `point` named for the address."""
     for state_dir in (default_state_dir(), pointed(address)):
         try:
-            state = load(state_dir) if state_dir is not None else {}
+            state = load_private(state_dir) if state_dir is not None else {}
         except NoStack:
             continue
         if state.get("coordinator") == address and state.get("tls_dir"):

@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from holdfast.common import files
+
 ETCD_BINARY = "/usr/bin/etcd"
 DEFAULT_QUOTA_BYTES = 512 * 1024 * 1024
 
@@ -88,9 +90,12 @@ class EtcdServer:
         elif self.election_ms:
             heartbeat, election = self.election_ms
             cmd += [f"--heartbeat-interval={heartbeat}", f"--election-timeout={election}"]
-        log = open(self.data_dir / "etcd.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.process = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
-        log.close()
+        # Never through a link, nor into another user's file: `up` runs this as root in a state dir.
+        log = files.open_private_file(None, str(self.data_dir / "etcd.log"), files.APPEND, 0o644)
+        try:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        finally:
+            os.close(log)
         return self
 
     def wait_healthy(self, timeout: float = 15.0) -> EtcdServer:

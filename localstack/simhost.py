@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from holdfast.client import grantdir
+from holdfast.common import files
 
 # PID 1 of the namespace: starts the agent, forwards SIGTERM/SIGINT to it, reaps every orphan,
 # and exits with the agent's status (which ends the namespace).
@@ -114,15 +115,19 @@ class SimulatedHost:
                 sys.executable, "-m", "holdfast.cli", "agent", "serve",
                 "--listen", f"{self.ip}:0", "--host-id", self.host_id,
                 "--spawn-token-env", self.spawn_token_env, "--ready-file", str(ready), *self.agent_args]
-        log = open(self.state_dir / f"agent-{self.host_id}.log", "ab")  # noqa: SIM115 - handed to the child
-        with log:
-            self._unshare = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log = self.state_dir / f"agent-{self.host_id}.log"
+        # Never through a link, nor into another user's file: `up` runs this as root in a state dir.
+        out = files.open_private_file(None, str(log), files.APPEND, 0o644)
+        try:
+            self._unshare = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(out)
         self.incarnations += 1
         try:
             wait_for(f"agent of {self.host_id}",
                       lambda: ready.exists() or self._unshare.poll() is not None, timeout)  # type: ignore[union-attr]
             if not ready.exists():
-                raise RuntimeError(f"agent of {self.host_id} exited; see {log.name}")
+                raise RuntimeError(f"agent of {self.host_id} exited; see {log}")
         except BaseException:
             self._kill()
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import grpc
 
-from holdfast.common import certs, env, reasons, tls, upstate
+from holdfast.common import certs, env, files, reasons, tls, upstate
 from holdfast.common.upstate import DEFAULT_COORDINATOR
 from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
 from holdfast.localstack import etcd_server
@@ -36,6 +37,7 @@ from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 LOCK_FILE = "up.lock"
+PORTS_FILE = "etcd-ports.json"
 DEFAULT_IP_BASE = 10          # simulated host N listens on 127.0.0.<base + N>
 START_TIMEOUT_S = 20.0
 # A registration this `up` cannot prove dead stays live until its etcd lease expires (TTL 10 s,
@@ -52,11 +54,40 @@ class UpError(Exception):
     """A reason `up` cannot start, with what to do about it."""
 
 
-def lock_state_dir(state_dir: Path) -> int:
-    """Takes `STATE_DIR/up.lock` for the life of this process and returns its fd (kept open; the
-    kernel drops the lock when this process ends, however it ends, so a crash leaves no stale lock).
-    The fd is close-on-exec: a child outliving `up` must not keep the directory locked."""
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def open_state_dir(state_dir: Path) -> int:
+    """The state directory, made if missing, open for the life of this `up`: refused (UpError,
+    nothing changed) when it, or anything in it, is a link or special file, not this user's, or
+    writable by others. Everything `up` and its children write there goes to a path in it (etcd's
+    data, certificates, logs, ready files), so a link another user planted there — or a file of
+    theirs, a CA key to mint certificates from — would take root's writes anywhere, or its trust."""
+    try:
+        fd = files.open_private_dir(state_dir, make=True)
+    except OSError as exc:
+        raise UpError(_unsafe(exc, state_dir)) from None
+    try:
+        files.check_private_tree(fd, str(state_dir))
+    except OSError as exc:
+        os.close(fd)
+        raise UpError(_unsafe(exc, state_dir)) from None
+    return fd
+
+
+def _unsafe(exc: OSError, state_dir: Path) -> str:
+    what = "is a link" if exc.errno == errno.ELOOP else exc.strerror
+    return (f"{exc.filename or state_dir}: {what}; nothing was changed. A state directory and everything "
+            f"in it must be uid {os.geteuid()}'s alone, with no links. Next: remove it (as its owner), "
+            "or pass another --state-dir")
+
+
+def lock_state_dir(directory: int, state_dir: Path) -> int:
+    """Takes `up.lock` in the state directory open as `directory` for the life of this process and
+    returns its fd (kept open; the kernel drops the lock when this process ends, however it ends, so
+    a crash leaves no stale lock). The fd is close-on-exec: a child outliving `up` must not keep the
+    directory locked."""
+    try:
+        fd = files.open_private_file(directory, LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise UpError(_unsafe(exc, state_dir)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -102,12 +133,12 @@ def _same_process(pid: int, ticks: int) -> bool:
         return True
 
 
-def _left_registrations(state_dir: Path) -> list[tuple[str, int, int, int]]:
+def _left_registrations(state_dir: Path, directory: int) -> list[tuple[str, int, int, int]]:
     """(host id, lease, pid, start ticks) of each agent registration the up.json of an `up` that
     died names: the agent itself, or a simulated host's reaper (its namespace's PID 1, which takes
     the agent with it)."""
     try:
-        state = upstate.load(state_dir)
+        state = upstate.load(state_dir, directory)
     except upstate.NoStack:
         return []
     left = []
@@ -137,6 +168,7 @@ class Stack:
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_address = ""
         self.simhosts: list[SimulatedHost] = []
+        self.dir_fd: int | None = None  # the state directory, checked ours alone once
         self.lock_fd: int | None = None
         self.leases: dict[str, int] = {}  # host id -> the etcd lease of its agent's registration
 
@@ -144,12 +176,17 @@ class Stack:
     def start(self, started: Callable[[], object] = lambda: None) -> None:
         """`started` runs once every process runs, before up.json says the stack is up (what a
         caller waiting on that file may act on at once)."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         # First, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
-        self.lock_fd = lock_state_dir(self.state_dir)
-        previous = _left_registrations(self.state_dir)  # an up.json left behind: that `up` died
-        upstate.remove(self.state_dir)
+        self.dir_fd = open_state_dir(self.state_dir)
+        try:
+            self.lock_fd = lock_state_dir(self.dir_fd, self.state_dir)
+        except UpError:
+            os.close(self.dir_fd)
+            self.dir_fd = None
+            raise
+        previous = _left_registrations(self.state_dir, self.dir_fd)  # an up.json left behind: that `up` died
+        upstate.remove(self.dir_fd)
         if self.hosts_wanted and os.geteuid() != 0:
             raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
                           "or without --hosts for this host's agent only")
@@ -187,8 +224,11 @@ class Stack:
     def _start_etcd(self) -> None:
         # EtcdServer runs the module's binary; point it at the one found here (HOLDFAST_ETCD_BIN / PATH).
         etcd_server.ETCD_BINARY = find_etcd()
-        ports_file = self.state_dir / "etcd-ports.json"
-        ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+        assert self.dir_fd is not None
+        try:
+            ports = upstate.read_json(self.dir_fd, PORTS_FILE)
+        except FileNotFoundError:
+            ports = {}
         # The same ports on every start: the member's peer URL is stored in its data directory.
         self.etcd = EtcdServer(self.state_dir / "etcd", client_port=ports.get("client", 0),
                                peer_port=ports.get("peer", 0),
@@ -197,18 +237,24 @@ class Stack:
             self.etcd.start(START_TIMEOUT_S)
         except (RuntimeError, TimeoutError) as exc:
             raise UpError(f"etcd did not start: {exc}. Next: see {self.state_dir}/etcd/etcd.log") from None
-        ports_file.write_text(json.dumps({"client": self.etcd.client_port, "peer": self.etcd.peer_port}))
+        files.write_whole(self.dir_fd, PORTS_FILE,
+                          json.dumps({"client": self.etcd.client_port, "peer": self.etcd.peer_port}).encode(),
+                          mode=0o644)
 
     def _spawn(self, name: str, argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-        ready = self.state_dir / f"{name}.ready"
-        ready.unlink(missing_ok=True)
-        log = open(self.state_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
-        with log:
+        assert self.dir_fd is not None
+        ready = f"{name}.ready"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ready, dir_fd=self.dir_fd)
+        log = files.open_private_file(self.dir_fd, f"{name}.log", files.APPEND, 0o644)
+        try:
             proc = subprocess.Popen([sys.executable, "-m", "holdfast.cli", *argv,
-                                     "--ready-file", str(ready)],
+                                     "--ready-file", str(self.state_dir / ready)],
                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(log)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not ready.exists():
+        while not _exists(self.dir_fd, ready):
             if proc.poll() is not None or time.monotonic() > deadline:
                 stop_process(proc)
                 why, log = _last_line(self.state_dir / f"{name}.log"), self.state_dir / f"{name}.log"
@@ -216,7 +262,7 @@ class Stack:
                     raise UpError(f"{name} did not start: {why} (its log: {log})")
                 raise UpError(f"{name} did not start{': ' + why if why else ''}. Next: see {log}")
             time.sleep(0.02)
-        return proc, json.loads(ready.read_text())["address"]
+        return proc, upstate.read_json(self.dir_fd, ready)["address"]
 
     def _start_coordinator(self) -> None:
         assert self.etcd is not None
@@ -299,12 +345,18 @@ class Stack:
             state["hosts"] = [{"n": 0, "host_id": host_id, "ip": "127.0.0.1", "agent": self.agent_address,
                                "agent_pid": self.agent.pid, "agent_start_ticks": _start_ticks(self.agent.pid),
                                "lease_id": str(self.leases[host_id])}]
-        upstate.write(self.state_dir, state)
-        upstate.point(self.state_dir, self.address)
+        assert self.dir_fd is not None
+        upstate.write(self.dir_fd, state)
+        try:
+            upstate.point(self.state_dir, self.address)
+        except OSError as exc:
+            raise UpError(f"cannot say in {upstate.default_state_dir()} which state directory serves "
+                          f"{self.address}: {_unsafe(exc, upstate.default_state_dir())}") from None
 
     # --- stop --------------------------------------------------------------------------------
     def stop(self) -> None:
-        upstate.remove(self.state_dir)
+        if self.dir_fd is not None:
+            upstate.remove(self.dir_fd)
         if self.address:
             upstate.unpoint(self.state_dir, self.address)
         # Recorded when the agents registered: known even when the coordinator died first.
@@ -329,6 +381,9 @@ class Stack:
         if self.lock_fd is not None:  # last: everything this `up` ran has stopped
             os.close(self.lock_fd)
             self.lock_fd = None
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+            self.dir_fd = None
 
     def failed(self) -> str:
         """The name of a part that died on its own, '' while all run."""
@@ -348,6 +403,14 @@ async def _revoke(etcd_url: str, leases: list[int], etcd_tls_dir: Path | None) -
                 await store.revoke_lease(lease)
     finally:
         await store.close()
+
+
+def _exists(directory: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _last_line(log: Path) -> str:
@@ -416,7 +479,8 @@ def _exec(args: argparse.Namespace) -> int:
     if not cmd:
         args.parser.error("exec needs a command after --")
     try:
-        state = upstate.load(Path(args.state_dir))
+        # Only a state directory of this user's: root enters the namespace of the pid it names.
+        state = upstate.load_private(Path(args.state_dir))
     except upstate.NoStack as exc:
         print(f"holdfast exec: {exc}", file=sys.stderr)
         return reasons.EX_UNAVAILABLE

@@ -34,6 +34,56 @@ def test_up_json_is_written_whole_through_no_link(tmp_path: Path) -> None:
     assert upstate.load(tmp_path / "state") == {"coordinator": "127.0.0.1:1"}
 
 
+def test_up_json_is_read_through_no_link(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.json").write_text('{"coordinator": "127.0.0.1:1"}')
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / upstate.STATE_FILE).symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(upstate.NoStack):
+        upstate.load(tmp_path / "state")
+
+
+def test_a_private_tree_holds_no_link_and_nothing_others_may_write(tmp_path: Path) -> None:
+    top = tmp_path / "top"
+    (top / "etcd" / "member").mkdir(parents=True, mode=0o700)
+    (top / "etcd" / "member" / "db").write_bytes(b"x")
+    fd = files.open_private_dir(top)
+    try:
+        files.check_private_tree(fd, str(top))
+        (top / "etcd" / "member" / "wal").symlink_to(tmp_path)
+        with pytest.raises(files.NotPrivate) as linked:
+            files.check_private_tree(fd, str(top))
+        assert linked.value.filename == str(top / "etcd" / "member" / "wal")
+        (top / "etcd" / "member" / "wal").unlink()
+        (top / "etcd" / "member" / "db").chmod(0o666)
+        with pytest.raises(files.NotPrivate, match="mode 666"):
+            files.check_private_tree(fd, str(top))
+        (top / "etcd" / "member" / "db").chmod(0o600)
+        if os.geteuid() == 0:
+            os.chown(top / "etcd", 65534, 65534)
+            with pytest.raises(files.NotPrivate, match="owner uid 65534"):
+                files.check_private_tree(fd, str(top))
+    finally:
+        os.close(fd)
+
+
+def test_a_private_file_is_opened_through_no_link_fifo_or_file_of_another(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    (tmp_path / "log").symlink_to(victim)
+    with pytest.raises(OSError):
+        files.open_private_file(None, str(tmp_path / "log"), files.APPEND)
+    os.mkfifo(tmp_path / "fifo")
+    for flags in (files.APPEND, os.O_RDWR):  # at once: no reader nor writer is waited for
+        with pytest.raises(OSError):
+            files.open_private_file(None, str(tmp_path / "fifo"), flags)
+    victim.chmod(0o646)
+    with pytest.raises(files.NotPrivate):
+        files.open_private_file(None, str(victim), files.APPEND)
+    assert victim.read_bytes() == b"kept"
+    victim.chmod(0o644)
+    os.close(files.open_private_file(None, str(victim), files.APPEND))
+
+
 def test_a_name_that_is_not_one_component_is_refused(tmp_path: Path) -> None:
     for name in ("a/b", "..", "", "."):
         with pytest.raises(ValueError):

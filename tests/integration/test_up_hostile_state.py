@@ -1,0 +1,145 @@
+"""A root `holdfast up` on a state directory another user (nobody) made or may write: it refuses,
+saying what is wrong and what to do, and writes nothing through a link planted there — the file a
+link names is byte-equal after, a path it names still absent — nor trusts a CA planted there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from holdfast.common import certs
+from tests.integration.conftest import descendants
+from tests.integration.run_fixtures import until
+from tests.integration.unprivileged import DROP, NOBODY, shared_dir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the planter is another user (nobody)")
+
+CLI = [sys.executable, "-m", "holdfast.cli"]
+# (where nobody plants, root's victim) -> (the state dir, what must not change)
+Plant = Callable[[Path, Path], tuple[Path, Path]]
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run([*DROP, *argv], check=True)
+
+
+def snapshot(path: Path) -> object:
+    """What is at `path` (not following a link there): a file's bytes, a directory's every entry."""
+    if path.is_symlink():
+        return ("link", os.readlink(path))
+    if path.is_dir():
+        return sorted((str(p.relative_to(path)), p.read_bytes() if p.is_file() else b"")
+                      for p in path.rglob("*"))
+    return path.read_bytes() if path.exists() else None
+
+
+@pytest.fixture
+def planter() -> Iterator[Path]:
+    """A directory nobody may write, where nobody makes the state directory or its parts."""
+    where = shared_dir("holdfast-planted-")
+    yield where
+    shutil.rmtree(where)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """Root's own: a root-only file, and beside it a root-only directory."""
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    target = private / "victim"
+    target.write_bytes(b"root's secret\n")
+    target.chmod(0o600)
+    return target
+
+
+def their_state_dir(planter: Path) -> Path:
+    state = planter / "state"
+    as_nobody("mkdir", "-m", "0755", str(state))
+    return state
+
+
+def link_up_lock(planter: Path, victim: Path) -> tuple[Path, Path]:
+    state = their_state_dir(planter)
+    as_nobody("ln", "-s", str(victim), str(state / "up.lock"))
+    return state, victim
+
+
+def link_ports(planter: Path, victim: Path) -> tuple[Path, Path]:
+    state = their_state_dir(planter)
+    made = victim.parent / "made-by-root"
+    as_nobody("ln", "-s", str(made), str(state / "etcd-ports.json"))
+    return state, made
+
+
+def link_log(planter: Path, victim: Path) -> tuple[Path, Path]:
+    state = their_state_dir(planter)
+    as_nobody("ln", "-s", str(victim), str(state / "coordinator.log"))
+    return state, victim
+
+
+def link_state_dir(planter: Path, victim: Path) -> tuple[Path, Path]:
+    state = planter / "state"
+    as_nobody("ln", "-s", str(victim.parent), str(state))
+    return state, victim.parent
+
+
+def others_may_write(planter: Path, victim: Path) -> tuple[Path, Path]:
+    """Root's own state directory, but one anybody may write: nobody plants a link in it."""
+    state = planter / "state"
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
+    as_nobody("ln", "-s", str(victim), str(state / "up.lock"))
+    return state, victim
+
+
+def their_etcd_dir(planter: Path, victim: Path) -> tuple[Path, Path]:
+    """Root's own state directory 0o755, holding an etcd data directory that is nobody's (left from
+    when it was theirs) with its log a link to a path of theirs choosing."""
+    state = planter / "state"
+    state.mkdir(mode=0o755)
+    (state / "etcd").mkdir(mode=0o755)
+    os.chown(state / "etcd", NOBODY, NOBODY)
+    made = victim.parent / "made-by-etcd"
+    as_nobody("ln", "-s", str(made), str(state / "etcd" / "etcd.log"))
+    return state, made
+
+
+def their_ca(planter: Path, victim: Path) -> tuple[Path, Path]:
+    """A state directory of theirs with a CA of theirs in tls/: whoever holds ca.key would mint
+    any certificate the stack trusts (an operator's of every tenant)."""
+    state = their_state_dir(planter)
+    certs.init_ca(state / "tls")
+    for path in [state / "tls", *(state / "tls").iterdir()]:
+        os.chown(path, NOBODY, NOBODY)
+    return state, state / "tls"
+
+
+@pytest.mark.parametrize("plant", [link_up_lock, link_ports, link_log, link_state_dir, others_may_write,
+                                   their_etcd_dir, their_ca])
+def test_up_refuses_a_state_dir_another_user_controls_and_writes_nothing_through_it(
+        plant: Plant, planter: Path, victim: Path, tmp_path: Path) -> None:
+    state, target = plant(planter, victim)
+    before, was = snapshot(target), snapshot(state)
+    up = subprocess.Popen([*CLI, "up", "--tls", "--state-dir", str(state), "--listen", "127.0.0.1:0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")})
+    try:
+        # Refused at once; what the current code did instead shows as a change at the target.
+        until("up to refuse", lambda: up.poll() is not None or snapshot(target) != before, timeout=60)
+    finally:
+        if up.poll() is None:  # the current code's stack, started through the planted state
+            for pid in [*descendants(up.pid), up.pid]:
+                os.kill(pid, signal.SIGKILL)
+        _, err = up.communicate(timeout=30)
+    assert snapshot(target) == before
+    assert snapshot(state) == was
+    assert up.returncode == 69, err
+    assert "nothing was changed" in err, err
+    assert "Next: remove it (as its owner), or pass another --state-dir" in err, err
