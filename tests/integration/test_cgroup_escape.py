@@ -1,0 +1,203 @@
+"""A tree whose gate could move a process out of the session cgroup is never proven gone by that
+cgroup's emptiness alone (proc/cgroups_rules.py): an escaped process that makes its memory
+unreadable (tests/integration/stuck_fuse.py) is then counted by neither the cgroup nor the scan,
+and the answer must stay unproven while it lives. A gate that truly cannot leave still gets
+CGROUP_ONLY.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from holdfast.proc import cgroups
+from holdfast.v1 import agent_pb2
+from tests.integration.conftest import AgentProcess, mint_token, probe, wait_empty
+from tests.integration.stuck_fuse import CHILD, StuckFuse
+from tests.integration.test_agent_stuck_environ import in_mmap, until
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(120),
+              pytest.mark.skipif(os.geteuid() != 0 or not cgroups.capability().able,
+                                 reason="needs root and cgroup v2 in the node's namespace")]
+ONLY, AND_SCAN = agent_pb2.CGROUP_ONLY, agent_pb2.CGROUP_AND_SCAN
+VAR = "HOLDFAST_SPAWN_TOKEN"
+PYTHON = "/usr/bin/python3"  # a gate needs nothing of holdfast, and nobody may run it
+NOBODY_NNP = ["setpriv", "--no-new-privs", "--reuid=65534", "--regid=65534", "--clear-groups"]
+# A gate: says it is ready, then waits to be told to go, as `run`'s gate waits on its pipe.
+GATE = "import os; os.write(1, b'r'); os.read(0, 1)"
+# A gate that gives up everything but a saved uid and gid 0, from which it may set them again: with
+# no-new-privileges and no capability left.
+REGAINS_ROOT = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+os.setgroups([])
+os.setresgid(65534, 65534, 0)
+os.setresuid(65534, 65534, 0)
+header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+assert libc.capset(header, (ctypes.c_uint32 * 6)()) == 0, "dropping every capability"
+"""
+# A mount namespace of its own in which the cgroup2 hierarchy is mounted read-only.
+READ_ONLY_CGROUPS = ["unshare", "--mount", "sh", "-c", 'mount -o remount,bind,ro "$0" && exec "$@"',
+                     cgroups.cgroup2_root()]
+
+
+def root_procs() -> str:
+    return os.path.join(cgroups.cgroup2_root(), "cgroup.procs")
+
+
+@contextlib.contextmanager
+def pod_cgroup() -> Iterator[Path]:
+    path = Path(cgroups.cgroup2_root()) / f"escape-test-{secrets.token_hex(4)}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        wait_empty(path)
+        path.rmdir()
+
+
+@contextlib.contextmanager
+def gate(argv: Sequence[str], parent: Path | None = None) -> Iterator[tuple[int, agent_pb2.CgroupRef | None]]:
+    """A gate started by `argv` (only exec'ing down to the Python that says it is ready), moved into
+    `parent` if given, then into a session cgroup as AttestSpawn moves it: (its pid, that cgroup)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    ref = None
+    try:
+        assert proc.stdout is not None and proc.stdout.read(1) == b"r"
+        if parent is not None:
+            (parent / "cgroup.procs").write_text(str(proc.pid))
+        ref, why = cgroups.make_session_cgroup(proc.pid, f"escape-{secrets.token_hex(4)}", 1,
+                                               cgroups.capability())
+        assert ref is not None, why
+        yield proc.pid, ref
+    finally:
+        proc.kill()
+        proc.wait()
+        if ref is not None:
+            wait_empty(Path(ref.path))
+            os.rmdir(ref.path)
+
+
+def proof_of(argv: Sequence[str], parent: Path | None = None) -> tuple[int, str]:
+    with gate(argv, parent) as (pid, ref):
+        return cgroups.tree_proof(pid, ref, cgroups.capability())
+
+
+def test_a_gate_without_any_way_out_is_held_by_its_cgroup() -> None:
+    proof, why = proof_of([*NOBODY_NNP, "--inh-caps=-all", "--", PYTHON, "-c", GATE])
+    assert proof == ONLY, why
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    # systemd's User=nobody, NoNewPrivileges=yes, AmbientCapabilities=CAP_DAC_OVERRIDE
+    ([*NOBODY_NNP, "--inh-caps=+dac_override", "--ambient-caps=+dac_override", "--", PYTHON, "-c", GATE],
+     "capabilities"),
+    ([PYTHON, "-c", REGAINS_ROOT + GATE], "uid 0"),
+    # root without CAP_SYS_ADMIN, its cgroup2 mount read-only: it writes through /proc/<pid>/root of a
+    # process in the machine's mount namespace
+    ([*READ_ONLY_CGROUPS, "setpriv", "--bounding-set=-sys_admin", "--", PYTHON, "-c", GATE], "privileges"),
+    # and with nothing but its uid 0 (no-new-privileges, no capability)
+    ([*READ_ONLY_CGROUPS, "setpriv", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--", PYTHON,
+      "-c", GATE], "uid 0"),
+    # a root shell's redirection before it dropped to nobody: the descriptor writes as root
+    (["sh", "-c", 'exec 3>>"$0" "$@"', root_procs(), *NOBODY_NNP, "--inh-caps=-all", "--", PYTHON, "-c",
+      GATE], "open for writing"),
+], ids=["ambient-dac-override", "saved-uid-0", "root-read-only-mount", "bare-root-read-only-mount",
+        "descriptor-opened-by-root"])
+def test_a_gate_with_a_way_out_needs_the_scan_too(argv: list[str], expected: str) -> None:
+    proof, why = proof_of(argv)
+    assert proof == AND_SCAN and expected in why, why
+
+
+def test_a_cgroup_procs_its_gate_owns_is_a_way_out_whatever_its_mode() -> None:
+    with pod_cgroup() as pod:
+        procs = pod / "cgroup.procs"
+        os.chown(procs, 65534, 65534)
+        os.chmod(procs, 0o444)  # its owner may chmod it back
+        proof, why = proof_of([*NOBODY_NNP, "--inh-caps=-all", "--", PYTHON, "-c", GATE], parent=pod)
+    assert proof == AND_SCAN and str(procs) in why, why
+
+
+# The gate above, once attested: a child takes back uid and gid 0, moves itself to the hierarchy's
+# root, and makes its memory unreadable (stuck_fuse.CHILD, given as its code, told on the pipes
+# given); the gate says the child's pid and exits.
+ESCAPES = REGAINS_ROOT + r"""
+import sys
+fuse, ready, go, procs, child_code = sys.argv[1:6]
+os.write(1, b"r")
+os.read(0, 1)
+child = os.fork()
+if child == 0:
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+    os.execv(sys.executable, [sys.executable, "-c", child_code, fuse, ready, go])
+os.write(1, b"%d\n" % child)
+"""
+
+
+def test_a_child_that_regains_root_leaves_the_cgroup_and_hides_is_not_proven_gone(tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path, "host-escape")
+    mountpoint = tmp_path / "fuse"
+    mountpoint.mkdir()
+    escapee = -1  # a pidfd of the escapee, which is not this process's child
+    cgroup: Path | None = None
+    try:
+        with StuckFuse(mountpoint) as fuse:
+            ready_r, ready_w = os.pipe()
+            go_r, go_w = os.pipe()
+            token = mint_token()
+            argv = [PYTHON, "-c", ESCAPES, str(fuse.file), str(ready_w), str(go_r), root_procs(), CHILD]
+            root = subprocess.Popen(argv, env={"PATH": os.environ["PATH"], VAR: token}, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, pass_fds=(ready_w, go_r))
+            os.close(ready_w)
+            os.close(go_r)
+            try:
+                assert root.stdin is not None and root.stdout is not None and root.stdout.read(1) == b"r"
+                request = agent_pb2.AttestSpawnRequest(spawn_token=token, pid_hint=root.pid,
+                                                       session_id="escape-session", fence=1)
+                identity = agent.stub.AttestSpawn(request, timeout=10).identity
+                assert identity.cgroup.path, identity.tree_proof_reason
+                cgroup = Path(identity.cgroup.path)
+                root.stdin.write(b"g")
+                root.stdin.close()
+                escapee_pid = int(root.stdout.readline())
+                escapee = os.pidfd_open(escapee_pid)
+                assert os.read(ready_r, 1) == b"m"
+                assert fuse.read_asked.wait(10), "the escapee's own read never reached the daemon"
+                os.write(go_w, b"g")
+                until("the escapee queued for its mmap lock", lambda: in_mmap(escapee_pid))
+                assert root.wait(10) == 0
+                wait_empty(cgroup)  # the root exited, the escapee left
+
+                verdict = probe(agent.stub, identity, check_tree=True)
+                assert verdict.outcome == agent_pb2.PID_ABSENT
+                assert verdict.tree_checked and not verdict.tree_gone, verdict
+                assert "could not be read" in verdict.tree_reason, verdict
+                assert identity.tree_proof == AND_SCAN, identity.tree_proof_reason
+            finally:
+                if escapee >= 0:
+                    signal.pidfd_send_signal(escapee, signal.SIGKILL)
+                root.kill()
+                root.wait()
+                os.close(ready_r)
+                os.close(go_w)
+                if cgroup is not None:
+                    wait_empty(cgroup)
+                    cgroup.rmdir()
+        # The daemon gone, the escapee's read returns and the kill ends it.
+        if escapee >= 0:
+            assert select.select([escapee], [], [], 10)[0], "the escapee outlived its kill"
+            os.close(escapee)
+    finally:
+        agent.stop()
