@@ -7,7 +7,8 @@ within that same directory, so a link planted at the name or at any temporary na
 user, or by whoever owned the directory before — is replaced, never written through; a reader
 sees the old file or the whole new one. `open_private_dir` refuses a directory that is a link, is
 not this user's, or that others may write; `check_private_tree` refuses one with anything beneath
-it so (or a link), and `open_private_file` a file so, before it is written or truncated.
+it so (or a link), `check_ancestors` one in a directory another user may change (who could swap
+it for a link), and `open_private_file` a file so, before it is written or truncated.
 `remove_tree` removes a tree from a directory it is given open, following no link and holding no
 Python frame per level; `copy_tree` copies one directory's contents into another the same way,
 so a directory swapped for a link on either side meanwhile is refused, never read or written
@@ -57,7 +58,12 @@ def open_private_dir(path: str | os.PathLike[str], make: bool = False, dir_fd: i
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o755, dir_fd=dir_fd)
-    fd = os.open(path, OPEN_DIR | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        fd = os.open(path, OPEN_DIR | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode):
+            raise NotPrivate(errno.EPERM, "is a link", os.fspath(path)) from None
+        raise
     if not _private(os.fstat(fd)):
         os.close(fd)
         raise NotPrivate(errno.EPERM, f"is not a directory of uid {os.geteuid()} that only it may write",
@@ -97,6 +103,37 @@ def check_private_tree(top: int, where: str) -> None:
     finally:
         for fd, _ in stack:
             os.close(fd)
+
+
+class Swappable(NotPrivate):
+    """A directory another user may change holds the one meant to be this user's alone."""
+
+
+def check_ancestors(fd: int, where: str) -> None:
+    """Raises Swappable naming the first of the directory open as `fd` (called `where`) and those
+    above it that a user other than this one or root owns, or that others may write without its
+    sticky bit: they could rename what is in it away and put a link at its name, so that a path
+    through it — one handed to a child, which cannot be given a descriptor — leads where they
+    choose."""
+    here = os.dup(fd)
+    path = os.path.abspath(where)
+    try:
+        while True:
+            st = os.fstat(here)
+            if st.st_uid not in (0, os.geteuid()):
+                raise Swappable(errno.EPERM, f"uid {st.st_uid} owns it: it could swap what is in it for a "
+                                 "link", path)
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                raise Swappable(errno.EPERM, f"others may write it, and it is not sticky (mode "
+                                 f"{stat.S_IMODE(st.st_mode):o}): they could swap what is in it for a link",
+                                 path)
+            above = os.open("..", OPEN_DIR, dir_fd=here)
+            os.close(here)
+            here, path = above, os.path.dirname(path)
+            if (os.fstat(here).st_dev, os.fstat(here).st_ino) == (st.st_dev, st.st_ino):
+                return  # "/": its own parent
+    finally:
+        os.close(here)
 
 
 def open_private_file(directory: int | None, name: str, flags: int, mode: int = 0o600) -> int:

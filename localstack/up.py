@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -54,29 +53,44 @@ class UpError(Exception):
     """A reason `up` cannot start, with what to do about it."""
 
 
-def open_state_dir(state_dir: Path) -> int:
-    """The state directory, made if missing, open for the life of this `up`: refused (UpError,
-    nothing changed) when it, or anything in it, is a link or special file, not this user's, or
-    writable by others. Everything `up` and its children write there goes to a path in it (etcd's
-    data, certificates, logs, ready files), so a link another user planted there — or a file of
-    theirs, a CA key to mint certificates from — would take root's writes anywhere, or its trust."""
+def open_state_dir(state_dir: Path) -> tuple[int, Path]:
+    """The state directory, made if missing, open for the life of this `up`, and its path with no
+    link in it: refused (UpError, nothing changed) when it, or anything in it, is a link or special
+    file, not this user's, or writable by others, or when a directory above it is another user's
+    or others may write it. Everything `up` and its children write goes to a path in it (etcd's
+    data, certificates, logs, ready files), so a link another user planted there, or swapped in for
+    it — or a file of theirs, a CA key to mint certificates from — would take root's writes
+    anywhere, or its trust."""
+    state_dir = Path(os.path.abspath(state_dir))
+    made: list[str] = []
     try:
-        fd = files.open_private_dir(state_dir, make=True)
+        parent, made = files.open_user_dir(state_dir.parent, make=True)
+        try:
+            files.check_ancestors(parent, str(state_dir.parent))
+            fd = files.open_private_dir(state_dir.name, make=True, dir_fd=parent)
+        finally:
+            os.close(parent)
     except OSError as exc:
+        for directory in reversed(made):  # empty, just made on the way: a refusal changes nothing
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
         raise UpError(_unsafe(exc, state_dir)) from None
     try:
         files.check_private_tree(fd, str(state_dir))
     except OSError as exc:
         os.close(fd)
         raise UpError(_unsafe(exc, state_dir)) from None
-    return fd
+    # Its path through no link: no user but this one or root can change what it leads to.
+    return fd, Path(os.readlink(f"/proc/self/fd/{fd}"))
 
 
 def _unsafe(exc: OSError, state_dir: Path) -> str:
-    what = "is a link" if exc.errno == errno.ELOOP else exc.strerror
-    return (f"{exc.filename or state_dir}: {what}; nothing was changed. A state directory and everything "
-            f"in it must be uid {os.geteuid()}'s alone, with no links. Next: remove it (as its owner), "
-            "or pass another --state-dir")
+    where = exc.filename if os.path.isabs(str(exc.filename)) else state_dir
+    uid = os.geteuid()
+    must = (f"lie in directories only uid {uid} (or root) may change" if isinstance(exc, files.Swappable)
+            else f"be uid {uid}'s alone, and all in it, with no links")
+    return (f"{where}: {exc.strerror}; nothing was changed. A state directory must {must}. Next: pass "
+            "another --state-dir (or, as its owner, remove or fix it)")
 
 
 def lock_state_dir(directory: int, state_dir: Path) -> int:
@@ -157,8 +171,7 @@ class Stack:
 
     def __init__(self, state_dir: Path, listen: str, hosts: int, ip_base: int, use_tls: bool = False) -> None:
         self.state_dir = state_dir
-        # With --tls every link is mTLS, with certificates kept in the state dir across restarts.
-        self.tls_dir = (state_dir / "tls").resolve() if use_tls else None
+        self.use_tls = use_tls
         self.listen = listen
         self.hosts_wanted = hosts
         self.ip_base = ip_base
@@ -168,6 +181,7 @@ class Stack:
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_address = ""
         self.simhosts: list[SimulatedHost] = []
+        self.tls_dir: Path | None = None
         self.dir_fd: int | None = None  # the state directory, checked ours alone once
         self.lock_fd: int | None = None
         self.leases: dict[str, int] = {}  # host id -> the etcd lease of its agent's registration
@@ -178,7 +192,9 @@ class Stack:
         caller waiting on that file may act on at once)."""
         # First, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
-        self.dir_fd = open_state_dir(self.state_dir)
+        self.dir_fd, self.state_dir = open_state_dir(self.state_dir)
+        # With --tls every link is mTLS, with certificates kept in the state dir across restarts.
+        self.tls_dir = self.state_dir / "tls" if self.use_tls else None
         try:
             self.lock_fd = lock_state_dir(self.dir_fd, self.state_dir)
         except UpError:

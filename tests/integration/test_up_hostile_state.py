@@ -42,8 +42,10 @@ def snapshot(path: Path) -> object:
 
 @pytest.fixture
 def planter() -> Iterator[Path]:
-    """A directory nobody may write, where nobody makes the state directory or its parts."""
+    """A directory anybody may write, sticky as /tmp (none may rename another's entry), where nobody
+    makes the state directory or its parts."""
     where = shared_dir("holdfast-planted-")
+    where.chmod(0o1777)
     yield where
     shutil.rmtree(where)
 
@@ -99,6 +101,18 @@ def others_may_write(planter: Path, victim: Path) -> tuple[Path, Path]:
     return state, victim
 
 
+def swappable_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
+    """Root's own private state directory, in a directory anybody may write and not sticky: nobody
+    could rename it away and put a link at its name while etcd, the coordinator and the agents
+    write to paths through it."""
+    open_to_all = planter / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    state = open_to_all / "state"
+    state.mkdir(mode=0o700)
+    return state, state
+
+
 def their_etcd_dir(planter: Path, victim: Path) -> tuple[Path, Path]:
     """Root's own state directory 0o755, holding an etcd data directory that is nobody's (left from
     when it was theirs) with its log a link to a path of theirs choosing."""
@@ -122,7 +136,7 @@ def their_ca(planter: Path, victim: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("plant", [link_up_lock, link_ports, link_log, link_state_dir, others_may_write,
-                                   their_etcd_dir, their_ca])
+                                   swappable_parent, their_etcd_dir, their_ca])
 def test_up_refuses_a_state_dir_another_user_controls_and_writes_nothing_through_it(
         plant: Plant, planter: Path, victim: Path, tmp_path: Path) -> None:
     state, target = plant(planter, victim)
@@ -142,4 +156,5 @@ def test_up_refuses_a_state_dir_another_user_controls_and_writes_nothing_through
     assert snapshot(state) == was
     assert up.returncode == 69, err
     assert "nothing was changed" in err, err
-    assert "Next: remove it (as its owner), or pass another --state-dir" in err, err
+    assert "Next: pass another --state-dir (or, as its owner, remove or fix it)" in err, err
+    assert len(err.splitlines()) == 1, err

@@ -66,6 +66,25 @@ def test_a_private_tree_holds_no_link_and_nothing_others_may_write(tmp_path: Pat
         os.close(fd)
 
 
+def test_a_directory_another_user_may_change_above_a_private_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "open" / "state").mkdir(parents=True, mode=0o700)
+    fd = files.open_private_dir(tmp_path / "open" / "state")
+    try:
+        files.check_ancestors(fd, str(tmp_path / "open" / "state"))
+        (tmp_path / "open").chmod(0o777)  # anybody could rename `state` away, a link in its place
+        with pytest.raises(files.Swappable) as refused:
+            files.check_ancestors(fd, str(tmp_path / "open" / "state"))
+        assert refused.value.filename == str(tmp_path / "open")
+        (tmp_path / "open").chmod(0o1777)  # sticky, as /tmp: only the owner renames
+        files.check_ancestors(fd, str(tmp_path / "open" / "state"))
+        if os.geteuid() == 0:
+            os.chown(tmp_path / "open", 65534, 65534)
+            with pytest.raises(files.Swappable, match="uid 65534 owns it"):
+                files.check_ancestors(fd, str(tmp_path / "open" / "state"))
+    finally:
+        os.close(fd)
+
+
 def test_a_private_file_is_opened_through_no_link_fifo_or_file_of_another(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"kept")
@@ -96,7 +115,7 @@ def test_a_private_directory_is_ours_alone(tmp_path: Path) -> None:
     ours.mkdir(mode=0o700)
     os.close(files.open_private_dir(ours))
     (tmp_path / "link").symlink_to(ours)
-    with pytest.raises(OSError):
+    with pytest.raises(files.NotPrivate, match="is a link"):
         files.open_private_dir(tmp_path / "link")
     os.chmod(ours, 0o770)
     with pytest.raises(files.NotPrivate):
