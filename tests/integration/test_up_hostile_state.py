@@ -4,6 +4,7 @@ link names is byte-equal after, a path it names still absent — nor trusts a CA
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from holdfast.common import certs
+from holdfast.localstack.up import _start_ticks
 from tests.integration.conftest import descendants
 from tests.integration.run_fixtures import until
 from tests.integration.unprivileged import DROP, NOBODY, shared_dir
@@ -158,3 +160,19 @@ def test_up_refuses_a_state_dir_another_user_controls_and_writes_nothing_through
     assert "nothing was changed" in err, err
     assert "Next: pass another --state-dir (or, as its owner, remove or fix it)" in err, err
     assert len(err.splitlines()) == 1, err
+
+
+def test_exec_enters_no_process_a_state_dir_of_another_user_names(planter: Path, tmp_path: Path) -> None:
+    """Their up.json names a host whose reaper is a process of root's (this test): a root `exec`
+    would run CMD in its namespaces, as root. It refuses, and CMD never runs."""
+    state = their_state_dir(planter)
+    me = os.getpid()
+    host = {"n": 1, "host_id": "host-1", "reaper_pid": me, "reaper_start_ticks": _start_ticks(me)}
+    up_json = json.dumps({"coordinator": "127.0.0.1:9", "tls_dir": "", "hosts": [host]})
+    as_nobody("sh", "-c", f"printf '%s' '{up_json}' > {state / 'up.json'}")
+    ran = tmp_path / "ran"
+    done = subprocess.run([*CLI, "exec", "--host", "1", "--state-dir", str(state), "--", "touch", str(ran)],
+                          capture_output=True, text=True, timeout=60)
+    assert not ran.exists()
+    assert done.returncode == 69, done.stderr
+    assert f"no `holdfast up` of uid 0 with state in {state}" in done.stderr

@@ -42,6 +42,23 @@ def test_up_json_is_read_through_no_link(tmp_path: Path) -> None:
         upstate.load(tmp_path / "state")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's directory")
+def test_the_cli_trusts_and_points_through_no_state_directory_of_another_user(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their up.json would name a CA of theirs for the CLI to trust, their addresses/ which state
+    directory serves an address: neither is read, and no word of ours is written there."""
+    monkeypatch.delenv(upstate.STATE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    theirs = upstate.default_state_dir()
+    theirs.mkdir(mode=0o755)
+    (theirs / upstate.STATE_FILE).write_text('{"coordinator": "127.0.0.1:9", "tls_dir": "/their/ca"}')
+    os.chown(theirs, 65534, 65534)
+    assert upstate.tls_dir_for("127.0.0.1:9") is None
+    with pytest.raises(files.NotPrivate):
+        upstate.point(tmp_path / "ours", "127.0.0.1:9")
+    assert sorted(p.name for p in theirs.iterdir()) == [upstate.STATE_FILE]
+
+
 def test_a_private_tree_holds_no_link_and_nothing_others_may_write(tmp_path: Path) -> None:
     top = tmp_path / "top"
     (top / "etcd" / "member").mkdir(parents=True, mode=0o700)
