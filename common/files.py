@@ -111,10 +111,10 @@ class Swappable(NotPrivate):
 
 def check_ancestors(fd: int, where: str) -> None:
     """Raises Swappable naming the first of the directory open as `fd` (called `where`) and those
-    above it that a user other than this one or root owns, or that others may write without its
-    sticky bit: they could rename what is in it away and put a link at its name, so that a path
-    through it — one handed to a child, which cannot be given a descriptor — leads where they
-    choose."""
+    above it that a user other than this one or root owns, or that others (or a group not this
+    user's own) may write without its sticky bit: they could rename what is in it away and put a
+    link at its name, so that a path through it — one handed to a child, which cannot be given a
+    descriptor — leads where they choose."""
     here = os.dup(fd)
     path = os.path.abspath(where)
     try:
@@ -123,7 +123,10 @@ def check_ancestors(fd: int, where: str) -> None:
             if st.st_uid not in (0, os.geteuid()):
                 raise Swappable(errno.EPERM, f"uid {st.st_uid} owns it: it could swap what is in it for a "
                                  "link", path)
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            # Group-writable for this user's own group is this user's (a user-private group, the
+            # default under umask 002); for another group, or for all, it is theirs too.
+            shared = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid())
+            if shared and not st.st_mode & stat.S_ISVTX:
                 raise Swappable(errno.EPERM, f"others may write it, and it is not sticky (mode "
                                  f"{stat.S_IMODE(st.st_mode):o}): they could swap what is in it for a link",
                                  path)

@@ -190,6 +190,9 @@ class Stack:
     def start(self, started: Callable[[], object] = lambda: None) -> None:
         """`started` runs once every process runs, before up.json says the stack is up (what a
         caller waiting on that file may act on at once)."""
+        # Nothing this `up` or its children make is writable by group or others (umask 002 made
+        # certificates 0664): the next `up` would refuse its own state directory.
+        os.umask(os.umask(0o022) | 0o022)
         # First, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
         self.dir_fd, self.state_dir = open_state_dir(self.state_dir)

@@ -38,8 +38,8 @@ def ups() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def start_up(state: Path, ups: list[subprocess.Popen[bytes]],
-             listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen([*CLI, "up", "--state-dir", str(state), "--listen", listen],
+             listen: str = "127.0.0.1:0", *more: str) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([*CLI, "up", "--state-dir", str(state), "--listen", listen, *more],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     ups.append(proc)
     def ours() -> bool:  # an up.json a crashed `up` left names another pid

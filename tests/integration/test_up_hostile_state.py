@@ -19,6 +19,7 @@ from holdfast.common import certs
 from holdfast.localstack.up import _start_ticks
 from tests.integration.conftest import descendants
 from tests.integration.run_fixtures import until
+from tests.integration.test_up import start_up, stop_up, ups  # noqa: F401 - ups: a fixture
 from tests.integration.unprivileged import DROP, NOBODY, shared_dir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the planter is another user (nobody)")
@@ -176,3 +177,18 @@ def test_exec_enters_no_process_a_state_dir_of_another_user_names(planter: Path,
     assert not ran.exists()
     assert done.returncode == 69, done.stderr
     assert f"no `holdfast up` of uid 0 with state in {state}" in done.stderr
+
+
+def test_up_under_umask_002_uses_its_own_state_dir_again(
+        tmp_path: Path, ups: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The normal case: nothing `up --tls` makes is group-writable, whatever the umask (002 made its
+    certificates 0664), so a second `up` accepts the state directory the first one made."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    state = tmp_path / "state"
+    old = os.umask(0o002)
+    try:
+        for _ in range(2):
+            proc, _ = start_up(state, ups, "127.0.0.1:0", "--tls")
+            stop_up(proc)
+    finally:
+        os.umask(old)

@@ -94,6 +94,13 @@ def test_a_directory_another_user_may_change_above_a_private_one_is_refused(tmp_
         assert refused.value.filename == str(tmp_path / "open")
         (tmp_path / "open").chmod(0o1777)  # sticky, as /tmp: only the owner renames
         files.check_ancestors(fd, str(tmp_path / "open" / "state"))
+        (tmp_path / "open").chmod(0o775)  # this user's own group (umask 002's): this user's
+        os.chown(tmp_path / "open", -1, os.getegid())
+        files.check_ancestors(fd, str(tmp_path / "open" / "state"))
+        if os.geteuid() == 0:
+            os.chown(tmp_path / "open", -1, 65534)  # another group's
+            with pytest.raises(files.Swappable, match="mode 775"):
+                files.check_ancestors(fd, str(tmp_path / "open" / "state"))
         if os.geteuid() == 0:
             os.chown(tmp_path / "open", 65534, 65534)
             with pytest.raises(files.Swappable, match="uid 65534 owns it"):
