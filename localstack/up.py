@@ -7,6 +7,10 @@ started, so no record is lost; the state directory (etcd's data and its ports) m
 on it find every record again. One `up` at a time per state directory: it holds an flock on
 `STATE_DIR/up.lock` for its whole life, and a second `up` there refuses at once, naming the first's
 pid, before it touches anything (the first's `up.json` stays). Everything listens on 127.0.0.0/8 only.
+A state directory another user could have written into is refused before anything is written: one
+that is a link, not this user's or writable by others, that holds anything so (a link, a CA key of
+theirs), or that lies under a directory they may change; nothing `up` writes there goes through a
+link (open_state_dir).
 """
 
 from __future__ import annotations
