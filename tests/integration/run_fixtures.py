@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,9 +88,11 @@ class Cluster:
                 "HOLDFAST_COORDINATOR": self.coordinator.address, "HOLDFAST_RUN_CHILD": CHILD}
 
     def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None,
-            as_nobody: bool = False, env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
+            as_nobody: bool = False, env: dict[str, str] | None = None, cwd: Path | None = None,
+            drop: Sequence[str] = unprivileged.DROP) -> Run:
         """`holdfast run --session S OPTIONS -- CMD` on `host` (CMD defaults to the overlap child),
-        as root or, with `as_nobody`, as an unprivileged user with no capabilities."""
+        as root or, with `as_nobody`, as an unprivileged user: with no capabilities, or as `drop`
+        (a setpriv to nobody) leaves it."""
         cmd = cmd or self.child()
         stderr = self.tmp / f"run-{len(self.runs)}.err"
         python, run_env = sys.executable, {**self.env(host), **(env or {})}
@@ -102,7 +104,7 @@ class Cluster:
             self.shared.append(home)
             run_env.update(extra, HOME=str(home), TMPDIR=(env or {}).get("TMPDIR", str(home)),
                            XDG_STATE_HOME=str(home))
-            prefix = unprivileged.DROP
+            prefix = list(drop)
         argv = [*prefix, python, "-m", "holdfast.cli", "run", "--session", session, *options,
                 "--", *cmd]
         with open(stderr, "wb") as err:

@@ -41,10 +41,12 @@ def _attr(node: int) -> bytes:
 
 
 class StuckFuse:
-    """Mounted at `mountpoint` while entered; `read_asked` is set once the daemon got a READ."""
+    """Mounted at `mountpoint` while entered; `read_asked` is set once the daemon got a READ. With
+    `allow_other`, users other than root may use it too."""
 
-    def __init__(self, mountpoint: Path) -> None:
+    def __init__(self, mountpoint: Path, allow_other: bool = False) -> None:
         self.mountpoint = mountpoint
+        self.allow_other = allow_other
         self.file = mountpoint / FILE
         self.read_asked = threading.Event()
         self._fd = -1
@@ -56,9 +58,10 @@ class StuckFuse:
             raise RuntimeError("/dev/fuse is missing: this test needs the FUSE device (modprobe fuse, or a "
                                "container started with --device /dev/fuse)")
         self._fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        options = f"fd={self._fd},rootmode=40000,user_id=0,group_id=0".encode()
+        options = f"fd={self._fd},rootmode=40000,user_id=0,group_id=0"
+        options += ",allow_other" if self.allow_other else ""
         if _libc.mount(b"holdfast-stuck", str(self.mountpoint).encode(), b"fuse", _MS_NOSUID | _MS_NODEV,
-                       options) != 0:
+                       options.encode()) != 0:
             code = ctypes.get_errno()
             os.close(self._fd)
             raise OSError(code, f"mount fuse at {self.mountpoint}: {os.strerror(code)}")

@@ -11,6 +11,7 @@ import contextlib
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -18,12 +19,17 @@ from pathlib import Path
 
 import pytest
 
+from holdfast.localstack.simhost import ns_pid
 from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
-from tests.integration.conftest import AgentProcess, mint_token, probe, wait_empty
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.integration import unprivileged
+from tests.integration.conftest import AgentProcess, descendants, mint_token, probe, wait_empty
+from tests.integration.run_fixtures import Cluster
 from tests.integration.stuck_fuse import CHILD, StuckFuse
 from tests.integration.test_agent_stuck_environ import in_mmap, until
 
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [pytest.mark.root, pytest.mark.timeout(120),
               pytest.mark.skipif(os.geteuid() != 0 or not cgroups.capability().able,
                                  reason="needs root and cgroup v2 in the node's namespace")]
@@ -201,3 +207,78 @@ def test_a_child_that_regains_root_leaves_the_cgroup_and_hides_is_not_proven_gon
             os.close(escapee)
     finally:
         agent.stop()
+
+
+# Like a systemd unit with User=nobody, NoNewPrivileges=yes, AmbientCapabilities=CAP_DAC_OVERRIDE.
+NOBODY_NNP_DAC = [*NOBODY_NNP, "--inh-caps=+dac_override", "--ambient-caps=+dac_override", "--"]
+# A process of the tree: a session of its own, moved to the hierarchy's root (its capability writes
+# the root's cgroup.procs), its pid said on the `ready` FIFO, then stuck_fuse.CHILD on the FIFOs.
+ESCAPEE = r"""
+import os, sys
+fuse, procs, ready_path, go_path, child_code = sys.argv[1:6]
+os.setsid()
+with open(procs, "w") as f:
+    f.write(str(os.getpid()))
+ready = os.open(ready_path, os.O_WRONLY)
+go = os.open(go_path, os.O_RDONLY)
+os.write(ready, b"%d\n" % os.getpid())
+sys.argv = [sys.argv[0], fuse, str(ready), str(go)]
+exec(child_code)
+"""
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    path = unprivileged.shared_dir("holdfast-escape-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_tree_that_left_its_cgroup_and_hides_keeps_its_session(cluster: Cluster, shared: Path,
+                                                                 tmp_path: Path) -> None:
+    sid = f"escape-{secrets.token_hex(4)}"
+    ready, go, end = shared / "ready", shared / "go", shared / "end"
+    for fifo in (ready, go, end):
+        os.mkfifo(fifo, 0o666)
+    mountpoint = tmp_path / "fuse"
+    mountpoint.mkdir()
+    marker = shared / "second-ran"
+    escapee = -1  # a pidfd of the escapee
+    cgroup = ""
+    with StuckFuse(mountpoint, allow_other=True) as fuse:  # before the hosts, so they see it
+        a, b = cluster.host("host-a"), cluster.host("host-b")
+        root = ['"$@" & read x < "$0"', str(end), PYTHON, "-c", ESCAPEE, str(fuse.file), root_procs(),
+                str(ready), str(go), CHILD]
+        owner = cluster.run(a, sid, cmd=["sh", "-c", *root], as_nobody=True, drop=NOBODY_NNP_DAC)
+        try:
+            with open(ready, "rb", buffering=0) as said, open(go, "wb", buffering=0) as told:
+                inner = int(said.readline())
+                escapee_pid = next(p for p in descendants(owner.proc.pid) if ns_pid(p) == inner)
+                escapee = os.pidfd_open(escapee_pid)
+                assert said.read(1) == b"m"
+                assert fuse.read_asked.wait(10), "the escapee's own read never reached the daemon"
+                told.write(b"g")
+                until("the escapee queued for its mmap lock", lambda: in_mmap(escapee_pid))
+                os.kill(owner.run_pid, signal.SIGKILL)  # the owner's `run` dies ...
+                owner.wait(30)
+                end.write_text("end\n")  # ... and the tree's root exits: the cgroup is empty
+                lease = cluster.record(sid).record.lease
+                cgroup = lease.owner.cgroup.path
+                wait_empty(Path(cgroup))
+
+                waited = cluster.run(b, sid, "--wait", "5", cmd=["touch", str(marker)])
+                assert waited.wait(60) == 75, waited.err()
+                assert "OWNERSHIP_UNKNOWN" in waited.err()
+                assert not marker.exists() and not select.select([escapee], [], [], 0)[0]
+                after = cluster.record(sid).record.lease
+                assert after.fence == 1 and after.claim_status == pb.LIVE  # a refusal wrote nothing
+                assert lease.owner.tree_proof == AND_SCAN, lease.owner.tree_proof_reason
+        finally:
+            if escapee >= 0:
+                signal.pidfd_send_signal(escapee, signal.SIGKILL)
+    if escapee >= 0:
+        assert select.select([escapee], [], [], 10)[0], "the escapee outlived its kill"
+        os.close(escapee)
+    if cgroup:  # the session's cgroups, empty now; their agents' sweeps would take them only later
+        for made in Path(cgroup).parent.glob(f"holdfast-{sid}-*"):
+            made.rmdir()
