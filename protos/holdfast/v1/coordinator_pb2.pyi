@@ -657,12 +657,10 @@ class RecoverHostResult(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., fence: _Optional[int] = ..., recovered: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RecoverHostResponse(_message.Message):
-    __slots__ = ("results", "skipped_other_tenants")
+    __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
-    SKIPPED_OTHER_TENANTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[RecoverHostResult]
-    skipped_other_tenants: int
-    def __init__(self, results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ..., skipped_other_tenants: _Optional[int] = ...) -> None: ...
+    def __init__(self, results: _Optional[_Iterable[_Union[RecoverHostResult, _Mapping]]] = ...) -> None: ...
 
 class RestoreEpochRequest(_message.Message):
     __slots__ = ("epoch", "operator", "reason", "expected_hosts")
