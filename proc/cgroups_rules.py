@@ -14,8 +14,8 @@ when all of these hold of the gate, read while it is blocked and before anything
 - no-new-privileges (NoNewPrivs 1): an exec ignores setuid and setgid bits and file capabilities;
 - no permitted and no ambient capability (CapPrm, CapAmb; CapEff is a subset of CapPrm): any of
   CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_ADMIN, … writes every `cgroup.procs`, and with none
-  permitted none comes back — not by setresuid to a uid 0 either, which raises the effective set
-  only from the permitted one;
+  permitted none comes back: a setresuid to uid 0 raises the effective set from the permitted one
+  only, and an exec as uid 0 under no-new-privileges keeps no more than it had;
 - for every uid it has or may switch to without privilege (Uid: real, effective, saved, fs) and
   every gid (Gid's four and Groups), no `cgroup.procs` from S's parent up to the hierarchy's root is
   writable: a uid 0 counts as writing any (root owns them), a file owned by one of its uids counts as
@@ -39,6 +39,7 @@ import posixpath
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from holdfast.v1 import agent_pb2
 
@@ -57,8 +58,9 @@ class Credentials:
     gids: frozenset[int]  # real, effective, saved, fs, and the supplementary groups
 
 
-@dataclass(frozen=True)
-class Inode:
+class Inode(NamedTuple):
+    """A file's owner, group and mode bits, as stat gives them."""
+
     uid: int
     gid: int
     mode: int
