@@ -292,6 +292,19 @@ def _descriptors(pid: int) -> list[cgroups_rules.Descriptor]:
     return held
 
 
+def _mounts(pid: int, descriptors: list[cgroups_rules.Descriptor]) -> dict[int, str]:
+    """Mount id → type in the process's mount namespace; where a descriptor of it writes to a mount
+    not there (its opener's: a service whose manager opened its log file before making it a mount
+    namespace of its own), the agent's and PID 1's mounts too. One still unplaced counts as a cgroup
+    file's."""
+    mounts: dict[int, str] = {}
+    for source in (f"/proc/{pid}/mountinfo", "/proc/self/mountinfo", "/proc/1/mountinfo"):
+        mounts |= cgroups_rules.mount_types(read_proc_file(source).decode(errors="replace"))
+        if not cgroups_rules.unplaced(descriptors, mounts):
+            break
+    return mounts
+
+
 def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tuple[int, str]:
     """How this tree is proven gone (docs/design.md §2), by proc/cgroups_rules.py's rule over what is
     read here of the gate: an empty cgroup alone only where nothing of the tree could leave it, since
@@ -302,7 +315,7 @@ def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tu
     try:
         who = cgroups_rules.credentials(_status_fields(pid))
         descriptors = _descriptors(pid)
-        mounts = cgroups_rules.mount_types(read_proc_file(f"/proc/{pid}/mountinfo").decode(errors="replace"))
+        mounts = _mounts(pid, descriptors)
         inodes = []
         for ancestor in cgroups_rules.ancestors(ref.path, cap.root):
             st = os.stat(procs := os.path.join(ancestor, "cgroup.procs"))

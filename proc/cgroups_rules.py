@@ -107,12 +107,21 @@ def mount_types(mountinfo: str) -> dict[int, str]:
     return types
 
 
+def _writes_a_file(held: Descriptor) -> bool:
+    """Opened for writing, on a file (not a pipe, socket or anonymous inode)."""
+    return bool(held.flags & _ACCESS_MODE and not held.flags & _O_PATH and held.target.startswith("/"))
+
+
+def unplaced(descriptors: Sequence[Descriptor], mounts: Mapping[int, str]) -> bool:
+    """Whether a descriptor writes a file on a mount not in `mounts` (opened in another mount
+    namespace: mount ids are unique across namespaces, so another one's mountinfo may place it)."""
+    return any(_writes_a_file(held) and held.mount_id not in mounts for held in descriptors)
+
+
 def writes_cgroups(held: Descriptor, mounts: Mapping[int, str]) -> bool:
-    """Whether a descriptor may write a cgroup file with its opener's credentials: opened for
-    writing, on a file (not a pipe, socket or anonymous inode), of a cgroup2 mount or of a mount
-    not in `mounts` (another namespace's: what it is cannot be told)."""
-    writable = held.flags & _ACCESS_MODE and not held.flags & _O_PATH and held.target.startswith("/")
-    return bool(writable and mounts.get(held.mount_id, "cgroup2") == "cgroup2")
+    """Whether a descriptor may write a cgroup file with its opener's credentials: it writes a file
+    of a cgroup2 mount, or of a mount not in `mounts` (what that is cannot be told)."""
+    return _writes_a_file(held) and mounts.get(held.mount_id, "cgroup2") == "cgroup2"
 
 
 def ancestors(cgroup: str, root: str) -> list[str]:

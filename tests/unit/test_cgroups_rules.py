@@ -27,8 +27,8 @@ def status(**kw: str) -> dict[str, str]:
 
 
 def proof(fields: dict[str, str], procs: list[tuple[str, Inode]] = PROCS,
-          descriptors: tuple[Descriptor, ...] = ()) -> int:
-    return cgroups_rules.tree_proof(cgroups_rules.credentials(fields), descriptors, MOUNTS, procs)[0]
+          descriptors: tuple[Descriptor, ...] = (), mounts: dict[int, str] = MOUNTS) -> int:
+    return cgroups_rules.tree_proof(cgroups_rules.credentials(fields), descriptors, mounts, procs)[0]
 
 
 def test_a_gate_with_no_way_to_any_cgroup_procs_is_held_by_its_cgroup() -> None:
@@ -93,6 +93,17 @@ def test_uid_0_writes_anything() -> None:
 def test_a_descriptor_writes_with_its_openers_credentials(held: Descriptor, writes: bool) -> None:
     assert cgroups_rules.writes_cgroups(held, MOUNTS) is writes
     assert proof(status(), descriptors=(held,)) == (AND_SCAN if writes else ONLY)
+
+
+def test_a_descriptor_opened_in_another_mount_namespace_is_placed_by_that_namespaces_mounts() -> None:
+    log = Descriptor("/var/log/job.log", 0o102001, 999)  # a service manager's StandardOutput=file:
+    assert cgroups_rules.unplaced([log], MOUNTS)
+    assert not cgroups_rules.unplaced([log], {**MOUNTS, 999: "ext4"})
+    assert proof(status(), descriptors=(log,), mounts={**MOUNTS, 999: "ext4"}) == ONLY
+    assert proof(status(), descriptors=(log,), mounts={**MOUNTS, 999: "cgroup2"}) == AND_SCAN
+    # what writes no file needs no placing
+    assert not cgroups_rules.unplaced([Descriptor("/x", 0o100000, 999), Descriptor("pipe:[1]", 1, 998),
+                                       Descriptor("/y", 0o12000002, 997)], MOUNTS)
 
 
 def test_nothing_read_above_the_cgroup_proves_nothing() -> None:
