@@ -250,40 +250,43 @@ def test_a_tree_that_left_its_cgroup_and_hides_keeps_its_session(cluster: Cluste
     marker = shared / "second-ran"
     escapee = -1  # a pidfd of the escapee
     cgroup = ""
-    with StuckFuse(mountpoint, allow_other=True) as fuse:  # before the hosts, so they see it
-        a, b = cluster.host("host-a"), cluster.host("host-b")
-        root = ['"$@" & read x < "$0"', str(end), PYTHON, "-c", ESCAPEE, str(fuse.file), root_procs(),
-                str(ready), str(go), CHILD]
-        owner = cluster.run(a, sid, cmd=["sh", "-c", *root], as_nobody=True, drop=NOBODY_NNP_DAC)
-        try:
-            with open(ready, "rb", buffering=0) as said, open(go, "wb", buffering=0) as told:
-                inner = int(said.readline())
-                escapee_pid = next(p for p in descendants(owner.proc.pid) if ns_pid(p) == inner)
-                escapee = os.pidfd_open(escapee_pid)
-                assert said.read(1) == b"m"
-                assert fuse.read_asked.wait(10), "the escapee's own read never reached the daemon"
-                told.write(b"g")
-                until("the escapee queued for its mmap lock", lambda: in_mmap(escapee_pid))
-                os.kill(owner.run_pid, signal.SIGKILL)  # the owner's `run` dies ...
-                owner.wait(30)
-                end.write_text("end\n")  # ... and the tree's root exits: the cgroup is empty
-                lease = cluster.record(sid).record.lease
-                cgroup = lease.owner.cgroup.path
-                wait_empty(Path(cgroup))
+    try:
+        with StuckFuse(mountpoint, allow_other=True) as fuse:  # before the hosts, so they see it
+            a, b = cluster.host("host-a"), cluster.host("host-b")
+            root = ['"$@" & read x < "$0"', str(end), PYTHON, "-c", ESCAPEE, str(fuse.file), root_procs(),
+                    str(ready), str(go), CHILD]
+            owner = cluster.run(a, sid, cmd=["sh", "-c", *root], as_nobody=True, drop=NOBODY_NNP_DAC)
+            try:
+                with open(ready, "rb", buffering=0) as said, open(go, "wb", buffering=0) as told:
+                    inner = int(said.readline())
+                    escapee_pid = next(p for p in descendants(owner.proc.pid) if ns_pid(p) == inner)
+                    escapee = os.pidfd_open(escapee_pid)
+                    assert said.read(1) == b"m"
+                    assert fuse.read_asked.wait(10), "the escapee's own read never reached the daemon"
+                    told.write(b"g")
+                    until("the escapee queued for its mmap lock", lambda: in_mmap(escapee_pid))
+                    os.kill(owner.run_pid, signal.SIGKILL)  # the owner's `run` dies ...
+                    owner.wait(30)
+                    end.write_text("end\n")  # ... and the tree's root exits: the cgroup is empty
+                    lease = cluster.record(sid).record.lease
+                    cgroup = lease.owner.cgroup.path
+                    wait_empty(Path(cgroup))
 
-                waited = cluster.run(b, sid, "--wait", "5", cmd=["touch", str(marker)])
-                assert waited.wait(60) == 75, waited.err()
-                assert "OWNERSHIP_UNKNOWN" in waited.err()
-                assert not marker.exists() and not select.select([escapee], [], [], 0)[0]
-                after = cluster.record(sid).record.lease
-                assert after.fence == 1 and after.claim_status == pb.LIVE  # a refusal wrote nothing
-                assert lease.owner.tree_proof == AND_SCAN, lease.owner.tree_proof_reason
-        finally:
-            if escapee >= 0:
-                signal.pidfd_send_signal(escapee, signal.SIGKILL)
-    if escapee >= 0:
-        assert select.select([escapee], [], [], 10)[0], "the escapee outlived its kill"
-        os.close(escapee)
-    if cgroup:  # the session's cgroups, empty now; their agents' sweeps would take them only later
-        for made in Path(cgroup).parent.glob(f"holdfast-{sid}-*"):
-            made.rmdir()
+                    waited = cluster.run(b, sid, "--wait", "5", cmd=["touch", str(marker)])
+                    assert waited.wait(60) == 75, waited.err()
+                    assert "OWNERSHIP_UNKNOWN" in waited.err()
+                    assert not marker.exists() and not select.select([escapee], [], [], 0)[0]
+                    after = cluster.record(sid).record.lease
+                    assert after.fence == 1 and after.claim_status == pb.LIVE  # a refusal wrote nothing
+                    assert lease.owner.tree_proof == AND_SCAN, lease.owner.tree_proof_reason
+            finally:
+                if escapee >= 0:
+                    signal.pidfd_send_signal(escapee, signal.SIGKILL)
+    finally:
+        if escapee >= 0:  # its read returned when the daemon went, and the kill ended it
+            select.select([escapee], [], [], 10)
+            os.close(escapee)
+        if cgroup:  # the session's cgroups, empty now; their agents' sweeps would take them only later
+            for made in Path(cgroup).parent.glob(f"holdfast-{sid}-*"):
+                wait_empty(made)
+                made.rmdir()
