@@ -453,15 +453,47 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+STOP_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+# Signals of STOP_ON another thread took: the main thread blocks them to wait for them, and gRPC's
+# threads do not, so one sent to the process may land on them; the main thread's handler notes it.
+taken: list[int] = []
+
+
+def _note(signum: int, frame: object) -> None:
+    taken.append(signum)
+
+
+def wait_for_stop(stack: Stack) -> int:
+    """Until a stop signal (0) or a part of the stack exits on its own (1)."""
+    while True:
+        # A signal another thread took reaches its handler here only once this wait returns: the
+        # timeout bounds how late it is seen, never whether.
+        info = signal.sigtimedwait(STOP_ON, 1.0)
+        signals = [info.si_signo] if info is not None else []
+        signals += [taken.pop() for _ in range(len(taken))]
+        if stops := [s for s in signals if s != signal.SIGCHLD]:
+            say(f"{signal.Signals(stops[0]).name}: stopping")
+            return 0
+        if signals and (failed := stack.failed()):
+            say(f"{failed} exited on its own; stopping everything. Next: see the logs in {stack.state_dir}")
+            return 1
+
+
+def block_stop_signals() -> None:
+    """From up.json on, the stop signals are waited for: blocked after every child started (a
+    blocked mask is inherited across exec and would deafen the children to SIGTERM) and before
+    up.json is written, so a Ctrl-C sent as soon as it appears is a clean stop, not an interrupted
+    start — on whichever thread it lands."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_ON)
+    for signum in STOP_ON:
+        signal.signal(signum, _note)
+
+
 def _up(args: argparse.Namespace) -> int:
     stack = Stack(Path(args.state_dir), args.listen, args.hosts, args.ip_base, args.tls)
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what already runs
-    # From up.json on, signals are only waited for. Blocked after every child started (a blocked
-    # mask is inherited across exec and would deafen the children to SIGTERM) and before up.json is
-    # written: a Ctrl-C sent as soon as it appears is then a clean stop, not an interrupted start.
-    stop_on = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
     try:
-        stack.start(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, stop_on))
+        stack.start(block_stop_signals)
     except UpError as exc:
         print(f"holdfast up: {exc}", file=sys.stderr)
         return reasons.EX_UNAVAILABLE
@@ -482,16 +514,7 @@ def _up(args: argparse.Namespace) -> int:
             f"through {stack.state_dir / upstate.STATE_FILE}, from any directory; elsewhere set "
             f"{env.TLS_DIR})")
     say(f"ready; state in {stack.state_dir}. Try `holdfast status`; Ctrl-C stops everything")
-    code = 0
-    while True:
-        info = signal.sigwaitinfo(stop_on)
-        if info.si_signo != signal.SIGCHLD:
-            say(f"{signal.Signals(info.si_signo).name}: stopping")
-            break
-        if failed := stack.failed():
-            say(f"{failed} exited on its own; stopping everything. Next: see the logs in {stack.state_dir}")
-            code = 1
-            break
+    code = wait_for_stop(stack)
     stack.stop()
     say("stopped")
     return code

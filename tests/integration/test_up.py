@@ -7,6 +7,7 @@ first's up.json; a second `up` on the same address cannot serve beside the first
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from tests.integration.run_fixtures import until
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent reads other processes' environ as root")
 
 CLI = [sys.executable, "-m", "holdfast.cli"]
+SYS_TGKILL = 234  # x86-64
 
 
 @pytest.fixture
@@ -179,3 +181,41 @@ def test_an_up_after_a_crash_leaves_a_registration_it_cannot_prove_gone(
         alive.kill()
         alive.wait()
     assert f"(pid {alive.pid}) still runs" in out and "released" not in out, out
+
+
+# up's wait for a stop signal, in a process with one thread that does not block the stop signals
+# (as gRPC's threads in up do not): its id printed, then the wait.
+SIGNAL_WAIT = """
+import sys, threading
+from holdfast.localstack import up
+
+class Stack:
+    state_dir = "-"
+    def failed(self):
+        return ""
+
+parked = threading.Thread(target=threading.Event().wait, daemon=True)
+parked.start()
+up.block_stop_signals()
+print(parked.native_id, flush=True)
+sys.exit(up.wait_for_stop(Stack()))
+"""
+
+
+def test_a_stop_signal_taken_by_a_thread_that_does_not_block_it_stops_up_cleanly() -> None:
+    """A signal sent to the process lands on any thread that does not block it: up's main thread
+    blocks its stop signals to wait for them, gRPC's threads do not. One taken by such a thread
+    (tgkill) still stops up cleanly, never as an interrupted Python (130, its parts left running)."""
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_WAIT], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        thread = int(proc.stdout.readline())
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(SYS_TGKILL, proc.pid, thread, signal.SIGINT) == 0, ctypes.get_errno()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and b"SIGINT: stopping" in out, out.decode()
