@@ -314,6 +314,8 @@ def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tu
         return P.SCAN_ONLY, "no session cgroup"
     try:
         who = cgroups_rules.credentials(_status_fields(pid))
+        if (decided := cgroups_rules.by_credentials(who)) is not None:
+            return decided  # its descriptors and mounts, read for every attestation, would change nothing
         descriptors = _descriptors(pid)
         mounts = _mounts(pid, descriptors)
         inodes = []

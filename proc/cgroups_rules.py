@@ -135,10 +135,10 @@ def ancestors(cgroup: str, root: str) -> list[str]:
     return found
 
 
-def tree_proof(who: Credentials, descriptors: Sequence[Descriptor], mounts: Mapping[int, str],
-               procs: Sequence[tuple[str, Inode]]) -> tuple[int, str]:
-    """The proof for a tree in a session cgroup, its gate being `who` holding `descriptors`
-    (`mounts` its mount namespace's), `procs` the `cgroup.procs` files of the cgroup's ancestors."""
+def by_credentials(who: Credentials) -> tuple[int, str] | None:
+    """CGROUP_AND_SCAN when the gate's credentials alone let it leave its cgroup (a root gate's, as
+    most are: nothing else of it need be read); None when what it holds open and the cgroup files
+    above it decide."""
     if not who.no_new_privs:
         return P.CGROUP_AND_SCAN, "it could leave its cgroup (it may gain privileges: no no-new-privileges)"
     if who.capabilities:
@@ -146,6 +146,15 @@ def tree_proof(who: Credentials, descriptors: Sequence[Descriptor], mounts: Mapp
                                    "with which it could leave its cgroup")
     if 0 in who.uids:
         return P.CGROUP_AND_SCAN, "it has or may regain uid 0, which owns the cgroups it could leave through"
+    return None
+
+
+def tree_proof(who: Credentials, descriptors: Sequence[Descriptor], mounts: Mapping[int, str],
+               procs: Sequence[tuple[str, Inode]]) -> tuple[int, str]:
+    """The proof for a tree in a session cgroup, its gate being `who` holding `descriptors`
+    (`mounts` its mount namespace's), `procs` the `cgroup.procs` files of the cgroup's ancestors."""
+    if (decided := by_credentials(who)) is not None:
+        return decided
     for held in descriptors:
         if writes_cgroups(held, mounts):
             return P.CGROUP_AND_SCAN, (f"it holds {held.target} open for writing, which writes a cgroup's "
