@@ -12,8 +12,8 @@ inherits a memory file (memfd_create: no name in any directory), which `release`
 quoted for the shell) before the word, and which the gate sources through `/dev/fd/N` — that very
 file, never a path: a grant directory in a TMPDIR another user may write could be swapped for
 theirs, and root would source their file — after reading the word and before the exec; text that
-does not source cleanly ends the gate without running CMD. CMD inherits that descriptor too; it
-holds only what CMD's environment already holds.
+does not source cleanly ends the gate without running CMD. CMD inherits that descriptor too,
+read-only; it holds only what CMD's environment already holds.
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ class Gate:
             raise ValueError("a gate needs a command to run")
         self._env_fd = os.memfd_create("holdfast-gate-env", os.MFD_CLOEXEC) if env_at_release else -1
         read_fd, self._write_fd = os.pipe()  # both non-inheritable; pass_fds opens only the read end
-        env_fd = self._env_fd if env_at_release else None
+        # The gate and CMD hold the memory file read-only: a descriptor open for writing on a file
+        # the agent cannot place in a mount it knows could be a cgroup.procs, and costs an
+        # unprivileged tree its proof by the cgroup alone (proc/cgroups_rules.py).
+        env_fd = (os.open(f"/proc/self/fd/{self._env_fd}", os.O_RDONLY | os.O_CLOEXEC)
+                  if env_at_release else None)
         try:
             self.process = subprocess.Popen(
                 gate_argv(read_fd, argv, env_fd), env=dict(env), cwd=cwd,
@@ -77,7 +81,9 @@ class Gate:
             self._close()
             raise
         finally:
-            os.close(read_fd)
+            for fd in (read_fd, env_fd):
+                if fd is not None:
+                    os.close(fd)
 
     @property
     def pid(self) -> int:

@@ -108,6 +108,41 @@ def test_a_gate_without_any_way_out_is_held_by_its_cgroup(tmp_path: Path) -> Non
     assert proof == ONLY, why
 
 
+
+# `run`'s own gate (client/gate.py), spawned by an unprivileged, no-new-privileges process as in a
+# pod: its pid printed, then it waits on its pipe as before a grant.
+RUNS_GATE = """
+import os, sys
+from holdfast.client.gate import Gate
+gate = Gate(["true"], dict(os.environ), process_group=0, env_at_release=True)
+print(gate.pid, flush=True)
+sys.stdin.read()
+gate.abort()
+"""
+
+
+def test_runs_own_gate_unprivileged_is_held_by_its_cgroup() -> None:
+    """The memory file a gate sources its grant's environment from is held read-only by the gate: a
+    descriptor open for writing on a file in no mount the agent knows could be a cgroup.procs."""
+    python, extra = unprivileged.interpreter()
+    runner = subprocess.Popen([*NOBODY_NNP, "--inh-caps=-all", "--", python, "-c", RUNS_GATE],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, **extra},
+                              cwd="/")
+    ref = None
+    try:
+        assert runner.stdout is not None
+        pid = int(runner.stdout.readline())
+        ref, why = cgroups.make_session_cgroup(pid, f"escape-{secrets.token_hex(4)}", 1, cgroups.capability())
+        assert ref is not None, why
+        proof, why = cgroups.tree_proof(pid, ref, cgroups.capability())
+        assert proof == ONLY, why
+    finally:
+        runner.communicate(timeout=30)
+        if ref is not None:
+            wait_empty(Path(ref.path))
+            os.rmdir(ref.path)
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     # systemd's User=nobody, NoNewPrivileges=yes, AmbientCapabilities=CAP_DAC_OVERRIDE
     ([*NOBODY_NNP, "--inh-caps=+dac_override", "--ambient-caps=+dac_override", "--", PYTHON, "-c", GATE],
