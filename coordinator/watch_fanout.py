@@ -41,6 +41,16 @@ from holdfast.coordinator.watch_hub import UNANSWERED, Stream, Watcher, WatchHub
 BUFFERED = 1024
 
 
+class KeyWatcher(Watcher):
+    """A watch of one key served from the shared watch, from revision `start` on."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: int) -> None:
+        super().__init__()
+        self.start = start
+
+
 class SharedWatch(Watcher):
     """The directory's one watch on the stream: every event into the buffer, and to its key's
     watchers."""
@@ -52,7 +62,7 @@ class SharedWatch(Watcher):
         # beyond it is another history's, and the shared watch ends Unreached, serving no one.
         super().__init__(reached=start - 1)
         self.buffer: Buffer[rpc.Event] = Buffer(start, BUFFERED)
-        self.keys: dict[bytes, list[Watcher]] = {}
+        self.keys: dict[bytes, list[KeyWatcher]] = {}
 
     def deliver(self, events: list[rpc.Event]) -> None:
         if self.ended is not None:
@@ -62,7 +72,10 @@ class SharedWatch(Watcher):
             key = kv.key
             self.buffer.add(kv.mod_revision, key, event)
             for watcher in self.keys.get(key, ()):
-                watcher.deliver([event])
+                # A watcher may start past what the shared watch has received (a listing read at a
+                # revision it has not reached yet): an older event of its key is not its own.
+                if kv.mod_revision >= watcher.start:
+                    watcher.deliver([event])
 
     def end(self, error: Exception) -> None:
         if self.ended is not None:
@@ -79,15 +92,15 @@ class SharedWatch(Watcher):
         """etcd answered its create, and it has not ended: every event from its start comes."""
         return self.id != UNANSWERED and self.ended is None
 
-    def join(self, key: bytes, start: int) -> Watcher:
-        watcher = Watcher()
+    def join(self, key: bytes, start: int) -> KeyWatcher:
+        watcher = KeyWatcher(start)
         buffered = self.buffer.since(key, start)
         if buffered:
             watcher.deliver(buffered)
         self.keys.setdefault(key, []).append(watcher)
         return watcher
 
-    def leave(self, key: bytes, watcher: Watcher) -> None:
+    def leave(self, key: bytes, watcher: KeyWatcher) -> None:
         watchers = self.keys.get(key)
         if watchers is not None and watcher in watchers:
             watchers.remove(watcher)
@@ -128,7 +141,7 @@ class Fanout:
         self._shared = shared
 
     @staticmethod
-    async def _events(shared: SharedWatch, key: bytes, watcher: Watcher) -> AsyncIterator[rpc.Event]:
+    async def _events(shared: SharedWatch, key: bytes, watcher: KeyWatcher) -> AsyncIterator[rpc.Event]:
         try:
             while True:
                 yield await watcher.next()
