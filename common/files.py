@@ -7,8 +7,11 @@ within that same directory, so a link planted at the name or at any temporary na
 user, or by whoever owned the directory before — is replaced, never written through; a reader
 sees the old file or the whole new one. `open_private_dir` refuses a directory that is a link, is
 not this user's, or that others may write; `check_private_tree` refuses one with anything beneath
-it so (or a link), `check_ancestors` one in a directory another user may change (who could swap
-it for a link), and `open_private_file` a file so, before it is written or truncated.
+it so (or a link, or a default ACL letting others write what is made there), `check_ancestors`
+one in a directory another user may change (who could swap it for a link) — by its mode, an ACL
+naming them, or a group they are in (dir_rules) — and `open_private_file` a file so, before it
+is written or truncated. `open_private_path` makes a directory so checked, making nothing in a
+directory that fails `check_ancestors`.
 `remove_tree` removes a tree from a directory it is given open, following no link and holding no
 Python frame per level; `copy_tree` copies one directory's contents into another the same way,
 so a directory swapped for a link on either side meanwhile is refused, never read or written
@@ -24,10 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import os
+import pwd
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from holdfast.common import dir_rules
 from holdfast.common.link_rules import MAX_LINK_HOPS
 
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -71,19 +77,35 @@ def open_private_dir(path: str | os.PathLike[str], make: bool = False, dir_fd: i
     return fd
 
 
+def _default_acl_lets_others_write(fd: int) -> bool:
+    """Whether the directory open as `fd` has a default ACL by which what is made in it later —
+    whatever the umask, which such an ACL overrides — is writable by users other than its owner."""
+    try:
+        return dir_rules.acl_lets_others_write(os.getxattr(fd, dir_rules.ACL_DEFAULT))
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False
+        raise
+
+
 def check_private_tree(top: int, where: str) -> None:
     """Raises NotPrivate naming the first entry beneath the directory open as `top` (called `where`)
     that is a link, neither a regular file nor a directory, not this user's, or that others may
-    write: within a tree that passes, in a directory that passes `open_private_dir`, only this user
-    (or root) can have put anything, so a path into it leads nowhere else. Each directory is opened
-    from the one above without following a link; an entry removed while walked (another process of
-    this user's at work there) is skipped."""
+    write, or the first directory there (`where` itself too) whose default ACL lets others write
+    what is made in it: within a tree that passes, in a directory that passes `open_private_dir`,
+    only this user (or root) can have put anything, so a path into it leads nowhere else. An
+    access ACL naming others with write shows as the group's w (its mask), refused so. Each
+    directory is opened from the one above without following a link; an entry removed while
+    walked (another process of this user's at work there) is skipped."""
     stack = [(os.dup(top), where)]
     try:
         while stack:
             fd, here = stack[-1]
             stack.pop()
             try:
+                if _default_acl_lets_others_write(fd):
+                    raise NotPrivate(errno.EPERM, "has a default ACL that lets other users write what is "
+                                     f"made in it. Next: `setfacl -k {here}`", here)
                 for name in os.listdir(fd):
                     path = os.path.join(here, name)
                     try:
@@ -109,27 +131,52 @@ class Swappable(NotPrivate):
     """A directory another user may change holds the one meant to be this user's alone."""
 
 
+def _has_acl(fd: int) -> bool:
+    """Whether the directory open as `fd` has an access ACL (read from the descriptor, not a path
+    another user could swap meanwhile)."""
+    try:
+        return dir_rules.ACL_ACCESS in os.listxattr(fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False  # a file system without extended attributes has no ACL
+        raise
+
+
+def _group_private(gid: int) -> bool:
+    """Whether group `gid` can hold nobody but this user, by the group and user databases."""
+    try:
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False  # a group the database does not know: who else is in it is unknown
+    try:
+        name: str | None = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        name = None
+    users = [(user.pw_uid, user.pw_gid) for user in pwd.getpwall()]
+    return dir_rules.group_private(gid, members, name, users, os.geteuid())
+
+
 def check_ancestors(fd: int, where: str) -> None:
     """Raises Swappable naming the first of the directory open as `fd` (called `where`) and those
-    above it that a user other than this one or root owns, or that others (or a group not this
-    user's own) may write without its sticky bit: they could rename what is in it away and put a
-    link at its name, so that a path through it — one handed to a child, which cannot be given a
-    descriptor — leads where they choose."""
+    above it that a user other than this one or root owns, or that others may write without its
+    sticky bit (dir_rules.swappable_because): they could rename what is in it away and put a link
+    at its name, so that a path through it — one handed to a child, which cannot be given a
+    descriptor — leads where they choose. Each is judged by a descriptor opened from the one
+    below, so the one judged is the one above."""
     here = os.dup(fd)
     path = os.path.abspath(where)
     try:
         while True:
             st = os.fstat(here)
-            if st.st_uid not in (0, os.geteuid()):
-                raise Swappable(errno.EPERM, f"uid {st.st_uid} owns it: it could swap what is in it for a "
-                                 "link", path)
-            # Group-writable for this user's own group is this user's (a user-private group, the
-            # default under umask 002); for another group, or for all, it is theirs too.
-            shared = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid())
-            if shared and not st.st_mode & stat.S_ISVTX:
-                raise Swappable(errno.EPERM, f"others may write it, and it is not sticky (mode "
-                                 f"{stat.S_IMODE(st.st_mode):o}): they could swap what is in it for a link",
-                                 path)
+            # Group-writable for this user's own group is this user's only when the group holds
+            # nobody else (a user-private group, umask 002's) and no ACL's mask stands for the bits.
+            ours = bool(st.st_mode & 0o020) and st.st_gid == os.getegid()
+            why = dir_rules.swappable_because(
+                path, st.st_mode, st.st_uid, st.st_gid, euid=os.geteuid(), egid=os.getegid(),
+                acl=bool(st.st_mode & 0o020) and _has_acl(here),
+                group_private=ours and _group_private(st.st_gid))
+            if why is not None:
+                raise Swappable(errno.EPERM, why, path)
             above = os.open("..", OPEN_DIR, dir_fd=here)
             os.close(here)
             here, path = above, os.path.dirname(path)
@@ -137,6 +184,28 @@ def check_ancestors(fd: int, where: str) -> None:
                 return  # "/": its own parent
     finally:
         os.close(here)
+
+
+def open_private_path(path: str | os.PathLike[str]) -> int:
+    """A descriptor on the directory `path`, made (its missing parents too) when missing: this
+    user's, nobody else may write it, and no directory above it may another user change
+    (check_ancestors). Nothing is made in a directory that fails that check — not through another
+    user's directory, such as a home that is not this user's (root's `su` without `-`) — and what
+    was made is removed when the directory is refused."""
+    path = os.path.abspath(path)
+    made: list[str] = []
+    try:
+        parent, made = open_user_dir(os.path.dirname(path), make=True, before_make=check_ancestors)
+        try:
+            check_ancestors(parent, os.path.dirname(path))
+            return open_private_dir(os.path.basename(path), make=True, dir_fd=parent)
+        finally:
+            os.close(parent)
+    except OSError:
+        for directory in reversed(made):  # empty, just made on the way: a refusal changes nothing
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
 
 
 def open_private_file(directory: int | None, name: str, flags: int, mode: int = 0o600) -> int:
@@ -154,11 +223,13 @@ def open_private_file(directory: int | None, name: str, flags: int, mode: int = 
     return fd
 
 
-def open_user_dir(path: str | os.PathLike[str], make: bool = False) -> tuple[int, list[str]]:
+def open_user_dir(path: str | os.PathLike[str], make: bool = False,
+                  before_make: Callable[[int, str], None] | None = None) -> tuple[int, list[str]]:
     """A descriptor on the directory `path` names (relative to the working directory), each
     component opened from the one before; with `make`, the directories missing on the way are
-    made (0o777 less the umask). Returns the descriptor and the directories made, in order.
-    Raises UntrustedLink for a link on the way that only another user could have made."""
+    made (0o777 less the umask), after `before_make` (given the descriptor and path of the
+    directory the first is made in) returns. Returns the descriptor and the directories made, in
+    order. Raises UntrustedLink for a link on the way that only another user could have made."""
     name = os.fspath(path)
     todo = list(reversed(name.split("/")))
     fd = os.open("/" if name.startswith("/") else ".", OPEN_DIR)
@@ -175,6 +246,8 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False) -> tuple[int
             except FileNotFoundError:
                 if not make:
                     raise
+                if before_make is not None and not made:
+                    before_make(fd, where)
                 os.mkdir(part, 0o777, dir_fd=fd)
                 made.append(os.path.join(where, part))
                 st = os.stat(part, dir_fd=fd, follow_symlinks=False)

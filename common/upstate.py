@@ -104,9 +104,10 @@ def point(state_dir: Path, address: str) -> None:
     a state directory other than the default (`up --state-dir X`) is otherwise unknown to it."""
     pointer = _pointer(address)
     said = json.dumps({"state_dir": str(state_dir.resolve())}).encode()
-    # Both this user's alone: a default state directory another user made (or may write) gets no
-    # word of ours, and nothing is written through a link there.
-    top = files.open_private_dir(default_state_dir(), make=True)
+    # Both this user's alone: a default state directory another user made (or may write, or may
+    # swap: root with another user's HOME) gets no word of ours, no directory is made in theirs,
+    # and nothing is written through a link there.
+    top = files.open_private_path(default_state_dir())
     try:
         where = files.open_private_dir(ADDRESSES_DIR, make=True, dir_fd=top)
     finally:

@@ -66,18 +66,9 @@ def open_state_dir(state_dir: Path) -> tuple[int, Path]:
     it — or a file of theirs, a CA key to mint certificates from — would take root's writes
     anywhere, or its trust."""
     state_dir = Path(os.path.abspath(state_dir))
-    made: list[str] = []
     try:
-        parent, made = files.open_user_dir(state_dir.parent, make=True)
-        try:
-            files.check_ancestors(parent, str(state_dir.parent))
-            fd = files.open_private_dir(state_dir.name, make=True, dir_fd=parent)
-        finally:
-            os.close(parent)
+        fd = files.open_private_path(state_dir)
     except OSError as exc:
-        for directory in reversed(made):  # empty, just made on the way: a refusal changes nothing
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
         raise UpError(_unsafe(exc, state_dir)) from None
     try:
         files.check_private_tree(fd, str(state_dir))

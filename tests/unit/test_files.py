@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.common import files, upstate
+from holdfast.common import dir_rules, files, upstate
+from tests.acls import GROUP_OBJ, NO_ID, OTHER, USER_OBJ, acl, grant, named_user
 
 
 def test_a_link_at_the_name_is_replaced_not_written_through(tmp_path: Path) -> None:
@@ -107,6 +108,125 @@ def test_a_directory_another_user_may_change_above_a_private_one_is_refused(tmp_
                 files.check_ancestors(fd, str(tmp_path / "open" / "state"))
     finally:
         os.close(fd)
+
+
+def swappable(mode: int, uid: int = 1000, gid: int = 1000, acl: bool = False,
+              private: bool = True) -> str | None:
+    return dir_rules.swappable_because("/d", 0o040000 | mode, uid, gid, euid=1000, egid=1000, acl=acl,
+                                       group_private=private)
+
+
+def test_only_a_group_that_holds_nobody_else_and_no_acl_makes_group_write_this_users() -> None:
+    assert swappable(0o755) is None
+    assert swappable(0o755, uid=0, gid=0) is None  # root's
+    assert swappable(0o775) is None  # this user's private group: umask 002's
+    assert "uid 1001 owns it" in str(swappable(0o755, uid=1001))
+    assert "`chmod o-w /d`" in str(swappable(0o777))
+    assert swappable(0o1777, uid=0, gid=0) is None  # sticky, as /tmp
+    # The group bits are an ACL's mask: a named user may write, whoever the group is.
+    assert "`setfacl -b /d` or `chmod g-w /d`" in str(swappable(0o775, acl=True))
+    assert swappable(0o755, acl=True) is None  # a mask without w: no named entry may write
+    assert swappable(0o1775, acl=True) is None
+    assert "`chmod g-w /d`" in str(swappable(0o775, private=False))  # users, gid 100: shared
+    assert "group 1001, not uid 1000's alone" in str(swappable(0o775, gid=1001))
+
+
+def test_a_group_is_private_only_with_no_other_member_and_no_other_users_primary() -> None:
+    users = [(0, 0), (1000, 1000), (1001, 100)]
+    assert dir_rules.group_private(1000, [], "me", users, 1000)
+    assert dir_rules.group_private(1000, ["me"], "me", users, 1000)
+    assert not dir_rules.group_private(1000, ["me", "them"], "me", users, 1000)
+    assert not dir_rules.group_private(100, [], "me", [*users, (1000, 100)], 1000)  # 1001's primary
+    assert not dir_rules.group_private(1000, [], None, users, 1000)  # a user the database cannot name
+
+
+def test_an_acl_lets_others_write_by_an_entry_the_mask_allows() -> None:
+    assert dir_rules.acl_lets_others_write(named_user(1002))
+    assert not dir_rules.acl_lets_others_write(named_user(1002, perm=0o5))
+    assert not dir_rules.acl_lets_others_write(named_user(1002, mask=0o5))  # the mask limits it
+    assert dir_rules.acl_lets_others_write(acl((USER_OBJ, 0o7, NO_ID), (GROUP_OBJ, 0o5, NO_ID),
+                                               (OTHER, 0o7, NO_ID)))  # others', which no mask limits
+    assert dir_rules.acl_lets_others_write(b"\x02\x00")  # unparsed: taken as letting them
+
+
+def test_a_directory_above_with_an_acl_naming_another_user_is_refused(tmp_path: Path) -> None:
+    """`setfacl -m u:1002:rwx` on a 0o755 directory of this user's own group: its group bits, now
+    the ACL's mask, read 0o775 as umask 002's would, but uid 1002 may rename what is in it."""
+    (tmp_path / "shared" / "state").mkdir(parents=True, mode=0o700)
+    (tmp_path / "shared").chmod(0o755)
+    os.chown(tmp_path / "shared", -1, os.getegid())
+    fd = files.open_private_dir(tmp_path / "shared" / "state")
+    try:
+        grant(tmp_path / "shared", 1002)
+        with pytest.raises(files.Swappable, match="ACL") as refused:
+            files.check_ancestors(fd, str(tmp_path / "shared" / "state"))
+        assert refused.value.filename == str(tmp_path / "shared")
+        os.setxattr(tmp_path / "shared", dir_rules.ACL_ACCESS, named_user(1002, mask=0o5))  # mask r-x
+        files.check_ancestors(fd, str(tmp_path / "shared" / "state"))
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a group of the caller's that another user has as primary")
+def test_a_directory_above_writable_by_a_group_another_user_has_is_refused(tmp_path: Path) -> None:
+    """The caller's own gid, 65534, is also nobody's primary group: its group-write is not this
+    user's alone, as a shared `users` (gid 100) group's is not."""
+    (tmp_path / "shared" / "state").mkdir(parents=True, mode=0o700)
+    (tmp_path / "shared").chmod(0o775)
+    os.chown(tmp_path / "shared", -1, 65534)
+    fd = files.open_private_dir(tmp_path / "shared" / "state")
+    os.setegid(65534)
+    try:
+        with pytest.raises(files.Swappable, match="group 65534, not uid 0's alone") as refused:
+            files.check_ancestors(fd, str(tmp_path / "shared" / "state"))
+        assert refused.value.filename == str(tmp_path / "shared")
+    finally:
+        os.setegid(0)
+        os.close(fd)
+
+
+def test_a_private_tree_whose_acl_lets_another_user_write_is_refused(tmp_path: Path) -> None:
+    """A named entry with w shows as the group's w (the mask); a default ACL gives one to what is
+    made there later (etcd's files, logs), whatever the umask."""
+    top = tmp_path / "top"
+    (top / "etcd").mkdir(parents=True, mode=0o700)
+    (top / "etcd").chmod(0o700)
+    top.chmod(0o700)
+    fd = files.open_private_dir(top)
+    try:
+        files.check_private_tree(fd, str(top))
+        grant(top / "etcd", 1002)
+        with pytest.raises(files.NotPrivate, match="mode 775"):
+            files.check_private_tree(fd, str(top))
+        os.removexattr(top / "etcd", dir_rules.ACL_ACCESS)
+        (top / "etcd").chmod(0o700)
+        grant(top / "etcd", 1002, default=True)
+        with pytest.raises(files.NotPrivate, match="default ACL") as refused:
+            files.check_private_tree(fd, str(top))
+        assert refused.value.filename == str(top / "etcd")
+        os.removexattr(top / "etcd", dir_rules.ACL_DEFAULT)
+        grant(top, 1002, default=True)
+        with pytest.raises(files.NotPrivate, match="default ACL") as refused:
+            files.check_private_tree(fd, str(top))
+        assert refused.value.filename == str(top)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's home")
+def test_point_makes_nothing_in_another_users_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root with another user's HOME (`su` without `-`): the default state directory lies in their
+    directories, which they could swap for links; no directory or word of ours is made there."""
+    home = tmp_path / "alice"
+    home.mkdir(mode=0o755)
+    os.chown(home, 65534, 65534)
+    monkeypatch.delenv(upstate.STATE_DIR_ENV, raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(files.Swappable, match="uid 65534 owns it") as refused:
+        upstate.point(tmp_path / "ours", "127.0.0.1:9")
+    assert refused.value.filename == str(home)
+    assert list(home.iterdir()) == []
 
 
 def test_a_private_file_is_opened_through_no_link_fifo_or_file_of_another(tmp_path: Path) -> None:
