@@ -37,17 +37,17 @@ def swappable_because(path: str, mode: int, uid: int, gid: int, *, euid: int, eg
     bits = f"mode {stat.S_IMODE(mode):o}"
     swap = "and it is not sticky: they could swap what is in it for a link"
     if mode & 0o002:
-        return f"others may write it ({bits}), {swap}. Next: `chmod o-w {path}`"
+        return f"others may write it ({bits}), {swap} (`chmod o-w {path}` closes that)"
     if not mode & 0o020:
         return None
     # With an ACL the group bits are its mask: they let users its entries name write, whatever
     # the group is.
     if acl:
-        return (f"its POSIX ACL lets the users and groups it names write it ({bits}, the mask), {swap}. "
-                f"Next: `setfacl -b {path}` or `chmod g-w {path}`")
+        return (f"its POSIX ACL lets the users and groups it names write it ({bits}, the mask), {swap} "
+                f"(`setfacl -b {path}` or `chmod g-w {path}` closes that)")
     if gid != egid or not group_private:
-        return (f"group {gid}, not uid {euid}'s alone, may write it ({bits}), {swap}. "
-                f"Next: `chmod g-w {path}`")
+        return (f"group {gid}, not uid {euid}'s alone, may write it ({bits}), {swap} "
+                f"(`chmod g-w {path}` closes that)")
     return None
 
 

@@ -105,7 +105,7 @@ def check_private_tree(top: int, where: str) -> None:
             try:
                 if _default_acl_lets_others_write(fd):
                     raise NotPrivate(errno.EPERM, "has a default ACL that lets other users write what is "
-                                     f"made in it. Next: `setfacl -k {here}`", here)
+                                     f"made in it (`setfacl -k {here}` removes it)", here)
                 for name in os.listdir(fd):
                     path = os.path.join(here, name)
                     try:

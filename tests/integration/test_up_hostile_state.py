@@ -10,13 +10,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from holdfast.common import certs
 from holdfast.localstack.up import _start_ticks
+from tests.acls import grant
 from tests.integration.conftest import descendants
 from tests.integration.run_fixtures import until
 from tests.integration.test_up import start_up, stop_up, ups  # noqa: F401 - ups: a fixture
@@ -116,6 +117,18 @@ def swappable_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
     return state, state
 
 
+def acl_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
+    """Root's own private state directory in a root:root 0o755 directory whose ACL lets nobody
+    write it (`setfacl -m u:nobody:rwx`, drwxrwxr-x+): its group bits are the ACL's mask, not
+    root's group's, and nobody could rename the state directory away and put a link there."""
+    shared = planter / "shared"
+    shared.mkdir(mode=0o755)
+    grant(shared, NOBODY)
+    state = shared / "state"
+    state.mkdir(mode=0o700)
+    return state, state
+
+
 def their_etcd_dir(planter: Path, victim: Path) -> tuple[Path, Path]:
     """Root's own state directory 0o755, holding an etcd data directory that is nobody's (left from
     when it was theirs) with its log a link to a path of theirs choosing."""
@@ -139,13 +152,32 @@ def their_ca(planter: Path, victim: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("plant", [link_up_lock, link_ports, link_log, link_state_dir, others_may_write,
-                                   swappable_parent, their_etcd_dir, their_ca])
+                                   swappable_parent, acl_parent, their_etcd_dir, their_ca])
 def test_up_refuses_a_state_dir_another_user_controls_and_writes_nothing_through_it(
         plant: Plant, planter: Path, victim: Path, tmp_path: Path) -> None:
-    state, target = plant(planter, victim)
+    assert_refused(*plant(planter, victim), tmp_path)
+
+
+def test_up_refuses_a_state_dir_in_one_a_group_of_other_users_may_write(planter: Path,
+                                                                       tmp_path: Path) -> None:
+    """A root `up` whose group is nogroup (65534), as a user's whose primary group is `users` is
+    shared: the parent, root's and group-writable for that group, is also nobody's (whose primary
+    group it is) to rename the state directory in."""
+    shared = planter / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    os.chown(shared, 0, NOBODY)
+    state = shared / "state"
+    state.mkdir(mode=0o700)
+    assert_refused(state, state, tmp_path, ["setpriv", f"--regid={NOBODY}", "--clear-groups", "--"])
+
+
+def assert_refused(state: Path, target: Path, tmp_path: Path, prefix: Sequence[str] = ()) -> None:
+    """`up --state-dir state`, run after `prefix`, refuses at once, changing neither the state
+    directory nor `target`, with one line saying why and what to do."""
     before, was = snapshot(target), snapshot(state)
-    up = subprocess.Popen([*CLI, "up", "--tls", "--state-dir", str(state), "--listen", "127.0.0.1:0"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    argv = [*prefix, *CLI, "up", "--tls", "--state-dir", str(state), "--listen", "127.0.0.1:0"]
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")})
     try:
         # Refused at once; what the current code did instead shows as a change at the target.
