@@ -90,13 +90,18 @@ def _pointer(address: str) -> Path:
     return default_state_dir() / ADDRESSES_DIR / f"{name}.json"
 
 
-def pointed(address: str) -> Path | None:
-    """The state directory `point` last named for `address`, if any."""
+def _said(directory: int | None, name: str | Path) -> Path | None:
+    """The state directory the word `name` (in the directory open as `directory`, if given) names."""
     try:
-        found = read_json(None, _pointer(address)).get("state_dir")
+        found = read_json(directory, name).get("state_dir")
     except (OSError, ValueError, AttributeError):
         return None
     return Path(found) if isinstance(found, str) and found else None
+
+
+def pointed(address: str) -> Path | None:
+    """The state directory `point` last named for `address`, if any."""
+    return _said(None, _pointer(address))
 
 
 def point(state_dir: Path, address: str) -> None:
@@ -119,9 +124,24 @@ def point(state_dir: Path, address: str) -> None:
 
 
 def unpoint(state_dir: Path, address: str) -> None:
-    """Removes `point`'s word for `address` while it still names `state_dir`."""
-    if pointed(address) == state_dir.resolve():
-        _pointer(address).unlink(missing_ok=True)
+    """Removes `point`'s word for `address` while it still names `state_dir`: by its name through
+    descriptors on the default state directory and its `addresses/`, only while both are this
+    user's alone — never by a path through a link another user put there (root with their HOME)."""
+    name = _pointer(address).name
+    try:
+        top = files.open_private_dir(default_state_dir())
+        try:
+            where = files.open_private_dir(ADDRESSES_DIR, dir_fd=top)
+        finally:
+            os.close(top)
+    except OSError:
+        return  # not ours: no word of ours is there
+    try:
+        if _said(where, name) == state_dir.resolve():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=where)
+    finally:
+        os.close(where)
 
 
 def tls_dir_for(address: str) -> Path | None:

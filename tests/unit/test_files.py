@@ -213,6 +213,18 @@ def test_a_private_tree_whose_acl_lets_another_user_write_is_refused(tmp_path: P
         os.close(fd)
 
 
+def test_point_makes_the_default_state_directory_and_unpoint_removes_its_word(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(upstate.STATE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg" / "state"))  # neither made yet
+    upstate.point(tmp_path / "ours", "127.0.0.1:9")
+    assert upstate.pointed("127.0.0.1:9") == (tmp_path / "ours").resolve()
+    upstate.unpoint(tmp_path / "elsewhere", "127.0.0.1:9")  # names another: kept
+    assert upstate.pointed("127.0.0.1:9") == (tmp_path / "ours").resolve()
+    upstate.unpoint(tmp_path / "ours", "127.0.0.1:9")
+    assert upstate.pointed("127.0.0.1:9") is None
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="another user's home")
 def test_point_makes_nothing_in_another_users_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Root with another user's HOME (`su` without `-`): the default state directory lies in their
@@ -227,6 +239,26 @@ def test_point_makes_nothing_in_another_users_home(tmp_path: Path, monkeypatch: 
         upstate.point(tmp_path / "ours", "127.0.0.1:9")
     assert refused.value.filename == str(home)
     assert list(home.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's home")
+def test_unpoint_removes_nothing_through_another_users_link(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their `addresses/` is a link to a directory of root's holding a file of the word's name,
+    naming our state directory: it is kept, as nothing is removed through their directories."""
+    ours, kept = tmp_path / "ours", tmp_path / "root-only"
+    kept.mkdir(mode=0o700)
+    (kept / "127.0.0.1_9.json").write_text(f'{{"state_dir": "{ours.resolve()}"}}')
+    theirs = tmp_path / "alice" / ".local" / "state" / "holdfast"
+    theirs.mkdir(parents=True, mode=0o755)
+    (theirs / upstate.ADDRESSES_DIR).symlink_to(kept)
+    for path in [tmp_path / "alice", *(tmp_path / "alice").rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    monkeypatch.delenv(upstate.STATE_DIR_ENV, raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "alice"))
+    upstate.unpoint(ours, "127.0.0.1:9")
+    assert [p.name for p in kept.iterdir()] == ["127.0.0.1_9.json"]
 
 
 def test_a_private_file_is_opened_through_no_link_fifo_or_file_of_another(tmp_path: Path) -> None:
