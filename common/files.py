@@ -77,15 +77,19 @@ def open_private_dir(path: str | os.PathLike[str], make: bool = False, dir_fd: i
     return fd
 
 
-def _default_acl_lets_others_write(fd: int) -> bool:
-    """Whether the directory open as `fd` has a default ACL by which what is made in it later —
-    whatever the umask, which such an ACL overrides — is writable by users other than its owner."""
+def _check_default_acl(fd: int, where: str) -> None:
+    """Raises NotPrivate when the directory open as `fd` (called `where`) has a default ACL by which
+    what is made in it later — whatever the umask, which such an ACL overrides — is writable by
+    users other than its owner."""
     try:
-        return dir_rules.acl_lets_others_write(os.getxattr(fd, dir_rules.ACL_DEFAULT))
+        blob = os.getxattr(fd, dir_rules.ACL_DEFAULT)
     except OSError as exc:
         if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-            return False
+            return
         raise
+    if dir_rules.acl_lets_others_write(blob):
+        raise NotPrivate(errno.EPERM, "has a default ACL that lets other users write what is made in it "
+                         f"(`setfacl -k {where}` removes it)", where)
 
 
 def check_private_tree(top: int, where: str) -> None:
@@ -103,9 +107,7 @@ def check_private_tree(top: int, where: str) -> None:
             fd, here = stack[-1]
             stack.pop()
             try:
-                if _default_acl_lets_others_write(fd):
-                    raise NotPrivate(errno.EPERM, "has a default ACL that lets other users write what is "
-                                     f"made in it (`setfacl -k {here}` removes it)", here)
+                _check_default_acl(fd, here)
                 for name in os.listdir(fd):
                     path = os.path.join(here, name)
                     try:
@@ -189,18 +191,28 @@ def check_ancestors(fd: int, where: str) -> None:
 def open_private_path(path: str | os.PathLike[str]) -> int:
     """A descriptor on the directory `path`, made (its missing parents too) when missing: this
     user's, nobody else may write it, and no directory above it may another user change
-    (check_ancestors). Nothing is made in a directory that fails that check — not through another
-    user's directory, such as a home that is not this user's (root's `su` without `-`) — and what
-    was made is removed when the directory is refused."""
+    (check_ancestors), nor write what is made in it by a default ACL. Nothing is made in a
+    directory that fails that check — not through another user's directory, such as a home that
+    is not this user's (root's `su` without `-`) — and what was made is removed when the
+    directory is refused."""
     path = os.path.abspath(path)
     made: list[str] = []
     try:
         parent, made = open_user_dir(os.path.dirname(path), make=True, before_make=check_ancestors)
         try:
             check_ancestors(parent, os.path.dirname(path))
-            return open_private_dir(os.path.basename(path), make=True, dir_fd=parent)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.basename(path), 0o755, dir_fd=parent)
+                made.append(path)
+            fd = open_private_dir(os.path.basename(path), dir_fd=parent)
         finally:
             os.close(parent)
+        try:
+            _check_default_acl(fd, path)  # one inherited from the directory it was made in, too
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
     except OSError:
         for directory in reversed(made):  # empty, just made on the way: a refusal changes nothing
             with contextlib.suppress(OSError):

@@ -129,6 +129,16 @@ def acl_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
     return state, state
 
 
+def default_acl_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
+    """A root:root 0o755 directory whose default ACL lets nobody write what is made in it
+    (`setfacl -d -m u:nobody:rwx`): a state directory made there would pass that on to etcd's
+    files, the logs and the certificates, whatever `up`'s umask. None is made."""
+    shared = planter / "shared"
+    shared.mkdir(mode=0o755)
+    grant(shared, NOBODY, default=True)
+    return shared / "state", shared
+
+
 def their_etcd_dir(planter: Path, victim: Path) -> tuple[Path, Path]:
     """Root's own state directory 0o755, holding an etcd data directory that is nobody's (left from
     when it was theirs) with its log a link to a path of theirs choosing."""
@@ -152,7 +162,8 @@ def their_ca(planter: Path, victim: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("plant", [link_up_lock, link_ports, link_log, link_state_dir, others_may_write,
-                                   swappable_parent, acl_parent, their_etcd_dir, their_ca])
+                                   swappable_parent, acl_parent, default_acl_parent, their_etcd_dir,
+                                   their_ca])
 def test_up_refuses_a_state_dir_another_user_controls_and_writes_nothing_through_it(
         plant: Plant, planter: Path, victim: Path, tmp_path: Path) -> None:
     assert_refused(*plant(planter, victim), tmp_path)

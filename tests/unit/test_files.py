@@ -225,6 +225,23 @@ def test_point_makes_the_default_state_directory_and_unpoint_removes_its_word(
     assert upstate.pointed("127.0.0.1:9") is None
 
 
+def test_a_private_path_is_not_made_where_it_would_inherit_a_default_acl_for_others(tmp_path: Path) -> None:
+    """What is made in a directory with a default ACL naming uid 1002 gets its entries: a
+    directory on the way (0o777 less the umask: the mask rwx), and the default for what is made
+    in the last one."""
+    (tmp_path / "shared").mkdir(mode=0o755)
+    grant(tmp_path / "shared", 1002, default=True)
+    with pytest.raises(files.Swappable, match="ACL") as refused:
+        files.open_private_path(tmp_path / "shared" / "a" / "state")
+    assert refused.value.filename == str(tmp_path / "shared" / "a")
+    with pytest.raises(files.NotPrivate, match="default ACL") as refused:
+        files.open_private_path(tmp_path / "shared" / "state")
+    assert refused.value.filename == str(tmp_path / "shared" / "state")
+    assert list((tmp_path / "shared").iterdir()) == []
+    os.removexattr(tmp_path / "shared", dir_rules.ACL_DEFAULT)
+    os.close(files.open_private_path(tmp_path / "shared" / "a" / "state"))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="another user's home")
 def test_point_makes_nothing_in_another_users_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Root with another user's HOME (`su` without `-`): the default state directory lies in their
