@@ -34,6 +34,7 @@ _RANDOM = re.compile(r"[0-9a-f]{8}")  # the name's last part, os.urandom(4).hex(
 # Records of earlier versions name cgroups that `run` (as root) made at <root>/holdfast/<name>.
 LEGACY_PARENT = "holdfast"
 SWEEP_GRACE_S = 60.0
+YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 _CLONE_NEWCGROUP = 0x02000000
 P = agent_pb2.TreeProof
 
@@ -305,11 +306,21 @@ def _mounts(pid: int, descriptors: list[cgroups_rules.Descriptor]) -> dict[int, 
     return mounts
 
 
+def ptrace_scope() -> int | None:
+    """Yama's kernel.yama.ptrace_scope, read at each attestation (the host's root may change it);
+    None where Yama is absent or the file unreadable. The sysctl is the kernel's, one for every
+    namespace: an agent in a pod reads the node's."""
+    try:
+        return int(read_proc_file(YAMA_PTRACE_SCOPE))
+    except (OSError, ValueError):
+        return None
+
+
 def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tuple[int, str]:
     """How this tree is proven gone (docs/design.md §2), by proc/cgroups_rules.py's rule over what is
-    read here of the gate: an empty cgroup alone only where nothing of the tree could leave it, since
-    one that left and made its memory unreadable would be counted by neither. Anything unreadable
-    needs the scan too."""
+    read here of the gate and of Yama: an empty cgroup alone only where nothing of the tree could
+    leave it, since one that left and made its memory unreadable would be counted by neither.
+    Anything unreadable needs the scan too."""
     if ref is None:
         return P.SCAN_ONLY, "no session cgroup"
     try:
@@ -324,4 +335,4 @@ def tree_proof(pid: int, ref: agent_pb2.CgroupRef | None, cap: Capability) -> tu
             inodes.append((procs, cgroups_rules.Inode(st.st_uid, st.st_gid, st.st_mode)))
     except (OSError, ValueError, KeyError, IndexError) as exc:
         return P.CGROUP_AND_SCAN, f"its credentials could not be read ({exc}); the scan is needed too"
-    return cgroups_rules.tree_proof(who, descriptors, mounts, inodes)
+    return cgroups_rules.tree_proof(who, descriptors, mounts, inodes, ptrace_scope())

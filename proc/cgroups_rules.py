@@ -2,14 +2,16 @@
 
 Guarantee: CGROUP_ONLY — an empty session cgroup alone proves the tree gone, whatever a scan could
 or could not read — is chosen only when no credential the gate has or can regain can move a process
-out of that cgroup. Otherwise a process of the tree could leave it, make its own memory unreadable
-(so no scan counts it as a carrier of the token), outlive the rest, and the empty cgroup would have a
-second owner granted while it writes. Where this cannot be shown the proof is CGROUP_AND_SCAN.
+out of that cgroup, and the kernel lets the tree take no other process's. Otherwise a process of the
+tree could leave it, make its own memory unreadable (so no scan counts it as a carrier of the
+token), outlive the rest, and the empty cgroup would have a second owner granted while it writes.
+Where this cannot be shown the proof is CGROUP_AND_SCAN.
 
 The kernel's rule (cgroup v2): moving a process from cgroup S to cgroup D needs write access to the
 `cgroup.procs` of their nearest common ancestor, checked with the credentials of whoever opened the
 file written to. Every D outside S has that ancestor at or above S's parent. So the tree is held
-when all of these hold of the gate, read while it is blocked and before anything of the tree runs:
+when all of these hold of the gate and its kernel, read while it is blocked and before anything of
+the tree runs:
 
 - no-new-privileges (NoNewPrivs 1): an exec ignores setuid and setgid bits and file capabilities;
 - no permitted and no ambient capability (CapPrm, CapAmb; CapEff is a subset of CapPrm): any of
@@ -22,7 +24,18 @@ when all of these hold of the gate, read while it is blocked and before anything
   writable whatever its mode (its owner may chmod it), a group's or other's write bit as the mode says;
 - it holds no descriptor opened for writing on a cgroup2 mount, nor one on a mount the agent cannot
   place (opened in another mount namespace): a descriptor opened by root (a redirection of stdout by
-  a root shell before it dropped privileges) writes with root's credentials.
+  a root shell before it dropped privileges) writes with root's credentials;
+- Yama's kernel.yama.ptrace_scope is 1 or more, read at the attestation: with it absent or 0 a
+  process of the tree may attach to any dumpable process of its uid, outside the tree too, and take
+  what that one holds open (pidfd_getfd(2)) or make it write (ptrace, /proc/<pid>/mem,
+  process_vm_writev) — a `cgroup.procs` its root starter opened for writing before dropping to the
+  same uid moves the tree's process out with root's credentials. Scope 1 lets PTRACE_MODE_ATTACH
+  (all four of those) reach only descendants, which are in the cgroup, and processes that named the
+  tree their tracer (PR_SET_PTRACER): such a process cooperates, as a privileged daemon that moves
+  processes on request does, and no proof can exclude either. Reopening /proc/<pid>/fd/N is
+  PTRACE_MODE_READ, which Yama leaves alone, but a reopen is a new open, checked and written with
+  the opener's own credentials. The host's root lowering the scope later is the host's root acting,
+  as moving processes is.
 
 Mounts do not decide anything else: a read-only cgroup2 mount in the gate's own mount namespace
 does not stop a root process writing through `/proc/<pid>/root/…` of a process in another one, so
@@ -30,7 +43,8 @@ a uid 0 is never held. User namespaces: an unprivileged process may make one and
 capability in it, but such a capability reaches only inodes whose owner and group are mapped in it,
 and without privilege it maps only its own uid and gid — inodes of its own uid, counted writable
 above. (A range of subordinate ids needs newuidmap, a setuid program that no-new-privileges runs
-without its privilege.)
+without its privilege.) Nor do they open Yama: its exception for CAP_SYS_PTRACE is judged in the
+user namespace of the process attached to, which for one outside the tree is not one the tree made.
 """
 
 from __future__ import annotations
@@ -137,8 +151,8 @@ def ancestors(cgroup: str, root: str) -> list[str]:
 
 def by_credentials(who: Credentials) -> tuple[int, str] | None:
     """CGROUP_AND_SCAN when the gate's credentials alone let it leave its cgroup (a root gate's, as
-    most are: nothing else of it need be read); None when what it holds open and the cgroup files
-    above it decide."""
+    most are: nothing else of it need be read); None when what it holds open, the cgroup files above
+    it and Yama decide."""
     if not who.no_new_privs:
         return P.CGROUP_AND_SCAN, "it could leave its cgroup (it may gain privileges: no no-new-privileges)"
     if who.capabilities:
@@ -150,9 +164,11 @@ def by_credentials(who: Credentials) -> tuple[int, str] | None:
 
 
 def tree_proof(who: Credentials, descriptors: Sequence[Descriptor], mounts: Mapping[int, str],
-               procs: Sequence[tuple[str, Inode]]) -> tuple[int, str]:
+               procs: Sequence[tuple[str, Inode]], ptrace_scope: int | None) -> tuple[int, str]:
     """The proof for a tree in a session cgroup, its gate being `who` holding `descriptors`
-    (`mounts` its mount namespace's), `procs` the `cgroup.procs` files of the cgroup's ancestors."""
+    (`mounts` its mount namespace's), `procs` the `cgroup.procs` files of the cgroup's ancestors, on
+    a kernel whose kernel.yama.ptrace_scope is `ptrace_scope` (None: Yama absent, or it unreadable).
+    The gate's own ways out are named before Yama's: they stay open whatever the scope."""
     if (decided := by_credentials(who)) is not None:
         return decided
     for held in descriptors:
@@ -164,5 +180,9 @@ def tree_proof(who: Credentials, descriptors: Sequence[Descriptor], mounts: Mapp
     for path, inode in procs:
         if may_write(inode, who):
             return P.CGROUP_AND_SCAN, f"it may write {path} and leave its cgroup"
-    return P.CGROUP_ONLY, ("no new privileges, no capabilities, no uid 0, and no cgroup.procs above its "
-                           "cgroup that a uid or gid of it may write")
+    if ptrace_scope is None or ptrace_scope < 1:
+        scope = "absent or unreadable" if ptrace_scope is None else ptrace_scope
+        return P.CGROUP_AND_SCAN, (f"any process of its uid outside the tree may be ptraced (kernel.yama."
+                                   f"ptrace_scope is {scope}), and what it holds open taken")
+    return P.CGROUP_ONLY, ("no new privileges, no capabilities, no uid 0, no cgroup.procs above its cgroup "
+                           "that a uid or gid of it may write, and Yama keeps its ptrace to its descendants")

@@ -1,13 +1,16 @@
 """A tree whose gate could move a process out of the session cgroup is never proven gone by that
 cgroup's emptiness alone (proc/cgroups_rules.py): an escaped process that makes its memory
 unreadable (tests/integration/stuck_fuse.py) is then counted by neither the cgroup nor the scan,
-and the answer must stay unproven while it lives. A gate that truly cannot leave still gets
-CGROUP_ONLY.
+and the answer must stay unproven while it lives. So is one whose kernel lets it take what a process
+outside it holds open (no Yama, or kernel.yama.ptrace_scope 0). A gate that truly cannot leave still
+gets CGROUP_ONLY where Yama keeps its ptrace to its descendants; these tests assert what the rule
+says of the machine they run on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import select
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from holdfast.localstack.simhost import ns_pid
+from holdfast.localstack.simhost import SimulatedHost, ns_pid
 from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
@@ -58,6 +61,20 @@ READ_ONLY_CGROUPS = ["unshare", "--mount", "sh", "-c", 'mount -o remount,bind,ro
 
 def root_procs() -> str:
     return os.path.join(cgroups.cgroup2_root(), "cgroup.procs")
+
+
+def yama_holds() -> bool:
+    """Whether Yama keeps a tree's ptrace to its own descendants here (kernel.yama.ptrace_scope ≥ 1)."""
+    scope = cgroups.ptrace_scope()
+    return scope is not None and scope >= 1
+
+
+def assert_held_as_yama_says(proof: int, why: str) -> None:
+    """A gate with no way out of its own: held by its cgroup alone where Yama holds, else not."""
+    if yama_holds():
+        assert proof == ONLY, why
+    else:
+        assert proof == AND_SCAN and "may be ptraced (kernel.yama.ptrace_scope is" in why, why
 
 
 @contextlib.contextmanager
@@ -100,12 +117,11 @@ def proof_of(argv: Sequence[str], parent: Path | None = None) -> tuple[int, str]
 
 def test_a_gate_without_any_way_out_is_held_by_its_cgroup(tmp_path: Path) -> None:
     confined = [*NOBODY_NNP, "--inh-caps=-all", "--", PYTHON, "-c", GATE]
-    proof, why = proof_of(confined)
-    assert proof == ONLY, why
+    assert_held_as_yama_says(*proof_of(confined))
     # A log its starter opened before giving it a mount namespace of its own (a unit's
     # StandardOutput=file: with PrivateTmp=): placed by the agent's mounts, not a cgroup file.
-    proof, why = proof_of(["sh", "-c", 'exec 3>>"$0" unshare --mount "$@"', str(tmp_path / "log"), *confined])
-    assert proof == ONLY, why
+    log = str(tmp_path / "log")
+    assert_held_as_yama_says(*proof_of(["sh", "-c", 'exec 3>>"$0" unshare --mount "$@"', log, *confined]))
 
 
 
@@ -134,8 +150,7 @@ def test_runs_own_gate_unprivileged_is_held_by_its_cgroup() -> None:
         pid = int(runner.stdout.readline())
         ref, why = cgroups.make_session_cgroup(pid, f"escape-{secrets.token_hex(4)}", 1, cgroups.capability())
         assert ref is not None, why
-        proof, why = cgroups.tree_proof(pid, ref, cgroups.capability())
-        assert proof == ONLY, why
+        assert_held_as_yama_says(*cgroups.tree_proof(pid, ref, cgroups.capability()))
     finally:
         runner.communicate(timeout=30)
         if ref is not None:
@@ -251,20 +266,43 @@ def test_a_child_that_regains_root_leaves_the_cgroup_and_hides_is_not_proven_gon
 
 # Like a systemd unit with User=nobody, NoNewPrivileges=yes, AmbientCapabilities=CAP_DAC_OVERRIDE.
 NOBODY_NNP_DAC = [*NOBODY_NNP, "--inh-caps=+dac_override", "--ambient-caps=+dac_override", "--"]
-# A process of the tree: a session of its own, moved to the hierarchy's root (its capability writes
-# the root's cgroup.procs), its pid said on the `ready` FIFO, then stuck_fuse.CHILD on the FIFOs.
+# Like an unprivileged pod's or unit's: nobody, no-new-privileges, no capability.
+NOBODY_NNP_BARE = [*NOBODY_NNP, "--inh-caps=-all", "--"]
+# A process of the tree: a session of its own, moved to the hierarchy's root, its pid said on the
+# `ready` FIFO, then stuck_fuse.CHILD on the FIFOs. `way` is the root's cgroup.procs (its capability
+# writes it), or the pid of a process outside the tree whose descriptor 3 is that file opened for
+# writing: taken with pidfd_getfd(2) (syscall 438), and where that is refused "refused ERRNO" is said.
 ESCAPEE = r"""
-import os, sys
-fuse, procs, ready_path, go_path, child_code = sys.argv[1:6]
+import ctypes, os, sys
+fuse, way, ready_path, go_path, child_code = sys.argv[1:6]
 os.setsid()
-with open(procs, "w") as f:
-    f.write(str(os.getpid()))
 ready = os.open(ready_path, os.O_WRONLY)
 go = os.open(go_path, os.O_RDONLY)
+if way.startswith("/"):
+    procs = os.open(way, os.O_WRONLY)
+else:
+    procs = ctypes.CDLL(None, use_errno=True).syscall(438, os.pidfd_open(int(way)), 3, 0)
+    if procs < 0:
+        os.write(ready, b"refused %d\n" % ctypes.get_errno())
+        sys.exit(1)
+os.write(procs, b"%d" % os.getpid())
 os.write(ready, b"%d\n" % os.getpid())
 sys.argv = [sys.argv[0], fuse, str(ready), str(go)]
 exec(child_code)
 """
+
+
+@contextlib.contextmanager
+def outsider(host: SimulatedHost) -> Iterator[int]:
+    """A nobody process on `host`, in no session, waiting, whose root starter opened the hierarchy
+    root's cgroup.procs for writing as its descriptor 3 before dropping to nobody: its pid there."""
+    proc = host.spawn(["sh", "-c", 'exec 3>>"$0" "$@"', root_procs(), *NOBODY_NNP_BARE, PYTHON, "-c", GATE],
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.read(1) == b"r"
+        yield host.host_pid(proc)
+    finally:
+        proc.communicate(timeout=10)  # its stdin closed, it ends
 
 
 @pytest.fixture
@@ -274,27 +312,50 @@ def shared() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_a_tree_that_left_its_cgroup_and_hides_keeps_its_session(cluster: Cluster, shared: Path,
-                                                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", ["capability", "outsider"])
+def test_a_tree_that_left_its_cgroup_and_hides_keeps_its_session(way: str, cluster: Cluster,
+                                                                 shared: Path) -> None:
+    """The tree's gate has a way out of its own (an ambient CAP_DAC_OVERRIDE), or none but the kernel
+    lets a process of the tree take what a process of its uid outside it holds open: a cgroup.procs
+    its root starter opened for writing. Where Yama refuses that take (scope ≥ 1), the gate is held
+    by its cgroup alone and nothing of the tree leaves."""
     sid = f"escape-{secrets.token_hex(4)}"
     ready, go, end = shared / "ready", shared / "go", shared / "end"
     for fifo in (ready, go, end):
-        os.mkfifo(fifo, 0o666)
-    mountpoint = tmp_path / "fuse"
+        os.mkfifo(fifo)
+        os.chmod(fifo, 0o666)  # past the umask: a tree without CAP_DAC_OVERRIDE opens them too
+    mountpoint = shared / "fuse"  # not in pytest's tmp, which a tree without CAP_DAC_OVERRIDE cannot reach
     mountpoint.mkdir()
     marker = shared / "second-ran"
     escapee = -1  # a pidfd of the escapee
     cgroup = ""
     try:
-        with StuckFuse(mountpoint, allow_other=True) as fuse:  # before the hosts, so they see it
+        # before the hosts, so they see it
+        with StuckFuse(mountpoint, allow_other=True) as fuse, contextlib.ExitStack() as stack:
             a, b = cluster.host("host-a"), cluster.host("host-b")
-            root = ['"$@" & read x < "$0"', str(end), PYTHON, "-c", ESCAPEE, str(fuse.file), root_procs(),
+            if way == "capability":
+                drop, target, expected = NOBODY_NNP_DAC, root_procs(), "capabilities"
+            else:
+                # Its stdout and stderr opened in host-a's mount namespace: the ones cluster.run opens
+                # in the machine's are on mounts host-a's agent cannot place, which count as cgroup files.
+                drop = ["sh", "-c", 'exec >/dev/null 2>"$0" "$@"', str(shared / "run.err"), *NOBODY_NNP_BARE]
+                target = str(stack.enter_context(outsider(a)))
+                expected = "may be ptraced (kernel.yama.ptrace_scope is"
+            root = ['"$@" & read x < "$0"', str(end), PYTHON, "-c", ESCAPEE, str(fuse.file), target,
                     str(ready), str(go), CHILD]
-            owner = cluster.run(a, sid, cmd=["sh", "-c", *root], as_nobody=True, drop=NOBODY_NNP_DAC)
+            owner = cluster.run(a, sid, cmd=["sh", "-c", *root], as_nobody=True, drop=drop)
             try:
                 with open(ready, "rb", buffering=0) as said, open(go, "wb", buffering=0) as told:
-                    inner = int(said.readline())
-                    escapee_pid = next(p for p in descendants(owner.proc.pid) if ns_pid(p) == inner)
+                    line = said.readline()
+                    refused = way == "outsider" and yama_holds()
+                    if refused:  # Yama keeps the tree's ptrace to its descendants: held by its cgroup alone
+                        assert line == b"refused %d\n" % errno.EPERM, line
+                        lease = cluster.record(sid).record.lease
+                        assert lease.owner.tree_proof == ONLY, lease.owner.tree_proof_reason
+                        cgroup = lease.owner.cgroup.path
+                        end.write_text("end\n")
+                        return
+                    escapee_pid = next(p for p in descendants(owner.proc.pid) if ns_pid(p) == int(line))
                     escapee = os.pidfd_open(escapee_pid)
                     assert said.read(1) == b"m"
                     assert fuse.read_asked.wait(10), "the escapee's own read never reached the daemon"
@@ -313,7 +374,8 @@ def test_a_tree_that_left_its_cgroup_and_hides_keeps_its_session(cluster: Cluste
                     assert not marker.exists() and not select.select([escapee], [], [], 0)[0]
                     after = cluster.record(sid).record.lease
                     assert after.fence == 1 and after.claim_status == pb.LIVE  # a refusal wrote nothing
-                    assert lease.owner.tree_proof == AND_SCAN, lease.owner.tree_proof_reason
+                    assert lease.owner.tree_proof == AND_SCAN and expected in lease.owner.tree_proof_reason, (
+                        lease.owner.tree_proof_reason)
             finally:
                 if escapee >= 0:
                     signal.pidfd_send_signal(escapee, signal.SIGKILL)

@@ -1,5 +1,6 @@
 """Whether a tree can leave its session cgroup (proc/cgroups_rules.py): CGROUP_ONLY only where no
-credential its gate has or can regain writes a cgroup.procs at or above its cgroup's parent."""
+credential its gate has or can regain writes a cgroup.procs at or above its cgroup's parent, and Yama
+keeps its ptrace to its own descendants."""
 
 from __future__ import annotations
 
@@ -27,12 +28,32 @@ def status(**kw: str) -> dict[str, str]:
 
 
 def proof(fields: dict[str, str], procs: list[tuple[str, Inode]] = PROCS,
-          descriptors: tuple[Descriptor, ...] = (), mounts: dict[int, str] = MOUNTS) -> int:
-    return cgroups_rules.tree_proof(cgroups_rules.credentials(fields), descriptors, mounts, procs)[0]
+          descriptors: tuple[Descriptor, ...] = (), mounts: dict[int, str] = MOUNTS,
+          ptrace_scope: int | None = 1) -> int:
+    return cgroups_rules.tree_proof(cgroups_rules.credentials(fields), descriptors, mounts, procs,
+                                    ptrace_scope)[0]
 
 
 def test_a_gate_with_no_way_to_any_cgroup_procs_is_held_by_its_cgroup() -> None:
     assert proof(status()) == ONLY
+
+
+@pytest.mark.parametrize(("scope", "expected"), [(None, AND_SCAN), (0, AND_SCAN), (1, ONLY), (2, ONLY),
+                                                 (3, ONLY)], ids=["absent", "0", "1", "2", "3"])
+def test_a_tree_that_may_attach_to_processes_outside_it_needs_the_scan_too(scope: int | None,
+                                                                           expected: int) -> None:
+    """Without Yama, or at scope 0, a process of the tree may take a cgroup.procs that a process of
+    its uid outside it holds open (pidfd_getfd) — its root starter opened it for writing — and leave."""
+    decided, why = cgroups_rules.tree_proof(cgroups_rules.credentials(status()), (), MOUNTS, PROCS, scope)
+    assert decided == expected, why
+    if expected == AND_SCAN:
+        assert "may be ptraced (kernel.yama.ptrace_scope is" in why, why
+
+
+def test_the_gates_own_way_out_is_named_whatever_yamas_scope() -> None:
+    held = Descriptor("/sys/fs/cgroup/unified/cgroup.procs", 0o100001, 31)
+    why = cgroups_rules.tree_proof(cgroups_rules.credentials(status()), (held,), MOUNTS, PROCS, None)[1]
+    assert "open for writing" in why, why
 
 
 @pytest.mark.parametrize(("fields", "why"), [
