@@ -157,14 +157,14 @@ class Sessions:
 
     async def changed(self, key: str, revision: int, seconds: float) -> None:
         """Returns once the record at `key` changes after `revision`, or after `seconds`: the
-        caller reads it again either way. A watcher on the store's shared watch stream; no task of
-        its own (a waiting Acquire costs its call and this watcher)."""
-        changes = self.store.watch_prefix(key, revision + 1)
+        caller reads it again either way. A watcher of the key served from the replica's one watch
+        of every session when it can be (no request to etcd), else one on the store's shared watch
+        stream; no task of its own (a waiting Acquire costs its call and this watcher)."""
+        changes = self.store.watch_key(key, revision + 1)
         with contextlib.suppress(TimeoutError, Compacted):
             async with asyncio.timeout(seconds), contextlib.aclosing(changes):
-                async for change in changes:
-                    if (change if isinstance(change, str) else change.key) == key:
-                        return
+                async for _change in changes:
+                    return
 
     async def wait_exit(self, owner: apb.ProcessIdentity,
                         seconds: float) -> tuple[apb.ProbeResult | None, Seen]:
