@@ -55,6 +55,7 @@ class Reason(StrEnum):
     HOST_FENCED = "HOST_FENCED"
     RESTORE_PENDING = "RESTORE_PENDING"
     CHAIN_FULL = "CHAIN_FULL"
+    RECORD_TOO_LARGE = "RECORD_TOO_LARGE"      # etcd refused the session's write by its size
     WRONG_CLUSTER = "WRONG_CLUSTER"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     FORCE_NOT_ALLOWED = "FORCE_NOT_ALLOWED"
@@ -176,7 +177,13 @@ TABLE: dict[Reason, Meaning] = {
         family=Family.UNAVAILABLE),
     Reason.CHAIN_FULL: Meaning(
         F, EX_FAILURE,
-        "the provider handle chain is full; start a new session id"),
+        "the provider handle chain is full (its links or its bytes); start a new session id"),
+    Reason.RECORD_TOO_LARGE: Meaning(
+        F, EX_FAILURE,
+        "the session's record is too large for one etcd request (a provider handle chain recorded "
+        "before its byte cap); nothing was written: archive it (`holdfast admin archive {session} "
+        "--fence {fence} --reason TEXT`; its record and history stay readable) and start again, or "
+        "use a new session id"),
     Reason.HOST_NOT_REGISTERED: Meaning(
         F, EX_UNAVAILABLE,
         "start this host's agent with `--coordinator ADDR` (or `holdfast up`), or pass the registered id "

@@ -8,6 +8,7 @@ and fences by common/identifiers.py, data keys and values here).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from google.protobuf.message import Message
 
@@ -22,6 +23,12 @@ DATA_KEY = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 ETCD_REQUEST_LIMIT_BYTES = 1536 * 1024
 MAX_VALUE_BYTES = 1024 * 1024
 MAX_HANDLE_CHARS = 4096
+# A provider handle chain's bytes as stored (its JSON, escapes included). A grant writes the record
+# twice in one etcd request (the record and its replay copy, coordinator/acquire.py) and every
+# watcher of the session is sent it: a chain of MAX_CHAIN_BYTES keeps the largest record and its copy
+# under a quarter of ETCD_REQUEST_LIMIT_BYTES, where 256 full-size handles (~1 MB) would make every
+# later grant of the session too large for etcd.
+MAX_CHAIN_BYTES = 64 * 1024
 
 
 def check_data_key(key: str) -> str:
@@ -39,6 +46,11 @@ def check_value(value: bytes) -> bytes:
 
 def encode(message: Message) -> bytes:
     return protojson.dumps(message).encode()
+
+
+def chain_bytes(chain: Iterable[pb.ProviderHandleLink]) -> int:
+    """The bytes a provider handle chain takes in a stored record (what MAX_CHAIN_BYTES bounds)."""
+    return len(encode(pb.SessionRecord(provider_handle_chain=chain)))
 
 
 def decode_record(raw: bytes) -> pb.SessionRecord:

@@ -49,6 +49,7 @@ from holdfast.coordinator.store import (
     Seen,
     Store,
     StoreUnavailable,
+    TooLarge,
     value_equals,
 )
 from holdfast.v1 import coordinator_pb2 as pb
@@ -65,10 +66,10 @@ MAX_REVISION = 2**63 - 1  # etcd's revisions are int64: a watch starts at after_
 MAX_REPLAY = 10_000
 
 
-REFUSED = (identifiers.InvalidInput, StoreUnavailable, CoordinatorError)
+REFUSED = (identifiers.InvalidInput, StoreUnavailable, TooLarge, CoordinatorError)
 
 
-async def _refuse(rpc: str, exc: identifiers.InvalidInput | StoreUnavailable | CoordinatorError,
+async def _refuse(rpc: str, exc: identifiers.InvalidInput | StoreUnavailable | TooLarge | CoordinatorError,
                   context: grpc.aio.ServicerContext) -> None:
     """A domain error as its status, counted by reason."""
     if isinstance(exc, identifiers.InvalidInput):
@@ -79,6 +80,10 @@ async def _refuse(rpc: str, exc: identifiers.InvalidInput | StoreUnavailable | C
             "a transaction went unanswered and may have been applied: check the session "
             "(`holdfast show`) before repeating a call that is not safe to repeat"
             if exc.outcome_unknown else "nothing was written"))
+    elif isinstance(exc, TooLarge):
+        # A record grown past what one etcd request takes (a provider handle chain recorded before
+        # MAX_CHAIN_BYTES) would otherwise fail every later call on the session as UNKNOWN.
+        error = CoordinatorError(Reason.RECORD_TOO_LARGE, f"{exc}; nothing was written")
     else:
         error = exc
     metrics.REFUSALS.labels(rpc, error.reason).inc()
@@ -231,9 +236,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise CoordinatorError(Reason.NOT_LIVE, "a provider handle needs a committed owner")
         if len(record.provider_handle_chain) >= MAX_CHAIN:
             raise CoordinatorError(Reason.CHAIN_FULL, f"the provider handle chain holds {MAX_CHAIN} links")
-        record.provider_handle_chain.add(
-            handle=request.handle, minted_at_fence=request.fence, observed_at_unix_ms=now_ms()
-        )
+        link = pb.ProviderHandleLink(handle=request.handle, minted_at_fence=request.fence,
+                                     observed_at_unix_ms=now_ms())
+        size = records.chain_bytes([*record.provider_handle_chain, link])
+        if size > records.MAX_CHAIN_BYTES:
+            raise CoordinatorError(Reason.CHAIN_FULL, (
+                f"the provider handle chain would take {size} bytes; it holds at most "
+                f"{records.MAX_CHAIN_BYTES} bytes of handles: start a new session id"))
+        record.provider_handle_chain.append(link)
         record.lease.claim_status = pb.LIVE
         if not await self.sessions.transition(entry, record, "provider-handle", request.handle[:64]):
             raise CoordinatorError(Reason.STALE_FENCE, "the record changed; this grant may be stale")

@@ -22,6 +22,7 @@ from aetcd import rpc
 from holdfast.common import tls
 from holdfast.coordinator.store_errors import Compacted as Compacted
 from holdfast.coordinator.store_errors import StoreUnavailable
+from holdfast.coordinator.store_errors import TooLarge as TooLarge
 from holdfast.coordinator.watch_fanout import Fanout
 from holdfast.coordinator.watch_hub import WatchHub
 
@@ -142,6 +143,15 @@ def absent(key: str) -> rpc.Compare:
                        create_revision=0)
 
 
+def _too_large(exc: grpc.aio.AioRpcError) -> bool:
+    """etcd's refusals of a request by its size: over --max-request-bytes ("request is too large"),
+    or over its gRPC message limit above that (RESOURCE_EXHAUSTED "larger than max"; its other
+    RESOURCE_EXHAUSTED, a full database or too many requests, are not refusals of this request's size)."""
+    details = exc.details() or ""
+    return ((exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "request is too large" in details)
+            or (exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details))
+
+
 def _range_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
@@ -182,6 +192,8 @@ class Store:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in UNAVAILABLE_CODES:
                 raise StoreUnavailable(f"etcd: {exc.details()}") from exc
+            if _too_large(exc):
+                raise TooLarge(f"etcd: {exc.details()}") from exc
             raise
         self.newest = max(self.newest, resp.header.revision)
         return resp

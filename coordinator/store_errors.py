@@ -14,6 +14,11 @@ class StoreUnavailable(Exception):
         self.outcome_unknown = outcome_unknown
 
 
+class TooLarge(Exception):
+    """etcd refused a request over its size limit (its --max-request-bytes, or its gRPC message
+    limit above that): nothing was written, and the same request is refused every time."""
+
+
 class Compacted(Exception):
     """A watch cannot go on from where it is (its start revision was compacted away); the caller
     must re-list."""
