@@ -3,10 +3,12 @@ session's) served in-process from one etcd watch of the whole directory, so that
 costs etcd no WatchCreateRequest and no WatchCancelRequest.
 
 The directory's shared watch is opened, on the Store's shared stream (watch_hub), by the first
-watch of one of its keys, at that watch's start revision, and is then kept for the Store's life: a
-replica serves owners all the time, and a watch closed between two of them would have every next
-owner find it not yet created. Its most recent BUFFERED events are kept (watch_fanout_rules.Buffer),
-each with only its key and revision read; an event is handed on only to the watchers of its key, so
+watch of one of its keys, at the revision after the newest any answer of etcd's named (never at an
+older start: etcd's catch-up of the whole directory could exceed what the stream may receive), and
+is then kept for the Store's life: a replica serves owners all the time, and a watch closed between
+two of them would have every next owner find it not yet created. Its most recent events, at most
+BUFFERED and BUFFERED_BYTES of them, are kept (watch_fanout_rules.Buffer),
+each with only its key, revision and size read; an event is handed on only to the watchers of its key, so
 no other session's change is decoded. A watch of a key from revision R is served from it when the
 buffer is whole from R on and the caller's revision is one the shared watch saw etcd reach; else it
 is a watch of its own, exactly as `watch_hub.WatchHub.watch` (also while the shared watch is not yet
@@ -37,8 +39,11 @@ from holdfast.coordinator.watch_hub import UNANSWERED, Stream, Watcher, WatchHub
 
 # Events of the directory kept for watches that start after them (an owner's watch opens a few
 # milliseconds after its grant): ~200 ms of a cluster changing 5,000 session records a second,
-# ~1.5 KB each, so ~1.5 MB per replica.
+# ~1.5 KB each, so ~1.5 MB per replica. Bounded by bytes too (an event's key and value): a record
+# may be ~1 MB (its provider handles), and 1,024 of those would be ~1 GB per replica; 16 MiB still
+# holds ~10,000 records of 1.5 KB, more than BUFFERED.
 BUFFERED = 1024
+BUFFERED_BYTES = 16 << 20
 
 
 class KeyWatcher(Watcher):
@@ -61,7 +66,7 @@ class SharedWatch(Watcher):
         # etcd must have reached the revision before the start by its `created` answer: a start
         # beyond it is another history's, and the shared watch ends Unreached, serving no one.
         super().__init__(reached=start - 1)
-        self.buffer: Buffer[rpc.Event] = Buffer(start, BUFFERED)
+        self.buffer: Buffer[rpc.Event] = Buffer(start, BUFFERED, BUFFERED_BYTES)
         self.keys: dict[bytes, list[KeyWatcher]] = {}
 
     def deliver(self, events: list[rpc.Event]) -> None:
@@ -70,7 +75,7 @@ class SharedWatch(Watcher):
         for event in events:
             kv = event.kv
             key = kv.key
-            self.buffer.add(kv.mod_revision, key, event)
+            self.buffer.add(kv.mod_revision, key, event, len(key) + len(kv.value))
             for watcher in self.keys.get(key, ()):
                 # A watcher may start past what the shared watch has received (a listing read at a
                 # revision it has not reached yet): an older event of its key is not its own.
@@ -124,10 +129,15 @@ class Fanout:
         prove it holds every one of them (the caller then watches on its own)."""
         shared = self._shared
         if shared is None or shared.ended is not None:
-            # From a revision, never from "now" (0): the buffer's wholeness is counted from the
-            # revision the shared watch was asked to start at.
-            if start_revision > 0:
-                self._open(start_revision)
+            # At the revision after the newest etcd answered, never at the caller's start: from an
+            # old one etcd would send every session's changes since, up to 1,000 revisions in one
+            # response, past the channel's receive limit with large records, and that fails the
+            # Store's one watch stream and every watch on it, again at each reopening. A caller
+            # older than it watches on its own (only its key's changes). From a revision, never
+            # from "now" (0): the buffer's wholeness is counted from the revision asked for; none
+            # named yet (no answer from etcd), none is opened.
+            if newest > 0:
+                self._open(newest + 1)
             return None
         if not shared.created or not shared.buffer.covers(start_revision, reached, newest):
             return None

@@ -17,14 +17,19 @@ Event = TypeVar("Event")
 
 
 class Buffer(Generic[Event]):
-    """The last `size` events of a watch started at revision `start`, each with its revision and
-    key, in the order etcd sent them (its revision order)."""
+    """The last events of a watch started at revision `start`, at most `size` of them and `max_bytes`
+    of them together, each with its revision, key and size, in the order etcd sent them (its revision
+    order)."""
 
-    __slots__ = ("events", "reached", "size", "whole_from")
+    __slots__ = ("bytes", "events", "max_bytes", "reached", "size", "whole_from")
 
-    def __init__(self, start: int, size: int) -> None:
+    def __init__(self, start: int, size: int, max_bytes: int) -> None:
         self.size = size
-        self.events: collections.deque[tuple[int, bytes, Event]] = collections.deque()
+        # Bounded by bytes too: events may be large (a record up to ~1 MB), and a count alone would
+        # let the buffer hold `size` of those.
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.events: collections.deque[tuple[int, bytes, Event, int]] = collections.deque()
         # Every event at or after `whole_from` that was received is still here.
         self.whole_from = start
         # Every event up to `reached` was received: etcd sends a watch's events in revision order, a
@@ -32,13 +37,17 @@ class Buffer(Generic[Event]):
         # by etcd's answer to its create (watch_hub's `reached`).
         self.reached = start - 1
 
-    def add(self, revision: int, key: bytes, event: Event) -> None:
-        self.events.append((revision, key, event))
+    def add(self, revision: int, key: bytes, event: Event, size: int) -> None:
+        """`size`: the event's bytes (its key's and value's)."""
+        self.events.append((revision, key, event, size))
+        self.bytes += size
         self.reached = max(self.reached, revision)
-        if len(self.events) > self.size:
+        # An event bigger than `max_bytes` alone leaves too: the buffer is then whole only past it.
+        while len(self.events) > self.size or self.bytes > self.max_bytes:
             # The oldest revision may still have events here (a transaction writing several keys);
             # wholeness is claimed only past it.
-            dropped = self.events.popleft()[0]
+            dropped, _, _, dropped_size = self.events.popleft()
+            self.bytes -= dropped_size
             self.whole_from = max(self.whole_from, dropped + 1)
 
     def covers(self, start: int, held: int, newest: int) -> bool:
@@ -52,7 +61,7 @@ class Buffer(Generic[Event]):
         """The buffered events of `key` at or after `start`, oldest first; read from the newest
         back, so a watch that starts near now reads only the few events since its start."""
         found = []
-        for revision, k, event in reversed(self.events):
+        for revision, k, event, _ in reversed(self.events):
             if revision < start:
                 break
             if k == key:
