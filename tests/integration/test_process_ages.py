@@ -65,7 +65,9 @@ def test_a_scan_with_ages_finds_exactly_what_one_without_finds(ages: ProcessAges
             for found in (first, again, plain):
                 assert found.complete
                 assert sorted(c.pid for c in found.carriers) == sorted(p.pid for p in young)
-            assert again.older == plain.older and again.scanned == plain.scanned
+            # Judged old the same way; how many young ones each read is not compared: other tests'
+            # processes (xdist workers fork) are born between the two scans.
+            assert again.older == plain.older
         finally:
             for p in young:
                 p.kill()
