@@ -141,16 +141,23 @@ class Acquisition:
 
     async def run(self) -> pb.AcquireResponse:
         request, sid, ask, parts = self.request, self.sid, self.ask, self.parts
-        attempts = 0
+        attempts, first = 0, True
         while attempts < RACE_RETRIES:
             attempts += 1
-            gates, (replay, record_read, *revival), woken_by, held = await self.read(first=attempts == 1)
+            gates, (replay, record_read, *revival), woken_by, held = await self.read(first=first)
+            first = False
             self.exited = None
             entry = record_read.entry
             record = parts.sessions.decode(entry) if entry is not None else None
             # On every reading, before anything is decided, asked or written: the id may have been
             # made by another tenant since the last one (the grant compares it read absent).
             parts.tenancy.judge("Acquire", sid, record or archived_record(revival[0]), self.caller)
+            if entry is not None and not records.grant_fits(len(entry.value)):
+                # Before anything is asked, probed, written or signalled: a grant that etcd would
+                # refuse by its size must not first ask the owner to end or kill it.
+                raise CoordinatorError(Reason.RECORD_TOO_LARGE, f"the session's record is {len(entry.value)} "
+                                       f"bytes: a grant of it passes etcd's request limit of "
+                                       f"{records.ETCD_REQUEST_LIMIT_BYTES} bytes; nothing was written")
             if replay.entry is not None:
                 # This operation was granted already (an earlier try, or the same call racing itself).
                 stored = protojson.parse(replay.entry.value, pb.AcquireResponse)
@@ -234,6 +241,7 @@ class Acquisition:
                          or window_s(record.lease) / 2)
                 with metrics.ACQUIRES_WAITING.track_inprogress():
                     await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
+                attempts -= 1  # a wait is no lost race: the deadline bounds the waits, RACE_RETRIES the races
                 continue
             if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
                 self.last_held = verdict

@@ -29,6 +29,18 @@ MAX_HANDLE_CHARS = 4096
 # under a quarter of ETCD_REQUEST_LIMIT_BYTES, where 256 full-size handles (~1 MB) would make every
 # later grant of the session too large for etcd.
 MAX_CHAIN_BYTES = 64 * 1024
+# A grant's one etcd request carries the record about three times (the compare of a remembered
+# record's bytes, the put, the replay copy in `AcquireResponse(grant, record)`) beside its fence
+# value, history entry, keys and compares (GRANT_HEADROOM_BYTES).
+GRANT_RECORD_COPIES = 3
+GRANT_HEADROOM_BYTES = 64 * 1024
+
+
+def grant_fits(record_bytes: int) -> bool:
+    """Whether a grant of a record of `record_bytes` fits one etcd request: a takeover of a record
+    that does not (one written before MAX_CHAIN_BYTES) is refused before it asks, kills or writes
+    anything, where its grant would fail at etcd only after the owner was told to end."""
+    return GRANT_RECORD_COPIES * record_bytes + GRANT_HEADROOM_BYTES <= ETCD_REQUEST_LIMIT_BYTES
 
 
 def check_data_key(key: str) -> str:

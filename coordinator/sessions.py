@@ -29,6 +29,7 @@ from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.remembered import Remembered
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.store import Compacted, Entry, Put, Seen, Store, unchanged
+from holdfast.coordinator.store_errors import Unreached
 from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -159,12 +160,29 @@ class Sessions:
         """Returns once the record at `key` changes after `revision`, or after `seconds`: the
         caller reads it again either way. A watcher of the key served from the replica's one watch
         of every session when it can be (no request to etcd), else one on the store's shared watch
-        stream; no task of its own (a waiting Acquire costs its call and this watcher)."""
-        changes = self.store.watch_key(key, revision + 1)
-        with contextlib.suppress(TimeoutError, Compacted):
-            async with asyncio.timeout(seconds), contextlib.aclosing(changes):
-                async for _change in changes:
-                    return
+        stream; no task of its own (a waiting Acquire costs its call and this watcher). A watch
+        from a compacted revision is no change: the key is read again and, while its mod revision is
+        still `revision`, watched again from a revision no later than that read's (an Acquire's wait
+        on a compacted reservation would otherwise end at once, every time, and its call give up)."""
+        start = revision + 1
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                while True:
+                    try:
+                        async with contextlib.aclosing(self.store.watch_key(key, start)) as changes:
+                            async for _change in changes:
+                                break
+                        return
+                    except Unreached:
+                        return  # etcd is behind `revision` (another history): only a fresh read tells
+                    except Compacted:
+                        # Every revision etcd answered before this linearizable read is at most the
+                        # read's own: the key, unchanged there, changed nowhere up to it.
+                        seen = self.store.newest
+                        now = await self.store.get(key)
+                        if now is None or now.mod_revision != revision:
+                            return
+                        start = max(start, seen + 1)
 
     async def wait_exit(self, owner: apb.ProcessIdentity,
                         seconds: float) -> tuple[apb.ProbeResult | None, Seen]:

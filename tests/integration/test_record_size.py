@@ -98,3 +98,31 @@ async def test_an_oversized_record_refuses_every_acquire_typed_and_is_archived(
         assert again.grant.fence == record.lease.fence + 1 and not again.record.provider_handle_chain
     finally:
         await svc.store.close()
+
+
+@run_async
+async def test_a_takeover_of_an_owner_whose_record_is_oversized_asks_kills_and_writes_nothing(
+        etcd: EtcdServer, prefix: str) -> None:
+    """A grant that etcd would refuse by its size is refused before the takeover asks the owner to
+    end (handoff-requested) or a forced one writes force-pending and kills: RECORD_TOO_LARGE, with
+    nothing written (the owner's host has no agent here: any probe or kill would be tried on it)."""
+    svc, ctx, sid = CoordinatorService(Store(open_channel(etcd.url), prefix)), Context(), "sess-big-owner"
+    try:
+        await register(svc, HOST)
+        await register(svc, "host-taker")
+        await acquire(svc, ctx, sid, HOST)
+        record = await record_of(svc, sid)
+        assert record is not None
+        record.lease.claim_status = pb.COMMITTED  # a live owner, as CommitOwner leaves it
+        record.lease.owner.host_id, record.lease.owner.pid = HOST, 4242
+        for i in range(200):
+            record.provider_handle_chain.add(handle=handle(i), minted_at_fence=1, observed_at_unix_ms=1)
+        await put_record(svc.store, record)
+        before = await everything(svc.store)
+        for kind in ({"takeover": True, "wait_seconds": 2}, {"takeover": True, "force": True}):
+            with pytest.raises(Refused) as refused:
+                await acquire(svc, ctx, sid, "host-taker", **kind)
+            assert refused.value.reason == "RECORD_TOO_LARGE", (kind, str(refused.value))
+            assert await everything(svc.store) == before, f"a refused Acquire {kind} asked or wrote nothing"
+    finally:
+        await svc.store.close()
