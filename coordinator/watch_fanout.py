@@ -4,7 +4,7 @@ costs etcd no WatchCreateRequest and no WatchCancelRequest.
 
 The directory's shared watch is opened, on the Store's shared stream (watch_hub), by the first
 watch of one of its keys, at the revision after the newest any answer of etcd's named (never at an
-older start: etcd's catch-up of the whole directory could exceed what the stream may receive), and
+older start: etcd's catch-up of the whole directory is every session's records since), and
 is then kept for the Store's life: a replica serves owners all the time, and a watch closed between
 two of them would have every next owner find it not yet created. Its most recent events, at most
 BUFFERED and BUFFERED_BYTES of them, are kept (watch_fanout_rules.Buffer),
@@ -130,9 +130,8 @@ class Fanout:
         shared = self._shared
         if shared is None or shared.ended is not None:
             # At the revision after the newest etcd answered, never at the caller's start: from an
-            # old one etcd would send every session's changes since, up to 1,000 revisions in one
-            # response, past the channel's receive limit with large records, and that fails the
-            # Store's one watch stream and every watch on it, again at each reopening. A caller
+            # old one etcd would send every session's changes since (up to 10,000 revisions of
+            # records up to ~1 MB), all read to be buffered and mostly dropped at once. A caller
             # older than it watches on its own (only its key's changes). From a revision, never
             # from "now" (0): the buffer's wholeness is counted from the revision asked for; none
             # named yet (no answer from etcd), none is opened.

@@ -32,9 +32,11 @@ class Buffer(Generic[Event]):
         self.events: collections.deque[tuple[int, bytes, Event, int]] = collections.deque()
         # Every event at or after `whole_from` that was received is still here.
         self.whole_from = start
-        # Every event up to `reached` was received: etcd sends a watch's events in revision order, a
-        # revision's events in one response, and the watch's start (`start - 1` reached) is proven
-        # by etcd's answer to its create (watch_hub's `reached`).
+        # A revision etcd has reached: of an event received, or the watch's start (`start - 1`,
+        # proven by etcd's answer to its create: watch_hub's `reached`). Proof of history only, not
+        # that every event up to it was received: a revision's events may come in several
+        # responses (etcd's fragments), and `covers` needs no such claim (a start at or before a
+        # revision still coming gets its rest live, one past it none of it).
         self.reached = start - 1
 
     def add(self, revision: int, key: bytes, event: Event, size: int) -> None:

@@ -4,10 +4,14 @@ one: a watch is a WatchCreateRequest on the stream, not a stream of its own.
 etcd answers the creates of one stream in the order it received them, each with a `created`
 response naming the watch id it chose, and holds a watch's events back until that response is
 sent; so the oldest create not yet answered takes the id of each `created` response, and events are
-routed to their watcher by watch id. A watcher that ends sends a WatchCancelRequest for its id (or,
-still unanswered, when its id comes). The first watcher opens the stream; the last one to end
-closes it. A watch of one key is often no watcher here at all: watch_fanout serves it from one
-watcher of its whole directory, with this same guarantee.
+routed to their watcher by watch id. Every create asks etcd to fragment: a response of etcd's max
+request size or more (plus 512 KiB: ~2 MiB by default) comes as several, in order, each flagged
+`fragment` but the last, and split anywhere, a revision's events too; each is delivered as it comes, so a
+watcher's reader never learns, nor needs, where a revision's events end. A watcher that ends
+sends a WatchCancelRequest for its id (or, still unanswered, when its id comes). The first
+watcher opens the stream; the last one to end closes it. A watch of one key is often no watcher
+here at all: watch_fanout serves it from one watcher of its whole directory, with this same
+guarantee.
 
 Guarantee: a watcher gets every event of its key range from its start revision on, in etcd's
 revision order, each once — or, when that cannot go on, an error, never silence:
@@ -105,8 +109,11 @@ class Stream:
         # Built before the watcher is queued: a request that cannot be built (a start revision past
         # int64) would leave a watcher no `created` answers, and every later watcher on the stream
         # would take the id, and the events, of the one after it.
+        # Fragmented: unsplit, a watch behind by many large events (its start far back, or its
+        # reader slow: etcd resends up to 1,000 revisions in one response) gets a response past the
+        # channel's receive limit, which fails the stream and every watcher on it.
         create = rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
-            key=key, range_end=range_end, start_revision=start_revision))
+            key=key, range_end=range_end, start_revision=start_revision, fragment=True))
         # Queued and sent in one order, with nothing awaited between: the `created` responses
         # come back in this order too.
         self.creating.append(watcher)

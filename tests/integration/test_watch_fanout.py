@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -279,3 +281,51 @@ async def test_a_killed_etcd_ends_every_served_watch_unavailable_and_sharing_sta
             await close(after, again)
     finally:
         server.stop()
+
+
+# Another process's writes of session records: `argv` url, prefix, then each key, written in turn
+# (the i-th with a value of i and ~63 KB, near the provider handle chain's 64 KiB cap).
+WRITER = """
+import asyncio, sys
+from holdfast.coordinator.store import Put, Store
+
+async def main(url, prefix, keys):
+    store = Store.connect(url, prefix=prefix)
+    for i, k in enumerate(keys):
+        await store.txn([], [Put(k, f"{i:04d}".encode() + b"x" * 63_000)])
+    await store.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
+"""
+
+
+@run_async
+async def test_a_shared_watch_behind_by_many_large_records_keeps_the_stream_and_every_event(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """The coordinator's loop blocked (busy or paused) while another process writes 600 session
+    records of ~63 KB: etcd resends what the shared watch missed in one response of up to 1,000
+    revisions, over 20 MB here, past the channel's 16 MiB receive limit; unfragmented, that failed the
+    Store's one stream and every watch on it. Fragmented, the served watch gets every event of its
+    key, in order, once, and the shared watch goes on serving."""
+    async with connected(etcd.url, prefix) as store:
+        opener = await shared_open(store)
+        now = await synced(store, opener)
+        creates = store.watch_creates
+        served = store.watch_key(key(store, "s0"), now + 1, now)
+        keys = [key(store, f"s{i % 5}") for i in range(600)]
+        # Run from the loop's own thread: nothing of the stream is read until every write is done.
+        subprocess.run([sys.executable, "-c", WRITER, etcd.url, prefix, *keys], check=True, timeout=40)
+        got = []
+        async for change in served:
+            assert isinstance(change, Entry)
+            got.append(change.value[:4].decode())
+            if len(got) == 120:
+                break
+        assert got == [f"{i:04d}" for i in range(0, 600, 5)]
+        last = await put(store, "s0", "after")
+        assert await take(served, 1) == [f"{key(store, 's0')}=after"], "nothing twice, nothing more"
+        later = store.watch_key(key(store, "s0"), last, last)
+        assert await take(later, 1) == [f"{key(store, 's0')}=after"], "served from the buffer"
+        assert store.watch_creates == creates, "the shared watch stood"
+        await close(later, served, opener)

@@ -278,3 +278,38 @@ async def test_a_killed_etcd_is_an_error_to_every_watcher_and_the_next_watch_ope
     finally:
         await store.close()
         server.stop()
+
+
+@run_async
+async def test_a_watcher_behind_by_many_large_events_gets_them_all_and_the_stream_stands(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """A watch from before 300 records of ~63 KB: etcd sends its catch-up of up to 1,000 revisions as
+    one response, 19 MB here, past the channel's 16 MiB receive limit; unfragmented, that failed
+    the stream and every watcher on it. Fragmented (each part up to ~2 MiB here: 33 records, so
+    mostly ending inside a revision of 4), the watcher gets every event, in order, once, and a
+    bystander on the same stream goes on."""
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        start = await revision(store) + 1
+        bystander = store.watch_prefix(store.key("other", ""), start)
+        standing = asyncio.ensure_future(take(bystander, 1))
+        big = [store.key("big", f"k{i % 7}") for i in range(300)]
+        for i in range(0, len(big), 4):
+            await store.txn([], [Put(big[j], f"{j:04d}".encode() + b"x" * 63_000) for j in range(i, i + 4)])
+        behind = store.watch_prefix(store.key("big", ""), start)
+        got = []
+        async for change in behind:
+            assert isinstance(change, Entry)
+            got.append((change.key, change.value[:4].decode()))
+            if len(got) == len(big):
+                break
+        assert got == [(k, f"{i:04d}") for i, k in enumerate(big)]
+        await store.txn([], [Put(store.key("other", "k"), b"1")])
+        assert await standing == [f"{store.key('other', 'k')}=1"], "the stream stood"
+        await store.txn([], [Put(big[0], b"after")])
+        assert await take(behind, 1) == [f"{big[0]}=after"], "nothing twice, nothing more"
+        await behind.aclose()
+        await bystander.aclose()
+    finally:
+        await store.close()

@@ -31,3 +31,20 @@ def test_a_watcher_gets_its_keys_buffered_events_from_its_start_then_the_live_on
     watcher = shared.join(b"k", 11)
     shared.deliver([event(b"k", 13, b"d")])
     assert values(watcher.events) == [b"b", b"d"]
+
+
+def test_a_revision_split_across_responses_reaches_each_watcher_whole_wherever_it_joins() -> None:
+    """etcd's fragments split a response anywhere, a revision's events too: revision 11 writes j, k
+    and l, and its l comes in the next response. Watchers joining in between are served (etcd has
+    reached 11) and each gets its key's events from its start, the buffered part then the rest,
+    once; a start past 11 gets none of 11."""
+    shared = SharedWatch(start=10)
+    shared.deliver([event(b"k", 10, b"k10"), event(b"j", 11, b"j11"), event(b"k", 11, b"k11")])
+    assert shared.buffer.covers(11, 11, 11) and shared.buffer.covers(12, 11, 11)
+    k_at = shared.join(b"k", 11)
+    l_at = shared.join(b"l", 11)
+    k_past = shared.join(b"k", 12)
+    shared.deliver([event(b"l", 11, b"l11"), event(b"k", 12, b"k12")])
+    assert values(k_at.events) == [b"k11", b"k12"]
+    assert values(l_at.events) == [b"l11"]
+    assert values(k_past.events) == [b"k12"]
