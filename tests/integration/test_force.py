@@ -12,8 +12,10 @@ import grpc
 import pytest
 
 from holdfast.common.reasons import reason_of
+from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.run_fixtures import Cluster
+from tests.integration.test_record_size import handle
 from tests.integration.test_run_sessions import child_pids, gone, started
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -50,3 +52,31 @@ def test_a_refused_force_leaves_the_live_owner_running_and_writes_nothing(
     after = cluster.record(sid).record
     assert after == before and after.lease.fence == 1
     assert first.proc.poll() is None
+
+
+def test_a_takeover_of_a_live_owner_whose_record_is_oversized_leaves_it_running_and_writes_nothing(
+        cluster: Cluster) -> None:
+    """A record too large for its grant's transaction (handles recorded before the chain's byte cap)
+    is refused RECORD_TOO_LARGE before the takeover asks the owner to end, and before a forced one
+    writes force-pending or kills: the grant would fail at etcd only after the owner had ended."""
+    a = cluster.host("host-a")
+    cluster.host("host-b")
+    sid = "sess-force-oversized"
+    first = cluster.run(a, sid)
+    started(cluster, 1)
+    child = child_pids(first)[0]
+    record = cluster.record(sid).record
+    for i in range(200):
+        record.provider_handle_chain.add(handle=handle(i), minted_at_fence=1, observed_at_unix_ms=1)
+    cluster.etcd_put(f"sessions/{sid}", records.encode(record))
+    before = cluster.record(sid)
+    operation = secrets.token_hex(16)
+    for kind in ({"wait_seconds": 20}, {"force": True}):
+        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
+                                    live_on_commit=True, **kind)  # type: ignore[arg-type]
+        with pytest.raises(grpc.RpcError) as err:
+            cluster.stub.Acquire(request, timeout=60)
+        assert reason_of(err.value) == "RECORD_TOO_LARGE", (kind, err.value)  # type: ignore[arg-type]
+        assert cluster.record(sid) == before, f"a refused takeover {kind} wrote nothing"
+    assert not gone(child), "a refused takeover ended the owner"
+    assert first.proc.poll() is None and not cluster.events("stop")
