@@ -147,32 +147,36 @@ class Lifecycle:
         entries, _ = await self.store.list_prefix(keys.sessions_prefix(self.store))
         return [(e, self.sessions.decode(e)) for e in entries]
 
-    async def _host_known(self, host_id: str) -> bool:
+    async def _host_known(self, host_id: str, sessions: list[tuple[Entry, pb.SessionRecord]]) -> bool:
         """Registered now, or named by a session (its agent may be down for the very maintenance the
         drain is for): `drain nosuchhost` used to set a flag for a host that never existed, exit 0."""
         drain_flag = await self.store.get(keys.draining(self.store, host_id))
         if await self.sessions.registry.get(host_id) is not None or drain_flag is not None:
             return True
-        return any(lifecycle_rules.claimed_on(record, host_id) for _, record in await self.all_sessions())
+        return any(lifecycle_rules.claimed_on(record, host_id) for _, record in sessions)
 
     async def drain(self, request: pb.DrainHostRequest) -> pb.DrainHostResponse:
         host_id = identifiers.check_host_id(request.host_id)
         identifiers.check_text("operator", request.operator, 256)
-        if request.draining and not await self._host_known(host_id):
+        if not request.draining:
+            await self.store.txn([], [], [keys.draining(self.store, host_id)])
+            return pb.DrainHostResponse(draining=False)
+        # Every read before the flag's write: a refusal (no such host, a listing failing) writes
+        # nothing. A grant there landing between this listing and the flag (which refuses grants
+        # after it) is not handed off by this drain: it is in the next one's answer.
+        sessions = await self.all_sessions()
+        if not await self._host_known(host_id, sessions):
             raise CoordinatorError(Reason.HOST_NOT_REGISTERED,
                                    f"host {host_id} has no agent registration and no session names it: "
                                    "nothing to drain (a typo? `holdfast hosts` lists the hosts); nothing "
                                    "was written")
-        if not request.draining:
-            await self.store.txn([], [], [keys.draining(self.store, host_id)])
-            return pb.DrainHostResponse(draining=False)
         flag = Put(keys.draining(self.store, host_id), records.encode(
             pb.HistoryEntry(at_unix_ms=now_ms(), transition="draining", detail=request.operator)))
         _, revision = await self.store.txn([], [flag])
         # Each handoff request below is this drain's: an undo meanwhile makes the rest lose.
         drain_read = Seen(flag.key, Entry(flag.key, flag.value, revision, revision, 0))
         response = pb.DrainHostResponse(draining=True)
-        for entry, record in await self.all_sessions():
+        for entry, record in sessions:
             if not lifecycle_rules.claimed_on(record, host_id):
                 continue
             sid, lease = record.session_id, record.lease

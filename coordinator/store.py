@@ -20,8 +20,8 @@ import grpc
 from aetcd import rpc
 
 from holdfast.common import tls
+from holdfast.coordinator.store_errors import AnswerTooLarge, StoreUnavailable
 from holdfast.coordinator.store_errors import Compacted as Compacted
-from holdfast.coordinator.store_errors import StoreUnavailable
 from holdfast.coordinator.store_errors import TooLarge as TooLarge
 from holdfast.coordinator.watch_fanout import Fanout
 from holdfast.coordinator.watch_hub import WatchHub
@@ -30,6 +30,14 @@ UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEE
 DEFAULT_PREFIX = "/holdfast/v1/"
 CALL_TIMEOUT_S = 5.0
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+RECEIVE_LIMIT_BYTES = 16 << 20  # the largest answer this client's channel takes from etcd
+# Keys per Range of a listing: a page of the largest records (a chain at its 64 KiB cap, twice in a
+# record with its replay copy, plus bounded fields: ~70 KB with room) stays within half the receive
+# limit, so no number of sessions makes a listing fail. One Range of a whole prefix failed every
+# listing of every tenant once the records together passed the limit (~267 at the cap). Records
+# written before the cap (up to etcd's ~1.5 MiB request limit) are bounded by halving: a page whose
+# answer is still too large is read again at half as many keys, down to one.
+PAGE = RECEIVE_LIMIT_BYTES // (70 * 1024) // 2
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,7 @@ def channel_target(endpoints: str) -> str:
 
 def open_channel(endpoints: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
     options: list[tuple[str, object]] = [("grpc.lb_policy_name", "round_robin"),
-                                         ("grpc.max_receive_message_length", 16 << 20)]
+                                         ("grpc.max_receive_message_length", RECEIVE_LIMIT_BYTES)]
     target = channel_target(endpoints)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options)
@@ -144,12 +152,21 @@ def absent(key: str) -> rpc.Compare:
 
 
 def _too_large(exc: grpc.aio.AioRpcError) -> bool:
-    """etcd's refusals of a request by its size: over --max-request-bytes ("request is too large"),
-    or over its gRPC message limit above that (RESOURCE_EXHAUSTED "larger than max"; its other
-    RESOURCE_EXHAUSTED, a full database or too many requests, are not refusals of this request's size)."""
+    """etcd's refusals of OUR request by its size: over --max-request-bytes ("request is too large"),
+    or over its gRPC message limit above that (RESOURCE_EXHAUSTED "grpc: received message larger than
+    max", the server's words; its other RESOURCE_EXHAUSTED, a full database or too many requests, are
+    not refusals of this request's size). An answer too large for this client to receive ("CLIENT:
+    Received message larger than max") is not the request's fault: `_answer_too_large`."""
     details = exc.details() or ""
     return ((exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "request is too large" in details)
-            or (exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details))
+            or (exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                and "received message larger than max" in details.lower() and not _answer_too_large(exc)))
+
+
+def _answer_too_large(exc: grpc.aio.AioRpcError) -> bool:
+    """etcd's answer exceeded this channel's receive limit (RECEIVE_LIMIT_BYTES)."""
+    return (exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and "CLIENT: Received message larger than max" in (exc.details() or ""))
 
 
 def _range_end(prefix: bytes) -> bytes:
@@ -194,6 +211,9 @@ class Store:
                 raise StoreUnavailable(f"etcd: {exc.details()}") from exc
             if _too_large(exc):
                 raise TooLarge(f"etcd: {exc.details()}") from exc
+            if _answer_too_large(exc):
+                raise AnswerTooLarge(f"etcd's answer is over the {RECEIVE_LIMIT_BYTES}-byte receive limit: "
+                                     f"{exc.details()}") from exc
             raise
         self.newest = max(self.newest, resp.header.revision)
         return resp
@@ -226,20 +246,47 @@ class Store:
     async def list_prefix(
         self, prefix: str, start_after: str = "", limit: int = 0
     ) -> tuple[list[Entry], bool]:
-        """Keys under prefix in key order after `start_after`; returns (entries, more)."""
-        raw = prefix.encode()
-        start = (start_after.encode() + b"\x00") if start_after else raw
-        resp = await self._call(self._kv.Range, rpc.RangeRequest(
-            key=start, range_end=_range_end(raw), limit=limit,
-            sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY))
-        return [_entry(kv) for kv in resp.kvs], bool(resp.more)
+        """Keys under prefix in key order after `start_after`, at most `limit` (0: all), read in pages
+        of at most PAGE keys, all at one revision; returns (entries, more)."""
+        entries, more, _ = await self._scan(prefix, start_after, limit)
+        return entries, more
 
     async def snapshot_prefix(self, prefix: str) -> tuple[list[Entry], int]:
-        """Every key under prefix, and the revision they were read at (a watch from revision + 1
-        then misses no change)."""
+        """Every key under prefix (paged as list_prefix), and the one revision they were read at (a
+        watch from revision + 1 then misses no change)."""
+        entries, _, revision = await self._scan(prefix)
+        return entries, revision
+
+    async def _scan(self, prefix: str, start_after: str = "",
+                    limit: int = 0) -> tuple[list[Entry], bool, int]:
+        """Pages of Ranges: the first at the newest revision, the rest at the first's, so the whole
+        listing is one snapshot (a compaction of that revision meanwhile lists again from the start)."""
         raw = prefix.encode()
-        resp = await self._call(self._kv.Range, rpc.RangeRequest(key=raw, range_end=_range_end(raw)))
-        return [_entry(kv) for kv in resp.kvs], int(resp.header.revision)
+        entries: list[Entry] = []
+        page, revision, after = PAGE, 0, start_after
+        while True:
+            start = (after.encode() + b"\x00") if after else raw
+            want = min(page, limit - len(entries)) if limit else page
+            try:
+                resp = await self._call(self._kv.Range, rpc.RangeRequest(
+                    key=start, range_end=_range_end(raw), limit=want, revision=revision,
+                    sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY))
+            except AnswerTooLarge:
+                if want == 1:
+                    raise
+                page = max(1, want // 2)
+                continue
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                entries, revision, after = [], 0, start_after
+                continue
+            revision = revision or int(resp.header.revision)
+            entries += [_entry(kv) for kv in resp.kvs]
+            more = bool(resp.more)
+            if not more or not resp.kvs or (limit and len(entries) >= limit):
+                return entries, more, revision
+            after = entries[-1].key
 
     async def txn(self, compares: Sequence[rpc.Compare], puts: Sequence[Put],
                   deletes: Sequence[str] = (), delete_prefixes: Sequence[str] = ()) -> tuple[bool, int]:

@@ -14,6 +14,11 @@ class StoreUnavailable(Exception):
         self.outcome_unknown = outcome_unknown
 
 
+class AnswerTooLarge(StoreUnavailable):
+    """etcd's answer to a read was over this client's receive limit: not the fault of any record,
+    so never a RECORD_TOO_LARGE; an outage of that read (reads write nothing)."""
+
+
 class TooLarge(Exception):
     """etcd refused a request over its size limit (its --max-request-bytes, or its gRPC message
     limit above that): nothing was written, and the same request is refused every time."""
