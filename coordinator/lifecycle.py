@@ -25,6 +25,7 @@ from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, unchanged
+from holdfast.coordinator.store_errors import StoreUnavailable
 from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -162,8 +163,7 @@ class Lifecycle:
             await self.store.txn([], [], [keys.draining(self.store, host_id)])
             return pb.DrainHostResponse(draining=False)
         # Every read before the flag's write: a refusal (no such host, a listing failing) writes
-        # nothing. A grant there landing between this listing and the flag (which refuses grants
-        # after it) is not handed off by this drain: it is in the next one's answer.
+        # nothing.
         sessions = await self.all_sessions()
         if not await self._host_known(host_id, sessions):
             raise CoordinatorError(Reason.HOST_NOT_REGISTERED,
@@ -173,6 +173,15 @@ class Lifecycle:
         flag = Put(keys.draining(self.store, host_id), records.encode(
             pb.HistoryEntry(at_unix_ms=now_ms(), transition="draining", detail=request.operator)))
         _, revision = await self.store.txn([], [flag])
+        # Listed again once the flag stands, which refuses every grant there after it: a grant
+        # between the first listing and the flag is handed off too. This listing failing, the flag
+        # stands and the error says so.
+        try:
+            sessions = await self.all_sessions()
+        except StoreUnavailable as exc:
+            raise CoordinatorError(Reason.UNAVAILABLE, f"host {host_id} is now draining (no new grants), but "
+                                   f"its sessions could not be listed to ask them to hand off ({exc}); run "
+                                   "drain again") from None
         # Each handoff request below is this drain's: an undo meanwhile makes the rest lose.
         drain_read = Seen(flag.key, Entry(flag.key, flag.value, revision, revision, 0))
         response = pb.DrainHostResponse(draining=True)
