@@ -152,7 +152,7 @@ class Acquisition:
             # On every reading, before anything is decided, asked or written: the id may have been
             # made by another tenant since the last one (the grant compares it read absent).
             parts.tenancy.judge("Acquire", sid, record or archived_record(revival[0]), self.caller)
-            if entry is not None and not records.grant_fits(len(entry.value)):
+            if entry is not None and not records.grant_fits(len(entry.value), record_read.remembered):
                 # Before anything is asked, probed, written or signalled: a grant that etcd would
                 # refuse by its size must not first ask the owner to end or kill it.
                 raise CoordinatorError(Reason.RECORD_TOO_LARGE, f"the session's record is {len(entry.value)} "

@@ -29,18 +29,20 @@ MAX_HANDLE_CHARS = 4096
 # under a quarter of ETCD_REQUEST_LIMIT_BYTES, where 256 full-size handles (~1 MB) would make every
 # later grant of the session too large for etcd.
 MAX_CHAIN_BYTES = 64 * 1024
-# A grant's one etcd request carries the record about three times (the compare of a remembered
-# record's bytes, the put, the replay copy in `AcquireResponse(grant, record)`) beside its fence
-# value, history entry, keys and compares (GRANT_HEADROOM_BYTES).
-GRANT_RECORD_COPIES = 3
+# A grant's one etcd request carries the record twice (the put, the replay copy in
+# `AcquireResponse(grant, record)`), a third time when it rests on a remembered record (the compare
+# of its bytes), beside its fence value, history entry, keys and compares (GRANT_HEADROOM_BYTES).
+GRANT_RECORD_COPIES = 2
 GRANT_HEADROOM_BYTES = 64 * 1024
 
 
-def grant_fits(record_bytes: int) -> bool:
-    """Whether a grant of a record of `record_bytes` fits one etcd request: a takeover of a record
-    that does not (one written before MAX_CHAIN_BYTES) is refused before it asks, kills or writes
-    anything, where its grant would fail at etcd only after the owner was told to end."""
-    return GRANT_RECORD_COPIES * record_bytes + GRANT_HEADROOM_BYTES <= ETCD_REQUEST_LIMIT_BYTES
+def grant_fits(record_bytes: int, remembered: bool) -> bool:
+    """Whether a grant of a record of `record_bytes`, read fresh or `remembered`, fits one etcd
+    request: a takeover of a record that does not (one written before MAX_CHAIN_BYTES) is refused
+    before it asks, kills or writes anything, where its grant would fail at etcd only after the owner
+    was told to end. Counting the remembered compare for a fresh read refused records etcd grants."""
+    copies = GRANT_RECORD_COPIES + (1 if remembered else 0)
+    return copies * record_bytes + GRANT_HEADROOM_BYTES <= ETCD_REQUEST_LIMIT_BYTES
 
 
 def check_data_key(key: str) -> str:

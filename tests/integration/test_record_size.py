@@ -126,3 +126,27 @@ async def test_a_takeover_of_an_owner_whose_record_is_oversized_asks_kills_and_w
             assert await everything(svc.store) == before, f"a refused Acquire {kind} asked or wrote nothing"
     finally:
         await svc.store.close()
+
+
+@run_async
+async def test_a_record_a_grant_carries_twice_within_etcds_limit_is_granted_with_its_chain(
+        etcd: EtcdServer, prefix: str) -> None:
+    """A record from before the byte cap of ~540 KB: three copies would pass etcd's request limit,
+    but a grant on a fresh read carries it twice (a record that large is never remembered), and etcd
+    takes it. Granted, its chain kept for the next owner to resume from."""
+    svc, ctx, sid = CoordinatorService(Store(open_channel(etcd.url), prefix)), Context(), "sess-large-fits"
+    try:
+        await register(svc, HOST)
+        await release(svc, ctx, (await acquire(svc, ctx, sid, HOST)).grant)
+        record = await record_of(svc, sid)
+        assert record is not None
+        for i in range(130):
+            record.provider_handle_chain.add(handle=handle(i), minted_at_fence=1, observed_at_unix_ms=1)
+        await put_record(svc.store, record)
+        size = len(records.encode(record))
+        assert not records.grant_fits(size, remembered=True) and records.grant_fits(size, remembered=False)
+        granted = await acquire(svc, ctx, sid, HOST)
+        assert granted.grant.fence == record.lease.fence + 1
+        assert len(granted.record.provider_handle_chain) == 130
+    finally:
+        await svc.store.close()
