@@ -24,6 +24,7 @@ from holdfast.coordinator import (
     attestation,
     carry,
     fencing,
+    grant_gates,
     keys,
     lifecycle,
     lifecycle_rules,
@@ -209,17 +210,23 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         lease = record.lease
         if lease.claim_status != pb.RESERVED:
             raise CoordinatorError(Reason.STALE_FENCE, "this grant is no longer a reservation")
+        # A commit starts CMD: it passes the grant's gates as a grant does, so a reservation made
+        # before a drain (or a restore) never starts CMD on the draining host (or beside the
+        # restore's orphan search, which counts every reservation's carrier an orphan). Compared in
+        # the commit, so a gate closing after this reading makes the commit lose.
+        gates, _ = await grant_gates.read(self.store, self.registry, lease.reserved_host_id)
+        gates.judge()
         # The attestation is the reserved host's registered agent's: compared, so an agent that
         # re-registered meanwhile (another incarnation, another token variable) makes it retry.
         attested = await attestation.attest(
-            self.router, lease.reserved_host_id, await self.registry.seen(lease.reserved_host_id),
+            self.router, lease.reserved_host_id, gates.registration,
             lease.reserved_spawn_token, lease.spawn_token_env, request.pid_hint, record.session_id,
             lease.fence)
         identity = attested.identity
         attestation.commit(lease, identity, now_ms())
         committed = f"pid {identity.pid} on {identity.host_id}"
         if not await self.sessions.transition(entry, record, "commit", committed,
-                                              reads=[attested.registration]):
+                                              reads=gates.reads):
             raise CoordinatorError(Reason.STALE_FENCE, "the record changed during commit")
         return pb.CommitOwnerResponse(record=record, cluster_id=cluster)
 

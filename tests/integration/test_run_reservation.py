@@ -4,6 +4,7 @@ race to such a superseding grant leaves its CMD unstarted. Real etcd, agents, pr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -16,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from holdfast.coordinator import keys
+from holdfast.coordinator.store import Entry, Store
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.conftest import descendants
 from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.lifecycle_helpers import cli
 from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -122,3 +126,38 @@ def test_dead_reserver_never_runs_cmd_and_a_losing_commit_leaves_cmd_unstarted(c
             if proc.poll() is None:
                 proc.kill()
             proc.wait(10)
+
+
+def stored(cluster: Cluster, session: str) -> Entry | None:
+    """The session's record as etcd holds it: its bytes and revisions."""
+    async def get() -> Entry | None:
+        store = Store.connect(cluster.coordinator.etcd_url, prefix=cluster.coordinator.prefix)
+        try:
+            return await store.get(keys.session(store, session))
+        finally:
+            await store.close()
+
+    return asyncio.run(get())
+
+
+def test_a_reservation_made_before_a_drain_is_refused_its_commit_and_never_runs_cmd(cluster: Cluster) -> None:
+    host, sid, marker = cluster.host("host-rdr"), "sess-reserve-03", cluster.tmp / "drained-ran"
+    reserver = reserve(cluster, host, sid, marker)
+    try:
+        code, out = cli(cluster.coordinator.address, "drain", "host-rdr")
+        # Still held (75): a reservation is asked nothing; only its commit can be refused.
+        assert code == 75 and out["draining"] is True and out["handoff_requested"] == [], out
+        before = stored(cluster, sid)
+        assert before is not None and cluster.record(sid).record.lease.claim_status == pb.RESERVED
+        reserver.stdin.write(b"commit\n")  # type: ignore[union-attr]
+        reserver.stdin.flush()  # type: ignore[union-attr]
+        result = json.loads(reserver.stdout.readline())  # type: ignore[union-attr]
+        assert result["commit"] == "HOST_DRAINING" and result["gate"] != 0, result
+        assert reserver.wait(30) == 0
+        assert not marker.exists()
+        assert stored(cluster, sid) == before
+        assert cluster.record(sid).record.lease.claim_status == pb.RESERVED
+    finally:
+        if reserver.poll() is None:
+            reserver.kill()
+        reserver.wait(10)

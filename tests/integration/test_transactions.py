@@ -312,16 +312,19 @@ async def owned_with_a_taker(p: Pair, agent: AgentProcess, sid: str,
     return pid
 
 
-@pytest.mark.parametrize("changed", ["record", "registration"])
+@pytest.mark.parametrize("changed", ["record", "registration", "draining"])
 @run_async
-async def test_commit_loses_to_a_change_of_the_record_or_the_reserved_hosts_registration(
+async def test_commit_loses_to_a_change_of_the_record_or_the_reserved_hosts_gates(
         etcd: EtcdServer, prefix: str, local_agent: AgentProcess, owners: list, changed: str) -> None:
     p = pair(etcd, prefix)
     try:
         sid = "sess-commit-row"
         grant, pid = await reserve_on_agent(p, local_agent, sid, owners)
-        key = session_key(p, sid) if changed == "record" else p.key("hosts", AGENT_HOST)
-        p.store.arm(writes(session_key(p, sid)), lambda: touch(p.other.store, key))
+        changes = {"record": lambda: touch(p.other.store, session_key(p, sid)),
+                   "registration": lambda: touch(p.other.store, p.key("hosts", AGENT_HOST)),
+                   # the drain flag, set after the commit read the gates open
+                   "draining": lambda: create(p.other.store, p.key("draining", AGENT_HOST))}
+        p.store.arm(writes(session_key(p, sid)), changes[changed])
         with pytest.raises(Refused) as refused:
             await p.victim.CommitOwner(commit_request(grant, pid), p.ctx)
         assert refused.value.reason == "STALE_FENCE"
