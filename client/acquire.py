@@ -18,7 +18,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +166,12 @@ async def until_released(client: Client, session_id: str, timeout: float) -> Non
         await asyncio.wait_for(released(), max(timeout, 0.0))
 
 
+async def _next_record(changes: AsyncGenerator[pb.SessionRecord, None], timeout: float) -> None:
+    """Returns at the watch's next record, when it ends, or after `timeout` seconds."""
+    with contextlib.suppress(TimeoutError, StopAsyncIteration):
+        await asyncio.wait_for(anext(changes), max(timeout, 0.0))
+
+
 async def obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = say_stderr,
                  gate: pb.GateSpawn | None = None) -> tuple[Grant, pb.SessionRecord]:
     """`_obtain`, with a refusal's next step fitted to this run: what it tried, the fence it met."""
@@ -198,31 +204,44 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
         # round trip first, and a takeover refused before that asks nothing of the owner.
         say(f"takeover of {spec.session_id}: asking its owner, if any, to let go; waiting up to "
             f"{budget:g}s")
-    while True:
-        left = max(deadline - loop.time(), 0.0)
-        try:
-            return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
-                                        location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
-                                        takeover=spec.takeover, await_release=bool(spec.carry) and (
-                                            settle_until is None or loop.time() < settle_until),
-                                        gate=gate, hold=True)
-        except ClientError as err:
-            if not reasons.waitable(err.reason):
-                raise
-            if err.reason == Reason.RELEASE_PENDING:
-                if settle_until is None:
-                    settle_until = loop.time() + CARRY_SETTLE_S
-                    say(f"the owner of {spec.session_id} has ended; waiting up to {CARRY_SETTLE_S:g}s for it "
-                        "to upload its carried state and release")
-                await until_released(client, spec.session_id, settle_until - loop.time())
-                continue
-            left = deadline - loop.time()
-            if left <= 0:
-                if spec.force and err.reason != Reason.RESERVED:
-                    break
-                raise
-            # e.g. the owner's root exited but its tree is still ending: the next change decides.
-            await client.next_change(spec.session_id, left)
+    # A waiting run's next Acquire is judged after the record's watch has opened: a change after
+    # the record that Acquire judged is then on that watch, never taken for its opening record.
+    changes: AsyncGenerator[pb.SessionRecord, None] | None = None
+    try:
+        while True:
+            left = max(deadline - loop.time(), 0.0)
+            try:
+                return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
+                                            location=spec.location, wait_seconds=min(left, MAX_WAIT_S),
+                                            takeover=spec.takeover, await_release=bool(spec.carry) and (
+                                                settle_until is None or loop.time() < settle_until),
+                                            gate=gate, hold=True)
+            except ClientError as err:
+                if not reasons.waitable(err.reason):
+                    raise
+                if err.reason == Reason.RELEASE_PENDING:
+                    if settle_until is None:
+                        settle_until = loop.time() + CARRY_SETTLE_S
+                        say(f"the owner of {spec.session_id} has ended; waiting up to {CARRY_SETTLE_S:g}s "
+                            "for it to upload its carried state and release")
+                    await until_released(client, spec.session_id, settle_until - loop.time())
+                    continue
+                left = deadline - loop.time()
+                if left <= 0:
+                    if spec.force and err.reason != Reason.RESERVED:
+                        break
+                    raise
+                # e.g. the owner's root exited but its tree is still ending: the next change decides.
+                # Without a watch opened before this Acquire, a change may already have landed since
+                # it was judged: the watch opens now and the next Acquire follows at once.
+                if changes is not None:
+                    await _next_record(changes, left)
+                    await changes.aclose()
+                changes = client.watch(spec.session_id)
+                await _next_record(changes, deadline - loop.time())  # its opening record
+    finally:
+        if changes is not None:
+            await changes.aclose()
     say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it")
     return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
                                 location=spec.location, takeover=True, force=True, gate=gate, hold=True)

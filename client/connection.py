@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -433,7 +433,7 @@ class Client:
         return await self._call(self.stub.RestoreEpoch, request, retry=False, timeout=300.0)
 
     async def watch(self, session_id: str, grant: Grant | None = None,
-                    after_revision: int = 0) -> AsyncIterator[pb.SessionRecord]:
+                    after_revision: int = 0) -> AsyncGenerator[pb.SessionRecord, None]:
         """The session's record now and at every change; reconnects while the coordinator is away.
         With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER. With
         `after_revision` (the caller holds the record as of it), only the changes after it: read from
@@ -496,15 +496,3 @@ class Client:
                 call.cancel()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
-
-    async def next_change(self, session_id: str, timeout: float) -> None:
-        """Returns at the record's first change after now, or after `timeout` seconds."""
-        async def changed() -> None:
-            first = True
-            async for _record in self.watch(session_id):
-                if not first:
-                    return
-                first = False  # the watch opens with the current record
-
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed(), max(timeout, 0.0))
