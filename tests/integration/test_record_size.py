@@ -34,6 +34,19 @@ async def put_record(store: Store, record: pb.SessionRecord) -> None:
     assert (await store.txn([], [Put(store.key("sessions", record.session_id), records.encode(record))]))[0]
 
 
+async def released_with_chain(svc: CoordinatorService, ctx: Context, sid: str,
+                              links: int) -> pb.SessionRecord:
+    """`sid` granted and released on HOST, then `links` full-size handles put straight into its
+    record: as a coordinator from before the byte cap could leave it."""
+    await register(svc, HOST)
+    await release(svc, ctx, (await acquire(svc, ctx, sid, HOST)).grant)
+    record = await record_of(svc, sid)
+    assert record is not None
+    for i in range(links):
+        record.provider_handle_chain.add(handle=handle(i), minted_at_fence=1, observed_at_unix_ms=1)
+    await put_record(svc.store, record)
+    return record
+
 @run_async
 async def test_a_chain_at_its_byte_cap_refuses_the_next_handle_and_writes_nothing(
         etcd: EtcdServer, prefix: str) -> None:
@@ -78,13 +91,7 @@ async def test_an_oversized_record_refuses_every_acquire_typed_and_is_archived(
         etcd: EtcdServer, prefix: str, links: int) -> None:
     svc, ctx, sid = CoordinatorService(Store(open_channel(etcd.url), prefix)), Context(), "sess-oversized"
     try:
-        await register(svc, HOST)
-        await release(svc, ctx, (await acquire(svc, ctx, sid, HOST)).grant)
-        record = await record_of(svc, sid)
-        assert record is not None
-        for i in range(links):
-            record.provider_handle_chain.add(handle=handle(i), minted_at_fence=1, observed_at_unix_ms=1)
-        await put_record(svc.store, record)
+        record = await released_with_chain(svc, ctx, sid, links)
         before = await everything(svc.store)
         for kind in ({}, {"wait_seconds": 2}, {"takeover": True}, {"takeover": True, "force": True}):
             with pytest.raises(Refused) as refused:
@@ -136,13 +143,7 @@ async def test_a_record_a_grant_carries_twice_within_etcds_limit_is_granted_with
     takes it. Granted, its chain kept for the next owner to resume from."""
     svc, ctx, sid = CoordinatorService(Store(open_channel(etcd.url), prefix)), Context(), "sess-large-fits"
     try:
-        await register(svc, HOST)
-        await release(svc, ctx, (await acquire(svc, ctx, sid, HOST)).grant)
-        record = await record_of(svc, sid)
-        assert record is not None
-        for i in range(130):
-            record.provider_handle_chain.add(handle=handle(i), minted_at_fence=1, observed_at_unix_ms=1)
-        await put_record(svc.store, record)
+        record = await released_with_chain(svc, ctx, sid, 130)
         size = len(records.encode(record))
         assert not records.grant_fits(size, remembered=True) and records.grant_fits(size, remembered=False)
         granted = await acquire(svc, ctx, sid, HOST)
