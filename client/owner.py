@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # loaded by the runs that name a store or a --carry root: ~2 
     from holdfast.client.guards import Guard
 
 RELEASE_RETRY_S = 30.0  # an agent restart: its lease lapses and its successor registers (~11 s measured)
+RELEASE_RETRIED = (Reason.OWNERSHIP_UNKNOWN, Reason.TREE_ALIVE)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2, signal.SIGWINCH)
 
@@ -431,9 +432,12 @@ class Owner:
                     self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
                              "nothing to release")
                     return
-                # The host's agent did not answer (restarting, re-registering): the tree is gone by
-                # our own check, so ask again for a while rather than leave the session held.
-                if err.reason != Reason.OWNERSHIP_UNKNOWN or asyncio.get_running_loop().time() > deadline:
+                # The tree is gone by our own check, so ask again for a while rather than leave the
+                # session held: the host's agent did not answer (restarting, re-registering), or its
+                # scan did not settle (a busy host's processes exiting as it reads them: TREE_ALIVE
+                # with absence unproven). Each try is the agent's proof again, never assumed.
+                if (err.reason not in RELEASE_RETRIED
+                        or asyncio.get_running_loop().time() > deadline):
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
