@@ -143,7 +143,8 @@ class Soak:
             return
         host, session = self.rng.choice(hosts), self.rng.choice(self.session_ids())
         kind = self.rng.choice(TAKEOVERS)
-        if self.skip_gate and self.rng.random() < 0.5:
+        # The broken client's first run is always gateless: its soak must have something to catch.
+        if self.skip_gate and (self.rng.random() < 0.5 or not self.ops["skip-gate"]):
             kind = "skip-gate"
         # Half the runs are a plain user's (the common case), a third of the trees hostile.
         as_nobody, hostile = self.rng.random() < 0.5, self.rng.random() < 0.35
@@ -520,10 +521,12 @@ class Soak:
     def run(self, max_ops: int, budget_s: float, fault_rate: float = 0.35) -> None:
         deadline = time.monotonic() + budget_s
         with self.recording():
-            for _ in range(max_ops):
+            for n in range(max_ops):
                 if time.monotonic() > deadline:
                     break
-                if self.rng.random() < fault_rate:
+                # The broken client's soak launches before any fault: a fault drawn first (a host lost
+                # whole) can take its whole budget, leaving no run to catch.
+                if self.rng.random() < fault_rate and (n or not self.skip_gate):
                     self.inject(self.rng.choice(self.fault_kinds()))
                 else:
                     self.launch_run()

@@ -53,9 +53,15 @@ def until(what: str, cond, timeout: float = 15.0) -> None:  # type: ignore[no-un
 
 
 def waiting(pid: int) -> int:
-    """The process's threads waiting in the kernel uninterruptibly (state D): its stuck reads."""
-    states = [Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-              for tid in os.listdir(f"/proc/{pid}/task")]
+    """The process's threads waiting in the kernel uninterruptibly (state D): its stuck reads. A
+    thread that ends between the listing and its read (the agent's other workers come and go) is
+    not waiting."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            states.append(Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return states.count(b"D")
 
 
