@@ -2,7 +2,9 @@
 
 Guarantee: every check is a pure function of `Facts` gathered once at the edge (`gather`), and each
 failing line names its fix; the command exits 0 only when no check fails. A check that cannot be
-run here (no coordinator configured, not asked to check a node) is `skip`, never `pass`.
+run here (no coordinator configured, not asked to check a node) is `skip`, never `pass`. A check
+whose fact leaves every proof sound but some weaker (more trees need a complete scan) is `warn`
+with its fix: the agent is still Ready, as every answer it gives is true.
 """
 
 from __future__ import annotations
@@ -74,12 +76,13 @@ class Facts:
     cert_seconds_left: float | None = None  # this agent's certificate (with tls_dir); None: not checked
     cert_error: str = ""  # why it could not be read
     fenced: str | None = None  # the fence that proved this very incarnation off; "" none; None: not asked
+    ptrace_scope: int | None = None  # kernel.yama.ptrace_scope; None: no Yama, or unreadable
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # pass | fail | skip
+    status: str  # pass | warn | fail | skip
     detail: str
     fix: str = ""
 
@@ -143,6 +146,21 @@ def check_cgroup(f: Facts) -> Check:
                    "must read 0::/...): without a session cgroup a tree's end rests on the scan alone")
 
 
+def check_ptrace_scope(f: Facts) -> Check:
+    """Without Yama at 1 or more, a process of a tree's uid outside it may ptrace another and take what
+    it holds open (a cgroup.procs file to leave by), so no empty cgroup alone proves a tree gone: each
+    end then needs a complete scan too, and one unreadable process of the host leaves it unproven.
+    Sound either way, so a warning, never a failure that would keep the agent unready."""
+    if f.ptrace_scope is not None and f.ptrace_scope >= 1:
+        return Check("ptrace-scope", "pass", f"kernel.yama.ptrace_scope is {f.ptrace_scope}: an empty "
+                     "session cgroup alone proves a confined tree gone")
+    scope = "absent (no Yama)" if f.ptrace_scope is None else f"{f.ptrace_scope}"
+    return Check("ptrace-scope", "warn", f"kernel.yama.ptrace_scope is {scope}: every tree's end needs its "
+                 "empty cgroup and a complete scan", "set kernel.yama.ptrace_scope=1 (a file in "
+                 "/etc/sysctl.d/, then `sysctl --system`; a kernel without /proc/sys/kernel/yama needs "
+                 "CONFIG_SECURITY_YAMA)")
+
+
 def check_boot_id(f: Facts) -> Check:
     ok = bool(f.boot_id) and bool(f.machine_id)
     detail = f"boot id {f.boot_id or 'unreadable'}, machine id {f.machine_id or 'unreadable'}"
@@ -189,8 +207,8 @@ def check_certificate(f: Facts) -> Check:
 
 
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
-    check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_boot_id, check_coordinator,
-    check_certificate, check_fenced)
+    check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_ptrace_scope, check_boot_id,
+    check_coordinator, check_certificate, check_fenced)
 
 
 def run_checks(f: Facts) -> list[Check]:
@@ -331,6 +349,7 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
         unreadable=unreadable,
         fenced=fenced_here(coordinator, tls_dir, host_id) if coordinator and host_id else None,
+        ptrace_scope=cgroups.ptrace_scope(),
         **certificate_facts(tls_dir, host_id),
     )
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from holdfast.localstack.simhost import SimulatedHost
+from holdfast.proc import cgroups
 from tests.integration.coordinator_fixtures import Coordinator
 from tests.integration.run_fixtures import until
 
@@ -69,6 +70,11 @@ def test_inside_a_pod_namespace_node_checks_fail_with_their_fix(  # type: ignore
     rc, checks = doctor(host, "--coordinator", coordinator.address)
     assert checks["init-pid-namespace"]["status"] == "skip"
     assert checks["coordinator"]["status"] == "pass"
+    # The kernel's Yama scope, read in a simulated host as on the node: a warning, never a failure.
+    scope = cgroups.ptrace_scope()
+    assert checks["ptrace-scope"]["status"] == ("pass" if scope is not None and scope >= 1 else "warn")
+    assert f"kernel.yama.ptrace_scope is {'absent (no Yama)' if scope is None else scope}" in \
+        checks["ptrace-scope"]["detail"]
 
     # As another user without CAP_SYS_PTRACE, root's environ is denied: scans would be incomplete.
     rc, checks = doctor(host, prefix=tuple(NOBODY))

@@ -10,7 +10,7 @@ GOOD = doctor.Facts(
     node=True, pid_ns=doctor.INIT_PID_NS, cap_eff=1 << doctor.CAP_SYS_PTRACE, environ_read=40,
     environ_denied=0, environ_other_users=12, environ_error="", pidfs=True, cgroup_root="/sys/fs/cgroup",
     cgroup_problem="", boot_id="b", machine_id="m", coordinator="c:1", coordinator_error="",
-    cert_seconds_left=20 * 3600.0, fenced="",
+    cert_seconds_left=20 * 3600.0, fenced="", ptrace_scope=1,
 )
 
 
@@ -42,6 +42,19 @@ def test_each_broken_fact_fails_exactly_its_check_with_a_fix() -> None:
         assert [c.name for c in failed] == [name]
         assert failed[0].fix and not doctor.healthy(checks)
         assert "fix: " in doctor.render_text(checks)
+
+
+def test_a_host_without_yama_warns_with_its_fix_and_stays_ready() -> None:
+    """Without Yama at 1 or more every tree's end needs a complete scan too: sound, only weaker, so
+    the agent stays Ready (its readiness probe is the doctor) and the line says how to fix it."""
+    for scope, said in ((None, "absent (no Yama)"), (0, "is 0")):
+        checks = doctor.run_checks(dataclasses.replace(GOOD, ptrace_scope=scope))
+        [check] = [c for c in checks if c.name == "ptrace-scope"]
+        assert check.status == "warn" and said in check.detail and "sysctl" in check.fix
+        assert [c.name for c in checks if c.status != "pass"] == ["ptrace-scope"]
+        assert doctor.healthy(checks) and doctor.as_json(checks)["ok"] is True
+        assert "fix: set kernel.yama.ptrace_scope=1" in doctor.render_text(checks)
+    assert statuses(dataclasses.replace(GOOD, ptrace_scope=2))["ptrace-scope"] == "pass"
 
 
 def test_unconfigured_checks_skip_and_do_not_fail() -> None:
