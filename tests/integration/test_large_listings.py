@@ -1,13 +1,15 @@
 """Listings of every session over a real etcd whose records together pass the coordinator's 16 MiB
 receive limit: each is read in pages at one revision, so host recovery, drain, ListSessions and
 WatchSessions still work; an answer too large to receive is never a RECORD_TOO_LARGE; and a drain
-refused writes no flag."""
+refused writes no flag; a listing whose revision etcd compacts between its pages starts again, at
+one newer revision."""
 
 from __future__ import annotations
 
 import pytest
+from aetcd import rpc
 
-from holdfast.coordinator import records
+from holdfast.coordinator import records, store
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import Entry, Put, Store, StoreUnavailable, open_channel
 from holdfast.localstack.etcd_server import EtcdServer
@@ -116,3 +118,42 @@ async def test_a_drain_refused_writes_no_flag(etcd: EtcdServer, prefix: str) -> 
         assert await svc.lifecycle.draining_hosts() == []
     finally:
         await svc.store.close()
+
+
+class CompactedBetweenPages(Store):
+    """Before the second page of its first listing, one more key is written and etcd compacted past
+    the revision the first page was read at."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.compacted_at = 0
+        self.first_pages = 0  # Ranges at the newest revision: one per start of a listing
+
+    async def _call(self, method, request):  # type: ignore[no-untyped-def]
+        if isinstance(request, rpc.RangeRequest) and request.range_end:
+            if not request.revision:
+                self.first_pages += 1
+            elif not self.compacted_at:
+                _, self.compacted_at = await self.txn([], [Put(self.key("listed", "k-late"), b"late")])
+                await rpc.KVStub(self.channel).Compact(
+                    rpc.CompactionRequest(revision=self.compacted_at, physical=True))
+        return await super()._call(method, request)
+
+
+@run_async
+async def test_a_listing_compacted_between_its_pages_lists_again_at_one_newer_revision(
+        etcd: EtcdServer, prefix: str) -> None:
+    """Pages after the first are read at the first's revision, so the listing is one snapshot; etcd
+    compacting that revision meanwhile must not fail it (nor return pages of two revisions): it
+    lists again from the start, at a revision that has the key written meanwhile."""
+    db = CompactedBetweenPages(open_channel(etcd.url), prefix)
+    try:
+        keys = [db.key("listed", f"k-{i:04d}") for i in range(2 * store.PAGE + 3)]
+        for start in range(0, len(keys), 100):
+            assert (await db.txn([], [Put(k, b"v") for k in keys[start:start + 100]]))[0]
+        entries, revision = await db.snapshot_prefix(db.key("listed", ""))
+        assert db.compacted_at and db.first_pages == 2
+        assert [e.key for e in entries] == [*keys, db.key("listed", "k-late")]
+        assert revision >= db.compacted_at
+    finally:
+        await db.close()
