@@ -14,16 +14,16 @@ buffer is whole from R on and the caller's revision is one the shared watch saw 
 is a watch of its own, exactly as `watch_hub.WatchHub.watch` (also while the shared watch is not yet
 created, and when it has failed: the next watch opens a new one).
 
-Guarantee: every watcher, served or not, has watch_hub's guarantee — every event of its key from
-its start revision on, in revision order, each once, or an error, never silence. A served watcher
-gets the buffered events of its key from R on, then the live ones (both in the order etcd sent
-them: nothing is awaited between reading the buffer and joining, so no event falls between);
-its reader leaving MAX_BEHIND events unread ends it `Lagged`; the shared watch's failure ends
-every served watcher with the error a watch of its own would have had on it (the stream's failure
-`StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`), after the events it
-had received. A start etcd has compacted away is served all the same while the buffer still holds
-every event from it: nothing is missing, so there is nothing to re-list for (a watch of its own
-would end `Compacted` and its caller re-list).
+Guarantee: every watcher, served or not, has watch_hub's guarantee — every event of its key from its
+start revision on, in revision order, each once, or an error, never silence. A served watcher gets
+the buffered events of its key from R on, then the live ones (both in the order etcd sent them:
+nothing is awaited between reading the buffer and joining, so no event falls between); its reader
+leaving MAX_BEHIND events (or MAX_BEHIND_BYTES) unread ends it `Lagged`; the shared watch's failure
+ends every served watcher with the error a watch of its own would have had on it (the stream's
+failure `StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`), after the
+events it had received. A start etcd has compacted away is served all the same while the buffer
+still holds every event from it: nothing is missing, so there is nothing to re-list for (a watch of
+its own would end `Compacted` and its caller re-list).
 Not guaranteed: that a watch is served (a caller gets the same events either way), nor any order
 between two watchers' events.
 """

@@ -17,9 +17,9 @@ Guarantee: a watcher gets every event of its key range from its start revision o
 revision order, each once — or, when that cannot go on, an error, never silence:
 - its start revision compacted away is `Compacted`, for that watcher alone, and so is one past the
   revision etcd has reached when asked to be within it (`Unreached`: a revision of another history);
-- a watcher whose reader leaves MAX_BEHIND events unread ends with `Lagged` (a `Compacted`: re-list)
-  after the events it holds, so one slow reader neither holds the others back nor grows the
-  coordinator without bound;
+- a watcher whose reader leaves MAX_BEHIND events, or MAX_BEHIND_BYTES of them, unread ends with
+  `Lagged` (a `Compacted`: re-list) after the events it holds, so one slow reader neither holds the
+  others back nor grows the coordinator without bound;
 - etcd refusing or cancelling a watch is `StoreUnavailable` for that watcher;
 - the stream's failure (etcd unreachable or killed, the channel closed, an answer that fits no
   watcher) is `StoreUnavailable` for every watcher on it, after the events each had received; the
@@ -40,6 +40,10 @@ from aetcd import rpc
 from holdfast.coordinator.store_errors import Compacted, Lagged, StoreUnavailable, Unreached
 
 MAX_BEHIND = 4096  # events a watcher's reader may leave unread before the watcher ends Lagged
+# And their bytes (keys and values): a count alone let one stalled reader of records near their cap
+# (~100 KB) hold ~400 MB, and a tenant's few such calls exhaust the replica for every tenant. 4,096
+# records of ~1.5 KB are ~6 MB, well within.
+MAX_BEHIND_BYTES = 16 << 20
 UNANSWERED = -1  # etcd's id for no watch (a refused create; progress for every watcher)
 
 
@@ -47,12 +51,13 @@ class Watcher:
     """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
     and how it ended."""
 
-    __slots__ = ("ended", "events", "gone", "id", "reached", "waker")
+    __slots__ = ("behind_bytes", "ended", "events", "gone", "id", "reached", "waker")
 
     def __init__(self, reached: int = 0) -> None:
         self.id = UNANSWERED  # etcd's, from its `created` response
         self.reached = reached  # a revision etcd must have reached by its `created` response (0: none)
         self.events: collections.deque[rpc.Event] = collections.deque()
+        self.behind_bytes = 0  # of the events held: their keys' and values' bytes
         self.ended: Exception | None = None
         self.waker: asyncio.Future[None] | None = None
         self.gone = False  # its reader ended it
@@ -61,8 +66,10 @@ class Watcher:
         if self.ended is not None:
             return
         self.events.extend(events)
-        if len(self.events) > MAX_BEHIND:
-            self.end(Lagged(f"the watch's reader left more than {MAX_BEHIND} events unread"))
+        self.behind_bytes += sum(_size(event) for event in events)
+        if len(self.events) > MAX_BEHIND or self.behind_bytes > MAX_BEHIND_BYTES:
+            self.end(Lagged(f"the watch's reader left more than {MAX_BEHIND} events or "
+                            f"{MAX_BEHIND_BYTES} bytes of them unread"))
         else:
             self._wake()
 
@@ -85,7 +92,13 @@ class Watcher:
                 await self.waker
             finally:
                 self.waker = None
-        return self.events.popleft()
+        event = self.events.popleft()
+        self.behind_bytes -= _size(event)
+        return event
+
+
+def _size(event: rpc.Event) -> int:
+    return len(event.kv.key) + len(event.kv.value)
 
 
 class Stream:

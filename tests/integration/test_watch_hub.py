@@ -207,21 +207,22 @@ async def test_a_revision_etcd_has_not_reached_ends_that_watcher_unreached(etcd:
 
 
 async def slow_ends_lagged_alone(store: Store, key: str, slow: AsyncIterator[Entry | str],
-                                 fast: AsyncIterator[Entry | str]) -> None:
-    """With MAX_BEHIND 5, `slow` having read `key`'s event 0 and no more, `fast` reading each of 7
-    more as it comes: `slow` ends Lagged after the 6 it held, in order, and `fast` goes on."""
+                                 fast: AsyncIterator[Entry | str], pad: int = 1) -> None:
+    """With MAX_BEHIND 5 (or MAX_BEHIND_BYTES those of 5 events), `slow` having read `key`'s event 0
+    and no more, `fast` reading each of 7 more as it comes (values of `pad` bytes): `slow` ends
+    Lagged after the 6 it held, in order, and `fast` goes on."""
     fast_seen = []
     for i in range(1, 8):
-        await store.txn([], [Put(key, str(i).encode())])
+        await store.txn([], [Put(key, str(i).encode() * pad)])
         fast_seen += await take(fast, 1)
-    assert fast_seen == [f"{key}={i}" for i in range(1, 8)]
+    assert fast_seen == [f"{key}={str(i) * pad}" for i in range(1, 8)]
     got = []
     with pytest.raises(Lagged):
         async for change in slow:
             assert isinstance(change, Entry)
             got.append(change.value.decode())
-    # The events it held when it passed MAX_BEHIND, in order, then the error.
-    assert got == [str(i) for i in range(1, 7)], got
+    # The events it held when it passed its bound, in order, then the error.
+    assert got == [str(i) * pad for i in range(1, 7)], got
     await store.txn([], [Put(key, b"after")])
     assert await take(fast, 1) == [f"{key}=after"]
 
@@ -241,6 +242,28 @@ async def test_a_reader_that_falls_behind_ends_lagged_after_its_events(
         assert await take(slow, 1) == [f"{key}=0"]  # then it reads no more for a while
         assert await take(fast, 1) == [f"{key}=0"]
         await slow_ends_lagged_alone(store, key, slow, fast)
+        await fast.aclose()
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_reader_behind_by_many_bytes_ends_lagged_after_its_events(
+    etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded by bytes as well as by count: a reader stalled behind a few large records ends
+    Lagged once the ones it holds pass MAX_BEHIND_BYTES, however few they are."""
+    store = Store.connect(etcd.url, prefix=prefix)
+    key, pad = store.key("b", "k"), 1000
+    monkeypatch.setattr(watch_hub, "MAX_BEHIND_BYTES", 5 * (len(key) + pad))
+    try:
+        start = await revision(store) + 1
+        slow = store.watch_prefix(store.key("b", ""), start)
+        fast = store.watch_prefix(store.key("b", ""), start)
+        await store.txn([], [Put(key, b"0" * pad)])
+        assert await take(slow, 1) == [f"{key}={'0' * pad}"]  # taken: no longer counted against it
+        assert await take(fast, 1) == [f"{key}={'0' * pad}"]
+        await slow_ends_lagged_alone(store, key, slow, fast, pad)
         await fast.aclose()
     finally:
         await store.close()
