@@ -10,6 +10,7 @@ from holdfast.common.incarnation_rules import incarnation_verdict
 from holdfast.v1 import agent_pb2
 
 P = agent_pb2.ProbeOutcome
+T = agent_pb2.TreeState
 PROVEN_DEAD = (P.EXIT_OBSERVED, P.PID_ABSENT, P.IDENTITY_MISMATCH)
 
 
@@ -111,34 +112,37 @@ def judge(
 
 
 def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation,
-                 variable: str) -> tuple[bool, str]:
-    """(gone, why), by the proof the agent chose at attestation (docs/design.md §2 *Which proof, when*):
-    an empty cgroup alone where the tree could not leave it; otherwise an empty cgroup (where one
-    was made) and a stable, complete scan that found no carrier of the token — read under the
-    variable the token was attested in."""
+                 variable: str) -> tuple[agent_pb2.TreeState, str]:
+    """(state, why), by the proof the agent chose at attestation (docs/design.md §2 *Which proof, when*):
+    gone by an empty cgroup alone where the tree could not leave it; otherwise by an empty cgroup
+    (where one was made) and a stable, complete scan that found no carrier of the token — read under
+    the variable the token was attested in. ALIVE only on a member seen (a populated cgroup, a
+    carrier); whatever could not be looked at is UNPROVEN, so that a scan that did not settle on a
+    busy host is never reported as a live tree (its release then asked again, not given up)."""
     if identity.spawn_token and identity.spawn_token_env != variable:
         recorded = identity.spawn_token_env or "the unnamed"
-        return False, f"the scan reads {variable}, not {recorded} variable the token was attested in"
+        return T.TREE_UNPROVEN, (f"the scan reads {variable}, not {recorded} variable the token was "
+                                 "attested in")
     proof = identity.tree_proof
     has_cgroup = bool(identity.cgroup.path)
     if has_cgroup:
         if tree.cgroup_populated is None:
-            return False, "the session's cgroup could not be read"
+            return T.TREE_UNPROVEN, "the session's cgroup could not be read"
         if tree.cgroup_populated:
-            return False, "the session's cgroup is still populated"
+            return T.TREE_ALIVE, "the session's cgroup is still populated"
     if tree.carriers:
         # Whatever the proof: a carrier the scan saw is alive, in the cgroup or not (a second root
         # started with the token beside the gate never entered the cgroup at all).
-        return False, f"{tree.carriers} process(es) still carry the token"
+        return T.TREE_ALIVE, f"{tree.carriers} process(es) still carry the token"
     if has_cgroup and proof == agent_pb2.CGROUP_ONLY:
-        return True, "the session's cgroup is empty, and the tree could not leave it"
+        return T.TREE_GONE, "the session's cgroup is empty, and the tree could not leave it"
     if not identity.spawn_token:
-        return False, "identity records no spawn token; the tree cannot be checked"
+        return T.TREE_UNPROVEN, "identity records no spawn token; the tree cannot be checked"
     if not tree.enumerable:
-        return False, "this host cannot enumerate processes"
+        return T.TREE_UNPROVEN, "this host cannot enumerate processes"
     if not tree.stable:
-        return False, (f"the scan did not settle in {tree.passes} passes (processes kept exiting before "
-                       "they could be read); absence is unproven")
+        return T.TREE_UNPROVEN, (f"the scan did not settle in {tree.passes} passes (processes kept exiting "
+                                 "before they could be read); absence is unproven")
     if not tree.complete:
-        return False, f"{tree.unreadable} process(es) could not be read; absence is unproven"
-    return True, "no process carries the token" + (" and the cgroup is empty" if has_cgroup else "")
+        return T.TREE_UNPROVEN, f"{tree.unreadable} process(es) could not be read; absence is unproven"
+    return T.TREE_GONE, "no process carries the token" + (" and the cgroup is empty" if has_cgroup else "")

@@ -159,8 +159,10 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
     def judge_tree(self, identity: agent_pb2.ProcessIdentity, tree: Scan,
                    result: agent_pb2.ProbeResult) -> None:
         observed = observe_tree(identity, tree, self.cgroups)
-        gone, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
-        result.tree_checked, result.tree_gone, result.tree_reason = True, gone, why
+        state, why = probe_rules.tree_verdict(identity, observed, self.spawn_token_env)
+        result.tree_state, result.tree_reason = state, why
+        # For coordinators from before tree_state: its two booleans.
+        result.tree_checked, result.tree_gone = True, state == agent_pb2.TREE_GONE
 
     def judge_own_tree(self, identity: agent_pb2.ProcessIdentity, result: agent_pb2.ProbeResult,
                        environ: EnvironReader) -> None:
@@ -446,6 +448,6 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         deadline = time.monotonic() + (request.wait_seconds or KILL_WAIT_S)
         while True:
             result = await self.reading(self.probe_tree, owner, before)
-            if result.tree_gone or time.monotonic() > deadline:
+            if result.tree_state == agent_pb2.TREE_GONE or time.monotonic() > deadline:
                 return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
             await asyncio.sleep(0.01)

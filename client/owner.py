@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # loaded by the runs that name a store or a --carry root: ~2 
     from holdfast.client.guards import Guard
 
 RELEASE_RETRY_S = 30.0  # an agent restart: its lease lapses and its successor registers (~11 s measured)
-RELEASE_RETRIED = (Reason.OWNERSHIP_UNKNOWN, Reason.TREE_ALIVE)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2, signal.SIGWINCH)
 
@@ -421,7 +420,7 @@ class Owner:
         elif self.carried:
             await self.upload_carried("handoff" if self.ended_by == "handoff" else "release")
         deadline = asyncio.get_running_loop().time() + RELEASE_RETRY_S
-        delay = 0.1
+        delay, asked_again = 0.1, False
         while True:
             try:
                 await self.client.release(self.grant)
@@ -432,13 +431,20 @@ class Owner:
                     self.say(f"session {self.grant.session_id} has moved past fence {self.grant.fence}; "
                              "nothing to release")
                     return
-                # The tree is gone by our own check, so ask again for a while rather than leave the
-                # session held: the host's agent did not answer (restarting, re-registering), or its
-                # scan did not settle (a busy host's processes exiting as it reads them: TREE_ALIVE
-                # with absence unproven). Each try is the agent's proof again, never assumed.
-                if (err.reason not in RELEASE_RETRIED
-                        or asyncio.get_running_loop().time() > deadline):
+                # The tree is gone by our own check, so an answer that only could not prove it
+                # (OWNERSHIP_UNKNOWN: the host's agent restarting or re-registering, or its scan not
+                # settling on a busy host, or a process it could not read) is asked again for a while
+                # rather than leave the session held and exit 75. Each try is the agent's proof again,
+                # never assumed. TREE_ALIVE is the agent seeing a member alive that our check could
+                # not (a carrier whose environ this process may not read, another user's): it stays
+                # until someone ends it, so asking again would only hold the user RELEASE_RETRY_S
+                # longer for the same answer; it is said at once, with what to end.
+                if err.reason != Reason.OWNERSHIP_UNKNOWN or asyncio.get_running_loop().time() > deadline:
                     raise
+                if not asked_again:
+                    self.say(f"release refused ({err.reason}): {err.message}; asking again for up to "
+                             f"{RELEASE_RETRY_S:.0f} s")
+                    asked_again = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 

@@ -18,6 +18,7 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 PROVEN_DEAD = {apb.EXIT_OBSERVED, apb.PID_ABSENT, apb.IDENTITY_MISMATCH}
+ROOT_ENDED = PROVEN_DEAD | {apb.RESERVATION_UNUSED}  # a release's root: dead, or never started
 # A handoff in progress: asked of the owner (handoff-requested), or its kill authorised (force-pending).
 HANDOFF_STAGES = (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING)
 
@@ -95,7 +96,7 @@ def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
         return Verdict(Action.TO_MANUAL, Reason.MANUAL_RECOVERY, f"contradictory evidence: {probe.reason}")
     name = outcome_name(probe.outcome)
     if probe.outcome in PROVEN_DEAD:
-        if not probe.tree_checked or not probe.tree_gone:
+        if tree_state(probe) != apb.TREE_GONE:
             why = probe.tree_reason or "tree not proven gone"
             return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN, f"root {name} but {why}")
         detail = probe.mismatch_field or probe.reason
@@ -149,17 +150,52 @@ def ask_owner(lease: pb.Lease, operation_hash: str, host_id: str) -> bool:
     return True
 
 
+def tree_state(probe: apb.ProbeResult) -> apb.TreeState:
+    """What the agent's tree check proved. An agent from before `tree_state` answers with
+    tree_checked/tree_gone alone, which do not tell a member seen from absence not shown: its
+    "not gone" is UNPROVEN, never ALIVE (nothing is claimed alive that was not seen)."""
+    if probe.tree_state != apb.TREE_UNCHECKED:
+        return probe.tree_state
+    if not probe.tree_checked:
+        return apb.TREE_UNCHECKED
+    return apb.TREE_GONE if probe.tree_gone else apb.TREE_UNPROVEN
+
+
 def proves_gone(probe: apb.ProbeResult) -> bool:
     """A result that proves its owner's root dead and its tree gone: what OWNER_DEAD rests on
     (whose host answered is the adjudication's to check against the record)."""
-    return (probe.outcome in PROVEN_DEAD and probe.tree_checked and probe.tree_gone
+    return (probe.outcome in PROVEN_DEAD and tree_state(probe) == apb.TREE_GONE
             and not probe.contradiction)
 
 
 def release_allowed(lease: pb.Lease, probe: apb.ProbeResult) -> bool:
     """Release needs the whole tree proven gone by the owner's own host (docs/design.md §2)."""
-    return (probe.answered_by_host_id == lease.owner.host_id and probe.tree_checked and probe.tree_gone
-            and probe.outcome in PROVEN_DEAD | {apb.RESERVATION_UNUSED})
+    return (probe.answered_by_host_id == lease.owner.host_id and tree_state(probe) == apb.TREE_GONE
+            and probe.outcome in ROOT_ENDED)
+
+
+def release_refusal(lease: pb.Lease, probe: apb.ProbeResult) -> tuple[Reason, str]:
+    """Why a Release `release_allowed` refused is refused: TREE_ALIVE only when the owner's host saw
+    it alive (its root matched, or a member of its tree); OWNERSHIP_UNKNOWN when nobody could say
+    (no answer from that host, a root or tree whose absence is unproven). A busy host's scan that
+    did not settle is not a live tree: told apart, the owner asks again instead of giving up on a
+    session its own check found ended."""
+    owner = lease.owner
+    if probe.answered_by_host_id != owner.host_id:
+        # Nobody looked (an agent re-registering, unreachable): not "alive", unknown.
+        return Reason.OWNERSHIP_UNKNOWN, (f"the owner host's agent did not answer: "
+                                          f"{probe.reason or 'no reason given'}; nothing was released")
+    name = outcome_name(probe.outcome)
+    if probe.outcome == apb.IDENTITY_MATCHED and probe.matched_on and not probe.contradiction:
+        return Reason.TREE_ALIVE, (f"the owner's root, pid {owner.pid} on host {owner.host_id}, is alive "
+                                   f"(matched on {','.join(probe.matched_on)})")
+    if probe.outcome not in ROOT_ENDED:
+        return Reason.OWNERSHIP_UNKNOWN, (f"the owner's root is not proven dead ({name}): "
+                                          f"{probe.reason or 'no reason given'}; nothing was released")
+    if tree_state(probe) == apb.TREE_ALIVE:
+        return Reason.TREE_ALIVE, f"root {name} but {probe.tree_reason or 'its tree is alive'}"
+    return Reason.OWNERSHIP_UNKNOWN, (f"root {name} but its tree is not proven gone: "
+                                      f"{probe.tree_reason or 'not checked'}; nothing was released")
 
 
 def replay_still_valid(stored_fence: int, record: pb.SessionRecord | None) -> bool:

@@ -115,4 +115,4 @@ def orphans(roots: Iterable[apb.TokenRoot], known: set[str]) -> list[apb.Process
 def orphan_stopped(result: apb.ProbeResult) -> bool:
     """An orphan counts as stopped only when its root is proven dead *and* its tree proven gone: a
     KillOwner that returned at its deadline with descendants alive stopped nothing for sure."""
-    return result.outcome in adjudication.PROVEN_DEAD and result.tree_checked and result.tree_gone
+    return adjudication.proves_gone(result)

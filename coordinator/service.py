@@ -278,13 +278,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             probe, registration = await self.sessions.probe(lease.owner)
             reads = [*reads, registration]
             if not adjudication.release_allowed(lease, probe):
-                if probe.answered_by_host_id != lease.owner.host_id:
-                    # Nobody looked (an agent re-registering, unreachable): not "alive", unknown.
-                    raise CoordinatorError(Reason.OWNERSHIP_UNKNOWN, "the owner host's agent did not answer: "
-                                           f"{probe.reason or 'no reason given'}; nothing was released")
-                raise CoordinatorError(
-                    Reason.TREE_ALIVE, probe.tree_reason or probe.reason or "owner tree not proven gone"
-                )
+                raise CoordinatorError(*adjudication.release_refusal(lease, probe))
         elif lease.claim_status != pb.RESERVED:
             raise CoordinatorError(Reason.STALE_FENCE, "this grant is no longer held")
         lease.claim_status = pb.RELEASED

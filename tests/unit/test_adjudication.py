@@ -13,8 +13,10 @@ from holdfast.coordinator.adjudication import (
     ask_owner,
     proves_gone,
     release_allowed,
+    release_refusal,
     replay_released,
     replay_still_valid,
+    tree_state,
 )
 from holdfast.coordinator.fencing import next_fence
 from holdfast.v1 import agent_pb2 as apb
@@ -136,6 +138,63 @@ def test_replayed_grant(stored, rec, valid, released) -> None:
 ])
 def test_release_needs_the_tree_gone(result, allowed) -> None:
     assert release_allowed(owned().lease, result) is allowed
+
+
+def state(outcome: int, tree: int, why: str = "", **kw: object) -> apb.ProbeResult:
+    """An answer of an agent that says its tree state (and its two booleans beside it)."""
+    return probe(outcome, tree=None if tree == apb.TREE_UNCHECKED else tree == apb.TREE_GONE,
+                 tree_state=tree, tree_reason=why, **kw)
+
+
+@pytest.mark.parametrize(("result", "expected"), [
+    (state(apb.PID_ABSENT, apb.TREE_GONE), apb.TREE_GONE),
+    (state(apb.PID_ABSENT, apb.TREE_ALIVE), apb.TREE_ALIVE),
+    (state(apb.PID_ABSENT, apb.TREE_UNPROVEN), apb.TREE_UNPROVEN),
+    (state(apb.IDENTITY_MATCHED, apb.TREE_UNCHECKED), apb.TREE_UNCHECKED),
+    # An agent from before tree_state: gone is gone, and "not gone" is not proof of life.
+    (probe(apb.PID_ABSENT, tree=True), apb.TREE_GONE),
+    (probe(apb.PID_ABSENT, tree=False), apb.TREE_UNPROVEN),
+    (probe(apb.PID_ABSENT, tree=None), apb.TREE_UNCHECKED),
+])
+def test_the_tree_state_of_new_and_old_agents(result, expected) -> None:
+    assert tree_state(result) == expected
+    assert release_allowed(owned().lease, result) is (expected == apb.TREE_GONE)
+    assert proves_gone(result) is (expected == apb.TREE_GONE)
+
+
+SETTLE = "the scan did not settle in 64 passes (processes kept exiting before they could be read)"
+
+
+@pytest.mark.parametrize(("result", "reason", "said"), [
+    # Seen alive by the owner's own host: its root, or a member of its tree.
+    (probe(apb.IDENTITY_MATCHED, tree=None, matched_on=["pidfd", "start-time"]), Reason.TREE_ALIVE,
+     "root, pid 42 on host host-a, is alive (matched on pidfd,start-time)"),
+    (state(apb.PID_ABSENT, apb.TREE_ALIVE, "2 process(es) still carry the token"), Reason.TREE_ALIVE,
+     "root pid-absent but 2 process(es) still carry the token"),
+    (state(apb.EXIT_OBSERVED, apb.TREE_ALIVE, "the session's cgroup is still populated"), Reason.TREE_ALIVE,
+     "cgroup is still populated"),
+    # Not proven either way: unknown, with the agent's reason, never "alive".
+    (state(apb.EXIT_OBSERVED, apb.TREE_UNPROVEN, SETTLE), Reason.OWNERSHIP_UNKNOWN,
+     f"root exit-observed but its tree is not proven gone: {SETTLE}; nothing was released"),
+    (state(apb.PID_ABSENT, apb.TREE_UNPROVEN, "1 process(es) could not be read; absence is unproven"),
+     Reason.OWNERSHIP_UNKNOWN, "1 process(es) could not be read"),
+    (probe(apb.PID_ABSENT, tree=False, tree_reason="an old agent's words"), Reason.OWNERSHIP_UNKNOWN,
+     "an old agent's words"),
+    (probe(apb.PID_ABSENT, tree=None), Reason.OWNERSHIP_UNKNOWN, "not proven gone: not checked"),
+    (probe(apb.INDETERMINATE, tree=None, reason="permission denied"), Reason.OWNERSHIP_UNKNOWN,
+     "root is not proven dead (indeterminate): permission denied"),
+    (probe(apb.INDETERMINATE, tree=None, reason="start ticks differ", contradiction=True),
+     Reason.OWNERSHIP_UNKNOWN, "start ticks differ"),
+    (probe(apb.PID_ABSENT, host="", reason="agent unreachable"), Reason.OWNERSHIP_UNKNOWN,
+     "did not answer: agent unreachable"),
+    # Another host's "alive" is no proof for this owner.
+    (probe(apb.IDENTITY_MATCHED, host="host-b", matched_on=["pidfd"]), Reason.OWNERSHIP_UNKNOWN,
+     "did not answer"),
+])
+def test_a_refused_release_is_tree_alive_only_on_a_member_seen(result, reason, said) -> None:
+    assert not release_allowed(owned().lease, result)
+    got, message = release_refusal(owned().lease, result)
+    assert got == reason and said in message, message
 
 
 def test_held_names_the_owner_and_since_when_in_utc() -> None:

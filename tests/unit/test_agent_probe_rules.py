@@ -129,42 +129,51 @@ def tree(**kw: object) -> TreeObservation:
                               "cgroup_populated": None, **kw})
 
 
+GONE, ALIVE, UNPROVEN = agent_pb2.TREE_GONE, agent_pb2.TREE_ALIVE, agent_pb2.TREE_UNPROVEN
+
+
 @pytest.mark.parametrize(
-    ("identity", "seen", "gone", "why"),
+    ("identity", "seen", "state", "why"),
     [
-        (ident(), tree(), True, "no process"),
-        (ident(), tree(carriers=1), False, "still carry"),
-        (ident(), tree(complete=False, unreadable=3), False, "3 process(es) could not be read"),
-        (ident(), tree(enumerable=False, complete=False), False, "cannot enumerate"),
-        (ident(spawn_token=""), tree(), False, "no spawn token"),
-        (ident(cgroup=CG), tree(cgroup_populated=True),
-         False, "populated"),
-        (ident(cgroup=CG), tree(), False, "could not be read"),
-        (ident(cgroup=CG), tree(cgroup_populated=False),
-         True, "cgroup is empty"),
-        # A scan that never settled (a fork-hopping tree) proves nothing, whatever it counted.
-        (ident(), tree(complete=False, stable=False, passes=8), False, "did not settle in 8 passes"),
+        (ident(), tree(), GONE, "no process"),
+        (ident(), tree(carriers=1), ALIVE, "still carry"),
+        (ident(), tree(complete=False, unreadable=3), UNPROVEN, "3 process(es) could not be read"),
+        (ident(), tree(enumerable=False, complete=False), UNPROVEN, "cannot enumerate"),
+        (ident(spawn_token=""), tree(), UNPROVEN, "no spawn token"),
+        (ident(cgroup=CG), tree(cgroup_populated=True), ALIVE, "populated"),
+        (ident(cgroup=CG), tree(), UNPROVEN, "could not be read"),
+        (ident(cgroup=CG), tree(cgroup_populated=False), GONE, "cgroup is empty"),
+        # A scan that never settled (a fork-hopping tree, or a busy host's processes exiting as it
+        # reads them) proves nothing, whatever it counted: neither gone nor alive.
+        (ident(), tree(complete=False, stable=False, passes=8), UNPROVEN, "did not settle in 8 passes"),
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN), tree(cgroup_populated=False, carriers=1),
-         False, "still carry"),
+         ALIVE, "still carry"),
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN),
-         tree(cgroup_populated=False, complete=False, stable=False), False, "did not settle"),
+         tree(cgroup_populated=False, complete=False, stable=False), UNPROVEN, "did not settle"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN),
+         tree(cgroup_populated=False, complete=False, unreadable=1), UNPROVEN, "1 process(es) could not"),
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_AND_SCAN), tree(cgroup_populated=True),
-         False, "populated"),
+         ALIVE, "populated"),
         # A tree that cannot leave its cgroup: the empty cgroup alone proves it, even unsettled.
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY),
-         tree(cgroup_populated=False, complete=False, stable=False), True, "could not leave"),
-        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(cgroup_populated=True), False, "populated"),
+         tree(cgroup_populated=False, complete=False, stable=False), GONE, "could not leave"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(cgroup_populated=True), ALIVE, "populated"),
         # ... but a carrier seen outside it is alive all the same (a second root beside the gate).
         (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(cgroup_populated=False, carriers=1),
-         False, "still carry"),
-        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(), False, "could not be read"),
-        (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(), True, "no process"),
-        (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(complete=False, stable=False), False, "did not settle"),
+         ALIVE, "still carry"),
+        (ident(cgroup=CG, tree_proof=agent_pb2.CGROUP_ONLY), tree(), UNPROVEN, "could not be read"),
+        (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(), GONE, "no process"),
+        (ident(tree_proof=agent_pb2.SCAN_ONLY), tree(complete=False, stable=False), UNPROVEN,
+         "did not settle"),
+        # A member seen decides before an unsettled or incomplete scan: alive, not merely unproven.
+        (ident(), tree(carriers=2, complete=False, stable=False), ALIVE, "2 process(es) still carry"),
+        (ident(cgroup=CG), tree(cgroup_populated=True, complete=False, unreadable=4), ALIVE, "populated"),
     ],
 )
-def test_tree_is_gone_only_with_a_complete_scan_and_an_empty_cgroup(identity, seen, gone, why) -> None:
+def test_the_tree_is_gone_on_proof_alive_on_a_member_seen_and_unproven_otherwise(
+        identity, seen, state, why) -> None:
     verdict, reason = tree_verdict(identity, seen, VAR)
-    assert verdict is gone and why in reason
+    assert verdict == state and why in reason
 
 
 @pytest.mark.parametrize("recorded", ["ORCA_AGENT_SESSION_SPAWN_TOKEN", ""])
@@ -175,7 +184,8 @@ def test_an_owner_attested_under_another_variable_is_indeterminate_whatever_was_
         r = judge(ident(spawn_token_env=recorded), "h", INC, seen)
         assert r.outcome == P.INDETERMINATE and VAR in r.reason
     assert tree_verdict(ident(spawn_token_env=recorded), tree(), VAR) == (
-        False, f"the scan reads {VAR}, not {recorded or 'the unnamed'} variable the token was attested in")
+        agent_pb2.TREE_UNPROVEN,
+        f"the scan reads {VAR}, not {recorded or 'the unnamed'} variable the token was attested in")
 
 
 def test_an_owner_without_a_token_needs_no_variable() -> None:

@@ -23,6 +23,13 @@ class ProbeOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IDENTITY_MATCHED: _ClassVar[ProbeOutcome]
     RESERVATION_UNUSED: _ClassVar[ProbeOutcome]
     INDETERMINATE: _ClassVar[ProbeOutcome]
+
+class TreeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TREE_UNCHECKED: _ClassVar[TreeState]
+    TREE_GONE: _ClassVar[TreeState]
+    TREE_ALIVE: _ClassVar[TreeState]
+    TREE_UNPROVEN: _ClassVar[TreeState]
 TREE_PROOF_UNSPECIFIED: TreeProof
 CGROUP_ONLY: TreeProof
 CGROUP_AND_SCAN: TreeProof
@@ -34,6 +41,10 @@ IDENTITY_MISMATCH: ProbeOutcome
 IDENTITY_MATCHED: ProbeOutcome
 RESERVATION_UNUSED: ProbeOutcome
 INDETERMINATE: ProbeOutcome
+TREE_UNCHECKED: TreeState
+TREE_GONE: TreeState
+TREE_ALIVE: TreeState
+TREE_UNPROVEN: TreeState
 
 class HostIncarnation(_message.Message):
     __slots__ = ("machine_id", "boot_id", "pid_ns", "ns_init_start_ticks")
@@ -186,7 +197,7 @@ class ListTokenRootsResponse(_message.Message):
     def __init__(self, complete: _Optional[bool] = ..., unreadable: _Optional[int] = ..., roots: _Optional[_Iterable[_Union[TokenRoot, _Mapping]]] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
-    __slots__ = ("outcome", "mismatch_field", "matched_on", "reason", "tree_checked", "tree_gone", "tree_reason", "answered_by_host_id", "answered_by_incarnation", "observed_at_unix_ms", "contradiction")
+    __slots__ = ("outcome", "mismatch_field", "matched_on", "reason", "tree_checked", "tree_gone", "tree_reason", "answered_by_host_id", "answered_by_incarnation", "observed_at_unix_ms", "contradiction", "tree_state")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     MISMATCH_FIELD_FIELD_NUMBER: _ClassVar[int]
     MATCHED_ON_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +209,7 @@ class ProbeResult(_message.Message):
     ANSWERED_BY_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     CONTRADICTION_FIELD_NUMBER: _ClassVar[int]
+    TREE_STATE_FIELD_NUMBER: _ClassVar[int]
     outcome: ProbeOutcome
     mismatch_field: str
     matched_on: _containers.RepeatedScalarFieldContainer[str]
@@ -209,7 +221,8 @@ class ProbeResult(_message.Message):
     answered_by_incarnation: HostIncarnation
     observed_at_unix_ms: int
     contradiction: bool
-    def __init__(self, outcome: _Optional[_Union[ProbeOutcome, str]] = ..., mismatch_field: _Optional[str] = ..., matched_on: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., tree_checked: _Optional[bool] = ..., tree_gone: _Optional[bool] = ..., tree_reason: _Optional[str] = ..., answered_by_host_id: _Optional[str] = ..., answered_by_incarnation: _Optional[_Union[HostIncarnation, _Mapping]] = ..., observed_at_unix_ms: _Optional[int] = ..., contradiction: _Optional[bool] = ...) -> None: ...
+    tree_state: TreeState
+    def __init__(self, outcome: _Optional[_Union[ProbeOutcome, str]] = ..., mismatch_field: _Optional[str] = ..., matched_on: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., tree_checked: _Optional[bool] = ..., tree_gone: _Optional[bool] = ..., tree_reason: _Optional[str] = ..., answered_by_host_id: _Optional[str] = ..., answered_by_incarnation: _Optional[_Union[HostIncarnation, _Mapping]] = ..., observed_at_unix_ms: _Optional[int] = ..., contradiction: _Optional[bool] = ..., tree_state: _Optional[_Union[TreeState, str]] = ...) -> None: ...
 
 class ProbeOwnersRequest(_message.Message):
     __slots__ = ("owners", "check_tree")
