@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from holdfast.client.owner import RELEASE_RETRY_S
 from holdfast.common.reasons import reason_of
 from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
@@ -109,6 +111,34 @@ def test_an_unproven_tree_is_asked_again_by_run_and_released_once_provable(clust
     assert f"session {sid} released at fence 1" in owner.err(), owner.err()
     assert "TREE_ALIVE" not in owner.err()
     assert cluster.record(sid).record.lease.claim_status == pb.RELEASED
+
+
+def test_run_says_a_tree_seen_alive_at_once(cluster: Cluster, shared: Path) -> None:
+    """A root process carrying the session's token, started beside the tree: the run (nobody) may not
+    read it and finds its own tree gone, the agent reads it and sees the tree alive. Asking again
+    would only repeat that for RELEASE_RETRY_S: run exits 75 at the first TREE_ALIVE."""
+    sid = f"alive-run-{secrets.token_hex(4)}"
+    ready, end = shared / "ready", shared / "end"
+    for fifo in (ready, end):
+        os.mkfifo(fifo)
+        os.chmod(fifo, 0o666)
+    a = cluster.host("host-a")
+    owner = cluster.run(a, sid, cmd=["sh", "-c", 'echo r > "$0" && read x < "$1"', str(ready), str(end)],
+                        as_nobody=True)
+    assert ready.read_text() == "r\n", owner.err()
+    lease = cluster.record(sid).record.lease
+    carrier = a.spawn(["sleep", "300"], env={lease.owner.spawn_token_env: lease.owner.spawn_token})
+    try:
+        before = cluster.record(sid)
+        end.write_text("end\n")
+        assert owner.wait(RELEASE_RETRY_S - 10) == 75, owner.err()
+        assert "TREE_ALIVE" in owner.err() and "still carry the token" in owner.err(), owner.err()
+        assert "asking again" not in owner.err()
+        after = cluster.record(sid)
+        assert (after.record, list(after.history)) == (before.record, list(before.history))
+    finally:
+        os.kill(a.outer_pid(carrier), signal.SIGKILL)
+        carrier.wait(10)
 
 
 @pytest.mark.skipif(not cgroups.capability().able, reason="needs cgroup v2 in the node's namespace")
