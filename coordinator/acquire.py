@@ -90,6 +90,38 @@ class Exited:
 
 
 @dataclass(frozen=True)
+class Reading:
+    """What one pass decides on: the grant's gates; this operation's replay, the record and what a
+    new record's first fence rests on (the revival keys), each compared by the grant; the exit that
+    ended the last wait, with its proof; and whether the reads are held, not made now (no round
+    trip), which only a grant may rest on."""
+
+    gates: GrantGates
+    replay: Seen
+    record: Seen
+    revival: list[Seen]
+    woken_by: Exited | None
+    held: bool
+
+    @classmethod
+    def of(cls, gates: GrantGates, keys_read: list[Seen], woken_by: Exited | None, held: bool) -> Reading:
+        """From `grant_gates.read`'s keys: the replay, the record, then the revival keys."""
+        replay, record, *revival = keys_read
+        return cls(gates, replay, record, revival, woken_by, held)
+
+    def began_on(self, entry: Entry | None) -> list[Seen]:
+        """The keys a wait begins on, with the record as this pass last wrote it: a grant on the
+        wait's own proof may rest on them instead of a re-read (its transaction compares each)."""
+        return [self.replay, Seen(self.record.key, entry), *self.revival]
+
+
+class Reread(Exception):
+    """This pass decides nothing more: a transaction lost, a wait ended, or held reads led to
+    anything but a grant. The next pass reads (afresh, or the reads its wait began on) and decides
+    again."""
+
+
+@dataclass(frozen=True)
 class Parts:
     """What every Acquire works with, made once by the service."""
 
@@ -138,134 +170,176 @@ class Acquisition:
         self.deadline = self.started + request.wait_seconds
         self.last_held: adjudication.Verdict | None = None  # the HELD verdict the last wait began on
         self.exited: Exited | None = None  # the owner whose exit event ended the last wait
+        self.races = 0  # passes that read and lost, or decided again; a reservation's wait is none
 
     async def run(self) -> pb.AcquireResponse:
-        request, sid, ask, parts = self.request, self.sid, self.ask, self.parts
-        attempts, first = 0, True
-        while attempts < RACE_RETRIES:
-            attempts += 1
-            gates, (replay, record_read, *revival), woken_by, held = await self.read(first=first)
+        """Passes of reading and deciding until one grants or refuses; a pass that lost a race,
+        waited, or read what only a grant may rest on ends in `Reread`. At most RACE_RETRIES races:
+        a reservation's wait is none (the deadline bounds the waits)."""
+        first = True
+        while self.races < RACE_RETRIES:
+            self.races += 1
+            reading = await self.read(first=first)
             first = False
             self.exited = None
-            entry = record_read.entry
-            record = parts.sessions.decode(entry) if entry is not None else None
-            # On every reading, before anything is decided, asked or written: the id may have been
-            # made by another tenant since the last one (the grant compares it read absent).
-            parts.tenancy.judge("Acquire", sid, record or archived_record(revival[0]), self.caller)
-            if entry is not None and not records.grant_fits(len(entry.value), record_read.remembered):
-                # Before anything is asked, probed, written or signalled: a grant that etcd would
-                # refuse by its size must not first ask the owner to end or kill it.
-                raise CoordinatorError(Reason.RECORD_TOO_LARGE, f"the session's record is {len(entry.value)} "
-                                       f"bytes: a grant of it passes etcd's request limit of "
-                                       f"{records.ETCD_REQUEST_LIMIT_BYTES} bytes; nothing was written")
-            if replay.entry is not None:
-                # This operation was granted already (an earlier try, or the same call racing itself).
-                stored = protojson.parse(replay.entry.value, pb.AcquireResponse)
-                if adjudication.replay_still_valid(stored.grant.fence, record):
-                    return stored
-                if not adjudication.replay_released(stored.grant.fence, record):
-                    raise CoordinatorError(Reason.STALE_FENCE,
-                                           "the fence has moved since this operation's grant")
-            verdict = adjudication.adjudicate(record, ask, None, now_ms())
-            # A remembered record is compared on its bytes too: the transition's own compare of the
-            # record is on its mod revision alone.
-            reads: list[Seen] = [replay, record_read] if record_read.remembered else [replay]
-            if verdict.reason is Reason.RESERVED and record is not None and entry is not None:
-                verdict = await self.question_reservation(entry, record, verdict, reads)
-            if self.gate_token and self.attested is None and verdict.action in (Action.GRANT, Action.PROBE):
-                # Before anything is decided, written or signalled: a gate that cannot be attested
-                # refuses here with nothing done, never after a force-pending write or a kill; on
-                # held reads, which only a grant may rest on, a fresh read decides instead.
-                try:
-                    self.attested = await self.attest(record, gates)
-                except CoordinatorError:
-                    if held:
-                        continue
-                    raise
-            if verdict.action is Action.PROBE and record is not None:
-                if request.force:
-                    # The kill is authorised only by a force-pending transaction comparing every
-                    # precondition of the grant; until it lands, nothing is signalled.
-                    entry = await self.force_pending(entry, record)
-                    if entry is None:
-                        continue  # the record or a precondition changed: re-read, re-decide
-                elif request.takeover and adjudication.ask_owner(record.lease, ask.operation_hash,
-                                                                 request.host_id):
-                    # The owner is asked to let go by the takeover itself, once its gate is attested
-                    # and every gate of the grant is open: a takeover refused up to here asked
-                    # nothing of anyone, and the owner's ending overlaps no second round trip.
-                    # Its exit stream is opened beside the request's transaction, so it is armed
-                    # (a pidfd on the owner) before the owner can hear the request: opened after,
-                    # it would add 1-5 ms to every handoff. The stream reads and signals nothing: a
-                    # request that loses or is refused drops it, having asked nothing of anyone.
-                    remaining = self.deadline - time.monotonic()
-                    watch = (asyncio.ensure_future(parts.sessions.wait_exit(record.lease.owner, remaining))
-                             if remaining > 0 else None)
-                    try:
-                        entry = await self.ask_owner(entry, record, gates, replay)
-                        if entry is None:
-                            continue
-                        if watch is not None:
-                            # Just asked, it is ending: a probe now would find it alive. Its exit is
-                            # waited for instead, on the record as this transaction wrote it.
-                            held_reads = [replay, Seen(record_read.key, entry), *revival]
-                            self.exited = await self.wait_exit(record.lease.owner, watch, gates, held_reads)
-                            continue
-                    finally:
-                        if watch is not None:
-                            watch.cancel()
-                if (woken_by is not None and woken_by.result is not None
-                        and woken_by.owner == record.lease.owner):
-                    probe, registration = woken_by.result, woken_by.registration
-                else:
-                    probe, registration = await parts.sessions.probe(record.lease.owner, kill=request.force)
-                reads.append(registration)
-                verdict = adjudication.adjudicate(record, ask, probe, now_ms())
-            if held and (verdict.action is not Action.GRANT or request.await_release):
-                # Decided on reads held, not made now (this replica's own writes, or those a wait
-                # began on): only a grant may rest on them (its transaction compares each one).
-                # Anything else is decided again on a fresh read, having written and signalled nothing.
-                self.exited = replace(woken_by, wait_reads=None) if woken_by is not None else None
+            try:
+                return await self.decide(reading)
+            except Reread:
                 continue
-            metrics.INDETERMINATE.verdict(sid, verdict.reason.value)
-            if verdict.action is Action.TO_MANUAL and record is not None:
-                record.lease.handoff_stage = pb.MANUAL_RECOVERY
-                await parts.sessions.transition(entry, record, "manual-recovery", verdict.detail, reads=reads)
-                raise CoordinatorError(Reason.MANUAL_RECOVERY, verdict.detail)
-            remaining = self.deadline - time.monotonic()
-            if (verdict.reason is Reason.RESERVED and remaining > 0 and record is not None
-                    and entry is not None):
-                # --wait: until the record changes (the reservation commits or goes) or this replica
-                # may ask about it (again, half a window after an answer that left it), then decide again.
-                pause = (parts.reservations.wait_s(entry.key, entry.mod_revision, record.lease)
-                         or window_s(record.lease) / 2)
-                with metrics.ACQUIRES_WAITING.track_inprogress():
-                    await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
-                attempts -= 1  # a wait is no lost race: the deadline bounds the waits, RACE_RETRIES the races
-                continue
-            if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
-                self.last_held = verdict
-                # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
-                self.exited = await self.wait_exit(record.lease.owner,
-                                                   parts.sessions.wait_exit(record.lease.owner, remaining),
-                                                   gates, [replay, Seen(record_read.key, entry), *revival])
-                continue
-            if verdict.action is not Action.GRANT:
-                raise CoordinatorError(verdict.reason, verdict.detail)
-            if (request.await_release and verdict.reason is adjudication.Reason.OWNER_DEAD
-                    and record is not None and record.lease.claim_status in (pb.COMMITTED, pb.LIVE)):
-                # Decided on the record as read: a release landing after this read is the next call's.
-                raise CoordinatorError(Reason.RELEASE_PENDING, f"the owner at fence {record.lease.fence} has "
-                                       f"ended ({verdict.detail}) but has not released; nothing was granted")
-            response = await self.grant(entry, record, verdict, gates, reads, revival)
-            if response is not None:
-                if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
-                    took = time.monotonic() - self.started
-                    metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(took)
-                return response
         if self.last_held is not None:
             raise CoordinatorError(self.last_held.reason, self.last_held.detail)
         raise CoordinatorError(Reason.STALE_FENCE, "lost every race for this session; retry")
+
+    async def decide(self, reading: Reading) -> pb.AcquireResponse:
+        """One pass: the grant, or a refusal (raised), or `Reread`."""
+        request, entry = self.request, reading.record.entry
+        record = self.parts.sessions.decode(entry) if entry is not None else None
+        stored = self.admit(reading, entry, record)
+        if stored is not None:
+            return stored
+        verdict = adjudication.adjudicate(record, self.ask, None, now_ms())
+        # A remembered record is compared on its bytes too: the transition's own compare of the
+        # record is on its mod revision alone.
+        reads = [reading.replay, reading.record] if reading.record.remembered else [reading.replay]
+        if verdict.reason is Reason.RESERVED and record is not None and entry is not None:
+            verdict = await self.question_reservation(entry, record, verdict, reads)
+        if self.gate_token and self.attested is None and verdict.action in (Action.GRANT, Action.PROBE):
+            # Before anything is decided, written or signalled: a gate that cannot be attested
+            # refuses here with nothing done, never after a force-pending write or a kill; on
+            # held reads, which only a grant may rest on, a fresh read decides instead.
+            try:
+                self.attested = await self.attest(record, reading.gates)
+            except CoordinatorError:
+                if reading.held:
+                    raise Reread from None
+                raise
+        if verdict.action is Action.PROBE and record is not None:
+            entry = await self.take_from_owner(entry, record, reading)
+            verdict = await self.probe_owner(record, reading.woken_by, reads)
+        if reading.held and (verdict.action is not Action.GRANT or request.await_release):
+            # Decided on reads held, not made now (this replica's own writes, or those a wait
+            # began on): only a grant may rest on them (its transaction compares each one).
+            # Anything else is decided again on a fresh read, having written and signalled nothing.
+            self.exited = replace(reading.woken_by, wait_reads=None) if reading.woken_by is not None else None
+            raise Reread
+        metrics.INDETERMINATE.verdict(self.sid, verdict.reason.value)
+        await self.wait_or_refuse(verdict, entry, record, reading, reads)
+        response = await self.grant(entry, record, verdict, reading.gates, reads, reading.revival)
+        if response is None:
+            raise Reread
+        if request.takeover or verdict.reason is adjudication.Reason.OWNER_DEAD:
+            metrics.TAKEOVER_SECONDS.labels(verdict.reason.value).observe(time.monotonic() - self.started)
+        return response
+
+    def admit(self, reading: Reading, entry: Entry | None,
+              record: pb.SessionRecord | None) -> pb.AcquireResponse | None:
+        """On every reading, before anything is decided, asked or written: refuses another tenant's
+        id and a record too large to grant; returns this operation's grant when it was made already."""
+        # The id may have been made by another tenant since the last reading (the grant compares
+        # it read absent).
+        of_id = record or archived_record(reading.revival[0])
+        self.parts.tenancy.judge("Acquire", self.sid, of_id, self.caller)
+        if entry is not None and not records.grant_fits(len(entry.value), reading.record.remembered):
+            # Before anything is asked, probed, written or signalled: a grant that etcd would
+            # refuse by its size must not first ask the owner to end or kill it.
+            raise CoordinatorError(Reason.RECORD_TOO_LARGE, f"the session's record is {len(entry.value)} "
+                                   f"bytes: a grant of it passes etcd's request limit of "
+                                   f"{records.ETCD_REQUEST_LIMIT_BYTES} bytes; nothing was written")
+        if reading.replay.entry is None:
+            return None
+        # This operation was granted already (an earlier try, or the same call racing itself).
+        stored = protojson.parse(reading.replay.entry.value, pb.AcquireResponse)
+        if adjudication.replay_still_valid(stored.grant.fence, record):
+            return stored
+        if not adjudication.replay_released(stored.grant.fence, record):
+            raise CoordinatorError(Reason.STALE_FENCE, "the fence has moved since this operation's grant")
+        return None
+
+    async def take_from_owner(self, entry: Entry | None, record: pb.SessionRecord,
+                              reading: Reading) -> Entry | None:
+        """Before a live owner is probed: a forced Acquire's force-pending write, or a takeover's
+        request to the owner, waited on by its exit stream. Returns the record's entry as this pass
+        last wrote it; `Reread` when a transaction lost or the owner's exit was waited for."""
+        request = self.request
+        if request.force:
+            # The kill is authorised only by a force-pending transaction comparing every
+            # precondition of the grant; until it lands, nothing is signalled.
+            written = await self.force_pending(entry, record)
+            if written is None:
+                raise Reread  # the record or a precondition changed: re-read, re-decide
+            return written
+        if not (request.takeover and adjudication.ask_owner(record.lease, self.ask.operation_hash,
+                                                            request.host_id)):
+            return entry
+        # The owner is asked to let go by the takeover itself, once its gate is attested and every
+        # gate of the grant is open: a takeover refused up to here asked nothing of anyone, and the
+        # owner's ending overlaps no second round trip. Its exit stream is opened beside the
+        # request's transaction, so it is armed (a pidfd on the owner) before the owner can hear the
+        # request: opened after, it would add 1-5 ms to every handoff. The stream reads and signals
+        # nothing: a request that loses or is refused drops it, having asked nothing of anyone.
+        remaining = self.deadline - time.monotonic()
+        watch = (asyncio.ensure_future(self.parts.sessions.wait_exit(record.lease.owner, remaining))
+                 if remaining > 0 else None)
+        try:
+            written = await self.ask_owner(entry, record, reading.gates, reading.replay)
+            if written is None:
+                raise Reread
+            if watch is not None:
+                # Just asked, it is ending: a probe now would find it alive. Its exit is waited for
+                # instead, on the record as this transaction wrote it.
+                self.exited = await self.wait_exit(record.lease.owner, watch, reading.gates,
+                                                   reading.began_on(written))
+                raise Reread
+            return written
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def probe_owner(self, record: pb.SessionRecord, woken_by: Exited | None,
+                          reads: list[Seen]) -> adjudication.Verdict:
+        """The owner's agent's answer (the exit event's, when a wait ended on this very owner), its
+        registration appended to `reads`, and the verdict on it."""
+        if woken_by is not None and woken_by.result is not None and woken_by.owner == record.lease.owner:
+            probe, registration = woken_by.result, woken_by.registration
+        else:
+            probe, registration = await self.parts.sessions.probe(record.lease.owner, kill=self.request.force)
+        reads.append(registration)
+        return adjudication.adjudicate(record, self.ask, probe, now_ms())
+
+    async def wait_or_refuse(self, verdict: adjudication.Verdict, entry: Entry | None,
+                             record: pb.SessionRecord | None, reading: Reading, reads: list[Seen]) -> None:
+        """Returns only for a grant; else refuses (raised), or waits — with `--wait` time left, on a
+        reservation or a live owner — and ends in `Reread`. `reads`: what the verdict rests on."""
+        parts = self.parts
+        if verdict.action is Action.TO_MANUAL and record is not None:
+            record.lease.handoff_stage = pb.MANUAL_RECOVERY
+            await parts.sessions.transition(entry, record, "manual-recovery", verdict.detail,
+                                            reads=reads)
+            raise CoordinatorError(Reason.MANUAL_RECOVERY, verdict.detail)
+        remaining = self.deadline - time.monotonic()
+        if verdict.reason is Reason.RESERVED and remaining > 0 and record is not None and entry is not None:
+            # --wait: until the record changes (the reservation commits or goes) or this replica
+            # may ask about it (again, half a window after an answer that left it), then decide again.
+            pause = (parts.reservations.wait_s(entry.key, entry.mod_revision, record.lease)
+                     or window_s(record.lease) / 2)
+            with metrics.ACQUIRES_WAITING.track_inprogress():
+                await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
+            self.races -= 1  # a wait is no lost race: the deadline bounds the waits, RACE_RETRIES the races
+            raise Reread
+        if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
+            self.last_held = verdict
+            # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
+            self.exited = await self.wait_exit(record.lease.owner,
+                                               parts.sessions.wait_exit(record.lease.owner, remaining),
+                                               reading.gates, reading.began_on(entry))
+            raise Reread
+        if verdict.action is not Action.GRANT:
+            raise CoordinatorError(verdict.reason, verdict.detail)
+        if (self.request.await_release and verdict.reason is adjudication.Reason.OWNER_DEAD
+                and record is not None and record.lease.claim_status in (pb.COMMITTED, pb.LIVE)):
+            # Decided on the record as read: a release landing after this read is the next call's.
+            raise CoordinatorError(Reason.RELEASE_PENDING, f"the owner at fence {record.lease.fence} has "
+                                   f"ended ({verdict.detail}) but has not released; nothing was granted")
 
     async def question_reservation(self, entry: Entry, record: pb.SessionRecord,
                                    refused: adjudication.Verdict, reads: list[Seen]) -> adjudication.Verdict:
@@ -281,7 +355,7 @@ class Acquisition:
         return adjudication.adjudicate(record, self.ask, probe, now_ms())
 
     # --- read -------------------------------------------------------------------------------
-    async def read(self, first: bool) -> tuple[GrantGates, list[Seen], Exited | None, bool]:
+    async def read(self, first: bool) -> Reading:
         """Everything a decision reads, in one round trip at one revision: the grant's gates, then
         this operation's replay, the record and what a new record's first fence rests on, each
         compared in the grant's transaction. After a wait ended by an owner's exit event, that
@@ -295,20 +369,18 @@ class Acquisition:
         exited = self.exited
         if exited is None or self.request.force:
             if first and (remembered := self.remembered_reads()) is not None:
-                return *remembered, None, True
-            gates, keys_read = await self._read_keys()
-            return gates, keys_read, None, False
+                return Reading.of(*remembered, None, True)
+            return Reading.of(*await self._read_keys(), None, False)
         if exited.result is not None and adjudication.proves_gone(exited.result):
             if exited.wait_reads is not None:
                 # No round trip: the grant that may follow compares every one of these keys in its
                 # transaction, so a change since they were read makes it lose (and the next pass
                 # reads afresh); it can grant nothing a fresh read would refuse.
-                return *exited.wait_reads, exited, True
-            gates, keys_read = await self._read_keys()
-            return gates, keys_read, exited, False
+                return Reading.of(*exited.wait_reads, exited, True)
+            return Reading.of(*await self._read_keys(), exited, False)
         (gates, keys_read), (probe, registration) = await asyncio.gather(
             self._read_keys(), self.parts.sessions.probe(exited.owner))
-        return gates, keys_read, Exited(exited.owner, probe, registration), False
+        return Reading.of(gates, keys_read, Exited(exited.owner, probe, registration), False)
 
     def remembered_reads(self) -> tuple[GrantGates, list[Seen]] | None:
         """`_read_keys`' answer as this replica holds it, when a grant may follow it without asking
