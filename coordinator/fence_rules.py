@@ -53,9 +53,20 @@ KUBE_OPTIONS = frozenset({"api_server", "api_ca", "api_token_file"})  # none: in
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 KUBE_PROGRAM = f"the Kubernetes taint {OUT_OF_SERVICE}"  # what an attempt of that kind names as its program
 READ_NODE = "read-node"  # the one action of the taint fencer
-# Agents that answer "off" without powering anything off: fence_dummy flips a file (it is for
-# testing a cluster's plumbing), fence_ack_manual is a person's override after fencing failed.
-PROVE_NOTHING = frozenset({"fence_dummy", "fence_ack_manual"})
+# Agents whose "off" proves nothing, refused by the name of the file the path resolves to (a link
+# named fence_power to fence_dummy is fence_dummy), and why.
+PROVE_NOTHING = {
+    "fence_dummy": "flips a state file on the coordinator's own disk and powers nothing off",
+    "fence_ack_manual": "is a person's override after fencing failed and sees no node",
+    "fence_zvmip": ("answers 'Success: Already OFF' for a guest its hypervisor does not know (its "
+                    "missing_as_off is on by default), so a wrong or renamed plug proves a running node off"),
+}
+# fence-agents' missing_as_off makes a plug the device does not know answer off: the device never
+# saw the node, yet the agent prints the proof's lines. Only an explicit false value is left alone
+# (the library's own false words); anything else is refused.
+MISSING_AS_OFF = "missing_as_off"
+FALSE_WORDS = frozenset({"0", "no", "off", "false"})
+PATTERN_CHARS = frozenset("*?[")
 HOST_LOST = "host lost"  # `requested_by` of an attempt the loop started
 
 
@@ -110,11 +121,14 @@ def _fencer(index: int, entry: Any) -> FencerSpec:
     if not isinstance(program, str) or not program.startswith("/"):
         raise ValueError(f"{where}: program must be the fence agent's absolute path, e.g. "
                          "/usr/sbin/fence_ipmilan")
-    if program.rsplit("/", 1)[1] in PROVE_NOTHING:
-        raise ValueError(f"{where}: {program} proves nothing (it powers nothing off); configure the "
-                         "host's power or cloud API agent, or none and recover by hand")
+    why = proves_nothing(program)
+    if why:
+        raise ValueError(f"{where}: {why}")
     options = _table(where, "options", entry.get("options", {}))
     secrets = _table(where, "secrets", entry.get("secrets", {}))
+    why = _off_without_device(options, secrets) or _one_plug_for_many(hosts, options)
+    if why:
+        raise ValueError(f"{where}: {why}")
     for name, path in secrets.items():
         if not path.startswith("/"):
             raise ValueError(f"{where}: secrets.{name} must be the absolute path of the file holding it")
@@ -122,6 +136,44 @@ def _fencer(index: int, entry: Any) -> FencerSpec:
     if both:
         raise ValueError(f"{where}: option {both[0]!r} is both in options and in secrets")
     return FencerSpec(hosts, program, tuple(sorted(options.items())), tuple(sorted(secrets.items())))
+
+
+def proves_nothing(program: str) -> str:
+    """Why the agent at `program` (a path, resolved by the caller when it can be) proves nothing, or
+    ''. Checked on the configured path here and on the resolved file at start (fencers.check_fencers)."""
+    name = program.rsplit("/", 1)[-1]
+    if name not in PROVE_NOTHING:
+        return ""
+    return (f"{program} is {name}, which proves nothing: it {PROVE_NOTHING[name]}; configure the host's "
+            "power or cloud API agent, or none and recover by hand")
+
+
+def _option_name(name: str) -> str:
+    """The option as the fence-agents library reads it (it takes `-` and `_` alike)."""
+    return name.replace("-", "_")
+
+
+def _off_without_device(options: Mapping[str, str], secrets: Mapping[str, str]) -> str:
+    """Why these options make the agent answer off for a plug its device does not know, or ''. A
+    secret's value is not seen here, so the option as a secret is refused whatever it holds."""
+    turned_on = any(_option_name(name) == MISSING_AS_OFF and value.strip().strip('"').lower()
+                    not in FALSE_WORDS for name, value in options.items())
+    if not turned_on and not any(_option_name(name) == MISSING_AS_OFF for name in secrets):
+        return ""
+    return (f"option {MISSING_AS_OFF} makes the agent answer 'Success: Already OFF' and 'Status: OFF' "
+            "for a plug its device does not know (a typo, a renamed or moved VM): that is no proof the "
+            "node is off; remove it")
+
+
+def _one_plug_for_many(hosts: str, options: Mapping[str, str]) -> str:
+    """Why a pattern fencer would fence every host it matches through the same plug, or ''. Without
+    `{host}` in an option, each matching host's attempt asks the device about the same thing, and one
+    answer would "prove" every one of them off."""
+    if not PATTERN_CHARS & set(hosts) or any(HOST_PLACEHOLDER in value for value in options.values()):
+        return ""
+    return (f"hosts {hosts!r} is a pattern but no option holds {HOST_PLACEHOLDER}: every host it matches "
+            f"would be fenced through the same plug (put {HOST_PLACEHOLDER} in the plug, port or address "
+            "option, or configure one fencer per host)")
 
 
 def _kube_fencer(where: str, hosts: str, entry: dict[str, Any]) -> FencerSpec:

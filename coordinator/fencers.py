@@ -58,11 +58,16 @@ class Lost:
 
 def check_fencers(specs: Iterable[FencerSpec]) -> None:
     """At start: every program is an executable file and every secret file is readable, so a typo is
-    a clear error before serving rather than an `unknown` at the first lost host."""
+    a clear error before serving rather than an `unknown` at the first lost host; and the file the
+    path resolves to is not an agent that proves nothing (a link of another name to fence_dummy)."""
     for spec in specs:
         if spec.kind == fence_rules.KUBERNETES:
             continue  # no program: its API server is checked when its reader is made
         program = Path(spec.program)
+        why = fence_rules.proves_nothing(os.path.realpath(program))
+        if why:
+            raise ValueError(f"setting fencers: program {spec.program} (hosts {spec.hosts!r}) resolves "
+                             f"to {why}")
         if not program.is_file() or not os.access(program, os.X_OK):
             raise ValueError(f"setting fencers: program {spec.program} (hosts {spec.hosts!r}) is not an "
                              "executable file (install fence-agents, or fix the path)")

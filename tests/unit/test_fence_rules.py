@@ -41,6 +41,14 @@ def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
     ([{**IPMI, "program": "fence_ipmilan"}], "absolute path"),
     ([{**IPMI, "program": "/usr/sbin/fence_dummy"}], "proves nothing"),
     ([{**IPMI, "program": "/usr/sbin/fence_ack_manual"}], "proves nothing"),
+    ([{**IPMI, "program": "/usr/sbin/fence_zvmip"}], "missing_as_off is on by default"),
+    ([{**IPMI, "options": {"plug": "{host}", "missing_as_off": True}}], "option missing_as_off"),
+    ([{**IPMI, "options": {"plug": "{host}", "missing-as-off": "on"}}], "option missing_as_off"),
+    ([{**IPMI, "options": {"plug": "{host}", "missing_as_off": '"YES"'}}], "option missing_as_off"),
+    ([{**IPMI, "options": {"plug": "{host}", "missing_as_off": "2"}}], "option missing_as_off"),
+    ([{**IPMI, "secrets": {"missing_as_off": "/etc/x"}}], "option missing_as_off"),
+    ([{**IPMI, "options": {"ip": "10.0.0.5", "username": "admin"}}], "no option holds {host}"),
+    ([{**IPMI, "hosts": "rack[12]", "options": {"ip": "10.0.0.5"}}], "no option holds {host}"),
     ([{**IPMI, "options": {"action": "reboot"}}], "set by holdfast itself"),
     ([{**IPMI, "options": {"ip": "1.2.3.4\naction=on"}}], "newline"),
     ([{**IPMI, "options": {"ip": "1\r"}}], "newline"),
@@ -54,6 +62,14 @@ def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
 def test_bad_fencer_settings_are_named(raw: object, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         fence_rules.parse_fencers(raw)
+
+
+def test_an_explicit_false_missing_as_off_and_an_exact_host_without_placeholder_are_accepted() -> None:
+    for false in (False, "0", "no", "Off", "false"):
+        spec, = fence_rules.parse_fencers([{**IPMI, "options": {"plug": "{host}", "missing_as_off": false}}])
+        assert ("missing_as_off", "0" if false is False else false) in spec.options
+    spec, = fence_rules.parse_fencers([{**IPMI, "hosts": "node-7", "options": {"ip": "10.0.0.5"}}])
+    assert spec.options == (("ip", "10.0.0.5"),)
 
 
 def test_first_matching_fencer_answers() -> None:

@@ -130,6 +130,20 @@ def test_start_checks_programs_and_secret_files(tmp_path: Path) -> None:
         fencers.check_fencers([FencerSpec("h1", program, (), (("password", str(tmp_path / "none")),))])
 
 
+def test_start_refuses_an_agent_that_proves_nothing_under_another_name(tmp_path: Path) -> None:
+    # The name check at parse time sees only the configured path: a link named like a power agent
+    # that resolves to fence_dummy (or a copy's link chain) is caught on the file it resolves to.
+    dummy = Path(script(tmp_path, GOOD, "fence_dummy"))
+    link = tmp_path / "fence_power"
+    link.symlink_to(dummy)
+    chain = tmp_path / "fence_ipmilan"
+    chain.symlink_to(link)
+    for program in (link, chain):
+        spec, = fence_rules.parse_fencers([{"hosts": "h1", "program": str(program)}])
+        with pytest.raises(ValueError, match=f"{program} .* resolves to .*fence_dummy, which proves nothing"):
+            fencers.check_fencers([spec])
+
+
 def within(seconds: float, spec: FencerSpec, timeout: float) -> tuple[list[object], Answer, str]:
     """fence() bounded from outside: a run that outlives its own timeout fails the test, not hangs it."""
     async def bounded() -> tuple[list[object], Answer, str]:
