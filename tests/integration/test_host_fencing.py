@@ -467,7 +467,7 @@ def test_bad_fencer_settings_stop_the_start(etcd: EtcdServer, tmp_path: Path, pr
             "127.0.0.1:0", "--prefix", prefix]
     for fencers, says in [
         ('[{"hosts": "h*", "program": "fence_ipmilan"}]', "program must be the fence agent's absolute path"),
-        ('[{"hosts": "h*", "program": "/nonexistent/fence_x"}]', "/nonexistent/fence_x (hosts 'h*') is not"),
+        ('[{"hosts": "h1", "program": "/nonexistent/fence_x"}]', "/nonexistent/fence_x (hosts 'h1') is not"),
         ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"action": "reboot"}}]',
          "set by holdfast itself"),
         ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"plug": "{host}"}, '
