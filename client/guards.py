@@ -18,7 +18,10 @@ How each store decides in one step:
   are not declared to the script, so not for Redis Cluster; fences are exact below 2^53).
 - A directory: a `gen-<fence>/` per grant, seeded with a copy of the current one, and a `current`
   symlink renamed into place under an flock; a stale owner's writes land in its own generation,
-  which `current` no longer names. The flock must be shared by every writer's mount.
+  which `current` no longer names. The flock must be shared by every writer's mount. The
+  directory is this user's alone (another user could swap a generation for a link); a bump copies
+  rwx bits less group and other write, holes and hard links as such, no FIFO, socket or device,
+  and at most a cap of data.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import fcntl
 import os
 import re
 import stat
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -60,6 +64,8 @@ def check_url(url: str) -> str:
         raise GuardError(f"{url!r}: {parts.scheme}:// takes an absolute path, e.g. {parts.scheme}:///var/lib/x")
     if parts.scheme in ("postgresql", "redis") and not parts.hostname:
         raise GuardError(f"{url!r}: {parts.scheme}:// needs a host")
+    if parts.scheme == "dir":
+        dir_cap_bytes(url)
     return url
 
 
@@ -243,10 +249,28 @@ class RedisGuard(Guard):
 
 
 # --- a directory ----------------------------------------------------------------------------------
-def _current(root: Path) -> int:
-    """The fence of the generation `current` names (0: none yet)."""
+DIR_CAP_BYTES = 1 << 30  # a generation's data, unless the URL says `?cap_bytes=N`
+
+
+def dir_cap_bytes(url: str) -> int:
+    """The cap on the bytes of data a bump of the dir:// guard `url` copies: `?cap_bytes=N` (N > 0)
+    or DIR_CAP_BYTES; GuardError for any other query."""
+    query = urlsplit(url).query
+    if not query:
+        return DIR_CAP_BYTES
+    key, _, value = query.partition("=")
+    if key != "cap_bytes" or not value.isdigit() or int(value) <= 0:
+        raise GuardError(f"{url!r}: a dir:// guard takes only ?cap_bytes=N, N > 0 (bytes of data a bump "
+                         f"copies; default {DIR_CAP_BYTES})")
+    return int(value)
+
+
+def _current(root: Path, top: int | None = None) -> int:
+    """The fence of the generation `current` names (0: none yet), read in the directory open as
+    `top` when given, else by the path `root`."""
     try:
-        found = _GENERATION.fullmatch(os.readlink(root / "current"))
+        found = _GENERATION.fullmatch(os.readlink("current" if top is not None else root / "current",
+                                                  dir_fd=top))
     except FileNotFoundError:
         return 0
     if found is None:
@@ -256,7 +280,9 @@ def _current(root: Path) -> int:
 
 def dir_write_path(root: str | os.PathLike[str], fence: int) -> Path:
     """The directory this fence writes in: `gen-<fence>/`, while `current` names it; StaleFence
-    once a newer grant's generation is current (what is written there is then never read)."""
+    once a newer grant's generation is current (what is written there is then never read). A
+    path, followed by name: it leads where the guard's directory says only because no one but
+    this user may change that directory, which every bump requires (DirGuard)."""
     path = Path(root)
     seen = _current(path)
     if seen != fence:
@@ -265,17 +291,39 @@ def dir_write_path(root: str | os.PathLike[str], fence: int) -> Path:
 
 
 class DirGuard(Guard):
+    """A directory of this user's alone (files.open_private_path, as `holdfast up`'s state
+    directory): another user's, one others may write, a link another user put at its name or
+    under a directory another user may change is refused, never made, copied or written through.
+    Shared with another user it could not be safe: CMD writes under `dir_write_path` by name, so
+    that user could swap `gen-N` for a link to anywhere CMD may write; and a root bump would copy
+    what they left there as root's."""
+
     def __init__(self, root: Path, url: str) -> None:
-        self.root, self.url = root, url
-        root.mkdir(parents=True, exist_ok=True)
-        _current(root)  # a `current` that names something else is refused before any grant
+        self.root, self.url, self.cap_bytes = root, url, dir_cap_bytes(url)
+        # Checked now, before the Acquire, but made only by the first bump, once granted: a run
+        # refused (HELD) has made nothing.
+        try:
+            top = self._open(make=False)
+        except FileNotFoundError:
+            return
+        try:
+            _current(root, top)  # a `current` that names something else is refused before any grant
+        finally:
+            os.close(top)
+
+    def _open(self, make: bool) -> int:
+        try:
+            return files.open_private_path(self.root, make=make)
+        except (files.NotPrivate, files.UntrustedLink) as exc:
+            raise GuardError(f"{self.url}: {exc} — a dir:// guard's directory must be this user's alone, "
+                             "in directories no other user may change (docs/guards.md)") from None
 
     def bump(self, session: str, fence: int) -> None:
-        # The directory is shared with other writers, earlier owners among them: everything is
-        # reached from one descriptor on it, and a `.lock` (a link, or a FIFO that would be waited
-        # on forever), a generation or a staging directory they replaced by a link is refused,
-        # never opened, copied or written through.
-        top = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Everything is reached from one descriptor on the directory, and a `.lock` (a link, or a
+        # FIFO that would be waited on forever), a generation or a staging directory replaced by
+        # a link — by a stale writer of this user's, or by a CMD gone astray — is refused, never
+        # opened, copied or written through.
+        top = self._open(make=True)
         try:
             fd = os.open(".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          0o666, dir_fd=top)
@@ -288,7 +336,7 @@ class DirGuard(Guard):
             os.close(top)
 
     def _bump_locked(self, top: int, fence: int) -> None:
-        seen = _current(self.root)
+        seen = _current(self.root, top)
         if seen > fence:
             raise StaleFence(f"{self.url}: generation {seen} is current, newer than fence {fence}")
         if seen == fence:
@@ -297,32 +345,62 @@ class DirGuard(Guard):
         with contextlib.suppress(OSError):
             files.remove_tree(top, staging)
         os.mkdir(staging, 0o777, dir_fd=top)
-        into = os.open(staging, OPEN_DIR, dir_fd=top)
         try:
             if seen:
-                try:
-                    source = os.open(f"gen-{seen}", OPEN_DIR, dir_fd=top)
-                except OSError:
-                    raise GuardError(
-                        f"{self.url}: gen-{seen} is not a directory (a link is never copied through)"
-                    ) from None
-                try:
-                    files.copy_tree(source, into)
-                    os.fchmod(into, stat.S_IMODE(os.fstat(source).st_mode))
-                finally:
-                    os.close(source)
-        finally:
-            os.close(into)
-        with contextlib.suppress(OSError):
-            files.remove_tree(top, made)  # a bump that died between its two renames
-        os.rename(staging, made, src_dir_fd=top, dst_dir_fd=top)
+                self._seed(top, f"gen-{seen}", staging, made)
+            with contextlib.suppress(OSError):
+                files.remove_tree(top, made)  # a bump that died between its two renames
+            os.rename(staging, made, src_dir_fd=top, dst_dir_fd=top)
+        except BaseException:
+            # A bump that failed leaves no staging behind: each would be another copy's size.
+            with contextlib.suppress(OSError):
+                files.remove_tree(top, staging)
+            raise
         with contextlib.suppress(FileNotFoundError):
             os.unlink(".current.staging", dir_fd=top)
         os.symlink(made, ".current.staging", dir_fd=top)
         os.replace(".current.staging", "current", src_dir_fd=top, dst_dir_fd=top)
 
+    def _seed(self, top: int, current: str, staging: str, made: str) -> None:
+        """The generation `current` copied into `staging`, which becomes `made`."""
+        into = os.open(staging, OPEN_DIR, dir_fd=top)
+        try:
+            try:
+                source = os.open(current, OPEN_DIR, dir_fd=top)
+            except OSError:
+                raise GuardError(
+                    f"{self.url}: {current} is not a directory (a link is never copied through)") from None
+            try:
+                # Files of another uid are copied, not refused: in a directory this user's alone only
+                # this user (root, for a root bump) put them there, as a CMD handing files to an app
+                # user does; what made one a way to root — a setuid or setgid bit turned root's in
+                # the copy, or a write bit for others on root's copy — is never copied
+                # (files.copied_mode).
+                skipped = files.copy_tree(source, into, self.cap_bytes)
+                os.fchmod(into, files.copied_mode(os.fstat(source).st_mode))
+            except files.OverCap:
+                raise GuardError(
+                    f"{self.url}: {current} holds more than {self.cap_bytes} bytes of data, the cap on what "
+                    f"a bump copies (?cap_bytes=N in the guard URL, default {DIR_CAP_BYTES}): nothing "
+                    f"was copied; remove what CMD no longer needs from {self.root / current}, or raise "
+                    "the cap") from None
+            finally:
+                os.close(source)
+        finally:
+            os.close(into)
+        if skipped:
+            print(f"holdfast: {self.url}: not copied into {made} (only files, directories and links "
+                  f"are): {', '.join(skipped)}", file=sys.stderr, flush=True)
+
     def marker(self, session: str) -> int:
-        return _current(self.root)
+        try:
+            top = self._open(make=False)
+        except FileNotFoundError:
+            return 0
+        try:
+            return _current(self.root, top)
+        finally:
+            os.close(top)
 
     def close(self) -> None:
         """Nothing held between calls: the lock is taken per bump."""

@@ -15,7 +15,9 @@ directory that fails `check_ancestors`.
 `remove_tree` removes a tree from a directory it is given open, following no link and holding no
 Python frame per level; `copy_tree` copies one directory's contents into another the same way,
 so a directory swapped for a link on either side meanwhile is refused, never read or written
-through; `open_listed` opens a file a walk listed only while it is still that regular file, never
+through, and carries no setuid, setgid, sticky, group or other write bit, no FIFO, socket or
+device, no more data than its cap, and a hole or a second hard link as such, never as bytes;
+`open_listed` opens a file a walk listed only while it is still that regular file, never
 waiting on a FIFO renamed over it.
 `open_user_dir` opens a directory a user named, following a link on the way only where the
 kernel's `fs.protected_symlinks` would in a sticky directory — the link is the user's own, root's,
@@ -188,22 +190,23 @@ def check_ancestors(fd: int, where: str) -> None:
         os.close(here)
 
 
-def open_private_path(path: str | os.PathLike[str]) -> int:
+def open_private_path(path: str | os.PathLike[str], make: bool = True) -> int:
     """A descriptor on the directory `path`, made (its missing parents too) when missing: this
     user's, nobody else may write it, and no directory above it may another user change
     (check_ancestors), nor write what is made in it by a default ACL. Nothing is made in a
     directory that fails that check — not through another user's directory, such as a home that
     is not this user's (root's `su` without `-`) — and what was made is removed when the
-    directory is refused."""
+    directory is refused. Without `make`, nothing is made: FileNotFoundError when it is missing."""
     path = os.path.abspath(path)
     made: list[str] = []
     try:
-        parent, made = open_user_dir(os.path.dirname(path), make=True, before_make=check_ancestors)
+        parent, made = open_user_dir(os.path.dirname(path), make=make, before_make=check_ancestors)
         try:
             check_ancestors(parent, os.path.dirname(path))
             with contextlib.suppress(FileExistsError):
-                os.mkdir(os.path.basename(path), 0o755, dir_fd=parent)
-                made.append(path)
+                if make:
+                    os.mkdir(os.path.basename(path), 0o755, dir_fd=parent)
+                    made.append(path)
             fd = open_private_dir(os.path.basename(path), dir_fd=parent)
         finally:
             os.close(parent)
@@ -379,34 +382,97 @@ def open_listed(name: str, directory: int | None, listed: os.stat_result) -> int
     return fd
 
 
-def _copy_file(source: int, target: int, name: str, st: os.stat_result) -> None:
+class OverCap(OSError):
+    """A copy would hold more bytes of data than its cap: refused where it got to."""
+
+
+def copied_mode(mode: int) -> int:
+    """The permission bits a copy gets: read, write and execute, less group and other write. A
+    setuid or setgid bit would turn a program another user wrote into one the copier made — root's,
+    for a root copy — that runs with the copier's privileges for whoever executes it (sticky means
+    nothing once carried); group or other write would let any local user edit the copier's files,
+    or plant links in its directories where its CMD writes, as a carry restore refuses too."""
+    return stat.S_IMODE(mode) & 0o755
+
+
+def _special(mode: int) -> str:
+    """What a file that is neither a regular file, a directory nor a link is, in words."""
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((said for test, said in kinds if test(mode)), f"of type {stat.S_IFMT(mode):o}")
+
+
+def _copy_data(fin: int, fout: int, left: int, name: str) -> int:
+    """Copies the data of `fin` into the empty file `fout`, its holes kept as holes (SEEK_DATA and
+    SEEK_HOLE): a sparse file of 200 MB holding 4 KB copies as 4 KB, not 200 MB of zeros written.
+    Returns the bytes written; OverCap once they would pass `left`."""
+    size, at, written = os.fstat(fin).st_size, 0, 0
+    while at < size:
+        try:
+            at = os.lseek(fin, at, os.SEEK_DATA)
+            end = min(os.lseek(fin, at, os.SEEK_HOLE), size)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # a hole to the end, or the file cut short meanwhile
+            raise
+        while at < end:
+            chunk = os.pread(fin, min(1 << 20, end - at), at)
+            if not chunk:  # cut short meanwhile: what is left reads as a hole
+                at = size
+                break
+            if written + len(chunk) > left:
+                raise OverCap(errno.EFBIG, "more bytes of data than the copy's cap", name)
+            os.pwrite(fout, chunk, at)
+            written, at = written + len(chunk), at + len(chunk)
+    os.ftruncate(fout, size)  # a hole at the end too
+    return written
+
+
+def _copy_file(source: int, target: int, name: str, st: os.stat_result, left: int) -> int:
+    """Copies the file `name` into `target`; the bytes of data written (OverCap past `left`)."""
     fin = open_listed(name, source, st)
     try:
         fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                        dir_fd=target)
         try:
-            while chunk := os.read(fin, 1 << 20):
-                os.write(fout, chunk)
-            os.fchmod(fout, stat.S_IMODE(st.st_mode))
+            written = _copy_data(fin, fout, left, name)
+            os.fchmod(fout, copied_mode(st.st_mode))
             os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fout)
     finally:
         os.close(fin)
+    return written
 
 
-def copy_tree(source: int, target: int) -> None:
+def _link_again(target: int, first: tuple[list[str], str], into: int, name: str) -> None:
+    """`name` in the directory open as `into`, a hard link to the copy already made at `first`
+    (its directory's parts below `target`, and its name)."""
+    where = open_beneath(target, first[0])
+    try:
+        os.link(first[1], name, src_dir_fd=where, dst_dir_fd=into, follow_symlinks=False)
+    finally:
+        os.close(where)
+
+
+def copy_tree(source: int, target: int, cap_bytes: int) -> list[str]:
     """Copies everything beneath the directory open as `source` into the empty directory open as
-    `target`: directories and files with their permission bits and times, links as links. Each
+    `target`: directories and files with their rwx bits less group and other write (copied_mode)
+    and their times, links as links, holes as holes, and a file linked under several names once,
+    linked again in the copy; OverCap once more than `cap_bytes` bytes of data would be written.
+    Returns what was not copied — a FIFO, socket or device, none of which a copy can hold (opening
+    a FIFO to copy it waits for a writer forever) — as the quoted path and what it is. Each
     directory is reached from `source` and `target` one O_NOFOLLOW component at a time
     (open_beneath), each name is opened or made relative to its directory's descriptor without
     following a link, files are created O_EXCL, and the walk keeps a stack rather than recursing:
     a directory another writer swaps for a link meanwhile, on either side, is refused (OSError),
-    never read or written through. A FIFO, socket or device is refused too, found so by its lstat
-    or swapped in before its open (open_listed): opening a FIFO to copy it waits for a writer
-    forever."""
+    never read or written through, and so is a FIFO swapped in for a file after its lstat
+    (open_listed). What is left in `target` on a failure is the caller's to remove."""
     stack: list[list[str]] = [[]]
     made: list[tuple[list[str], os.stat_result]] = []
+    linked: dict[tuple[int, int], tuple[list[str], str]] = {}
+    skipped: list[str] = []
+    left = cap_bytes
     while stack:
         parts = stack.pop()
         src = open_beneath(source, parts)
@@ -415,16 +481,21 @@ def copy_tree(source: int, target: int) -> None:
             try:
                 for name in sorted(os.listdir(src)):
                     st = os.stat(name, dir_fd=src, follow_symlinks=False)
+                    inode = (st.st_dev, st.st_ino)
                     if stat.S_ISLNK(st.st_mode):
                         os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+                    elif stat.S_ISREG(st.st_mode) and inode in linked:
+                        _link_again(target, linked[inode], dst, name)
                     elif stat.S_ISREG(st.st_mode):
-                        _copy_file(src, dst, name, st)
+                        left -= _copy_file(src, dst, name, st, left)
+                        if st.st_nlink > 1:
+                            linked[inode] = (parts, name)
                     elif stat.S_ISDIR(st.st_mode):
                         os.mkdir(name, 0o700, dir_fd=dst)
                         stack.append([*parts, name])
                         made.append((stack[-1], st))
                     else:
-                        raise OSError(errno.EINVAL, "not a file, directory or link: not copied", name)
+                        skipped.append(f"{'/'.join([*parts, name])!r} ({_special(st.st_mode)})")
             finally:
                 os.close(dst)
         finally:
@@ -433,10 +504,11 @@ def copy_tree(source: int, target: int) -> None:
     for parts, st in reversed(made):
         fd = open_beneath(target, parts)
         try:
-            os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            os.fchmod(fd, copied_mode(st.st_mode))
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fd)
+    return skipped
 
 
 def make_dir(parent: int, prefix: str) -> str:

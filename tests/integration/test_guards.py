@@ -6,7 +6,10 @@ write that checked before a bump either commits before the bump completes or not
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
+import stat
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +21,9 @@ import redis
 
 from holdfast.client import guards
 from holdfast.client.guards import GuardError, StaleFence
+from holdfast.common import files
 from tests.integration.stores import free_port, postgres_server, redis_server
+from tests.integration.unprivileged import DROP, NOBODY
 
 pytestmark = pytest.mark.timeout(120)
 SESSION = "sess-guard-0001"
@@ -183,6 +188,8 @@ def test_a_dir_guard_seeds_the_new_generation_and_hides_stale_writes(tmp_path: P
     ("mysql://127.0.0.1/db", "a guard is one of"),
     ("sqlite://relative.db", "takes an absolute path"),
     ("dir://relative", "takes an absolute path"),
+    ("dir:///srv/x?cap=1", "takes only \\?cap_bytes=N"),
+    ("dir:///srv/x?cap_bytes=0", "takes only \\?cap_bytes=N"),
     ("redis:///0", "needs a host"),
 ])
 def test_a_malformed_guard_url_is_refused_with_what_is_wrong(url: str, says: str) -> None:
@@ -247,6 +254,7 @@ def test_a_dir_guard_lock_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path
     forever, so every later bump (and the run waiting on it) hung."""
     root = tmp_path / "home"
     guard = guards.open_guard(f"dir://{root}")
+    root.mkdir(exist_ok=True)
     os.mkfifo(root / ".lock")
     failed: list[BaseException] = []
 
@@ -264,3 +272,144 @@ def test_a_dir_guard_lock_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path
         worker.join()
         pytest.fail("bump waited on a FIFO at .lock")
     assert failed and isinstance(failed[0], (GuardError, OSError))
+
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files need root to make")
+
+
+@as_root
+def test_a_root_bump_carries_no_setuid_setgid_sticky_or_others_write_bit(tmp_path: Path) -> None:
+    """An earlier owner's CMD leaves a setuid copy of `id` (and setgid, sticky, world-writable
+    modes) in its generation: a root bump copied it as a root-owned setuid program, run as root by
+    anyone, and a 0777 directory as root's that anyone may write."""
+    root = tmp_path / "home"
+    os.chmod(tmp_path, 0o755)  # nobody may reach the copy, to run it
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    gen = guards.dir_write_path(root, 1)
+    (gen / "id").write_bytes(Path("/usr/bin/id").read_bytes())
+    os.chown(gen / "id", NOBODY, NOBODY)
+    os.chmod(gen / "id", 0o6777)
+    (gen / "shared").mkdir()
+    os.chmod(gen / "shared", 0o3777)
+    os.chmod(gen, 0o2755)
+    guard.bump(SESSION, 2)
+    copied = guards.dir_write_path(root, 2)
+    ran = subprocess.run([*DROP, str(copied / "id"), "-u"], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == str(NOBODY), "the copy ran with its owner's (root's) privileges"
+    assert stat.S_IMODE((copied / "id").stat().st_mode) == 0o755
+    for path in (copied, copied / "shared"):
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o755, f"{path}: {path.lstat().st_mode:o}"
+
+
+@as_root
+def test_a_dir_guard_at_another_users_link_or_directory_is_refused_writing_nothing(tmp_path: Path) -> None:
+    """Another user plants `S -> victim` in a sticky directory both may write: a root bump made
+    `.lock`, `gen-1/` and `current` in the victim. Their directory, or one in a directory others
+    may change, is refused likewise, and nothing is made on the way."""
+    shared, victim = tmp_path / "shared", tmp_path / "victim"
+    shared.mkdir()
+    victim.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "S").symlink_to(victim)
+    os.lchown(shared / "S", NOBODY, NOBODY)  # the other user's link
+    with pytest.raises(GuardError, match="is a link"):
+        guards.open_guard(f"dir://{shared}/S").bump(SESSION, 1)
+    guard = guards.open_guard(f"dir://{shared}/R")  # missing yet: checked, and made at the bump
+    (shared / "R").symlink_to(victim)
+    os.lchown(shared / "R", NOBODY, NOBODY)  # planted once the run had checked
+    with pytest.raises(GuardError, match="is a link"):
+        guard.bump(SESSION, 1)
+    assert list(victim.iterdir()) == [], "nothing was written through the links"
+    (shared / "T").mkdir()
+    os.chown(shared / "T", NOBODY, NOBODY)  # the other user's directory
+    with pytest.raises(GuardError, match="this user's alone"):
+        guards.open_guard(f"dir://{shared}/T")
+    assert list((shared / "T").iterdir()) == []
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    os.chmod(open_to_all, 0o777)  # not sticky: another user could swap what is made in it
+    guard = guards.open_guard(f"dir://{open_to_all}/home/S")
+    with pytest.raises(GuardError, match="others may write it"):
+        guard.bump(SESSION, 1)
+    assert list(open_to_all.iterdir()) == [], "nothing was made in it"
+
+
+def test_a_dir_guard_is_made_by_its_first_bump_not_when_opened(tmp_path: Path) -> None:
+    """A run opens its guards before the Acquire: a run refused then has made nothing."""
+    guard = guards.open_guard(f"dir://{tmp_path}/a/b/home")
+    assert guard.marker(SESSION) == 0
+    assert list(tmp_path.iterdir()) == []
+    guard.bump(SESSION, 1)
+    assert guards.dir_write_path(tmp_path / "a" / "b" / "home", 1).is_dir()
+
+
+def test_a_dir_guard_skips_a_fifo_or_socket_saying_which(tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    """An earlier owner leaves a FIFO or a socket in its generation: every later bump failed
+    (EINVAL), each leaving its `.gen-N.staging` behind."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    gen = guards.dir_write_path(root, 1)
+    os.mkfifo(gen / "a pipe")
+    (gen / "d").mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(gen / "d" / "sock"))
+    (gen / "kept").write_text("kept")
+    guard.bump(SESSION, 2)
+    guard.bump(SESSION, 3)
+    assert sorted(p.name for p in (root / "current").rglob("*")) == ["d", "kept"]
+    said = capfd.readouterr().err
+    assert "'a pipe' (a FIFO)" in said and "'d/sock' (a socket)" in said and "not copied into gen-2" in said
+    assert sorted(p.name for p in root.iterdir()) == [".lock", "current", "gen-1", "gen-2", "gen-3"]
+
+
+def test_a_failed_bump_leaves_no_staging_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file swapped for a FIFO after it was listed fails the copy: its half-made `.gen-N.staging`
+    stayed, one more copy's worth of disk at each failed bump."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    (guards.dir_write_path(root, 1) / "a").write_text("copied before the failure")
+    (guards.dir_write_path(root, 1) / "b").write_text("swapped")
+    os.mkfifo(tmp_path / "fifo")
+    copy_file = files._copy_file
+
+    def swapped_then_copied(src: int, dst: int, name: str, st: os.stat_result, *left: int) -> int:
+        if name == "b":  # another writer of this user's, after copy_tree's lstat
+            os.rename(tmp_path / "fifo", root / "gen-1" / name)
+        return copy_file(src, dst, name, st, *left)
+
+    monkeypatch.setattr(files, "_copy_file", swapped_then_copied)
+    with pytest.raises(files.Replaced):
+        guard.bump(SESSION, 2)
+    assert sorted(p.name for p in root.iterdir()) == [".lock", "current", "gen-1"]
+
+
+def test_a_dir_guard_copies_holes_and_hard_links_as_such_within_a_cap(tmp_path: Path) -> None:
+    """A 4 KB generation — a 200 MB sparse file and 4 more links to it — copied as 1 GB of zeros."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    gen = guards.dir_write_path(root, 1)
+    with open(gen / "sparse", "wb") as f:
+        f.truncate(200 << 20)
+        f.seek(100 << 20)
+        f.write(b"data in the middle")
+    for i in range(4):
+        os.link(gen / "sparse", gen / f"hard{i}")
+    guard.bump(SESSION, 2)
+    copied = guards.dir_write_path(root, 2)
+    inodes = {(copied / name).stat().st_ino for name in ["sparse", "hard0", "hard1", "hard2", "hard3"]}
+    assert len(inodes) == 1 and (copied / "sparse").stat().st_nlink == 5
+    st = (copied / "sparse").stat()
+    assert st.st_size == 200 << 20 and st.st_blocks * 512 <= 1 << 20, f"{st.st_blocks * 512} bytes on disk"
+    with open(copied / "hard3", "rb") as f:
+        f.seek(100 << 20)
+        assert f.read(18) == b"data in the middle"
+    capped = guards.open_guard(f"dir://{root}?cap_bytes=10")
+    with pytest.raises(GuardError, match=r"gen-2 holds more than 10 bytes of data.*cap_bytes=N.*remove what"):
+        capped.bump(SESSION, 3)
+    assert sorted(p.name for p in root.iterdir()) == [".lock", "current", "gen-1", "gen-2"]
+    assert capped.marker(SESSION) == 2

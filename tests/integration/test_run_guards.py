@@ -15,7 +15,7 @@ import pytest
 
 from holdfast.client import guards
 from holdfast.v1 import coordinator_pb2 as pb
-from tests.integration.run_fixtures import Cluster
+from tests.integration.run_fixtures import Cluster, until
 from tests.integration.stores import free_port, redis_server
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
@@ -85,3 +85,23 @@ def test_a_store_that_has_seen_a_newer_fence_means_cmd_never_runs(cluster: Clust
     assert not ran.exists(), "CMD ran although its fence never reached the store"
     lease = cluster.record(sid).record.lease
     assert lease.fence == 1 and lease.claim_status == pb.RELEASED, "the grant was released"
+
+
+def test_a_run_refused_held_makes_no_guard_directory(cluster: Cluster, tmp_path: Path) -> None:
+    """Guards are opened before the Acquire: a dir:// guard's directories were made then, so a run
+    refused HELD had written them. Made once a run is granted, by its bump."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid, ready, go = "sess-guarded-04", tmp_path / "ready", tmp_path / "go"
+    os.mkfifo(go)
+    holder = cluster.run(a, sid, cmd=["sh", "-c", f'touch "{ready}" && read line < "{go}"'])
+    until("the holder's CMD", ready.exists, 30)
+    home = tmp_path / "guarded" / "home"
+    refused = cluster.run(b, sid, "--guard", f"dir://{home}", cmd=["true"])
+    assert refused.wait(30) == 75 and "HELD" in refused.err(), refused.err()
+    assert not (tmp_path / "guarded").exists(), "a refused run made its guard's directories"
+    with open(go, "w") as release:
+        release.write("go\n")
+    assert holder.wait(30) == 0, holder.err()
+    granted = cluster.run(b, sid, "--guard", f"dir://{home}", cmd=["true"])
+    assert granted.wait(30) == 0, granted.err()
+    assert os.readlink(home / "current") == "gen-2"

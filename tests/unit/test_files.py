@@ -354,27 +354,29 @@ def test_a_long_name_is_written_whole(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["r" * 250]
 
 
-def test_a_tree_is_copied_with_its_links_modes_and_depth_and_a_fifo_refused(tmp_path: Path) -> None:
+def test_a_tree_is_copied_with_its_links_and_rwx_bits_a_fifo_left_out(tmp_path: Path) -> None:
+    """A setuid, setgid or sticky bit is never copied (a root copy of another user's setuid program
+    ran as root), nor group or other write; a FIFO is left out and named (it failed every copy),
+    never opened."""
     source, target = tmp_path / "source", tmp_path / "target"
     (source / "d" / "e").mkdir(parents=True)
     (source / "d" / "e" / "f").write_text("f")
-    (source / "d" / "e" / "f").chmod(0o640)
+    (source / "d" / "e" / "f").chmod(0o6770)
     (source / "link").symlink_to("/etc/passwd")  # copied as a link, never read through
+    os.mkfifo(source / "d" / "pipe")
+    (source / "d" / "e").chmod(0o3777)
     (source / "d").chmod(0o555)
     target.mkdir()
     src, dst = os.open(source, os.O_RDONLY), os.open(target, os.O_RDONLY)
     try:
-        files.copy_tree(src, dst)
+        assert files.copy_tree(src, dst, 1 << 20) == ["'d/pipe' (a FIFO)"]  # returns: never opened
         assert os.readlink(target / "link") == "/etc/passwd"
         assert (target / "d" / "e" / "f").read_text() == "f"
-        assert (target / "d" / "e" / "f").stat().st_mode & 0o777 == 0o640
-        assert (target / "d").stat().st_mode & 0o777 == 0o555
-        os.mkfifo(source / "pipe")
+        assert (target / "d" / "e" / "f").stat().st_mode & 0o7777 == 0o750
+        assert (target / "d" / "e").stat().st_mode & 0o7777 == 0o755
+        assert (target / "d").stat().st_mode & 0o7777 == 0o555
         (target / "d").chmod(0o755)
         files.remove_tree(dst, "d")
-        os.unlink(target / "link")
-        with pytest.raises(OSError, match="not a file, directory or link"):
-            files.copy_tree(src, dst)  # returns at once: a FIFO is never opened
     finally:
         os.close(src)
         os.close(dst)

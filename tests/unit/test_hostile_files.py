@@ -81,7 +81,8 @@ def test_pack_reads_no_other_file_renamed_over_a_root_after_its_lstat(
 
 def test_copy_tree_never_opens_a_fifo_swapped_in_after_its_lstat(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dir guard's bump copies a directory others may write: the same window in copy_tree."""
+    """A dir guard's bump copies a generation a stale writer may still change: the same window in
+    copy_tree."""
     source, target = tmp_path / "source", tmp_path / "target"
     source.mkdir()
     target.mkdir()
@@ -89,14 +90,14 @@ def test_copy_tree_never_opens_a_fifo_swapped_in_after_its_lstat(
     os.mkfifo(tmp_path / "fifo")
     copy_file = files._copy_file
 
-    def swapped_then_copied(src: int, dst: int, name: str, st: os.stat_result) -> None:
-        os.rename(tmp_path / "fifo", source / name)  # the other user, after copy_tree's lstat
-        copy_file(src, dst, name, st)
+    def swapped_then_copied(src: int, dst: int, name: str, st: os.stat_result, left: int) -> int:
+        os.rename(tmp_path / "fifo", source / name)  # the other writer, after copy_tree's lstat
+        return copy_file(src, dst, name, st, left)
 
     monkeypatch.setattr(files, "_copy_file", swapped_then_copied)
     src, dst = os.open(source, os.O_RDONLY), os.open(target, os.O_RDONLY)
     try:
-        raised = finishes(lambda: files.copy_tree(src, dst), source / "f")
+        raised = finishes(lambda: files.copy_tree(src, dst, 1 << 20), source / "f")
     finally:
         os.close(src)
         os.close(dst)
