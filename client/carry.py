@@ -27,6 +27,7 @@ from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.common.carry_rules import (
     MANIFEST_BYTES,
+    MAX_SESSION_CAP,
     UPLOAD_FIELDS_BYTES,
     CarryRefused,
     as_the_copy_names,
@@ -35,8 +36,10 @@ from holdfast.common.carry_rules import (
     check_manifest,
     chunked,
     escaping_links,
+    over_cap,
     root_name,
     root_sizes,
+    shown_root,
 )
 from holdfast.common.files import Replaced, open_beneath, open_listed
 from holdfast.common.reasons import Reason
@@ -65,11 +68,23 @@ def _where(name: str, cwd: str) -> str:
     return name if os.path.isabs(name) else os.path.join(cwd, name)
 
 
-def _read_whole(path: str, shown: str, listed: os.stat_result,
-                directory: int | None = None) -> tuple[bytes, os.stat_result]:
+class _Oversize(Exception):
+    """A file larger than what is left of the cap, as its lstat, its fstat or its read found it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def _read_whole(path: str, shown: str, listed: os.stat_result, directory: int | None,
+                most: int) -> tuple[bytes, os.stat_result]:
     """The bytes of the regular file `listed` by its lstat (`path` in the directory open as
     `directory`, if given), refused if it changed while it was read (size or modification time) or
-    was replaced since its lstat: a FIFO renamed over it is never waited on (open_listed)."""
+    was replaced since its lstat: a FIFO renamed over it is never waited on (open_listed). More
+    than `most` bytes is _Oversize, and at most `most` + 1 are ever read: a sparse file of 3 GB
+    (4 KB on disk) read whole ended a release in MemoryError, its session left live."""
+    if listed.st_size > most:
+        raise _Oversize(listed.st_size)
     try:
         fd = open_listed(path, directory, listed)
     except Replaced:
@@ -79,11 +94,15 @@ def _read_whole(path: str, shown: str, listed: os.stat_result,
         raise type(exc)(exc.errno, exc.strerror, shown) from None  # named as the user knows it
     try:
         before = os.fstat(fd)
+        if before.st_size > most:
+            raise _Oversize(before.st_size)
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+            data = f.read(most + 1)
         after = os.fstat(fd)
     finally:
         os.close(fd)
+    if len(data) > most:
+        raise _Oversize(max(len(data), after.st_size))
     if (len(data), before.st_mtime_ns) != (
         after.st_size,
         after.st_mtime_ns,
@@ -106,7 +125,7 @@ def _listed(directory: int) -> Listed:
     return found
 
 
-def _tree(top: int, unread: list[str]) -> Iterator[tuple[str, int, Listed]]:
+def _tree(top: int, unread: list[tuple[str, str]]) -> Iterator[tuple[str, int, Listed]]:
     """Each directory below the one open as `top`, top-down in name order, as (its path relative to
     `top`, a descriptor on it valid until the next step, its names with their lstat). Each is
     reached from `top` one O_NOFOLLOW component at a time and each name looked at through that
@@ -114,20 +133,20 @@ def _tree(top: int, unread: list[str]) -> Iterator[tuple[str, int, Listed]]:
     0o777 ones) is refused, never read through by a root `run` to upload what it leads to. A
     stack, where os.walk recursed once per level: a copy 1,100 levels deep made every later
     measure or pack of it raise RecursionError. A directory that cannot be opened or listed is
-    added to `unread` with why; a name that is not UTF-8 (never carried) is not entered."""
+    added to `unread` as (its path, why); a name that is not UTF-8 (never carried) is not entered."""
     stack = [""]
     while stack:
         rel = stack.pop()
         try:
             fd = open_beneath(top, rel.split("/") if rel else [])
         except OSError as exc:
-            unread.append(f"{rel or '.'}: {exc.strerror}")
+            unread.append((rel or ".", exc.strerror or str(exc)))
             continue
         try:
             try:
                 listed = _listed(fd)
             except OSError as exc:
-                unread.append(f"{rel or '.'}: {exc.strerror}")
+                unread.append((rel or ".", exc.strerror or str(exc)))
                 continue
             yield rel, fd, listed  # what the caller raises meanwhile is its own: not caught here
         finally:
@@ -161,7 +180,7 @@ def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
             # Refused here, at the start, not only when the owner's upload would meet it at the end.
             raise ClientError(
                 Reason.INVALID_ARGUMENT,
-                f"--carry {name}: {NOT_A_ROOT}; nothing was asked of the session's owner",
+                f"--carry {shown_root(name)}: {NOT_A_ROOT}; nothing was asked of the session's owner",
             )
         total = 0
         with contextlib.suppress(OSError):  # an unreadable root measures what could be read
@@ -185,22 +204,28 @@ class Entry(NamedTuple):
     data: bytes = b""  # a file's
 
 
-def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
+# Reads a regular file as (its name in the directory open as the int, as said to a person, its lstat).
+Reader = Callable[[str, str, os.stat_result, int], tuple[bytes, os.stat_result]]
+
+
+def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str]]:
     """A directory root's entries below it (open as `top`) in walk order, each parent before its
-    children, files read as they are met; and what is left out, with why."""
+    children, files read with `read` as they are met; and what is left out, with why. Each name is
+    said as shown_root says it: the tree may be a copy another user uploaded, and a name holding a
+    line break or an escape sequence, printed as it is, faked holdfast's lines or drove the terminal."""
     entries: list[Entry] = []
     skipped: list[str] = []
-    unread: list[str] = []
+    unread: list[tuple[str, str]] = []
     for where, fd, listed in _tree(top, unread):
         for entry, s in listed:
             rel = f"{where}/{entry}" if where else entry
-            shown = os.path.join(name, rel)
+            shown = shown_root(os.path.join(name, rel))
             if not _utf8(rel):
-                skipped.append(f"{shown!r}: its name is not UTF-8; not carried")
+                skipped.append(f"{shown}: its name is not UTF-8; not carried")
             elif stat.S_ISDIR(s.st_mode):
                 entries.append(Entry(rel, "dir", stat.S_IMODE(s.st_mode) & 0o777))
             elif stat.S_ISREG(s.st_mode):
-                data, st = _read_whole(entry, shown, s, fd)
+                data, st = read(entry, shown, s, fd)
                 entries.append(Entry(rel, "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
             elif stat.S_ISLNK(s.st_mode):
                 target = os.readlink(entry, dir_fd=fd)
@@ -215,12 +240,13 @@ def _walk_root(top: int, name: str) -> tuple[list[Entry], list[str]]:
                 entries.append(Entry(rel, "symlink", 0o777, target))
             else:
                 skipped.append(f"{shown}: not a file, directory or symlink; not carried")
-    skipped += [f"{os.path.join(name, what)}: its contents could not be read; not carried" for what in unread]
+    skipped += [f"{shown_root(os.path.join(name, what))}: its contents could not be read ({why}); not "
+                "carried" for what, why in unread]
     # A link that leaves the directory once the tree's other links are followed is left out; each
     # one left out changes where others lead, so this repeats until none leaves.
     while escaping := escaping_links({e.path: e.target for e in entries if e.kind == "symlink"}):
-        skipped += [f"{os.path.join(name, p)}: its link leads outside the carried directory; not carried"
-                    for p in escaping]
+        skipped += [f"{shown_root(os.path.join(name, p))}: its link leads outside the carried directory; "
+                    "not carried" for p in escaping]
         entries = [e for e in entries if e.path not in escaping]
     return entries, skipped
 
@@ -238,7 +264,8 @@ def _created(name: str, path: str, parent: tuple[int, int]) -> tuple[int | None,
     try:
         fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        return None, f"--carry {name}: its directory cannot be opened ({exc.strerror}); not carried"
+        return None, (f"--carry {shown_root(name)}: its directory cannot be opened ({exc.strerror}); not "
+                      "carried")
     st = os.fstat(fd)
     try:
         made = os.stat(os.path.basename(path), dir_fd=fd, follow_symlinks=False)
@@ -252,16 +279,33 @@ def _created(name: str, path: str, parent: tuple[int, int]) -> tuple[int | None,
     else:
         return fd, ""
     os.close(fd)
-    return None, f"--carry {name}: {why}; not carried"
+    return None, f"--carry {shown_root(name)}: {why}; not carried"
 
 
 @dataclass
 class _Packing:
-    """A copy being packed: its manifest, its files' bytes in manifest order, what is left out."""
+    """A copy being packed: its manifest, its files' bytes in manifest order, what is left out; and
+    the per-session cap, with the bytes read so far against it."""
 
     manifest: pb.CarryManifest
+    cap: int
     stream: list[bytes] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    size: int = 0
+
+    def read(self, path: str, shown: str, listed: os.stat_result,
+             directory: int | None = None) -> tuple[bytes, os.stat_result]:
+        """A regular file's bytes (_read_whole), refused CARRY_TOO_LARGE before they are read once
+        its size — as listed, then as opened — takes the copy past the cap: no more than the cap is
+        ever read, however large a file says it is."""
+        try:
+            data, st = _read_whole(path, shown, listed, directory, self.cap - self.size)
+        except _Oversize as over:
+            what = f"the carried state, up to and with {shown} ({over.size} bytes),"
+            raise ClientError(Reason.CARRY_TOO_LARGE, f"{over_cap(what, self.size + over.size, self.cap)}; "
+                              "nothing was uploaded", self.manifest.session_id) from None
+        self.size += len(data)
+        return data, st
 
     def add(self, root: int, entry: Entry) -> None:
         if entry.kind == "file":
@@ -275,13 +319,13 @@ class _Packing:
     def root(self, name: str, cwd: str, absent: Absent | None) -> None:
         """Root `name` and everything below it; left out, with why, when it is in `absent` and CMD
         did not create it (`_created`)."""
-        session_id = self.manifest.session_id
+        session_id, shown = self.manifest.session_id, shown_root(name)
         path = where = _where(name, cwd)
         parent: int | None = None
         if absent and name in absent:
             parent, why = _created(name, path, absent[name])
             if parent is None:
-                self.skipped.append(why or f"--carry {name}: CMD did not create it; not carried")
+                self.skipped.append(why or f"--carry {shown}: CMD did not create it; not carried")
                 return
             where = os.path.basename(path)
         index = len(self.manifest.roots)
@@ -289,15 +333,15 @@ class _Packing:
             try:
                 st = os.stat(where, dir_fd=parent, follow_symlinks=False)
             except FileNotFoundError:
-                raise failed(f"--carry {name}: no such file or directory here (in {cwd})",
+                raise failed(f"--carry {shown}: no such file or directory here (in {shown_root(cwd)})",
                              session_id) from None
             if stat.S_ISREG(st.st_mode):
                 self.manifest.roots.add(path=name, kind="file")
-                data, st = _read_whole(where, name, st, parent)
+                data, st = self.read(where, shown, st, parent)
                 self.add(index, Entry("", "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
                 return
             if not stat.S_ISDIR(st.st_mode):
-                raise failed(f"--carry {name}: {NOT_A_ROOT}", session_id)
+                raise failed(f"--carry {shown}: {NOT_A_ROOT}", session_id)
             top = os.open(where, OPEN_DIR, dir_fd=parent)  # the root itself swapped for a link is refused
         finally:
             if parent is not None:
@@ -305,7 +349,7 @@ class _Packing:
         self.manifest.roots.add(path=name, kind="dir")
         self.add(index, Entry("", "dir", stat.S_IMODE(st.st_mode) & 0o777))
         try:
-            entries, left_out = _walk_root(top, name)
+            entries, left_out = _walk_root(top, name, self.read)
         finally:
             os.close(top)
         self.skipped += left_out
@@ -342,11 +386,14 @@ class _Packing:
         return Packed(manifest, chunks, self.skipped)
 
 
-def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = None) -> Packed:
+def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = None,
+         cap: int = MAX_SESSION_CAP) -> Packed:
     """The named roots as one copy: files in walk order, a stream cut into chunks; a copy the
-    rules of restore would refuse is refused here, before anything is uploaded. A root in `absent`
-    is carried only if CMD created it (`_created`), and left out otherwise."""
-    packing = _Packing(pb.CarryManifest(session_id=session_id))
+    rules of restore would refuse is refused here, before anything is uploaded, and one over the
+    per-session `cap` (the coordinator's, as GetCarry said it) before more than `cap` bytes are read
+    (CARRY_TOO_LARGE). A root in `absent` is carried only if CMD created it (`_created`), and left
+    out otherwise."""
+    packing = _Packing(pb.CarryManifest(session_id=session_id), cap)
     try:
         for name in names:
             packing.root(name, cwd, absent)
@@ -354,8 +401,8 @@ def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = No
         # A file CMD removes while a checkpoint reads it: the owner catches ClientError only, so an
         # OSError here ended its checkpoints, or its release.
         raise failed(
-            f"{exc.filename or ', '.join(names)}: {exc.strerror}; nothing of this copy was kept (the last "
-            "good copy stands)",
+            f"{shown_root(str(exc.filename or ', '.join(names)))}: {exc.strerror}; nothing of this copy was "
+            "kept (the last good copy stands)",
             session_id,
         ) from None
     return packing.packed()
@@ -439,9 +486,9 @@ async def check_at_start(
         except OSError as exc:
             raise ClientError(
                 Reason.INVALID_ARGUMENT,
-                f"--carry {name}: no such file or directory here, nor in the session's copy, and its "
-                f"directory {directory} cannot be used ({exc.strerror}); create it first. Nothing was "
-                "asked of the session's owner",
+                f"--carry {shown_root(name)}: no such file or directory here, nor in the session's copy, "
+                f"and its directory {shown_root(directory)} cannot be used ({exc.strerror}); create it "
+                "first. Nothing was asked of the session's owner",
                 session_id,
             ) from None
         absent[name] = (st.st_dev, st.st_ino)
@@ -462,13 +509,14 @@ async def restore_before_exec(
     CMD would start with checked against the cap once more (the copy may have changed since)."""
     found = await download(client, grant)
     if found is None:
-        say(f"no carried state for {grant.session_id} yet: CMD starts with {', '.join(names)} as here")
+        say(f"no carried state for {grant.session_id} yet: CMD starts with "
+            f"{', '.join(map(shown_root, names))} as here")
     else:
         for line in await asyncio.to_thread(restore, *found, names, cwd):
             say(line)
     sizes = await asyncio.to_thread(local_size, names, cwd)
     for name in (n for n, size in sizes.items() if size is None):
-        say(f"--carry {name}: neither here nor in the session's copy; CMD starts without it")
+        say(f"--carry {shown_root(name)}: neither here nor in the session's copy; CMD starts without it")
     try:
         check_cap(sum(size or 0 for size in sizes.values()), cap)
     except CarryRefused as exc:

@@ -27,6 +27,7 @@ from holdfast.common.carry_rules import (
     CarryRefused,
     check_manifest,
     describe,
+    restored_mode,
     root_name,
     shown_root,
 )
@@ -71,7 +72,7 @@ def _write_file(directory: int, name: str, data: bytes, entry: pb.CarryEntry) ->
         raise CarryRefused(f"carry entry {entry.path or '(the carried file)'!r} does not match its sha256")
     with open(os.open(name, CREATE_FILE, 0o600, dir_fd=directory), "wb") as f:
         f.write(data)
-        os.fchmod(f.fileno(), entry.mode)
+        os.fchmod(f.fileno(), restored_mode(entry.mode))
 
 
 class _OnDisk:
@@ -189,7 +190,7 @@ class _Root:
         for entry in sorted(dirs, key=lambda e: e.path.count("/") + bool(e.path), reverse=True):
             fd = _walk(self.temp_fd, entry.path.split("/") if entry.path else [])
             try:
-                os.fchmod(fd, entry.mode)  # deepest first, once everything beneath is written
+                os.fchmod(fd, restored_mode(entry.mode))  # deepest first, once everything beneath is written
             finally:
                 os.close(fd)
 

@@ -157,11 +157,12 @@ class Owner:
 
     def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
                  rundir: grantdir.RunDir, record: pb.SessionRecord, say: Say, terminal: int | None = None,
-                 carried: Sequence[str] = (), absent: carry.Absent | None = None) -> None:
+                 carried: Sequence[str] = (), absent: carry.Absent | None = None, cap: int = 0) -> None:
         self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
         self.rundir, self.record, self.say, self.terminal = rundir, record, say, terminal
         self.carried = list(carried)  # --carry roots, as the manifest names them
         self.absent = absent or {}  # those that existed nowhere at the start: carried if CMD made them
+        self.cap = cap  # the coordinator's per-session cap for them, as GetCarry said it at the start
         self.ended_by = ""   # "", "handoff" or "lost"
         self.carry_error: ClientError | None = None  # the last upload's failure, if it failed
 
@@ -277,7 +278,8 @@ class Owner:
         if not owner.cgroup.path:
             say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
                 "is proven by its spawn token alone, and a process that drops it is not found")
-        return cls(client, spec, grant, gate, tree, rundir, record, say, terminal, carried[0], carried[2])
+        return cls(client, spec, grant, gate, tree, rundir, record, say, terminal, carried[0], carried[2],
+                   carried[1])
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
@@ -382,7 +384,7 @@ class Owner:
         cwd = self.spec.cwd or os.getcwd()
         try:
             packed = await asyncio.to_thread(carry.pack, self.carried, cwd, self.grant.session_id,
-                                             self.absent)
+                                             self.absent, self.cap)
             for line in packed.skipped:
                 self.say(f"not carried: {line}")
             if not packed.manifest.roots:  # none existed at the start and CMD made none
@@ -395,8 +397,8 @@ class Owner:
             return False
         self.carry_error = None
         if reason != "checkpoint":
-            self.say(f"carried {', '.join(self.carried)} ({packed.manifest.total_bytes} bytes) at fence "
-                     f"{self.grant.fence}")
+            roots = ", ".join(map(carry.shown_root, self.carried))
+            self.say(f"carried {roots} ({packed.manifest.total_bytes} bytes) at fence {self.grant.fence}")
         return True
 
     async def _checkpoints(self) -> None:

@@ -24,9 +24,13 @@ from holdfast.common.link_rules import MAX_LINK_HOPS, LinkEnds
 from holdfast.v1 import coordinator_pb2 as pb
 
 CHUNK_BYTES = 512 * 1024  # each chunk is one request, far below etcd's 1.5 MiB
+# The largest per-session cap a coordinator takes (64 chunks: a commit compares each, and etcd
+# allows 128 operations a transaction), and the setting that sets it.
+MAX_SESSION_CAP = 32 << 20
+CAP_SETTING = "carry_session_cap_bytes"
 KINDS = ("file", "dir", "symlink")
 MAX_ENTRIES = 10_000
-# The manifest as the coordinator stores it (its protobuf JSON) and a commit's compares (at most 67
+# The manifest as the coordinator stores it (its protobuf JSON) and a commit's compares (at most 68
 # keys) share one etcd request of 1.5 MiB (coordinator.records.ETCD_REQUEST_LIMIT_BYTES); MAX_ENTRIES
 # files with short names take about 1.4 MB of it.
 MANIFEST_BYTES = 1536 * 1024 - 32 * 1024
@@ -260,9 +264,20 @@ def as_the_copy_names(names: list[str], roots: list[str], cwd: str) -> list[str]
 
 def check_cap(total_bytes: int, cap: int) -> None:
     if total_bytes > cap:
-        raise CarryRefused(
-            f"the carried state is {total_bytes} bytes, over the coordinator's per-session cap of {cap} bytes"
-        )
+        raise CarryRefused(over_cap("the carried state", total_bytes, cap))
+
+
+def over_cap(what: str, total_bytes: int, cap: int) -> str:
+    """Why `what`, of `total_bytes`, is refused: the cap, the setting that sets it, what to do."""
+    return (f"{what} is {total_bytes} bytes, over the coordinator's per-session cap of {cap} bytes "
+            f"({CAP_SETTING}): carry less, or raise {CAP_SETTING}")
+
+
+def restored_mode(mode: int) -> int:
+    """The mode a carried file or directory is restored with: the copy's, less group and other
+    write. The copy is another user's data: a root `run` restoring its 0777 directory or 0666 file
+    as given let any local user edit root's files, or plant links where root's CMD writes."""
+    return mode & 0o755
 
 
 def chunked(stream: bytes) -> list[bytes]:

@@ -21,7 +21,6 @@ fence, bytes, chunks, tenant charged), `carry/<id>/chunk/<s>/<index>`, `carry-bu
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, replace
@@ -158,11 +157,8 @@ class CarryStore:
         """Reserves `total_bytes` in the slot the manifest does not name, clearing what it held; the slot."""
         sid = identifiers.check_session_id(request.session_id)
         if request.total_bytes > self.session_cap:
-            raise CoordinatorError(
-                Reason.CARRY_TOO_LARGE,
-                f"carried state of {request.total_bytes} bytes is over "
-                f"this coordinator's per-session cap of {self.session_cap} bytes",
-            )
+            raise CoordinatorError(Reason.CARRY_TOO_LARGE, carry_rules.over_cap(
+                "the carried state", request.total_bytes, self.session_cap))
         if request.chunks != chunks_for(request.total_bytes):
             raise identifiers.InvalidInput(
                 f"{request.total_bytes} bytes are {chunks_for(request.total_bytes)} "
@@ -241,7 +237,9 @@ class CarryStore:
                                    "the grant or its reservation changed; nothing was written")
 
     async def commit(self, request: pb.CommitCarryRequest) -> int:
-        """Points the manifest at the reserved slot once every chunk matches it; the revision."""
+        """Points the manifest at the reserved slot once every chunk matches it; the revision. The
+        copy names the host the session's record names as its owner's (the agent attested it), not
+        the uploader's claim, which `run` and `holdfast show` would print to the next owner."""
         sid = identifiers.check_session_id(request.session_id)
         manifest = pb.CarryManifest()
         manifest.CopyFrom(request.manifest)
@@ -249,24 +247,50 @@ class CarryStore:
             raise identifiers.InvalidInput(
                 "the manifest must name this session, this grant's fence and slot 0 or 1"
             )
-        fence_seen = await self._owner_fence(sid, request.fence, request.secret)
-        manifest_seen, slot_seen = await asyncio.gather(
-            self.store.read(keys.carry_manifest(self.store, sid)),
-            self.store.read(keys.carry_slot(self.store, sid, manifest.slot)),
+        for _ in range(BUDGET_RETRIES):  # the record moves meanwhile (a handoff asked, a probe answered)
+            fence_seen = await self._owner_fence(sid, request.fence, request.secret)
+            record_seen, manifest_seen, slot_seen = await self.store.read_all([
+                keys.session(self.store, sid), keys.carry_manifest(self.store, sid),
+                keys.carry_slot(self.store, sid, manifest.slot)])
+            manifest.host_id = self._owner_host(record_seen, request.fence)
+            stored = await self._checked_chunks(manifest, manifest_seen, slot_seen)
+            manifest.schema_version = records.SCHEMA_VERSION
+            manifest.written_at_unix_ms = now_ms()
+            ok, revision = await self.store.txn(
+                unchanged([fence_seen, record_seen, manifest_seen, slot_seen, *stored]),
+                [Put(manifest_seen.key, records.encode(manifest))],
+            )
+            if ok:
+                return revision
+        raise CoordinatorError(
+            Reason.STALE_FENCE, "the grant or the carried state kept changing; nothing was committed"
         )
+
+    def _owner_host(self, record_seen: Seen, fence: int) -> str:
+        """The host the record names as the owner of `fence`: attested by that host's agent."""
+        record = self.sessions.decode(record_seen.entry) if record_seen.entry is not None else None
+        if record is None or record.lease.fence != fence or not record.lease.owner.host_id:
+            raise CoordinatorError(Reason.NOT_LIVE,
+                                   "carried state is written by the session's committed owner only")
+        return record.lease.owner.host_id
+
+    async def _checked_chunks(self, manifest: pb.CarryManifest, manifest_seen: Seen,
+                              slot_seen: Seen) -> list[Seen]:
+        """The slot's chunks as read, once the manifest, its reservation and every chunk agree."""
         reservation = Reservation.of(slot_seen)
         current = decode_manifest(manifest_seen)
         if (
             reservation is None
-            or reservation.fence != request.fence
+            or reservation.fence != manifest.fence
             or (current is not None and current.slot == manifest.slot)
         ):
             raise identifiers.InvalidInput(
-                f"slot {manifest.slot} holds no reservation of fence {request.fence} "
+                f"slot {manifest.slot} holds no reservation of fence {manifest.fence} "
                 "beside the current copy: BeginCarry first"
             )
         check_manifest_shape(manifest, reservation)
-        stored, _ = await self.store.list_prefix(keys.carry_chunks_prefix(self.store, sid, manifest.slot))
+        stored, _ = await self.store.list_prefix(
+            keys.carry_chunks_prefix(self.store, manifest.session_id, manifest.slot))
         hashes = [hashlib.sha256(e.value).hexdigest() for e in stored]
         if hashes != list(manifest.chunk_sha256) or sum(len(e.value) for e in stored) != reservation.reserved:
             raise CoordinatorError(
@@ -274,18 +298,7 @@ class CarryStore:
                 f"slot {manifest.slot} holds {len(stored)} chunks that do not "
                 f"match the manifest's {len(manifest.chunk_sha256)}; nothing was committed",
             )
-        manifest.schema_version = records.SCHEMA_VERSION
-        manifest.written_at_unix_ms = now_ms()
-        chunk_reads = [Seen(e.key, e) for e in stored]
-        ok, revision = await self.store.txn(
-            unchanged([fence_seen, manifest_seen, slot_seen, *chunk_reads]),
-            [Put(manifest_seen.key, records.encode(manifest))],
-        )
-        if not ok:
-            raise CoordinatorError(
-                Reason.STALE_FENCE, "the grant or the carried state changed; nothing was committed"
-            )
-        return revision
+        return [Seen(e.key, e) for e in stored]
 
     # --- reads ---------------------------------------------------------------------------------------
     async def get(self, request: pb.GetCarryRequest) -> pb.GetCarryResponse:

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from holdfast.common.carry_rules import MAX_SESSION_CAP
+
 DEFAULT_SESSION_CAP = 4 << 20
-MAX_SESSION_CAP = 32 << 20  # 64 chunks: a commit compares each, and etcd allows 128 ops a transaction
 DEFAULT_BUDGET = 512 << 20  # 25 % of etcd's default 2 GiB quota
 # 0: no tenant is limited beyond the cluster's budget (docs/decisions.md: a default that shrank a
 # single-tenant cluster's budget would refuse uploads that fit before the upgrade).

@@ -21,6 +21,7 @@ from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import Put, Store, open_channel, unchanged
 from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import run_async
 
@@ -41,7 +42,8 @@ async def owner(store: Store, sid: str, fence: int = 1, tenant: str = "") -> Non
 def record(sid: str, fence: int, tenant: str, status: pb.ClaimStatus = pb.COMMITTED) -> bytes:
     return records.encode(pb.SessionRecord(
         schema_version=records.SCHEMA_VERSION, session_id=sid, tenant=tenant,
-        lease=pb.Lease(fence=fence, claim_status=status, grant_secret_hash=fencing.hash_secret(SECRET))))
+        lease=pb.Lease(fence=fence, claim_status=status, grant_secret_hash=fencing.hash_secret(SECRET),
+                       owner=agent_pb2.ProcessIdentity(host_id="host-a"))))
 
 
 async def everything(store: Store) -> list[tuple[str, bytes]]:

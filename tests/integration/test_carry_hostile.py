@@ -230,3 +230,42 @@ def test_ten_thousand_entries_are_carried_and_restored(cluster: Cluster, tmp_pat
     assert second.wait(60) == 0, second.err()
     assert "restored notes (9999 files, 9999 bytes)" in second.err()
     assert sorted(os.listdir(home_b / "notes")) == [f"f{i:04d}" for i in range(9999)]
+
+
+CLAIM_HOST = """
+import asyncio, hashlib, os
+from holdfast.client.carry import Packed, upload
+from holdfast.client.connection import Client
+from holdfast.client.grant import Grant
+from holdfast.v1 import coordinator_pb2 as pb
+
+async def main():
+    grant = Grant.from_file(os.environ["HOLDFAST_GRANT_FILE"])
+    body = b"notes"
+    manifest = pb.CarryManifest(session_id=grant.session_id, total_bytes=len(body))
+    manifest.roots.add(path="notes", kind="file")
+    manifest.entries.add(root=0, path="", kind="file", mode=0o644, size=len(body),
+                         sha256=hashlib.sha256(body).hexdigest())
+    manifest.chunk_sha256.append(hashlib.sha256(body).hexdigest())
+    async with Client(host_id="forged-host") as client:  # upload() sends the client's own claim
+        await upload(client, grant, Packed(manifest, [body]), "release")
+
+asyncio.run(main())
+"""
+
+
+def test_a_copy_names_the_host_its_owner_was_attested_on_not_the_uploaders_claim(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-carry-claimed"
+    (tmp_path / "claim.py").write_text(CLAIM_HOST)
+    owner = cluster.run(a, sid, cmd=[sys.executable, str(tmp_path / "claim.py")], cwd=tmp_path)
+    assert owner.wait(60) == 0, owner.err()
+    got = cluster.stub.GetCarry(pb.GetCarryRequest(session_id=sid), timeout=10)
+    assert got.found and got.manifest.host_id == "host-a", got.manifest
+    home = tmp_path / "home-b"
+    home.mkdir()
+    run = cluster.run(b, sid, "--carry", "notes", cmd=["true"], cwd=home)
+    assert run.wait(30) == 0, run.err()
+    assert "from host host-a on release" in run.err() and "forged-host" not in run.err(), run.err()

@@ -190,6 +190,28 @@ def test_bad_paths_are_refused_before_anything_is_asked(cluster: Cluster, tmp_pa
     assert sid not in [r.session_id for r in listing.records], "nothing was asked: no record was made"
 
 
+def test_a_sparse_file_over_the_cap_is_refused_unread_and_the_session_released(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """CMD leaves a 3 GB sparse file (4 KB on disk) in a carried directory: packing read it whole
+    before any cap, so a `run` under a memory limit died of MemoryError with the session left live.
+    It is refused by its size, naming the cap's setting, unread, and the session is released."""
+    a = cluster.host("host-a")
+    (home,) = homes(tmp_path, "home-a")
+    (home / "state").mkdir()
+    sid = "sess-carry-sparse"
+    cmd = ["/usr/bin/truncate", "-s", "3G", str(home / "state" / "sparse-run")]
+    # Run as root (as_nobody only for its prefix) with 2 GB of address space: the host's memory.
+    run = cluster.run(a, sid, "--carry", "state", cmd=cmd, cwd=home, as_nobody=True,
+                      drop=["prlimit", "--as=2000000000", "--"], env={"TMPDIR": str(tmp_path)})
+    assert run.wait(60) == 0, run.err()
+    assert "carried state not uploaded (CARRY_TOO_LARGE)" in run.err(), run.err()
+    assert f"cap of {CAP} bytes (carry_session_cap_bytes)" in run.err() and "state/sparse-run" in run.err()
+    lease = cluster.record(sid).record.lease
+    assert lease.claim_status == pb.RELEASED, "released, never left live by a state directory too big"
+    assert not carry_of(cluster, sid).found, "nothing was stored"
+
+
 def test_a_path_that_does_not_exist_yet_is_carried_if_cmd_makes_it(cluster: Cluster, tmp_path: Path) -> None:
     """On a first run there is nothing to restore; at the end the root is uploaded only if CMD made
     a plain file or directory there, in the directory it had at the start."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -661,3 +663,103 @@ def test_a_root_is_one_root_however_the_run_spells_it() -> None:
     assert as_the_copy_names(["notes/", "./notes"], ["/work/notes"], "/work") == ["/work/notes"]
     assert as_the_copy_names(["notes"], ["notes"], "/elsewhere") == ["notes"]  # relative stays relative
     assert as_the_copy_names(["/other/notes"], ["notes"], "/work") == ["/other/notes"]
+
+
+def test_a_restore_drops_group_and_other_write(tmp_path: Path) -> None:
+    """A copy is another user's data: its 0777 directories and 0666 or 0777 files, restored as
+    given by a root `run`, let any local user edit root's files or plant links where CMD writes."""
+    body = b"echo hi\n"
+    m = pb.CarryManifest(session_id="sess-unit-modes", written_at_unix_ms=1, total_bytes=2 * len(body))
+    m.roots.add(path="state", kind="dir")
+    m.roots.add(path="alone", kind="file")
+    m.entries.add(root=0, path="", kind="dir", mode=0o777)
+    m.entries.add(root=0, path="hooks", kind="dir", mode=0o775)
+    m.entries.add(root=0, path="hooks/run.sh", kind="file", mode=0o777, size=len(body),
+                  sha256=hashlib.sha256(body).hexdigest())
+    m.entries.add(root=1, path="", kind="file", mode=0o666, size=len(body),
+                  sha256=hashlib.sha256(body).hexdigest())
+    restore(m, body * 2, ["state", "alone"], str(tmp_path))
+    modes = {p: (tmp_path / p).stat().st_mode & 0o7777 for p in ("state", "state/hooks", "state/hooks/run.sh",
+                                                                  "alone")}
+    assert modes == {"state": 0o755, "state/hooks": 0o755, "state/hooks/run.sh": 0o755, "alone": 0o644}
+
+
+def test_a_state_over_the_cap_is_refused_by_its_sizes_never_read_whole(tmp_path: Path) -> None:
+    """A 3 GB sparse file (4 KB on disk) was read whole before any cap: under a memory limit the
+    pack died of MemoryError, and the owner's release with it. In a process of 1 GB of address
+    space, it is refused CARRY_TOO_LARGE, naming the cap's setting, before it is read."""
+    (tmp_path / "state").mkdir()
+    os.truncate(os.open(tmp_path / "state" / "sparse", os.O_CREAT | os.O_WRONLY, 0o600), 3 << 30)
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+              "from holdfast.client import carry\n"
+              "from holdfast.client.errors import ClientError\n"
+              "try:\n"
+              "    carry.pack(['state'], sys.argv[1], 'sess-unit-sparse', cap=4 << 20)\n"
+              "except ClientError as err:\n"
+              "    print(err.reason, err.message)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.startswith("CARRY_TOO_LARGE "), done.stderr[-2000:]
+    assert "state/sparse (3221225472 bytes)" in done.stdout
+    assert "cap of 4194304 bytes (carry_session_cap_bytes)" in done.stdout
+
+
+def test_the_cap_counts_every_file_of_every_root(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "one").write_bytes(b"x" * 600)
+    (tmp_path / "b").write_bytes(b"y" * 600)
+    assert carry.pack(["a", "b"], str(tmp_path), "sess-unit-cap", cap=1200).manifest.total_bytes == 1200
+    with pytest.raises(ClientError) as refused:
+        carry.pack(["a", "b"], str(tmp_path), "sess-unit-cap", cap=1199)
+    assert refused.value.reason == Reason.CARRY_TOO_LARGE
+    assert "up to and with b (600 bytes), is 1200 bytes" in refused.value.message
+
+
+def test_a_file_grown_past_the_cap_after_it_was_listed_is_read_no_further(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listed small, then grown while it is read: no more than the cap and a byte are read."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "log").write_bytes(b"x")
+    real_read = carry.os.fdopen
+    asked: list[int] = []
+
+    class Growing:
+        def __init__(self, handle: object) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> Growing:
+            with open(tmp_path / "state" / "log", "ab") as log:  # the writer, between open and read
+                log.write(b"y" * 5000)
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()  # type: ignore[attr-defined]
+
+        def read(self, size: int = -1) -> bytes:
+            asked.append(size)
+            return self.handle.read(size)  # type: ignore[attr-defined,no-any-return]
+
+    monkeypatch.setattr(carry.os, "fdopen", lambda fd, *a, **k: Growing(real_read(fd, *a, **k)))
+    with pytest.raises(ClientError) as refused:
+        carry.pack(["state"], str(tmp_path), "sess-unit-grown", cap=100)
+    assert refused.value.reason == Reason.CARRY_TOO_LARGE and asked == [101], refused.value
+
+
+def test_names_from_a_copy_are_said_quoted_when_the_next_owner_packs(tmp_path: Path) -> None:
+    """A copy another user uploaded holds a directory whose name fakes a line of holdfast's and
+    clears the terminal's line. Said as it was, each 'not carried:' line about what lies in it put
+    the name raw on the next owner's terminal."""
+    name = "x\n[holdfast] restored state; CMD runs\x1b[2K"
+    m = pb.CarryManifest(session_id="sess-unit-names", reason="release", host_id="h1", total_bytes=0)
+    m.roots.add(path="state", kind="dir")
+    m.entries.add(root=0, path="", kind="dir", mode=0o755)
+    m.entries.add(root=0, path=name, kind="dir", mode=0o755)
+    restore(m, b"", ["state"], str(tmp_path))
+    os.mkfifo(tmp_path / "state" / name / "pipe")
+    os.symlink("/etc/passwd", tmp_path / "state" / name / "out")
+    skipped = carry.pack(["state"], str(tmp_path), "sess-unit-names").skipped
+    assert len(skipped) == 2, skipped
+    assert not any("\n" in line or "\x1b" in line for line in skipped), skipped
+    assert all(line.startswith(repr(f"state/{name}/")[:-1]) for line in skipped), skipped
