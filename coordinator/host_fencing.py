@@ -2,7 +2,8 @@
 
 A loop on every replica notes, on its own monotonic clock, when it first saw a host that some
 session names (as owner or reservation) without a registration. Once that has lasted
-`host_loss_after` — time only triggers — it creates `fence-pending/<host>` in a transaction that
+`host_loss_after` — time only triggers — it starts that host's attempt as a task of its own (at
+most one per host, PARALLEL_ATTEMPTS at once, the passes going on), which creates `fence-pending/<host>` in a transaction that
 compares the host's registration absent, its registered-last (`host-last/<host>`), the drain flag,
 the restore gate, any earlier proof and the next history slot, runs the configured fence agent
 (`off`, then `status`), and ends the attempt in a transaction comparing the pending key's revision:
@@ -42,6 +43,7 @@ from holdfast.v1 import coordinator_pb2 as pb
 log = logging.getLogger("holdfast.coordinator.fencing")
 HISTORY_KEPT = 32
 PENDING_SLACK_S = 30.0
+PARALLEL_ATTEMPTS = 8  # hosts a replica's loop fences (or reads the Node of) at once
 M = TypeVar("M", bound=Message)  # the pending key outlives both actions' timeouts by this much
 
 
@@ -86,19 +88,27 @@ class HostFencing:
         self.unnamed: dict[str, int] = {}         # absent hosts no session names, by host-last revision
         self.lost: set[str] = set()               # absent hosts sessions name: candidates for a fence
         self.by_hand: set[asyncio.Task[pb.FenceHostResponse | None]] = set()  # held while they run
+        self.attending: dict[str, asyncio.Task[None]] = {}  # the loop's look or attempt per host, running
+        self.parallel = asyncio.Semaphore(PARALLEL_ATTEMPTS)
 
     # --- the loop --------------------------------------------------------------------------------
     async def run(self) -> None:
         """Until cancelled: one pass every `interval`; an etcd outage only delays the next pass."""
-        while True:
-            try:
-                await self.pass_once()
-            except StoreUnavailable as exc:
-                metrics.ETCD_ERRORS.labels("host-fencing").inc()
-                log.warning("host fencing pass skipped: %s", exc)
-            except Exception:  # a bug must not end fencing for good: logged, and the next pass runs
-                log.exception("host fencing pass failed")
-            await asyncio.sleep(self.settings.interval)
+        try:
+            while True:
+                try:
+                    await self.pass_once()
+                except StoreUnavailable as exc:
+                    metrics.ETCD_ERRORS.labels("host-fencing").inc()
+                    log.warning("host fencing pass skipped: %s", exc)
+                except Exception:  # a bug must not end fencing for good: logged, and the next pass runs
+                    log.exception("host fencing pass failed")
+                await asyncio.sleep(self.settings.interval)
+        finally:  # the loop's attempts end with it, as they did when it awaited them
+            attending = list(self.attending.values())
+            for task in attending:
+                task.cancel()
+            await asyncio.gather(*attending, return_exceptions=True)
 
     async def pass_once(self) -> None:
         """One look: which hosts that ever registered have no registration now (two small listings,
@@ -119,13 +129,35 @@ class HostFencing:
         now = time.monotonic()
         for host_id in sorted(named):
             absence = self.absent[host_id]
-            await self._look_at_node(host_id, absence, now)
             metrics.HOST_ABSENT_SECONDS.labels(host_id).set(fence_rules.lost_for(absence.since, now))
-            if fence_rules.due(absence.since, now, self.settings.host_loss_after, self.retry_at.get(host_id)):
-                await self.fence(host_id, fence_rules.HOST_LOST)
+            if host_id in self.attending:
+                continue  # at most one look or attempt per host in flight on this replica
+            look = self._look_due(host_id, absence, now)
+            if look or fence_rules.due(absence.since, now, self.settings.host_loss_after,
+                                       self.retry_at.get(host_id)):
+                task = asyncio.create_task(self._attend(host_id, absence, look, now))
+                self.attending[host_id] = task
+                task.add_done_callback(lambda _, host=host_id: self.attending.pop(host, None))
         for host_id in set(self.lost) - named:
             metrics.HOST_ABSENT_SECONDS.remove(host_id)
         self.lost = named
+
+    async def _attend(self, host_id: str, absence: Absence, look: bool, now: float) -> None:
+        """One host's look at its Node and, when due, its fence, as a task of its own: a device that
+        hangs to its timeout holds back no other host's fence, and the passes go on meanwhile. At
+        most PARALLEL_ATTEMPTS run at once on a replica; each ends by its own timeouts."""
+        try:
+            async with self.parallel:
+                if look:
+                    await self._look_at_node(host_id, absence, now)
+                if fence_rules.due(absence.since, time.monotonic(), self.settings.host_loss_after,
+                                   self.retry_at.get(host_id)):
+                    await self.fence(host_id, fence_rules.HOST_LOST)
+        except StoreUnavailable as exc:
+            metrics.ETCD_ERRORS.labels("host-fencing").inc()
+            log.warning("host %s: fencing skipped: %s", host_id, exc, extra={"fields": {"host": host_id}})
+        except Exception:  # a bug must not end this host's fencing for good: the next pass tries again
+            log.exception("host %s: fencing failed", host_id, extra={"fields": {"host": host_id}})
 
     async def _recover_proven(self, claims: list[tuple[Entry, pb.SessionRecord]],
                               missing: dict[str, int]) -> None:
@@ -152,6 +184,12 @@ class HostFencing:
         for host_id in set(self.absent) - set(missing):
             del self.absent[host_id]
 
+    def _look_due(self, host_id: str, absence: Absence, now: float) -> bool:
+        """The taint fencer's host whose Node no read since the lapse has answered, past any wait."""
+        spec = fence_rules.fencer_for(self.settings.fencers, host_id)
+        return (spec is not None and spec.kind == fence_rules.KUBERNETES and self.settings.node_readers
+                is not None and not absence.sightings.looked and now >= absence.look_at)
+
     async def _look_at_node(self, host_id: str, absence: Absence, now: float) -> None:
         """The first read of a lost host's Node, as soon as its absence is seen rather than when a
         fence is due: the taint fencer takes as proof only a taint that a read after the lapse did
@@ -159,9 +197,7 @@ class HostFencing:
         that fails is tried again `fence_retry_seconds` later; it records nothing in etcd."""
         spec = fence_rules.fencer_for(self.settings.fencers, host_id)
         readers = self.settings.node_readers
-        if (spec is None or spec.kind != fence_rules.KUBERNETES or readers is None
-                or absence.sightings.looked or now < absence.look_at):
-            return
+        assert spec is not None and readers is not None  # _look_due said so
         try:
             node = await fencers.read_node(spec, host_id, self.settings.timeout, readers)
         except Exception as exc:  # the API server's trouble delays the first look, nothing else
