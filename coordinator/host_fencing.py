@@ -3,14 +3,15 @@
 A loop on every replica notes, on its own monotonic clock, when it first saw a host that some
 session names (as owner or reservation) without a registration. Once that has lasted
 `host_loss_after` — time only triggers — it starts that host's attempt as a task of its own (at
-most one per host, PARALLEL_ATTEMPTS at once, the passes going on), which creates `fence-pending/<host>` in a transaction that
-compares the host's registration absent, its registered-last (`host-last/<host>`), the drain flag,
-the restore gate, any earlier proof and the next history slot, runs the configured fence agent
-(`off`, then `status`), and ends the attempt in a transaction comparing the pending key's revision:
-on proof it writes `fenced/<host>`; on anything else it writes only the attempt to the host's
-history, alerts, and retries with backoff. After a proof, each owner attested on the fenced
-incarnation and each reservation on the host written before it is freed in its own transaction,
-comparing its record and the proof's revision, with `host-fenced` evidence.
+most one per host, PARALLEL_ATTEMPTS at once, the passes going on), which creates
+`fence-pending/<host>` in a transaction that compares the host's registration absent, its
+registered-last (`host-last/<host>`), the drain flag, the restore gate, any earlier proof and the
+next history slot, runs the configured fence agent (`off`, then `status`), and ends the attempt in
+a transaction comparing the pending key's revision: on proof it writes `fenced/<host>`; on
+anything else it writes only the attempt to the host's history, alerts, and retries with backoff.
+After a proof, each owner attested on the fenced incarnation and each reservation on the host
+written before it is freed in its own transaction, comparing its record and the proof's revision,
+with `host-fenced` evidence.
 
 Guarantee: nothing is freed but on the protocol's proof (holdfast.coordinator.fence_rules); a
 registered, draining or restore-gated host is never fenced; one attempt at a time across replicas
