@@ -423,13 +423,15 @@ class Gates:
 
 def refusal(gates: Gates, manual: bool = False) -> str:
     """Why no fence may start now ('' when one may). Registered agents are never fenced; a draining
-    host is left to the operator draining it, who may fence it by hand."""
+    host is left to the operator draining it, who may fence it by hand; while a restore is pending
+    the records may be stale, so only an operator fences (restore-epoch counts a host proven off
+    since the restore as searched)."""
     if gates.registered:
         return "the host has a live agent registration"
     if gates.draining and not manual:
         return "the host is draining (an operator is handling it)"
-    if gates.restore_pending:
-        return "restore-epoch has not finished"
+    if gates.restore_pending and not manual:
+        return "restore-epoch has not finished (`holdfast admin fence` may fence it)"
     if gates.pending:
         return "a fence of this host is already running"
     if gates.last is None:

@@ -14,10 +14,10 @@ written before it is freed in its own transaction, comparing its record and the 
 with `host-fenced` evidence.
 
 Guarantee: nothing is freed but on the protocol's proof (holdfast.coordinator.fence_rules); a
-registered, draining or restore-gated host is never fenced; one attempt at a time across replicas
-(the pending key is create-only, and RegisterHost refuses while it exists); an attempt that is not
-proof leaves every session record byte-identical; a replica that dies mid-attempt leaves a pending
-key whose lease lapses after the attempt's timeouts.
+registered host is never fenced, nor a draining or restore-gated one but by an operator's hand;
+one attempt at a time across replicas (the pending key is create-only, and RegisterHost refuses
+while it exists); an attempt that is not proof leaves every session record byte-identical; a
+replica that dies mid-attempt leaves a pending key whose lease lapses after the attempt's timeouts.
 """
 
 from __future__ import annotations
@@ -427,8 +427,6 @@ def _manual_refusal(gates: Gates, host_id: str, why: str) -> Exception:
         return CoordinatorError(Reason.HOST_LIVE, f"host {host_id} has a live agent registration: a "
                                 "registered agent is never fenced; drain it, or stop it and let its lease "
                                 "lapse")
-    if gates.restore_pending:
-        return CoordinatorError(Reason.RESTORE_PENDING, f"host {host_id}: {why}")
     if gates.pending:
         return CoordinatorError(Reason.HOST_FENCING, f"host {host_id}: {why}")
     return identifiers.InvalidInput(f"host {host_id} cannot be fenced: {why}")

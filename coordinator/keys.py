@@ -33,9 +33,11 @@ HOST_LAST = "host-last"          # a host's last registration, without a lease: 
 FENCE_PENDING = "fence-pending"  # one fence of a host at a time; while it exists, RegisterHost refuses
 FENCED = "fenced"                # the proof that a host's incarnation is off
 FENCE_HISTORY = "fence-history"  # every fence attempt of a host (capped)
+RESTORE_HOST_OFF = "restore-host-off"  # an operator's word that a host is off, for the restore under way
 
 KINDS = (SESSIONS, FENCE, HOSTS, HISTORY, DATA, OPS, ARCHIVE, DRAINING, RESTORE_PENDING,
-         NEW_SESSION_FLOOR, CLUSTER_ID, CARRY, CARRY_BUDGET, HOST_LAST, FENCE_PENDING, FENCED, FENCE_HISTORY)
+         NEW_SESSION_FLOOR, CLUSTER_ID, CARRY, CARRY_BUDGET, HOST_LAST, FENCE_PENDING, FENCED, FENCE_HISTORY,
+         RESTORE_HOST_OFF)
 
 
 def session(store: Store, sid: str) -> str:
@@ -110,6 +112,14 @@ def draining_prefix(store: Store) -> str:
 
 def restore_pending(store: Store) -> str:
     return store.key(RESTORE_PENDING)
+
+
+def restore_host_off(store: Store, host_id: str) -> str:
+    return store.key(RESTORE_HOST_OFF, host_id)
+
+
+def restore_host_off_prefix(store: Store) -> str:
+    return store.key(RESTORE_HOST_OFF, "")
 
 
 def new_session_floor(store: Store) -> str:

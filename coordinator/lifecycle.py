@@ -7,12 +7,15 @@ archiving happens only on a verdict that would grant; a refusal
 writes nothing; the restore epoch makes every fence non-live (and floors ids the restored etcd
 never saw) before any agent is asked anything, stops every token root that is not a claimed
 owner's, releases an owner only on its own host's proof, and reopens grants only when every host
-that may run owners was searched completely.
+that may run owners was searched completely or, unregistered, shown off since the restore gate (a
+fence's proof, or an all-tenants operator's recorded word) with no registration since — in a
+transaction comparing all that was read of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import grpc
@@ -31,6 +34,7 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 MAX_PURGE = 1000
+log = logging.getLogger("holdfast.coordinator.lifecycle")
 
 
 def operator_text(operator: str, reason: str) -> str:
@@ -211,11 +215,14 @@ class Lifecycle:
 
     # --- bulk recovery ---------------------------------------------------------------------
     async def recover_host(self, request: pb.RecoverHostRequest, peer: str,
-                           in_scope: Callable[[pb.SessionRecord], bool]) -> pb.RecoverHostResponse:
+                           in_scope: Callable[[pb.SessionRecord], bool],
+                           all_tenants: bool = False) -> pb.RecoverHostResponse:
         """Every session the host holds and `in_scope` admits (the operator's tenants), released on
         the operator's word; those of other tenants are left as they are, and nothing of them is
         answered (not even how many): a scoped operator learns nothing of another tenant. An
-        all-tenants operator's scope admits every session, so there are none it skipped to count."""
+        all-tenants operator's scope admits every session, so there are none it skipped to count.
+        While a restore is pending, an all-tenants operator's word also counts the host as searched
+        for it (restore_epoch): a node gone for good has nothing else to show it is off."""
         host_id = identifiers.check_host_id(request.host_id)
         who = operator_text(request.operator, request.reason)
         registration = await self.sessions.registry.seen(host_id)
@@ -225,12 +232,30 @@ class Lifecycle:
             # registers meanwhile stops the rest.
             raise CoordinatorError(Reason.HOST_LIVE, f"host {host_id} has a live agent registration: drain "
                                    "it (`holdfast drain`), or stop its agent and let its lease expire first")
+        if all_tenants:
+            await self._declare_off(host_id, who, registration)
         # The compare on each record's mod revision is the expected-fence check: the fence read is the
         # one freed.
         return await self.free_claims(
             lambda _, record: lifecycle_rules.claimed_on(record, host_id) and in_scope(record),
             "operator-asserted", f"host {host_id} gone: {who}", "recover", f"host {host_id} by {peer}",
             [registration])
+
+    async def _declare_off(self, host_id: str, who: str, registration: Seen) -> None:
+        """`restore-host-off/<host>`, the operator's word as evidence, while a restore is pending;
+        written only if the gate, the registration (absent) and registered-last are as read. Before
+        any session is freed: a declaration that loses writes nothing at all."""
+        gate, last = await self.store.read_all([keys.restore_pending(self.store),
+                                                keys.host_last(self.store, host_id)])
+        if gate.entry is None:
+            return  # no restore under way: the word is for the sessions alone
+        declared = Put(keys.restore_host_off(self.store, host_id), records.encode(pb.HistoryEntry(
+            at_unix_ms=now_ms(), transition="host-off", detail=f"host {host_id} off: {who}"[:1024])))
+        ok, _ = await self.store.txn(unchanged([gate, registration, last]), [declared])
+        if not ok:
+            raise CoordinatorError(Reason.UNAVAILABLE, f"host {host_id}: its registration, registered-last "
+                                   "or the restore gate changed while recover-host ran; nothing was written, "
+                                   "run it again")
 
     async def free_claims(self, select: Callable[[Entry, pb.SessionRecord], bool], kind: str, evidence: str,
                           transition: str, detail: str, reads: list[Seen]) -> pb.RecoverHostResponse:
@@ -290,11 +315,16 @@ class Lifecycle:
         registered = [host.host_id for host in await self.sessions.registry.list()]
         for host_id in registered:
             response.hosts.append(await self._stop_orphans(host_id, known))
+        gate = await self.store.read(keys.restore_pending(self.store))
+        off: dict[str, list[Seen]] = {}  # unregistered hosts proven off since the restore, on what was read
         for host_id in lifecycle_rules.unsearched_hosts(lifecycle_rules.hosts_named(current), expected,
                                                         registered):
-            response.hosts.append(pb.RestoreEpochHost(
-                host_id=host_id, error="not registered: its orphans were not searched; run restore-epoch "
-                "again once its agent is back, or make sure the node is off"))
+            reads = await self._off_since_restore(host_id, gate)
+            if reads:
+                off[host_id] = reads
+                continue
+            response.hosts.append(pb.RestoreEpochHost(host_id=host_id,
+                                                      error=lifecycle_rules.unsearched_hint(host_id)))
         # 3. Re-adjudicate every owner made conflicted: released only on its own host's proof.
         by_id = {row.session_id: row for row in response.sessions}
         for sid in to_judge:
@@ -317,10 +347,39 @@ class Lifecycle:
         pending = keys.restore_pending(self.store)
         response.grants_reopened = lifecycle_rules.grants_may_reopen(response)
         if response.grants_reopened:
-            await self.store.txn([], [], [pending])
-        else:
+            # A host counted as searched on its evidence: the gate, its registration, registered-last,
+            # proof and declaration compared as read (it registered, or a restore began, meanwhile:
+            # grants stay closed). The declarations are this restore's, and go with its gate.
+            decided_on = [gate, *(seen for reads in off.values() for seen in reads)] if off else []
+            ok, _ = await self.store.txn(unchanged(decided_on), [], [pending],
+                                         [keys.restore_host_off_prefix(self.store)])
+            if not ok:
+                response.grants_reopened = False
+                response.hosts.extend(pb.RestoreEpochHost(
+                    host_id=host_id, error="its registration, proof or declaration changed while "
+                    "restore-epoch ran; run restore-epoch again") for host_id in sorted(off))
+        if not response.grants_reopened:
             await self.store.txn([], [Put(pending, f"restore-epoch unfinished: {who}".encode())])
         return response
+
+    async def _off_since_restore(self, host_id: str, gate: Seen) -> list[Seen]:
+        """What shows unregistered `host_id` off since the restore gate was put (lifecycle_rules.
+        off_since_restore), as read, or [] when nothing does."""
+        reads = await self.store.read_all([
+            self.sessions.registry.key_of(host_id), keys.host_last(self.store, host_id),
+            keys.fenced(self.store, host_id), keys.restore_host_off(self.store, host_id)])
+        registration, last, *evidence = reads
+        if registration.entry is not None or gate.entry is None:
+            return []
+        last_registered = last.entry.mod_revision if last.entry is not None else 0
+        for seen in evidence:
+            if seen.entry is not None and lifecycle_rules.off_since_restore(
+                    gate.entry.create_revision, last_registered, seen.entry.mod_revision):
+                log.warning("restore-epoch: host %s counts as searched: %s", host_id,
+                            "fenced since the restore" if seen is reads[2] else "declared off by an operator "
+                            "since the restore", extra={"fields": {"host": host_id}})
+                return reads
+        return []
 
     async def _raise_new_session_floor(self, epoch: int) -> None:
         """Read-modify-write of the floor, compared: two restore-epochs at once both raise it."""

@@ -85,6 +85,24 @@ def unsearched_hosts(named: set[str], expected: Iterable[str], registered: Itera
     return sorted((named | set(expected)) - set(registered))
 
 
+def off_since_restore(restore_created: int, last_registered: int, evidence: int) -> bool:
+    """An unregistered host counts as searched for the restore under way when evidence that it is off
+    — a fence's proof (`fenced/<host>`) or an all-tenants operator's word (`restore-host-off/<host>`,
+    written by recover-host) — was written after the restore gate was put (evidence of an earlier
+    moment says nothing of what ran there since the snapshot) and it has not registered since (a
+    later incarnation is one the evidence does not cover). Revisions of this etcd, each compared
+    only with another: 0 for a key that is absent, and with no gate nothing counts."""
+    return 0 < restore_created < evidence and last_registered < evidence
+
+
+def unsearched_hint(host_id: str) -> str:
+    """What restore-epoch says of a host it could not search, naming the commands that count it."""
+    return (f"not registered: its orphans were not searched. Run restore-epoch again once its agent is "
+            f"back, or once the node is off: after `holdfast admin fence {host_id} --reason TEXT` proves "
+            f"it off, or, for a node gone for good, after `holdfast admin recover-host {host_id} --reason "
+            "TEXT` (an all-tenants operator's word, recorded as evidence)")
+
+
 def grants_may_reopen(response: pb.RestoreEpochResponse) -> bool:
     """After a restore, grants wait until every host that may run owners was searched completely
     with every orphan stopped, and every record's floor was raised: a writer granted after the

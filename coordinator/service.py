@@ -565,7 +565,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                           context: grpc.aio.ServicerContext) -> pb.RecoverHostResponse:
         caller = self.tenancy.caller(context)
         return await self.lifecycle.recover_host(
-            request, context.peer(), lambda r: caller.may_act_on(tenancy.tenant_of(r, self.tenancy.default)))
+            request, context.peer(), lambda r: caller.may_act_on(tenancy.tenant_of(r, self.tenancy.default)),
+            caller.all_tenants)
 
     @_handler
     async def FenceHost(self, request: pb.FenceHostRequest,

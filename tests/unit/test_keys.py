@@ -50,7 +50,7 @@ def test_prefixes_end_in_a_separator() -> None:
                 keys.data_prefix(store, "s"), keys.ops_prefix(store, "s"), keys.archives_prefix(store),
                 keys.archive_history_prefix(store, "s"), keys.draining_prefix(store),
                 keys.carry_prefix(store, "s"), keys.carry_chunks_prefix(store, "s", 0),
-                keys.carry_tenant_budgets_prefix(store)]
+                keys.carry_tenant_budgets_prefix(store), keys.restore_host_off_prefix(store)]
     assert all(p.endswith("/") for p in prefixes)
 
 

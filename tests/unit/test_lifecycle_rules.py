@@ -144,3 +144,12 @@ def test_release_on_evidence_moves_the_floor_past_the_fence() -> None:
     assert (lease.claim_status, lease.handoff_stage, lease.minimum_next_fence) == (pb.RELEASED, pb.NONE, 5)
     assert lease.death_evidence.kind == "host-fenced" and len(lease.death_evidence.detail) == 1024
     assert (lease.death_evidence.observed_at_unix_ms, lease.death_evidence.owner_fence) == (123, 4)
+
+
+def test_a_host_counts_as_off_on_evidence_written_after_the_gate_with_no_registration_since() -> None:
+    assert rules.off_since_restore(restore_created=100, last_registered=40, evidence=120)
+    assert rules.off_since_restore(restore_created=100, last_registered=0, evidence=101)  # never registered
+    assert not rules.off_since_restore(100, 40, 90)   # evidence from before the restore
+    assert not rules.off_since_restore(100, 40, 100)  # the gate's own revision is not after it
+    assert not rules.off_since_restore(100, 130, 120)  # registered again after the evidence
+    assert not rules.off_since_restore(0, 0, 120)      # no gate: no restore to count it for
