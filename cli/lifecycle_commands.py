@@ -130,7 +130,8 @@ async def _restore_epoch(args: argparse.Namespace, client: Client) -> int:
         if open_ends:
             print("open ends above: resolve each, then run `holdfast admin restore-epoch` again")
         print("grants reopened" if reply.grants_reopened else
-              "grants stay closed (RESTORE_PENDING) until every host is searched completely")
+              "grants stay closed (RESTORE_PENDING) until every host is searched completely or shown off "
+              "since the restore (see each host's line)")
     return 1 if open_ends else 0
 
 
