@@ -121,17 +121,21 @@ def run(pki: Path, who: str, coordinator: Coordinator, tmp: Path, sid: str, *arg
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def rewrite(etcd: EtcdServer, prefix: str, pki: Path, record: pb.SessionRecord) -> None:
-    """`record` written straight into etcd, past every check."""
+def put_raw(etcd: EtcdServer, prefix: str, pki: Path, value: bytes, *parts: str) -> None:
+    """`value` written straight into etcd at the key of `parts`, past every check."""
     async def put() -> None:
         store = Store.connect(etcd.url, etcd_credentials(etcd.url, pki / "ca" / "etcd"), prefix=prefix)
         try:
-            key = store.key("sessions", record.session_id)
-            assert (await store.txn([], [Put(key, records.encode(record))]))[0]
+            assert (await store.txn([], [Put(store.key(*parts), value)]))[0]
         finally:
             await store.close()
 
     asyncio.run(put())
+
+
+def rewrite(etcd: EtcdServer, prefix: str, pki: Path, record: pb.SessionRecord) -> None:
+    """`record` written straight into etcd, past every check."""
+    put_raw(etcd, prefix, pki, records.encode(record), "sessions", record.session_id)
 
 
 def acquire(stub: coordinator_pb2_grpc.CoordinatorStub, sid: str, **fields: object) -> pb.AcquireResponse:
@@ -309,6 +313,29 @@ def test_a_scoped_operators_recover_host_answers_and_changes_nothing_of_another_
     everyone = as_(coordinator, pki, "op-all").RecoverHost(request, timeout=10)
     assert everyone == pb.RecoverHostResponse(results=[pb.RecoverHostResult(
         session_id="sess-rh-a", fence=granted["sess-rh-a"], recovered=True)]), everyone
+
+
+def test_only_an_all_tenants_operators_recover_host_declares_a_node_off_for_a_restore(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    """While a restore is pending, recover-host's word also counts the node as searched for it
+    (restore-epoch): a scoped operator frees its own sessions there and declares nothing, since one
+    tenant cannot vouch for a node every tenant's sessions may have used."""
+    coordinator, _ = stack
+    gone = "host-gone-restore"
+    record = acquire(as_(coordinator, pki, "team-b"), "sess-rh-restore").record
+    record.lease.reserved_host_id = gone
+    rewrite(etcd_tls, prefix, pki, record)
+    put_raw(etcd_tls, prefix, pki, b"restored snap.db", "restore-pending")
+
+    def declared() -> list[str]:
+        return [k for k, _ in state(etcd_tls, prefix, pki) if k.endswith(f"restore-host-off/{gone}")]
+
+    request = pb.RecoverHostRequest(host_id=gone, operator="o", reason="node gone")
+    scoped = as_(coordinator, pki, "op-b").RecoverHost(request, timeout=10)
+    assert [r.recovered for r in scoped.results] == [True] and declared() == []
+    as_(coordinator, pki, "op-all").RecoverHost(request, timeout=10)
+    assert len(declared()) == 1
 
 
 def test_a_scoped_operator_purges_only_its_tenants_archives(
