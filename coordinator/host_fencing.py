@@ -138,10 +138,13 @@ class HostFencing:
                                        self.retry_at.get(host_id)):
                 task = asyncio.create_task(self._attend(host_id, absence, look, now))
                 self.attending[host_id] = task
-                task.add_done_callback(lambda _, host=host_id: self.attending.pop(host, None))
+                task.add_done_callback(self._attended)
         for host_id in set(self.lost) - named:
             metrics.HOST_ABSENT_SECONDS.remove(host_id)
         self.lost = named
+
+    def _attended(self, task: asyncio.Task[None]) -> None:
+        self.attending = {host: t for host, t in self.attending.items() if t is not task}
 
     async def _attend(self, host_id: str, absence: Absence, look: bool, now: float) -> None:
         """One host's look at its Node and, when due, its fence, as a task of its own: a device that
