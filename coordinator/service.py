@@ -139,18 +139,22 @@ async def _until_asked(changes: AsyncIterator[pb.SessionEvent],
         while True:
             change = change or asyncio.ensure_future(anext(changes))
             done, _ = await asyncio.wait((change, asked), return_when=asyncio.FIRST_COMPLETED)
-            if change in done:
+            if asked in done:
+                if (message := asked.result()) is not grpc.aio.EOF:
+                    # The caller's last message: the watch ends before it is acted on, so the
+                    # change it makes (a release's) is not decoded and sent to a caller that has
+                    # stopped reading changes.
+                    change.cancel()
+                    yield message
+                    return
+                asked = asyncio.get_running_loop().create_future()  # nothing more will come
+            if change.done():
                 try:
                     event = change.result()
                 except StopAsyncIteration:
                     return
                 change = None
                 yield event
-            if asked in done:
-                if (message := asked.result()) is not grpc.aio.EOF:
-                    yield message
-                    return
-                asked = asyncio.get_running_loop().create_future()  # nothing more will come
     finally:
         for pending in (change, asked):
             if pending is not None:
