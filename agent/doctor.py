@@ -147,16 +147,18 @@ def check_cgroup(f: Facts) -> Check:
 
 
 def check_ptrace_scope(f: Facts) -> Check:
-    """Without Yama at 1 or more, a process of a tree's uid outside it may ptrace another and take what
-    it holds open (a cgroup.procs file to leave by), so no empty cgroup alone proves a tree gone: each
-    end then needs a complete scan too, and one unreadable process of the host leaves it unproven.
-    Sound either way, so a warning, never a failure that would keep the agent unready."""
+    """Without Yama at 1 or more, a process of a tree may ptrace any process of its uid: take what it
+    holds open (a cgroup.procs file to leave by), so no empty cgroup alone proves a tree gone and each
+    end needs a complete scan too; or make it write, outside the tree (docs/guarantees.md). A warning,
+    not a failure: the tree's own proof stays sound, and a tree's user can start a writer outside
+    holdfast anyway; failing would keep every agent on a Yama-less node (Debian's default) unready."""
     if f.ptrace_scope is not None and f.ptrace_scope >= 1:
         return Check("ptrace-scope", "pass", f"kernel.yama.ptrace_scope is {f.ptrace_scope}: an empty "
                      "session cgroup alone proves a confined tree gone")
     scope = "absent (no Yama)" if f.ptrace_scope is None else f"{f.ptrace_scope}"
     return Check("ptrace-scope", "warn", f"kernel.yama.ptrace_scope is {scope}: every tree's end needs its "
-                 "empty cgroup and a complete scan", "set kernel.yama.ptrace_scope=1 (a file in "
+                 "empty cgroup and a complete scan, and a tree may ptrace any process of its user into "
+                 "writing outside it", "set kernel.yama.ptrace_scope=1 (a file in "
                  "/etc/sysctl.d/, then `sysctl --system`; a kernel without /proc/sys/kernel/yama needs "
                  "CONFIG_SECURITY_YAMA)")
 
