@@ -47,17 +47,19 @@ from holdfast.coordinator.revival import archived_record, revival_keys, revived
 from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, Store
-from holdfast.coordinator.tenancy import Tenancy
+from holdfast.coordinator.tenancy import Caller, Tenancy
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 RACE_RETRIES = 16
 
 
-def caller_of(context: grpc.aio.ServicerContext, host_id: str) -> str:
-    # No mTLS identity yet: the peer address (without its ephemeral port) plus the claimed host id.
-    peer = context.peer()
-    return f"{peer.rsplit(':', 1)[0]}|{host_id}"
+def caller_of(context: grpc.aio.ServicerContext, host_id: str, caller: Caller) -> str:
+    """Whose operation an id is, so that its replayed grant, secret included, goes back to that caller
+    alone: the peer's address (without its ephemeral port), the host id it names and its
+    certificate's identity (role, name, tenant; "plaintext" without mTLS). The address alone let
+    another certificate on the same machine that learned the id take the grant."""
+    return f"{context.peer().rsplit(':', 1)[0]}|{host_id}|{caller.who}"
 
 
 def op_hash(rpc: str, caller: str, operation_id: str) -> str:
@@ -161,7 +163,7 @@ class Acquisition:
         self.gate_token = attestation.check_gate(request.gate) if request.HasField("gate") else ""
         self.caller = parts.tenancy.caller(context)
         self.attested: attestation.Attested | None = None
-        ohash = op_hash("Acquire", caller_of(context, request.host_id), request.operation_id)
+        ohash = op_hash("Acquire", caller_of(context, request.host_id, self.caller), request.operation_id)
         self.ops_key = keys.op(parts.store, self.sid, ohash)
         self.ask = AcquireAsk(
             request.expected_fence if request.has_expected_fence else None, handoff_hash(request.operation_id)

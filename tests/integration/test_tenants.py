@@ -394,6 +394,24 @@ def test_a_certificate_of_no_tenant_creates_no_session(
     assert state(etcd_tls, prefix, pki) == before
 
 
+def test_a_replayed_grant_goes_back_to_its_own_certificate_alone(
+    stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
+) -> None:
+    """The same operation id from another certificate on the same address is another operation: it
+    never gets the first caller's grant and secret back (the replay key names the certificate)."""
+    coordinator, _ = stack
+    operation = os.urandom(16).hex()
+    ask = pb.AcquireRequest(session_id="sess-replay-own", operation_id=operation, host_id="host-a")
+    granted = as_(coordinator, pki, "team-b").Acquire(ask, timeout=30)
+    assert granted.grant.secret
+    assert as_(coordinator, pki, "team-b").Acquire(ask, timeout=30).grant.secret == granted.grant.secret
+    before = state(etcd_tls, prefix, pki)
+    with pytest.raises(grpc.RpcError) as err:
+        as_(coordinator, pki, "op-b").Acquire(ask, timeout=30)  # the same tenant, another role
+    assert reason_of(err.value) == "RESERVED", err.value
+    assert state(etcd_tls, prefix, pki) == before
+
+
 def _cert(pki: Path, who: str) -> x509.Certificate:
     return x509.load_pem_x509_certificate((pki / who / f"{CALLERS[who].kind}.pem").read_bytes())
 
