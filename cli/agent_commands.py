@@ -55,6 +55,7 @@ SERVE_SETTINGS = [
             "also answer grpc.health.v1, plaintext and nothing else, on host:port (kubelet probes)",
             default=""),
     TLS_DIR,
+    config.KEEPALIVE,
     Setting("enroll", "HOLDFAST_ENROLL", config.optional_address,
             "get (and renew) this node's certificate from the enrollment listener at host:port "
             "(`coordinator serve --enroll-listen`) with the pod's projected token; needs --tls-dir",
@@ -85,10 +86,11 @@ def load(settings: list[Setting], args: argparse.Namespace) -> argparse.Namespac
 
 def _serve(raw: argparse.Namespace) -> int:
     from holdfast.agent import doctor, server
-    from holdfast.common import logs, tls
+    from holdfast.common import keepalive, logs, tls
     from holdfast.proc import cgroups
 
     args = load(SERVE_SETTINGS, raw)
+    keepalive.configure(args.keepalive_seconds)
     tls_dir = tls.tls_dir(args.tls_dir)
     logs.setup(args.log_format, args.log_level)
     if args.node and not doctor.in_init_pid_ns():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from holdfast.cli.agent_commands import TLS_DIR
-from holdfast.common import config, tls
+from holdfast.common import config, keepalive, tls
 from holdfast.common.config import Setting
 from holdfast.coordinator import carry_budget_rules as carry
 from holdfast.coordinator import fence_rules
@@ -105,6 +105,7 @@ SETTINGS = [
                         "coordinator.pem, check callers' roles, dial agents with it"),
     Setting("etcd_tls_dir", "HOLDFAST_ETCD_TLS_DIR", config.text,
             "etcd's CA and the coordinator's etcd certificate (default: <tls dir>/etcd)", default=""),
+    config.KEEPALIVE,
     Setting("enroll_listen", "HOLDFAST_ENROLL_LISTEN", config.optional_address,
             "also serve holdfast.v1.Enrollment on host:port: server-auth TLS only, signing agent "
             "certificates with <tls dir>/agent-ca.key after checking the caller's projected token with "
@@ -145,6 +146,7 @@ def _serve(raw: argparse.Namespace) -> int:
         print(f"holdfast coordinator serve: {exc}", file=sys.stderr)
         return EX_USAGE
     logs.setup(args.log_format, args.log_level)
+    keepalive.configure(args.keepalive_seconds)
     etcd_tls = Path(args.etcd_tls_dir) if args.etcd_tls_dir else None
     tls_dir = tls.tls_dir(args.tls_dir)
     try:

@@ -20,7 +20,7 @@ import grpc
 
 from holdfast.client.errors import ClientError, classify, refused, transient
 from holdfast.client.grant import Grant, same_cluster
-from holdfast.common import env, tls, upstate
+from holdfast.common import env, keepalive, tls, upstate
 from holdfast.common.reasons import Reason, reason_of
 from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
@@ -149,11 +149,14 @@ class Client:
 
     def _open(self) -> grpc.aio.Channel:
         if self.enroller is not None:
-            return grpc.aio.secure_channel(self.address, self.enroller.credentials())
+            return grpc.aio.secure_channel(self.address, self.enroller.credentials(),
+                                           options=keepalive.channel_options())
         try:
             return tls.open_channel(self.address, self.tls_dir, self.role)
         except FileNotFoundError as missing:  # its message names the file and how to make it
             raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
+        except ValueError as wrong:  # HOLDFAST_KEEPALIVE_SECONDS, named in the message
+            raise ClientError(Reason.INVALID_ARGUMENT, str(wrong)) from None
 
     async def renewed(self) -> None:
         """The certificate was renewed: later calls, and a watch's reconnect, go on a channel

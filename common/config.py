@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from holdfast.common import keepalive
 from holdfast.common.identifiers import HOST_ID
 from holdfast.common.tls import TENANT
 
@@ -116,6 +117,14 @@ def boolean(raw: Any) -> bool:
     if value in TRUE | FALSE:
         return value in TRUE
     raise ValueError(f"{raw!r} is not a boolean (true/false)")
+
+
+KEEPALIVE = Setting(
+    "keepalive_seconds", keepalive.ENV, keepalive.parse, "seconds without a frame from a peer before this "
+    "server pings it while a call is open, its channels alike (a peer gone without a TCP reset is found "
+    f"within this plus min(this, {keepalive.ACK_TIMEOUT_CAP_SECONDS}) s); it accepts pings down to half "
+    "of it: set it no higher than its clients' HOLDFAST_KEEPALIVE_SECONDS",
+    default=keepalive.DEFAULT_SECONDS)
 
 
 def logging_settings() -> list[Setting]:

@@ -27,7 +27,7 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from holdfast.common import files, listeners
+from holdfast.common import files, keepalive, listeners
 
 
 @dataclass
@@ -46,7 +46,8 @@ SERVER_OPTIONS: tuple[tuple[str, object], ...] = (("grpc.so_reuseport", 0),)
 
 
 def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
-    return grpc.aio.server(interceptors=list(interceptors), options=SERVER_OPTIONS)
+    return grpc.aio.server(interceptors=list(interceptors),
+                           options=[*SERVER_OPTIONS, *keepalive.server_options()])
 
 
 class Unregistered:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from holdfast.common import env
+from holdfast.common import env, keepalive
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -200,14 +200,15 @@ def tls_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
 
 def open_channel(target: str, directory: Path | None, role: Role, server_name: str = "",
                  options: Sequence[tuple[str, object]] = (), sync: bool = False) -> grpc.aio.Channel:
-    """A channel presenting `role`'s certificate when `directory` is set, plaintext otherwise.
+    """A channel presenting `role`'s certificate when `directory` is set, plaintext otherwise, with
+    holdfast's keepalive (holdfast.common.keepalive).
 
     `server_name` is the name the server's certificate must carry when it is not the target's
     host (the coordinator reaches agent H at whatever address H registered, but accepts only a
     certificate issued for H, so a registration cannot point it at another host's agent).
     """
     module = grpc if sync else grpc.aio
-    opts = list(options)
+    opts = [*keepalive.channel_options(), *options]
     if directory is None:
         return module.insecure_channel(target, options=opts)  # type: ignore[no-any-return]
     if server_name:

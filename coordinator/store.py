@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import grpc
 from aetcd import rpc
 
-from holdfast.common import tls
+from holdfast.common import keepalive, tls
 from holdfast.coordinator.store_errors import AnswerTooLarge, StoreUnavailable
 from holdfast.coordinator.store_errors import Compacted as Compacted
 from holdfast.coordinator.store_errors import TooLarge as TooLarge
@@ -125,7 +125,8 @@ def channel_target(endpoints: str) -> str:
 
 def open_channel(endpoints: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
     options: list[tuple[str, object]] = [("grpc.lb_policy_name", "round_robin"),
-                                         ("grpc.max_receive_message_length", RECEIVE_LIMIT_BYTES)]
+                                         ("grpc.max_receive_message_length", RECEIVE_LIMIT_BYTES),
+                                         *keepalive.channel_options(keepalive.ETCD_LOWEST_SECONDS)]
     target = channel_target(endpoints)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options)

@@ -3,7 +3,10 @@
 Guarantee: it listens and dials only 127.0.0.0/8 (a request to any other address would leave the
 machine, docs/design.md §8); `cut()` closes every open connection and refuses new ones until `heal()`;
 `delay` holds every chunk that long in each direction; `drop` silently discards each chunk with that
-probability (the peer sees a stalled, then broken, stream — never altered bytes). The proxies run on
+probability (the peer sees a stalled, then broken, stream — never altered bytes); `stalled` silences
+the connections open at the time, both ways and without closing them, while later ones are forwarded
+(a peer gone without a TCP reset: a NAT's dropped mapping, a partition); `observe` is shown every
+chunk forwarded, by connection and direction ("up" towards the target). The proxies run on
 one event loop in a background thread, so the harness can drive them from plain synchronous code.
 """
 
@@ -13,6 +16,7 @@ import asyncio
 import ipaddress
 import random
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -35,7 +39,10 @@ class FaultProxy:
     delay: float = 0.0
     drop: float = 0.0
     cut_now: bool = False
+    stalled: int = 0  # connections numbered below it are silenced
+    observe: Callable[[int, str, bytes], None] | None = None
     rng: random.Random = field(default_factory=random.Random)
+    _opened: int = 0
     _server: asyncio.Server | None = None
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
@@ -58,22 +65,29 @@ class FaultProxy:
             writer.close()  # the target is down: the client sees a refused stream, as without a proxy
             return
         self._writers |= {writer, up_writer}
+        number, self._opened = self._opened, self._opened + 1
         try:
-            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+            await asyncio.gather(self._pump(reader, up_writer, number, "up"),
+                                 self._pump(up_reader, writer, number, "down"))
         finally:
             for w in (writer, up_writer):
                 self._writers.discard(w)
                 w.close()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int,
+                    direction: str) -> None:
         try:
             while chunk := await reader.read(65536):
                 if self.cut_now:
                     break
+                if number < self.stalled:
+                    continue
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 if self.drop and self.rng.random() < self.drop:
                     continue
+                if self.observe is not None:
+                    self.observe(number, direction, chunk)
                 writer.write(chunk)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -121,6 +135,11 @@ class ProxyLoop:
         def heal() -> None:
             proxy.cut_now, proxy.delay, proxy.drop = False, 0.0, 0.0
         self.loop.call_soon_threadsafe(heal)
+
+    def stall(self, proxy: FaultProxy) -> None:
+        def stall() -> None:
+            proxy.stalled = proxy._opened
+        self.loop.call_soon_threadsafe(stall)
 
     def degrade(self, proxy: FaultProxy, delay: float = 0.0, drop: float = 0.0) -> None:
         def degrade() -> None:

@@ -1,0 +1,157 @@
+"""Keepalive (holdfast.common.keepalive): a watch whose coordinator goes silent without a TCP reset
+fails within the keepalive interval plus its ping's timeout, and reconnects as it does on any
+UNAVAILABLE; a client pinging at the interval is not sent GOAWAY too_many_pings by a coordinator set
+alike (and is, by one set far higher: the policy is what keeps it). Real etcd and coordinator
+processes; a loopback proxy silences the link and reads the HTTP/2 frames that cross it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
+from holdfast.common import keepalive
+from holdfast.coordinator import records
+from holdfast.coordinator.store import Put, Store
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from tests.faults.proxy import ProxyLoop
+from tests.integration.coordinator_fixtures import Coordinator, run_async
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = pytest.mark.timeout(120)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # a client's first bytes, before any frame
+PING, GOAWAY, ACK = 0x6, 0x7, 0x1
+INTERVAL = 1  # seconds: the keepalive the tests lower every party to
+
+
+class Frames:
+    """The PING and GOAWAY frames crossing a plaintext HTTP/2 proxy: (connection, direction, type,
+    flags, payload), "down" being the coordinator's."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str, int, int, bytes]] = []
+        self._buffers: dict[tuple[int, str], bytearray] = {}
+        self._changed = threading.Condition()
+
+    def __call__(self, number: int, direction: str, chunk: bytes) -> None:
+        buffer = self._buffers.setdefault((number, direction), bytearray())
+        buffer += chunk
+        if direction == "up" and buffer.startswith(PREFACE):
+            del buffer[:len(PREFACE)]
+        with self._changed:
+            while len(buffer) >= 9 and len(buffer) >= 9 + (length := int.from_bytes(buffer[:3], "big")):
+                kind, flags, payload = buffer[3], buffer[4], bytes(buffer[9:9 + length])
+                del buffer[:9 + length]
+                if kind in (PING, GOAWAY):
+                    self.seen.append((number, direction, kind, flags, payload))
+            self._changed.notify_all()
+
+    def acks(self, number: int) -> int:
+        """The client's pings on connection `number` the coordinator acknowledged."""
+        return sum(1 for n, d, kind, flags, _ in self.seen if (n, d, kind) == (number, "down", PING)
+                   and flags & ACK)
+
+    def goaways(self) -> list[bytes]:
+        return [payload for _, d, kind, _, payload in self.seen if (d, kind) == ("down", GOAWAY)]
+
+    def wait(self, what: str, done: Callable[[], bool], timeout: float = 20.0) -> None:
+        with self._changed:
+            if not self._changed.wait_for(done, timeout):
+                raise AssertionError(f"no {what} within {timeout}s; frames: {self.seen}")
+
+
+@pytest.fixture
+def proxies() -> Iterator[ProxyLoop]:
+    loop = ProxyLoop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+def started(etcd: EtcdServer, tmp_path: Path, prefix: str, seconds: int) -> Coordinator:
+    return Coordinator(etcd.url, tmp_path, prefix, env={keepalive.ENV: str(seconds)}).start()
+
+
+async def put_record(etcd: EtcdServer, prefix: str, sid: str, fence: int) -> None:
+    store = Store.connect(etcd.url, prefix=prefix)
+    try:
+        record = pb.SessionRecord(schema_version=records.SCHEMA_VERSION, session_id=sid,
+                                  lease=pb.Lease(fence=fence, claim_status=pb.RELEASED))
+        assert (await store.txn([], [Put(store.key("sessions", sid), records.encode(record))]))[0]
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_a_watch_through_a_silenced_link_fails_within_keepalive_and_reconnects(
+        etcd: EtcdServer, tmp_path: Path, prefix: str, proxies: ProxyLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(keepalive.ENV, str(INTERVAL))
+    coordinator = started(etcd, tmp_path, prefix, INTERVAL)
+    try:
+        sid = "sess-keepalive-silenced"
+        await put_record(etcd, prefix, sid, 1)
+        proxy = proxies.add("coordinator", coordinator.address)
+        frames = Frames()
+        proxy.observe = frames
+        lost: list[tuple[float, ClientError]] = []
+        async with Client(proxy.address, host_id="host-a") as client:
+            events = client.session_events(sid, lost=lambda err: lost.append((time.monotonic(), err)))
+            assert (await anext(events)).record.lease.fence == 1
+            # Past gRPC's default of two pings without data: an idle watch keeps being pinged.
+            await asyncio.to_thread(frames.wait, "three acknowledged pings", lambda: frames.acks(0) >= 3)
+            proxies.stall(proxy)  # the link goes silent both ways; nothing is closed
+            silenced = time.monotonic()
+            again = await anext(events)  # the listing of the call that reconnected through a new link
+        assert again.resync and again.record.lease.fence == 1
+        assert len(lost) == 1, lost
+        took = lost[0][0] - silenced
+        bound = INTERVAL + keepalive.ack_timeout(INTERVAL)
+        assert took <= bound + 2.0, f"the silenced call failed after {took:.1f}s, bound {bound}s"
+        assert not frames.goaways()
+    finally:
+        coordinator.stop()
+
+
+@pytest.mark.parametrize("server_seconds", [INTERVAL, keepalive.DEFAULT_SECONDS])
+@run_async
+async def test_pings_at_the_interval_are_accepted_by_a_coordinator_set_alike(
+        etcd: EtcdServer, tmp_path: Path, prefix: str, proxies: ProxyLoop, monkeypatch: pytest.MonkeyPatch,
+        server_seconds: int) -> None:
+    monkeypatch.setenv(keepalive.ENV, str(INTERVAL))
+    coordinator = started(etcd, tmp_path, prefix, server_seconds)
+    try:
+        sid = "sess-keepalive-pings"
+        await put_record(etcd, prefix, sid, 1)
+        proxy = proxies.add("coordinator", coordinator.address)
+        frames = Frames()
+        proxy.observe = frames
+        lost: list[ClientError] = []
+        async with Client(proxy.address, host_id="host-a") as client:
+            events = client.session_events(sid, lost=lost.append)
+            assert (await anext(events)).record.lease.fence == 1
+            if server_seconds > INTERVAL:
+                # The control: a policy of half of 20 s strikes each 1 s ping; the third costs the call.
+                await asyncio.to_thread(frames.wait, "GOAWAY", lambda: bool(frames.goaways()))
+                assert b"too_many_pings" in frames.goaways()[0]
+                assert (await anext(events)).resync  # it reconnected, as on any UNAVAILABLE
+                assert len(lost) == 1
+                return
+            # Four pings, one past the two strikes gRPC forgives: a refused rate would be GOAWAY by now.
+            await asyncio.to_thread(frames.wait, "four acknowledged pings", lambda: frames.acks(0) >= 4)
+            await put_record(etcd, prefix, sid, 2)
+            changed = await anext(events)
+        assert changed.record.lease.fence == 2 and not changed.resync  # on the same call
+        assert not lost and not frames.goaways()
+        assert {n for n, *_ in frames.seen} == {0}  # one connection throughout
+    finally:
+        coordinator.stop()
