@@ -16,9 +16,10 @@ from typing import Any
 from holdfast.cli.agent_commands import TLS_DIR
 from holdfast.common import config, keepalive, tls
 from holdfast.common.config import Setting
+from holdfast.coordinator import call_limits, fence_rules
 from holdfast.coordinator import carry_budget_rules as carry
-from holdfast.coordinator import fence_rules
 from holdfast.coordinator.store import DEFAULT_PREFIX, channel_target
+from holdfast.coordinator.watch_hub import UNREAD_BUDGET_BYTES
 
 EX_USAGE = 2
 TABLE = "coordinator"
@@ -84,6 +85,17 @@ SETTINGS = [
             "carried state of one tenant's sessions together, within carry_budget_bytes, so one tenant "
             "cannot spend every other tenant's share; 0: no per-tenant limit",
             default=carry.DEFAULT_TENANT_BUDGET),
+    Setting("calls_per_caller_max", "HOLDFAST_CALLS_PER_CALLER_MAX", config.integer_in(1, 1 << 20),
+            "streaming or waiting calls (Hold, Own, WatchSessions, Acquire) one caller may keep open on a "
+            "replica: one certificate from one address (without TLS the address); past it TOO_MANY_CALLS",
+            default=call_limits.PER_CALLER),
+    Setting("calls_per_tenant_max", "HOLDFAST_CALLS_PER_TENANT_MAX", config.integer_in(1, 1 << 20),
+            "the same for all of one tenant's callers together, so one tenant cannot hold every call "
+            "a replica can serve", default=call_limits.PER_TENANT),
+    Setting("watch_unread_budget_bytes", "HOLDFAST_WATCH_UNREAD_BUDGET_BYTES",
+            config.integer_in(1 << 20, 1 << 40),
+            "watch events a replica holds for readers that have not taken them, all watches together: "
+            "past it, the watches furthest behind drop theirs and re-list", default=UNREAD_BUDGET_BYTES),
     Setting("default_tenant", "HOLDFAST_DEFAULT_TENANT", config.tenant,
             "tenant of a client certificate that names none, and of sessions recorded before tenants "
             "existed (keep it the same across restarts and replicas)", default="default"),
@@ -159,7 +171,9 @@ def _serve(raw: argparse.Namespace) -> int:
                                  args.census_seconds, args.health_listen, args.commit_window_seconds, issuer,
                                  carry.CarryLimits(args.carry_session_cap_bytes, args.carry_budget_bytes,
                                                    args.carry_tenant_budget_bytes), fencing,
-                                 args.default_tenant))
+                                 args.default_tenant,
+                                 call_limits.CallLimits(args.calls_per_caller_max, args.calls_per_tenant_max),
+                                 args.watch_unread_budget_bytes))
     except (ValueError, FileNotFoundError) as exc:
         logs.fatal(f"holdfast coordinator: {exc}")  # its log is set up: JSON by default
         return EX_USAGE

@@ -86,6 +86,7 @@ class Reason(StrEnum):
     CARRY_BUDGET_EXHAUSTED = "CARRY_BUDGET_EXHAUSTED"
     CARRY_CORRUPT = "CARRY_CORRUPT"
     RELEASE_PENDING = "RELEASE_PENDING"  # asked for with await_release: the owner ended, not yet released
+    TOO_MANY_CALLS = "TOO_MANY_CALLS"    # the caller or its tenant has its limit of long-lived calls open
 
 
 class Family(StrEnum):
@@ -302,6 +303,11 @@ TABLE: dict[Reason, Meaning] = {
         "(carry_tenant_budget_bytes) is full — the message names which: archive finished sessions of "
         "that tenant or the cluster (`holdfast archive`), or raise that budget (the cluster's with "
         "etcd's quota); the last good copy is kept"),
+    Reason.TOO_MANY_CALLS: Meaning(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, EX_TEMPFAIL,
+        "end calls left open (a stalled `holdfast watch`, runs still waiting) or raise the setting the "
+        "message names (calls_per_caller_max, calls_per_tenant_max); nothing was read or written",
+        family=Family.UNAVAILABLE),
     Reason.CARRY_CORRUPT: Meaning(
         F, EX_TEMPFAIL,
         "the uploaded chunks do not match their manifest (a chunk lost or changed in flight); retry the "

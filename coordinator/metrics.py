@@ -46,6 +46,8 @@ ACQUIRES_WAITING = Gauge("holdfast_acquires_waiting", "Acquire calls this replic
 STREAMS_OPEN = Gauge("holdfast_streams_open", "Streaming calls this replica serves now, by RPC: Hold is each "
                      "owner watching its record on its grant's call (and each run waiting for its grant), "
                      "WatchSessions every other watch", ["rpc"])
+WATCH_UNREAD = Gauge("holdfast_watch_unread_bytes", "Watch events this replica holds for readers that have "
+                     "not taken them, all watches together (bounded by watch_unread_budget_bytes)")
 CARRY_RESERVED = Gauge("holdfast_carry_reserved_bytes", "Carried state reserved against the cluster's "
                        "carry budget, carry_budget_bytes (census)")
 CARRY_TENANT_RESERVED = Gauge("holdfast_carry_tenant_reserved_bytes", "Carried state reserved against each "

@@ -20,13 +20,16 @@ from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
+from holdfast.coordinator import metrics
 from holdfast.coordinator.authorization import coordinator_rule
+from holdfast.coordinator.call_limits import DEFAULT_CALL_LIMITS, CallLimits
 from holdfast.coordinator.carry_budget_rules import DEFAULT_LIMITS, CarryLimits
 from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.host_fencing import FencingSettings
 from holdfast.coordinator.service import CoordinatorService
 from holdfast.coordinator.store import DEFAULT_PREFIX, Store, StoreUnavailable, etcd_credentials
 from holdfast.coordinator.tenancy import DEFAULT_TENANT
+from holdfast.coordinator.watch_hub import UNREAD_BUDGET_BYTES
 from holdfast.enrollment import issuer as issuer_
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -51,18 +54,22 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
                 commit_window_seconds: float = 30.0,
                 issuer: tuple[str, issuer_.Issuer] | None = None,
                 carry_limits: CarryLimits = DEFAULT_LIMITS,
-                fencing: FencingSettings | None = None, default_tenant: str = DEFAULT_TENANT) -> None:
+                fencing: FencingSettings | None = None, default_tenant: str = DEFAULT_TENANT,
+                call_limits: CallLimits = DEFAULT_CALL_LIMITS,
+                watch_unread_budget: int = UNREAD_BUDGET_BYTES) -> None:
     """With `tls_dir`: mTLS only, roles checked before any handler, agents dialled with the
     coordinator certificate; etcd with `etcd_tls_dir` (default `<tls_dir>/etcd`)."""
     log = logging.getLogger("holdfast.coordinator")
     if tls_dir is not None and etcd_tls_dir is None:
         etcd_tls_dir = tls_dir / ETCD_SUBDIR
-    store = Store.connect(etcd, etcd_credentials(etcd, etcd_tls_dir), prefix=prefix)
+    store = Store.connect(etcd, etcd_credentials(etcd, etcd_tls_dir), prefix=prefix,
+                          unread_budget=watch_unread_budget)
+    metrics.WATCH_UNREAD.set_function(lambda: store.watch_budget.unread)
     # Which replica ran a fence is part of its evidence: this machine, this process, what it serves.
     name = f"{socket.gethostname()} pid {os.getpid()} listening on {listen}"
     service = CoordinatorService(store, tls_dir, commit_window_ms=int(commit_window_seconds * 1000),
                                  carry_limits=carry_limits, fencing=fencing, name=name,
-                                 default_tenant=default_tenant)
+                                 default_tenant=default_tenant, call_limits=call_limits)
     add_service = functools.partial(coordinator_pb2_grpc.add_CoordinatorServicer_to_server, service)
     credentials, gates = None, []
     if tls_dir is not None:

@@ -37,6 +37,7 @@ from holdfast.coordinator import (
     tenancy,
 )
 from holdfast.coordinator.acquire import RACE_RETRIES, handoff_hash
+from holdfast.coordinator.call_limits import DEFAULT_CALL_LIMITS, CallLimits, OpenCalls
 from holdfast.coordinator.carry_budget_rules import DEFAULT_LIMITS, CarryLimits
 from holdfast.coordinator.cluster import ClusterIdentity
 from holdfast.coordinator.errors import CoordinatorError
@@ -109,20 +110,24 @@ def _handler(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[ob
 
 
 def _stream_handler(fn: Callable[..., AsyncIterator[object]]) -> Callable[..., AsyncIterator[object]]:
-    """`_handler` for a server-streaming call: a domain error ends the stream with its status."""
+    """`_handler` for a server-streaming call: a domain error ends the stream with its status. Each
+    holds one of its caller's and its tenant's slots (call_limits) while it is open, taken before
+    anything is read."""
     open_now = metrics.STREAMS_OPEN.labels(fn.__name__)
 
     async def wrapped(self: CoordinatorService, request: object,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
-        open_now.inc()
         try:
-            async for item in fn(self, request, context):
-                yield item
+            with self.open_calls.slot(fn.__name__, context, self.tenancy.caller(context)):
+                open_now.inc()
+                try:
+                    async for item in fn(self, request, context):
+                        yield item
+                finally:
+                    open_now.dec()
             return
         except REFUSED as exc:
             refused = exc
-        finally:
-            open_now.dec()
         await _refuse(fn.__name__, refused, context)
 
     wrapped.__name__ = fn.__name__
@@ -186,9 +191,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(self, store: Store, agent_tls_dir: Path | None = None,
                  commit_window_ms: int = COMMIT_WINDOW_MS, carry_limits: CarryLimits = DEFAULT_LIMITS,
                  fencing: FencingSettings | None = None,
-                 name: str = "", default_tenant: str = tenancy.DEFAULT_TENANT) -> None:
+                 name: str = "", default_tenant: str = tenancy.DEFAULT_TENANT,
+                 call_limits: CallLimits = DEFAULT_CALL_LIMITS) -> None:
         self.store = store
         self.tenancy = tenancy.Tenancy(store, default_tenant)
+        self.open_calls = OpenCalls(call_limits)
         self.commit_window_ms = commit_window_ms
         self.registry = Registry(store)
         self.router = Router(agent_tls_dir)
@@ -226,7 +233,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     async def Acquire(
         self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> pb.AcquireResponse:
-        return await acquire.Acquisition(self.acquiring, request, context).run()
+        # A slot for every Acquire, before anything is read: whether it will wait is known only
+        # once it has read the session.
+        with self.open_calls.slot("Acquire", context, self.tenancy.caller(context)):
+            return await acquire.Acquisition(self.acquiring, request, context).run()
 
     @_stream_handler
     async def Hold(

@@ -24,7 +24,7 @@ from holdfast.coordinator.store_errors import AnswerTooLarge, StoreUnavailable
 from holdfast.coordinator.store_errors import Compacted as Compacted
 from holdfast.coordinator.store_errors import TooLarge as TooLarge
 from holdfast.coordinator.watch_fanout import Fanout
-from holdfast.coordinator.watch_hub import WatchHub
+from holdfast.coordinator.watch_hub import UNREAD_BUDGET_BYTES, Budget, WatchHub
 
 UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 DEFAULT_PREFIX = "/holdfast/v1/"
@@ -179,22 +179,29 @@ def _entry(kv: rpc.KeyValue) -> Entry:
 
 
 class Store:
-    def __init__(self, channel: grpc.aio.Channel, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, channel: grpc.aio.Channel, prefix: str = DEFAULT_PREFIX,
+                 unread_budget: int = UNREAD_BUDGET_BYTES) -> None:
         self.channel = channel
         self.prefix = prefix
         self._kv = rpc.KVStub(channel)
         self._lease = rpc.LeaseStub(channel)
-        self._watches = WatchHub(rpc.WatchStub(channel))
+        self._watches = WatchHub(rpc.WatchStub(channel), Budget(unread_budget))
         self._fanouts: dict[bytes, Fanout] = {}  # by directory: each one's shared watch
         self.newest = 0  # the highest revision an answer of etcd's named (how old a revision is)
 
     @classmethod
     def connect(cls, endpoints: str, credentials: grpc.ChannelCredentials | None = None,
-                prefix: str = DEFAULT_PREFIX) -> Store:
-        return cls(open_channel(endpoints, credentials), prefix)
+                prefix: str = DEFAULT_PREFIX, unread_budget: int = UNREAD_BUDGET_BYTES) -> Store:
+        """`unread_budget`: the bytes its watchers may hold unread together (watch_hub.Budget)."""
+        return cls(open_channel(endpoints, credentials), prefix, unread_budget)
 
     async def close(self) -> None:
         await self.channel.close()
+
+    @property
+    def watch_budget(self) -> Budget:
+        """Its watchers' unread bytes together, and their bound (watch_hub.Budget)."""
+        return self._watches.budget
 
     @property
     def watch_creates(self) -> int:

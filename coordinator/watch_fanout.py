@@ -18,7 +18,8 @@ Guarantee: every watcher, served or not, has watch_hub's guarantee — every eve
 start revision on, in revision order, each once, or an error, never silence. A served watcher gets
 the buffered events of its key from R on, then the live ones (both in the order etcd sent them:
 nothing is awaited between reading the buffer and joining, so no event falls between); its reader
-leaving MAX_BEHIND events (or MAX_BEHIND_BYTES) unread ends it `Lagged`; the shared watch's failure
+leaving MAX_BEHIND events (or MAX_BEHIND_BYTES) unread ends it `Lagged`, and its unread bytes count
+in the hub's budget as a watch of its own's do; the shared watch's failure
 ends every served watcher with the error a watch of its own would have had on it (the stream's
 failure `StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`), after the
 events it had received. A start etcd has compacted away is served all the same while the buffer
@@ -35,7 +36,7 @@ from collections.abc import AsyncIterator
 from aetcd import rpc
 
 from holdfast.coordinator.watch_fanout_rules import Buffer
-from holdfast.coordinator.watch_hub import UNANSWERED, Stream, Watcher, WatchHub
+from holdfast.coordinator.watch_hub import UNANSWERED, Budget, Stream, Watcher, WatchHub
 
 # Events of the directory kept for watches that start after them (an owner's watch opens a few
 # milliseconds after its grant): ~200 ms of a cluster changing 5,000 session records a second,
@@ -51,8 +52,8 @@ class KeyWatcher(Watcher):
 
     __slots__ = ("start",)
 
-    def __init__(self, start: int) -> None:
-        super().__init__()
+    def __init__(self, budget: Budget, start: int) -> None:
+        super().__init__(budget)
         self.start = start
 
 
@@ -62,10 +63,11 @@ class SharedWatch(Watcher):
 
     __slots__ = ("buffer", "keys")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, budget: Budget, start: int) -> None:
         # etcd must have reached the revision before the start by its `created` answer: a start
         # beyond it is another history's, and the shared watch ends Unreached, serving no one.
-        super().__init__(reached=start - 1)
+        # Its own events are its buffer's (BUFFERED_BYTES); its key watchers' count in `budget`.
+        super().__init__(budget, reached=start - 1)
         self.buffer: Buffer[rpc.Event] = Buffer(start, BUFFERED, BUFFERED_BYTES)
         self.keys: dict[bytes, list[KeyWatcher]] = {}
 
@@ -98,7 +100,7 @@ class SharedWatch(Watcher):
         return self.id != UNANSWERED and self.ended is None
 
     def join(self, key: bytes, start: int) -> KeyWatcher:
-        watcher = KeyWatcher(start)
+        watcher = KeyWatcher(self.budget, start)
         buffered = self.buffer.since(key, start)
         if buffered:
             watcher.deliver(buffered)
@@ -145,7 +147,7 @@ class Fanout:
     def _open(self, start: int) -> None:
         if self._shared is not None and self._stream is not None:
             self._stream.close(self._shared)  # an ended one: no longer keeps its stream open
-        shared = SharedWatch(start)
+        shared = SharedWatch(self._hub.budget, start)
         self._stream = self._hub.open(*self._range, start, shared)
         self._shared = shared
 
@@ -155,4 +157,5 @@ class Fanout:
             while True:
                 yield await watcher.next()
         finally:
+            watcher.release()
             shared.leave(key, watcher)

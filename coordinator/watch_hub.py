@@ -20,6 +20,12 @@ revision order, each once — or, when that cannot go on, an error, never silenc
 - a watcher whose reader leaves MAX_BEHIND events, or MAX_BEHIND_BYTES of them, unread ends with
   `Lagged` (a `Compacted`: re-list) after the events it holds, so one slow reader neither holds the
   others back nor grows the coordinator without bound;
+- the watchers of a hub together hold at most its budget's bytes unread (the replica's
+  `watch_unread_budget_bytes`, however many watchers there are; past it by at most one response):
+  past it, those furthest behind drop every event they hold and end `Lagged` at once, until a
+  quarter of the budget is free, so many stalled readers (each within MAX_BEHIND_BYTES) cannot pin
+  the replica's memory either. Nothing is skipped: the reader gets the error in place of the
+  events it had not taken, and re-lists;
 - etcd refusing or cancelling a watch is `StoreUnavailable` for that watcher;
 - the stream's failure (etcd unreachable or killed, the channel closed, an answer that fits no
   watcher) is `StoreUnavailable` for every watcher on it, after the events each had received; the
@@ -44,16 +50,58 @@ MAX_BEHIND = 4096  # events a watcher's reader may leave unread before the watch
 # (~100 KB) hold ~400 MB, and a tenant's few such calls exhaust the replica for every tenant. 4,096
 # records of ~1.5 KB are ~6 MB, well within.
 MAX_BEHIND_BYTES = 16 << 20
+# Every watcher's unread bytes together: ~16 watchers at MAX_BEHIND_BYTES. A replica's readers are
+# owners (their own record's few changes) and `holdfast watch`es that read as events come: together
+# they leave little unread, and a reader far behind re-lists for what it lacks.
+UNREAD_BUDGET_BYTES = 256 << 20
 UNANSWERED = -1  # etcd's id for no watch (a refused create; progress for every watcher)
+
+
+class Budget:
+    """The unread bytes of every watcher of a hub: past `limit`, those furthest behind drop theirs
+    and end Lagged. Only watchers holding events are kept, so an event costs a sum and a set add,
+    never a look at every watcher; the search for the furthest behind runs only past the limit, and
+    frees a quarter of it each time."""
+
+    __slots__ = ("holding", "limit", "shed", "unread")
+
+    def __init__(self, limit: int = UNREAD_BUDGET_BYTES) -> None:
+        self.limit = limit
+        self.unread = 0
+        self.holding: set[Watcher] = set()  # those whose behind_bytes is not 0
+        self.shed = 0  # watchers ended to keep within the limit
+
+    def hold(self, watcher: Watcher, size: int) -> None:
+        self.holding.add(watcher)
+        self.unread += size
+        if self.unread > self.limit:
+            self._shed()
+
+    def taken(self, watcher: Watcher, size: int) -> None:
+        self.unread -= size
+        if not watcher.behind_bytes:
+            self.holding.discard(watcher)
+
+    def _shed(self) -> None:
+        floor = self.limit - self.limit // 4
+        for watcher in sorted(self.holding, key=lambda w: w.behind_bytes, reverse=True):
+            if self.unread <= floor:
+                return
+            held = watcher.behind_bytes
+            self.shed += 1
+            watcher.drop(Lagged(f"this replica's watches held more than {self.limit} bytes unread "
+                                "together (watch_unread_budget_bytes); this one, furthest behind, "
+                                f"dropped its {held}"))
 
 
 class Watcher:
     """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
     and how it ended."""
 
-    __slots__ = ("behind_bytes", "ended", "events", "gone", "id", "reached", "waker")
+    __slots__ = ("behind_bytes", "budget", "ended", "events", "gone", "id", "reached", "waker")
 
-    def __init__(self, reached: int = 0) -> None:
+    def __init__(self, budget: Budget, reached: int = 0) -> None:
+        self.budget = budget
         self.id = UNANSWERED  # etcd's, from its `created` response
         self.reached = reached  # a revision etcd must have reached by its `created` response (0: none)
         self.events: collections.deque[rpc.Event] = collections.deque()
@@ -65,19 +113,35 @@ class Watcher:
     def deliver(self, events: list[rpc.Event]) -> None:
         if self.ended is not None:
             return
+        size = sum(_size(event) for event in events)
         self.events.extend(events)
-        self.behind_bytes += sum(_size(event) for event in events)
+        self.behind_bytes += size
         if len(self.events) > MAX_BEHIND or self.behind_bytes > MAX_BEHIND_BYTES:
             self.end(Lagged(f"the watch's reader left more than {MAX_BEHIND} events or "
                             f"{MAX_BEHIND_BYTES} bytes of them unread"))
         else:
             self._wake()
+        if size:
+            self.budget.hold(self, size)
 
     def end(self, error: Exception) -> None:
         """The watcher's reader gets this error once it has taken every event delivered before."""
         if self.ended is None:
             self.ended = error
         self._wake()
+
+    def drop(self, error: Exception) -> None:
+        """Ends with `error` at once, the events its reader has not taken dropped (it re-lists)."""
+        self.ended = error
+        self.release()
+        self._wake()
+
+    def release(self) -> None:
+        """Its events no longer held: dropped, or its reader is done with it."""
+        self.budget.unread -= self.behind_bytes
+        self.budget.holding.discard(self)
+        self.events.clear()
+        self.behind_bytes = 0
 
     def _wake(self) -> None:
         if self.waker is not None and not self.waker.done():
@@ -93,7 +157,9 @@ class Watcher:
             finally:
                 self.waker = None
         event = self.events.popleft()
-        self.behind_bytes -= _size(event)
+        size = _size(event)
+        self.behind_bytes -= size
+        self.budget.taken(self, size)
         return event
 
 
@@ -214,8 +280,9 @@ class Stream:
 class WatchHub:
     """The Store's watches: every watcher on one stream, a new stream once that one is lost."""
 
-    def __init__(self, stub: rpc.WatchStub) -> None:
+    def __init__(self, stub: rpc.WatchStub, budget: Budget) -> None:
         self._stub = stub
+        self.budget = budget
         self._stream: Stream | None = None
         self.creates = 0  # WatchCreateRequests sent, on every stream
 
@@ -233,10 +300,11 @@ class WatchHub:
         """Every event of [key, range_end) from `start_revision` on, until the caller stops reading
         (closing this generator cancels the watch) or the watch ends in an error; `Unreached` when
         etcd has not reached revision `reached` (a caller's, e.g. a grant's) by the watch's start."""
-        watcher = Watcher(reached)
+        watcher = Watcher(self.budget, reached)
         stream = self.open(key, range_end, start_revision, watcher)
         try:
             while True:
                 yield await watcher.next()
         finally:
+            watcher.release()
             stream.close(watcher)

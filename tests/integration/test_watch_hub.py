@@ -336,3 +336,49 @@ async def test_a_watcher_behind_by_many_large_events_gets_them_all_and_the_strea
         await bystander.aclose()
     finally:
         await store.close()
+
+
+@run_async
+async def test_stalled_readers_stay_within_the_replicas_budget_the_furthest_behind_dropping_its_events(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """Two readers that stopped reading, each well within MAX_BEHIND_BYTES, on a store whose budget is
+    10 events' bytes: once they and a reader keeping up hold more together, the one furthest behind
+    (it stopped first) ends Lagged at once, holding nothing (its events dropped, not handed on
+    before the error), and the other two go on with every event. Nothing stays counted once every
+    reader is done."""
+    pad = 1000
+    store = Store.connect(etcd.url, prefix=prefix)
+    key = store.key("l", "k")
+    size = len(key) + pad
+    budget = store.watch_budget
+    budget.limit = 10 * size  # as Store.connect(..., unread_budget=) sets it
+    try:
+        start = await revision(store) + 1
+        first, second, keeping_up = (store.watch_prefix(store.key("l", ""), start) for _ in range(3))
+
+        async def put(i: int, *readers: AsyncIterator[Entry | str]) -> None:
+            await store.txn([], [Put(key, str(i).encode() * pad)])
+            for reader in readers:
+                assert await take(reader, 1) == [f"{key}={str(i) * pad}"]
+
+        await put(0, first, second, keeping_up)  # `first` reads no more
+        for i in range(1, 4):
+            await put(i, second, keeping_up)  # then `second` reads no more
+        for i in range(4, 7):
+            await put(i, keeping_up)
+        # 6 and 3 held: 9 events' bytes, within the budget.
+        await wait_until(lambda: budget.unread == 9 * size, "the stalled readers hold 6 and 3 events")
+        assert budget.shed == 0
+        await put(7, keeping_up)  # 7 and 4 (and keeping_up's 1): past the budget
+        await wait_until(lambda: budget.shed == 1, "the reader furthest behind is ended")
+        assert budget.unread == 4 * size <= budget.limit
+        with pytest.raises(Lagged, match="watch_unread_budget_bytes"):
+            await take(first, 1)  # no event before the error: what it held is gone
+        assert await take(second, 4) == [f"{key}={str(i) * pad}" for i in range(4, 8)]
+        await put(8, second, keeping_up)
+        for watch in (first, second, keeping_up):
+            await watch.aclose()
+        assert budget.unread == 0 and not budget.holding and budget.shed == 1
+    finally:
+        await store.close()

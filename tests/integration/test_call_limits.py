@@ -1,0 +1,242 @@
+"""What one caller or tenant may hold open on a coordinator replica (coordinator/call_limits.py) and
+what all watches together may hold unread (watch_hub.Budget), over a real etcd and a real
+coordinator: a call past a limit is refused TOO_MANY_CALLS before anything is read or written; a
+slot comes back however its call ends; stalled watch streams pin no more than the budget, and a
+stream the budget ended re-lists, missing nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from holdfast.common import certs, reasons
+from holdfast.common.tls import Role
+from holdfast.coordinator import keys, records
+from holdfast.coordinator.call_limits import CallLimits
+from holdfast.coordinator.service import CoordinatorService
+from holdfast.coordinator.store import Put, Store, open_channel
+from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.v1 import coordinator_pb2 as pb
+from holdfast.v1 import coordinator_pb2_grpc
+from tests.integration.coordinator_fixtures import Coordinator, run_async, snapshot
+from tests.integration.test_watch_hub import wait_until
+from tests.integration.txn_harness import Context, Refused
+
+pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytestmark = [pytest.mark.timeout(120)]
+BUDGET = 1 << 20  # the least watch_unread_budget_bytes takes
+
+
+class Peer(Context):
+    """A caller at `peer`, with a verified certificate `pem` (None: plaintext)."""
+
+    def __init__(self, pem: bytes | None, peer: str) -> None:
+        super().__init__(peer)
+        self.pem = pem
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_pem_cert": [self.pem]} if self.pem else {}
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    base = Path(tmp_path_factory.mktemp("pki-call-limits"))
+    certs.init_local(base / "ca", [], ["127.0.0.1"])
+    return {tenant: certs.issue_one(base / "ca", Role("client", "", tenant), [], base / tenant).read_bytes()
+            for tenant in ("team-a", "team-b")}
+
+
+def put_sessions(coordinator: Coordinator, sids: list[str], size: int = 0) -> None:
+    """Session records for `sids`, ~`size` bytes each, 16 to a transaction."""
+
+    async def write() -> None:
+        store = Store.connect(coordinator.etcd_url, prefix=coordinator.prefix)
+        try:
+            for at in range(0, len(sids), 16):
+                puts = []
+                for sid in sids[at:at + 16]:
+                    record = pb.SessionRecord(session_id=sid, schema_version=1)
+                    for _ in range(size // 300):
+                        record.provider_handle_chain.add(handle="h" * 250, minted_at_fence=1)
+                    puts.append(Put(keys.session(store, sid), records.encode(record)))
+                assert (await store.txn([], puts))[0]
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+
+
+def gauges(coordinator: Coordinator, name: str) -> float:
+    """The sum of a gauge's series on the coordinator's /metrics."""
+    with urllib.request.urlopen(f"http://{coordinator.metrics}/metrics", timeout=10) as page:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in page.read().decode().splitlines()
+                   if line.startswith(f"{name}{{") or line.startswith(f"{name} "))
+
+
+def until(what: str, condition: object) -> None:
+    asyncio.run(wait_until(condition, what, 20))
+
+
+@pytest.fixture
+def limited(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:
+    server = Coordinator(etcd.url, tmp_path, prefix, args=(
+        "--calls-per-caller-max", "4", "--watch-unread-budget-bytes", str(BUDGET),
+        "--metrics-listen", "127.0.0.1:0")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def refused_too_many(call: Iterator[object], setting: str) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        next(call)
+    error = refused.value
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+    assert reasons.reason_of(error) == reasons.Reason.TOO_MANY_CALLS  # type: ignore[arg-type]
+    assert setting in error.details() and "nothing was read or written" in error.details()  # type: ignore[attr-defined]
+
+
+def test_a_callers_calls_past_its_limit_are_refused_and_every_ending_gives_its_slot_back(
+    limited: Coordinator
+) -> None:
+    """calls_per_caller_max 4, one plaintext caller (its address): four long-lived calls open, the
+    fifth — a watch, or an Acquire — is refused TOO_MANY_CALLS, writing nothing. Ended four ways (an
+    error, the caller's cancel, its connection closed, its deadline), the four slots come back: four
+    open again, and the fifth is refused again."""
+    put_sessions(limited, ["limit-seed"])
+    channel, closing = grpc.insecure_channel(limited.address), grpc.insecure_channel(limited.address)
+    stub, closing_stub = (coordinator_pb2_grpc.CoordinatorStub(c) for c in (channel, closing))
+    asks: queue.Queue[pb.HoldRequest | None] = queue.Queue()
+
+    def own_requests() -> Iterator[pb.HoldRequest]:
+        while (ask := asks.get()) is not None:
+            yield ask
+
+    try:
+        # An Own call that has sent nothing yet holds a slot: it is counted before anything is read.
+        own = stub.Own(own_requests())
+        cancelled = stub.WatchSessions(pb.WatchSessionsRequest())
+        lost = closing_stub.WatchSessions(pb.WatchSessionsRequest())
+        timed = stub.WatchSessions(pb.WatchSessionsRequest(), timeout=5)
+        for watch in (cancelled, lost, timed):
+            assert next(watch).record.session_id == "limit-seed"  # the listing: the call is open
+        before = snapshot(limited.etcd_url, limited.prefix)
+        refused_too_many(stub.WatchSessions(pb.WatchSessionsRequest()), "calls_per_caller_max")
+        with pytest.raises(grpc.RpcError) as acquire:
+            stub.Acquire(pb.AcquireRequest(session_id="limit-new", host_id="host-limit",
+                                           operation_id="0" * 32))
+        assert reasons.reason_of(acquire.value) == reasons.Reason.TOO_MANY_CALLS  # type: ignore[arg-type]
+        assert snapshot(limited.etcd_url, limited.prefix) == before, "a refusal writes nothing"
+
+        asks.put(pb.HoldRequest())  # no AcquireRequest first: the call fails INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as failed:
+            next(own)
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        cancelled.cancel()
+        closing.close()
+        with pytest.raises(grpc.RpcError) as deadline:
+            next(timed)
+        assert deadline.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+        until("every call ended at the coordinator", lambda: gauges(limited, "holdfast_streams_open") == 0)
+
+        again = [stub.WatchSessions(pb.WatchSessionsRequest()) for _ in range(4)]
+        for watch in again:
+            assert next(watch).record.session_id == "limit-seed"
+        refused_too_many(stub.WatchSessions(pb.WatchSessionsRequest()), "calls_per_caller_max")
+        for watch in again:
+            watch.cancel()
+    finally:
+        asks.put(None)
+        channel.close()
+        closing.close()
+
+
+@run_async
+async def test_a_tenants_callers_together_are_limited_and_another_tenant_is_not(
+    etcd: EtcdServer, prefix: str, pems: dict[str, bytes]
+) -> None:
+    """calls_per_caller_max 2, calls_per_tenant_max 3: team-a's certificate from one address opens
+    two, a third there is refused naming the caller's limit; from a second address it opens one more,
+    and then the tenant's limit refuses it though that caller has one; team-b opens as before; a call
+    ended gives team-a its slot back, and calls all ended give back every slot."""
+    service = CoordinatorService(Store(open_channel(etcd.url), prefix), call_limits=CallLimits(2, 3))
+    here, there = Peer(pems["team-a"], "ipv4:127.0.0.1:40001"), Peer(pems["team-a"], "ipv4:127.0.0.2:40002")
+    other = Peer(pems["team-b"], "ipv4:127.0.0.1:40003")
+    revision = (await service.store.snapshot_prefix(prefix))[1]
+
+    async def opened(context: Peer) -> object:
+        request = pb.WatchSessionsRequest(session_id="tenant-limit", after_revision=revision)
+        call = service.WatchSessions(request, context)
+        assert isinstance(await anext(call), pb.SessionEvent)  # type: ignore[call-overload]
+        return call
+
+    async def refused(context: Peer, setting: str) -> None:
+        with pytest.raises(Refused) as refusal:
+            await opened(context)
+        assert refusal.value.reason == reasons.Reason.TOO_MANY_CALLS and setting in str(refusal.value)
+
+    try:
+        calls = [await opened(here), await opened(here)]
+        await refused(here, "calls_per_caller_max")
+        calls.append(await opened(there))  # the same certificate elsewhere: another caller
+        await refused(there, "calls_per_tenant_max")
+        calls.append(await opened(other))
+        await calls.pop(0).aclose()  # type: ignore[attr-defined]
+        calls.append(await opened(here))  # the slot it gave back
+        await refused(there, "calls_per_tenant_max")
+        for call in calls:
+            await call.aclose()  # type: ignore[attr-defined]
+        calls = [await opened(there), await opened(there)]
+        for call in calls:
+            await call.aclose()  # type: ignore[attr-defined]
+    finally:
+        await service.store.close()
+
+
+def test_stalled_watch_streams_pin_no_more_than_the_budget_and_a_stream_it_ended_misses_nothing(
+    limited: Coordinator
+) -> None:
+    """Three WatchSessions streams whose callers read one record and then stop, while ~16 MiB of
+    session records are written (each stream's own bound, 16 MiB, would let each hold ~11 MiB of it,
+    past what its caller's connection takes: ~33 MB in all):
+    what the coordinator holds unread for its watches stays within watch_unread_budget_bytes (1 MiB)
+    and one transaction's events. A stalled caller that reads on gets every record, as a change or
+    in the listing its stream read again once the budget ended its watch."""
+    put_sessions(limited, ["budget-seed"])
+    channel = grpc.insecure_channel(limited.address)
+    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    try:
+        stalled = [stub.WatchSessions(pb.WatchSessionsRequest()) for _ in range(3)]
+        reader = stub.WatchSessions(pb.WatchSessionsRequest())
+        for watch in (*stalled, reader):
+            assert next(watch).record.session_id == "budget-seed"
+        sids = [f"budget-{i:03d}" for i in range(1024)]
+        put_sessions(limited, sids, size=16 * 1024)
+        put_sessions(limited, ["budget-last"])
+        # Every stream's watch is on the coordinator's one etcd stream, whose events come in
+        # revision order: the reader having the last record, every watch was given the others.
+        seen = set()
+        for event in reader:
+            seen.add(event.record.session_id)
+            if event.record.session_id == "budget-last":
+                break
+        assert seen >= set(sids)
+        unread = gauges(limited, "holdfast_watch_unread_bytes")
+        assert unread <= BUDGET + 16 * 17 * 1024, unread
+        shown = set()
+        for event in stalled[0]:
+            shown.add(event.record.session_id)
+            if event.record.session_id == "budget-last":
+                break
+        assert shown >= set(sids), "a stream ended by the budget re-lists: every record is shown"
+        for watch in (*stalled, reader):
+            watch.cancel()
+    finally:
+        channel.close()
