@@ -1,12 +1,15 @@
 """Keepalive (holdfast.common.keepalive): a watch whose coordinator goes silent without a TCP reset
 fails within the keepalive interval plus its ping's timeout, and reconnects as it does on any
-UNAVAILABLE; a client pinging at the interval is not sent GOAWAY too_many_pings by a coordinator set
-alike (and is, by one set far higher: the policy is what keeps it). Real etcd and coordinator
+UNAVAILABLE; so `holdfast run`, its link silenced, still hears a takeover's handoff request. A
+client pinging at the interval is not sent GOAWAY too_many_pings by a coordinator set alike (and is,
+by one set far higher: the policy is what keeps it). Real etcd, coordinator, agents and `run`
 processes; a loopback proxy silences the link and reads the HTTP/2 frames that cross it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +26,11 @@ from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.faults.proxy import ProxyLoop
 from tests.integration.coordinator_fixtures import Coordinator, run_async
+from tests.integration.run_fixtures import Cluster, until
+from tests.integration.test_owner_hold import started as child_started
+from tests.integration.test_owner_hold import streams_open
 
-pytest_plugins = ["tests.integration.coordinator_fixtures"]
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = pytest.mark.timeout(120)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # a client's first bytes, before any frame
@@ -78,7 +84,17 @@ def proxies() -> Iterator[ProxyLoop]:
 
 
 def started(etcd: EtcdServer, tmp_path: Path, prefix: str, seconds: int) -> Coordinator:
-    return Coordinator(etcd.url, tmp_path, prefix, env={keepalive.ENV: str(seconds)}).start()
+    return Coordinator(etcd.url, tmp_path, prefix, args=("--metrics-listen", "127.0.0.1:0"),
+                       env={keepalive.ENV: str(seconds)}).start()
+
+
+@pytest.fixture
+def coordinator(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:
+    server = started(etcd, tmp_path, prefix, INTERVAL)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 async def put_record(etcd: EtcdServer, prefix: str, sid: str, fence: int) -> None:
@@ -155,3 +171,30 @@ async def test_pings_at_the_interval_are_accepted_by_a_coordinator_set_alike(
         assert {n for n, *_ in frames.seen} == {0}  # one connection throughout
     finally:
         coordinator.stop()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")
+def test_an_owner_whose_link_went_silent_still_hears_a_takeover(
+        cluster: Cluster, proxies: ProxyLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(keepalive.ENV, str(INTERVAL))  # the agents' and the runs'
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    proxy = proxies.add("coordinator", cluster.coordinator.address)
+    sid = "sess-keepalive-own"
+    first = cluster.run(a, sid, "--grace", "5", env={"HOLDFAST_COORDINATOR": proxy.address})
+    child_started(cluster, 1)
+    assert streams_open(cluster.coordinator) == {"Own": 1.0}
+    proxies.stall(proxy)
+    # The owner's Own call fails (its pings unanswered) and its watch goes on as a WatchSessions
+    # over a new link; the coordinator's side of the silenced call ends by its own pings.
+    until("the owner's watch back, as a WatchSessions",
+          lambda: streams_open(cluster.coordinator) == {"WatchSessions": 1.0})
+    assert first.proc.poll() is None
+
+    second = cluster.run(b, sid, "--takeover", "--handoff-timeout", "20")
+    child_started(cluster, 2)
+    assert first.wait(30) == 0
+    assert "handoff requested by host host-b" in first.err()
+    assert not cluster.events("overlap")
+    os.kill(second.run_pid, signal.SIGTERM)
+    assert second.wait(30) == 0
