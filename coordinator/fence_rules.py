@@ -62,10 +62,21 @@ PROVE_NOTHING = {
                     "missing_as_off is on by default), so a wrong or renamed plug proves a running node off"),
 }
 # fence-agents' missing_as_off makes a plug the device does not know answer off: the device never
-# saw the node, yet the agent prints the proof's lines. Only an explicit false value is left alone
-# (the library's own false words); anything else is refused.
+# saw the node, yet the agent prints the proof's lines. The library keeps a boolean option's key
+# whatever its value (`missing_as_off=false` is stored as "0") and the agents test only that the key
+# is there, so the option is refused whatever it holds.
 MISSING_AS_OFF = "missing_as_off"
-FALSE_WORDS = frozenset({"0", "no", "off", "false"})
+# The library's other flags, read the same way: `name = false` turns them on (`ssl_insecure = false`
+# skips the device's certificate). Under either name the library takes (its own, or the long option).
+FLAGS = frozenset({"verbose", "secure", "ssh", "ssl", "ssl_insecure", "ssl_secure", "notls", "inet4_only",
+                   "inet6_only", "sudo", "use_sudo", "port_as_ip", "quiet", "help", "version"})
+FALSE_WORDS = frozenset({"0", "no", "off", "false"})  # the library's false words, which it stores as "0"
+# The library's options that name what is fenced: the plug (`port` is its own name for it; an agent
+# with an address and no plug takes the plug as that address) and the device's address. A pattern
+# fencer's {host} must be in one of them: any other option may be one the agent does not read (the
+# library drops `nodename` silently and any option unknown to the agent with only a warning).
+ADDRESSING = ("plug", "port", "ip", "ipaddr")
+SAME_OPTION = {"port": "plug", "ipaddr": "ip"}  # the library's own name → its long option's
 PATTERN_CHARS = frozenset("*?[")
 HOST_LOST = "host lost"  # `requested_by` of an attempt the loop started
 
@@ -126,7 +137,8 @@ def _fencer(index: int, entry: Any) -> FencerSpec:
         raise ValueError(f"{where}: {why}")
     options = _table(where, "options", entry.get("options", {}))
     secrets = _table(where, "secrets", entry.get("secrets", {}))
-    why = _off_without_device(options, secrets) or _one_plug_for_many(hosts, options)
+    why = (_read_as_one(options, secrets) or _off_without_device(options, secrets)
+           or _one_plug_for_many(hosts, options))
     if why:
         raise ValueError(f"{where}: {why}")
     for name, path in secrets.items():
@@ -153,27 +165,48 @@ def _option_name(name: str) -> str:
     return name.replace("-", "_")
 
 
+def _read_as_one(options: Mapping[str, str], secrets: Mapping[str, str]) -> str:
+    """Why two of these names are one option to the library, or '': it takes `-` and `_` alike and
+    `port` for `plug`, `ipaddr` for `ip`, and keeps the later line, so `plug = "{host}"` beside
+    `port = 623` fenced every host through plug 623."""
+    seen: dict[str, str] = {}
+    for name in dict.fromkeys([*options, *secrets]):  # one name in both is refused as such below
+        option = _option_name(name)
+        option = SAME_OPTION.get(option, option)
+        if option in seen:
+            return (f"options {seen[option]!r} and {name!r} are one option to fence-agents (the later "
+                    "line wins): keep one")
+        seen[option] = name
+    return ""
+
+
 def _off_without_device(options: Mapping[str, str], secrets: Mapping[str, str]) -> str:
-    """Why these options make the agent answer off for a plug its device does not know, or ''. A
-    secret's value is not seen here, so the option as a secret is refused whatever it holds."""
-    turned_on = any(_option_name(name) == MISSING_AS_OFF and value.strip().strip('"').lower()
-                    not in FALSE_WORDS for name, value in options.items())
-    if not turned_on and not any(_option_name(name) == MISSING_AS_OFF for name in secrets):
-        return ""
-    return (f"option {MISSING_AS_OFF} makes the agent answer 'Success: Already OFF' and 'Status: OFF' "
-            "for a plug its device does not know (a typo, a renamed or moved VM): that is no proof the "
-            "node is off; remove it")
+    """Why these options make the agent answer off for a plug its device does not know, or turn on
+    what they name off, or ''."""
+    if any(_option_name(name) == MISSING_AS_OFF for name in [*options, *secrets]):
+        return (f"option {MISSING_AS_OFF} makes the agent answer 'Success: Already OFF' and 'Status: OFF' "
+                "for a plug its device does not know (a typo, a renamed or moved VM): that is no proof the "
+                "node is off; remove it (any value turns it on, false included: fence-agents reads only "
+                "that it is there)")
+    flag = next((name for name, value in options.items() if _option_name(name) in FLAGS
+                 and value.strip().strip('"').lower() in FALSE_WORDS), "")
+    if flag:
+        return (f"option {flag} = {options[flag]!r} turns it on: fence-agents reads only that a flag is "
+                "there; leave it out to leave it off")
+    return ""
 
 
 def _one_plug_for_many(hosts: str, options: Mapping[str, str]) -> str:
     """Why a pattern fencer would fence every host it matches through the same plug, or ''. Without
-    `{host}` in an option, each matching host's attempt asks the device about the same thing, and one
-    answer would "prove" every one of them off."""
-    if not PATTERN_CHARS & set(hosts) or any(HOST_PLACEHOLDER in value for value in options.values()):
+    `{host}` in the plug or the address, each matching host's attempt asks the device about the same
+    thing, and one answer would "prove" every one of them off."""
+    if not PATTERN_CHARS & set(hosts) or any(
+            HOST_PLACEHOLDER in value for name, value in options.items() if _option_name(name) in ADDRESSING):
         return ""
-    return (f"hosts {hosts!r} is a pattern but no option holds {HOST_PLACEHOLDER}: every host it matches "
-            f"would be fenced through the same plug (put {HOST_PLACEHOLDER} in the plug, port or address "
-            "option, or configure one fencer per host)")
+    return (f"hosts {hosts!r} is a pattern but none of the options {', '.join(ADDRESSING)} holds "
+            f"{HOST_PLACEHOLDER}: every host it matches would be fenced through the same plug (put "
+            f"{HOST_PLACEHOLDER} in the plug or the device's address, or configure one fencer per host; "
+            f"{HOST_PLACEHOLDER} anywhere else may be in an option the agent never reads)")
 
 
 def _kube_fencer(where: str, hosts: str, entry: dict[str, Any]) -> FencerSpec:

@@ -73,17 +73,35 @@ def test_an_unknown_plug_is_unknown_and_missing_as_off_is_refused(hypervisor: Pa
     # Debian's fence_virsh with missing_as_off answers 'Success: Already OFF' then 'Status: OFF' for a
     # domain libvirt does not know — the proof's own lines, while the node runs on. So the option is
     # refused with the settings, and without it the same plug is no answer.
-    with pytest.raises(ValueError, match="option missing_as_off"):
-        fence_rules.parse_fencers([virsh_fencer({"missing_as_off": 1})])
+    for value in (1, True, False, 0, "0", "no", "off", "false"):  # a false value turns it on too
+        with pytest.raises(ValueError, match="option missing_as_off"):
+            fence_rules.parse_fencers([virsh_fencer({"missing_as_off": value})])
     spec, = fence_rules.parse_fencers([virsh_fencer({})])
     actions, answer, why = asyncio.run(fencers.fence(spec, "worker-1", 30.0))
     assert answer is Answer.UNKNOWN and len(actions) == 1 and actions[0].exit_code != 0, why
     assert hypervisor.read_text() == "k8s-worker-1 running\n"
     # What the refusal prevents, as the real agent answers it (holdfast's judge would call it OFF).
-    unchecked = FencerSpec("worker-*", str(VIRSH), (*spec.options, ("missing_as_off", "1")))
-    actions, answer, _ = asyncio.run(fencers.fence(unchecked, "worker-1", 30.0))
-    assert [(a.exit_code, a.stdout.strip()) for a in actions] == [
-        (0, "Success: Already OFF"), (2, "Status: OFF")]
+    # fence-agents' library stores a false value as "0" and keeps the key; fence_virsh tests only
+    # that the key is there, so `false` answers as `true` does.
+    for value in ("1", "false", "0"):
+        unchecked = FencerSpec("worker-*", str(VIRSH), (*spec.options, ("missing_as_off", value)))
+        actions, answer, _ = asyncio.run(fencers.fence(unchecked, "worker-1", 30.0))
+        assert [(a.exit_code, a.stdout.strip()) for a in actions] == [
+            (0, "Success: Already OFF"), (2, "Status: OFF")], value
+
+
+def test_host_in_an_option_the_agent_drops_is_refused(hypervisor: Path) -> None:
+    # fence-agents' library drops `nodename` silently for an agent that does not take it: the plug
+    # stays the one fixed VM, and a fence of worker-2 would read worker-1's VM, stopped, as its proof.
+    hypervisor.write_text("k8s-worker-1 shut off\nk8s-worker-2 running\n")
+    options = {"plug": "k8s-worker-1", "nodename": "{host}"}
+    with pytest.raises(ValueError, match="none of the options plug, port, ip, ipaddr holds"):
+        fence_rules.parse_fencers([virsh_fencer(options)])
+    exact, = fence_rules.parse_fencers([{**virsh_fencer(options), "hosts": "worker-2"}])  # as it would run
+    unchecked = FencerSpec("worker-*", str(VIRSH), exact.options)
+    actions, answer, _ = asyncio.run(fencers.fence(unchecked, "worker-2", 30.0))
+    assert answer is Answer.OFF and actions[0].stdout.strip() == "Success: Already OFF"
+    assert "k8s-worker-2 running" in hypervisor.read_text()
 
 
 def test_fence_virsh_reports_a_suspended_or_stopping_vm_off(hypervisor: Path) -> None:

@@ -473,7 +473,7 @@ def test_bad_fencer_settings_stop_the_start(etcd: EtcdServer, tmp_path: Path, pr
         ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"plug": "{host}"}, '
          '"secrets": {"password": "/nonexistent/pw"}}]', "secret file /nonexistent/pw"),
         ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"ip": "10.0.0.5"}}]',
-         "no option holds {host}"),
+         "ip, ipaddr holds {host}"),
         ("{oops", "not a JSON list"),
     ]:
         done = subprocess.run([*base, "--fencers", fencers], capture_output=True, text=True, timeout=60,

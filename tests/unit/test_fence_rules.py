@@ -15,14 +15,14 @@ from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 IPMI = {"hosts": "node-*", "program": "/usr/sbin/fence_ipmilan",
-        "options": {"ip": "127.0.0.5", "username": "admin", "lanplus": True, "plug": "{host}", "port": 623},
+        "options": {"ip": "127.0.0.5", "username": "admin", "lanplus": True, "plug": "{host}", "ipport": 623},
         "secrets": {"password": "/etc/holdfast/ipmi-pass"}}
 
 
 def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
     spec, = fence_rules.parse_fencers([IPMI])
     assert spec == FencerSpec("node-*", "/usr/sbin/fence_ipmilan",
-                              (("ip", "127.0.0.5"), ("lanplus", "1"), ("plug", "{host}"), ("port", "623"),
+                              (("ip", "127.0.0.5"), ("ipport", "623"), ("lanplus", "1"), ("plug", "{host}"),
                                ("username", "admin")),
                               (("password", "/etc/holdfast/ipmi-pass"),))
     import json
@@ -47,8 +47,21 @@ def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
     ([{**IPMI, "options": {"plug": "{host}", "missing_as_off": '"YES"'}}], "option missing_as_off"),
     ([{**IPMI, "options": {"plug": "{host}", "missing_as_off": "2"}}], "option missing_as_off"),
     ([{**IPMI, "secrets": {"missing_as_off": "/etc/x"}}], "option missing_as_off"),
-    ([{**IPMI, "options": {"ip": "10.0.0.5", "username": "admin"}}], "no option holds {host}"),
-    ([{**IPMI, "hosts": "rack[12]", "options": {"ip": "10.0.0.5"}}], "no option holds {host}"),
+    # fence-agents keeps a false flag as "0" and its agents test only that the key is there.
+    *[([{**IPMI, "options": {"plug": "{host}", "missing_as_off": false}}], "false included")
+      for false in (False, 0, "0", "no", "Off", "false", '"false"', "")],
+    ([{**IPMI, "options": {"plug": "{host}", "ssl_insecure": False}}], "ssl_insecure = '0' turns it on"),
+    ([{**IPMI, "options": {"plug": "{host}", "port-as-ip": "no"}}], "option port-as-ip = 'no' turns it on"),
+    ([{**IPMI, "options": {"ip": "10.0.0.5", "username": "admin"}}], "ip, ipaddr holds {host}"),
+    ([{**IPMI, "hosts": "rack[12]", "options": {"ip": "10.0.0.5"}}], "ip, ipaddr holds {host}"),
+    # {host} where the agent may never read it: the library drops nodename silently.
+    ([{**IPMI, "options": {"plug": "vm-1", "nodename": "{host}", "username": "{host}"}}],
+     "none of the options plug, port, ip, ipaddr holds {host}"),
+    # One option to the library under two names: the later line wins.
+    ([{**IPMI, "options": {"plug": "{host}", "port": 623}}], "options 'plug' and 'port' are one option"),
+    ([{**IPMI, "options": {"plug": "{host}", "ip": "a", "ipaddr": "b"}}], "'ip' and 'ipaddr' are one"),
+    ([{**IPMI, "options": {"plug": "{host}", "ssh_path": "/a"}, "secrets": {"ssh-path": "/b"}}],
+     "'ssh_path' and 'ssh-path' are one"),
     ([{**IPMI, "options": {"action": "reboot"}}], "set by holdfast itself"),
     ([{**IPMI, "options": {"ip": "1.2.3.4\naction=on"}}], "newline"),
     ([{**IPMI, "options": {"ip": "1\r"}}], "newline"),
@@ -64,10 +77,10 @@ def test_bad_fencer_settings_are_named(raw: object, says: str) -> None:
         fence_rules.parse_fencers(raw)
 
 
-def test_an_explicit_false_missing_as_off_and_an_exact_host_without_placeholder_are_accepted() -> None:
-    for false in (False, "0", "no", "Off", "false"):
-        spec, = fence_rules.parse_fencers([{**IPMI, "options": {"plug": "{host}", "missing_as_off": false}}])
-        assert ("missing_as_off", "0" if false is False else false) in spec.options
+def test_host_in_the_plug_or_address_and_an_exact_host_without_placeholder_are_accepted() -> None:
+    for name in fence_rules.ADDRESSING:
+        spec, = fence_rules.parse_fencers([{**IPMI, "options": {name: "bmc-{host}", "lanplus": True}}])
+        assert (name, "bmc-{host}") in spec.options
     spec, = fence_rules.parse_fencers([{**IPMI, "hosts": "node-7", "options": {"ip": "10.0.0.5"}}])
     assert spec.options == (("ip", "10.0.0.5"),)
 
@@ -85,7 +98,7 @@ def test_stdin_text_puts_the_action_first_and_the_host_in_place() -> None:
     spec, = fence_rules.parse_fencers([IPMI])
     options = fence_rules.agent_options(spec, "node-3", {"password": "s3cret"})
     assert fence_rules.stdin_text("off", options) == (
-        "action=off\nip=127.0.0.5\nlanplus=1\nplug=node-3\nport=623\nusername=admin\npassword=s3cret\n")
+        "action=off\nip=127.0.0.5\nipport=623\nlanplus=1\nplug=node-3\nusername=admin\npassword=s3cret\n")
     with pytest.raises(ValueError, match="newline"):
         fence_rules.agent_options(spec, "node-3", {"password": "a\0b"})
     assert fence_rules.secret_of("s3cret\n") == "s3cret"
