@@ -120,11 +120,11 @@ def boolean(raw: Any) -> bool:
 
 
 KEEPALIVE = Setting(
-    "keepalive_seconds", keepalive.ENV, keepalive.parse, "seconds without a frame from a peer before this "
-    "server pings it while a call is open, its channels alike (a peer gone without a TCP reset is found "
-    f"within this plus min(this, {keepalive.ACK_TIMEOUT_CAP_SECONDS}) s); it accepts pings down to half "
-    "of it: set it no higher than its clients' HOLDFAST_KEEPALIVE_SECONDS",
-    default=keepalive.DEFAULT_SECONDS)
+    "keepalive_seconds", keepalive.ENV, integer_in(keepalive.LOWEST_SECONDS, keepalive.HIGHEST_SECONDS),
+    "seconds without a frame from a peer before this server pings it while a call is open, its channels "
+    "alike (a peer gone without a TCP reset is found within this plus min(this, "
+    f"{keepalive.ACK_TIMEOUT_CAP_SECONDS}) s); it accepts pings down to half of it: set it no higher "
+    "than its clients' HOLDFAST_KEEPALIVE_SECONDS", default=keepalive.DEFAULT_SECONDS)
 
 
 def logging_settings() -> list[Setting]:

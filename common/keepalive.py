@@ -31,21 +31,10 @@ ETCD_LOWEST_SECONDS = 10
 _configured: int | None = None
 
 
-def parse(raw: object) -> int:
-    """Whole seconds in LOWEST_SECONDS..HIGHEST_SECONDS, else ValueError."""
-    try:
-        value = raw if isinstance(raw, int) and not isinstance(raw, bool) else int(str(raw))
-    except ValueError:
-        raise ValueError(f"{raw!r} is not a whole number of seconds") from None
-    if not LOWEST_SECONDS <= value <= HIGHEST_SECONDS:
-        raise ValueError(f"{value} is not in {LOWEST_SECONDS}..{HIGHEST_SECONDS} seconds")
-    return value
-
-
 def configure(value: int) -> None:
-    """A server's resolved setting, before it opens a channel or a port."""
+    """A server's resolved setting (LOWEST_SECONDS..HIGHEST_SECONDS), before it opens a channel or a port."""
     global _configured
-    _configured = parse(value)
+    _configured = value
 
 
 def seconds() -> int:
@@ -56,10 +45,11 @@ def seconds() -> int:
     raw = os.environ.get(ENV, "")
     if not raw:
         return DEFAULT_SECONDS
-    try:
-        return parse(raw)
-    except ValueError as exc:
-        raise ValueError(f"{ENV}: {exc}") from None
+    value = int(raw) if raw.isascii() and raw.isdigit() else 0
+    if not LOWEST_SECONDS <= value <= HIGHEST_SECONDS:
+        raise ValueError(f"{ENV}={raw[:40]!r} is not a whole number of seconds in "
+                         f"{LOWEST_SECONDS}..{HIGHEST_SECONDS}")
+    return value
 
 
 def ack_timeout(interval: int) -> int:

@@ -16,9 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import Coordinator
-from tests.integration.run_fixtures import Cluster, until
+from tests.integration.run_fixtures import Cluster, Run, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -49,6 +50,17 @@ def started(cluster: Cluster, fence: int) -> None:
     until(f"a child at fence {fence}", lambda: [e for e in cluster.events("start") if e[1] == str(fence)])
 
 
+def taken_over(cluster: Cluster, first: Run, host: SimulatedHost, sid: str) -> Run:
+    """A takeover from `host`: `first` hears its handoff request and ends, and the new owner's child
+    starts at fence 2, never beside the old one's."""
+    second = cluster.run(host, sid, "--takeover", "--handoff-timeout", "20")
+    started(cluster, 2)
+    assert first.wait(30) == 0
+    assert f"handoff requested by host {host.host_id}" in first.err()
+    assert not cluster.events("overlap")
+    return second
+
+
 def test_the_owners_watch_rides_its_hold_and_goes_on_after_its_coordinator_restarts(cluster: Cluster) -> None:
     a, b = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-hold-01"
@@ -63,11 +75,7 @@ def test_the_owners_watch_rides_its_hold_and_goes_on_after_its_coordinator_resta
           lambda: streams_open(cluster.coordinator) == {"WatchSessions": 1.0})
     assert first.proc.poll() is None
 
-    second = cluster.run(b, sid, "--takeover", "--handoff-timeout", "20")
-    started(cluster, 2)
-    assert first.wait(30) == 0
-    assert "handoff requested by host host-b" in first.err()
-    assert not cluster.events("overlap")
+    second = taken_over(cluster, first, b, sid)
     until("the new owner watching on its Own call", lambda: streams_open(cluster.coordinator) == {"Own": 1.0})
     os.kill(second.run_pid, signal.SIGTERM)
     assert second.wait(30) == 0
