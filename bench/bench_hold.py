@@ -9,7 +9,7 @@ Each watch is kept open for `--hold-ms` (20 ms) before its gate ends, as an owne
 as CMD runs: a watch cancelled at once may end before the coordinator has started it at etcd, and
 costs less than any owner's does. The same wait is in both kinds of cycle. Prints numbers; asserts
 nothing. Needs root. Run: .venv/bin/python bench/bench_hold.py [--cycles N] [--rounds R]
-[--release-on-call] [--json]
+[--release-on-call] [--tls] [--json]
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ ON_CALL: dict[str, tuple[Opener, Releaser]] = {"hold+release": (hold, release_by
                                                "own": (own, release_on_own)}
 
 
-def measure(cycles: int, rounds: int, hold_s: float,
-            kinds: dict[str, tuple[Opener, Releaser]]) -> list[dict[str, object]]:
+def measure(cycles: int, rounds: int, hold_s: float, kinds: dict[str, tuple[Opener, Releaser]],
+            use_tls: bool = False) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="holdfast-bench-hold-") as tmp:
         say("starting the stack of `holdfast up --hosts 1`, each server in a cgroup of its own")
-        bench = CpuBench(Path(tmp), False)
+        bench = CpuBench(Path(tmp), use_tls)
         try:
             say(f"warming up: 20 cycles, then each of the {SESSIONS} sessions made by a cycle of each kind")
             for i in range(20):
@@ -124,9 +124,12 @@ def main() -> None:
     parser.add_argument("--hold-ms", type=float, default=20.0)
     parser.add_argument("--release-on-call", action="store_true",
                         help="alternate Hold + a Release call with Own, released on its call")
+    parser.add_argument("--tls", action="store_true",
+                        help="every link mTLS (`holdfast up --tls`), cycles as clients of the default tenant")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    out = measure(args.cycles, args.rounds, args.hold_ms / 1000, ON_CALL if args.release_on_call else KINDS)
+    out = measure(args.cycles, args.rounds, args.hold_ms / 1000, ON_CALL if args.release_on_call else KINDS,
+                  args.tls)
     if args.json:
         print(json.dumps(out, indent=2))
         return
