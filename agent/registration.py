@@ -9,12 +9,10 @@ reason, and retried only after that lease could have expired.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -116,8 +114,7 @@ async def _register_or_beat(stub: coordinator_pb2_grpc.CoordinatorStub,
     return lease_id, ttl
 
 async def serve_registered(
-    serve: Callable[[str], Awaitable[None]],
-    ready_file: str | None,
+    serve: Callable[[asyncio.Future[str]], Coroutine[object, object, None]],
     coordinator: str,
     host_id: str,
     spawn_token_env: str,
@@ -127,20 +124,20 @@ async def serve_registered(
 ) -> None:
     """Runs the agent server and, once it has bound, keeps it registered until the server stops.
 
-    The registered address is `advertise` when set, else the bound one: coordinators dial exactly
-    what is registered. With TLS they still accept only this host's certificate behind it."""
-    with contextlib.ExitStack() as scratch:
-        # A scratch directory only when no ready file is given: an agent killed before it read its
-        # address (a host rebooted at once) left one behind in /tmp on every start.
-        ready = Path(ready_file) if ready_file else Path(
-            scratch.enter_context(tempfile.TemporaryDirectory(prefix="holdfast-agent-"))) / "ready.json"
-        server = asyncio.create_task(serve(str(ready)))
-        while not ready.exists() and not server.done():
-            await asyncio.sleep(0.05)
-        if server.done():
-            await server
-            return
-        address = advertise or json.loads(ready.read_text())["address"]
+    The registered address is `advertise` when set, else the one the server bound, handed over by
+    `serve` in this process (it sets the future it is given): never read back from its ready file,
+    where a file already there — the previous run's, or one another user put in a shared
+    directory — was registered before the server had written its own. Coordinators dial exactly
+    what is registered; with TLS they still accept only this host's certificate behind it."""
+    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(serve(bound))
+    either: list[asyncio.Future[Any]] = [server, bound]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    if not bound.done():  # the server ended before it bound: its error, if any, is the caller's
+        bound.cancel()
+        await server
+        return
+    address = advertise or bound.result()
     keeper = asyncio.create_task(
         keep_registered(
             coordinator, host_id, address, hostinfo.current_incarnation(), spawn_token_env, VERSION,

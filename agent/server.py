@@ -39,7 +39,9 @@ def raise_open_file_limit() -> None:
 
 async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str | None = None,
                 tls_dir: Path | None = None, metrics_listen: str = "", health_listen: str = "",
-                enroller: rotation.Enroller | None = None) -> None:
+                enroller: rotation.Enroller | None = None, bound: asyncio.Future[str] | None = None) -> None:
+    """Serves until SIGTERM or SIGINT; the address bound is written to `ready_file` and set as the
+    result of `bound` (what registration registers), when given, once the server takes calls."""
     log = logging.getLogger("holdfast.agent")
     raise_open_file_limit()  # before the service sizes its pidfd budget from it
     service = HostAgentService(host_id, hostinfo.gather(), spawn_token_env)
@@ -57,6 +59,8 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
                                                 "tls": tls_dir is not None,
                                                 "session_cgroups": service.cgroups.reason or "yes"}})
     serving_.announce(ready_file, serving, metrics)
+    if bound is not None:
+        bound.set_result(serving.address)
     tasks = [asyncio.create_task(service.sweep_cgroups())]
     if enroller is not None and reloading is not None:
         tasks.append(asyncio.create_task(rotation.renew_forever(enroller, reloading)))

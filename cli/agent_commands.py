@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Coroutine
 
 from holdfast.common import config, env, spawn_tokens
 from holdfast.common.config import Setting
@@ -126,18 +127,18 @@ def _serve(raw: argparse.Namespace) -> int:
                   "Certificates", file=sys.stderr)
             return EX_NOPERM
 
-    def serve(ready: str | None) -> object:
-        return server.serve(args.listen, args.host_id, args.spawn_token_env, ready, tls_dir,
-                            args.metrics_listen, args.health_listen, enroller)
+    def serve(bound: asyncio.Future[str] | None = None) -> Coroutine[object, object, None]:
+        return server.serve(args.listen, args.host_id, args.spawn_token_env, args.ready_file, tls_dir,
+                            args.metrics_listen, args.health_listen, enroller, bound)
 
     if args.coordinator:
         from holdfast.agent import registration
 
         asyncio.run(registration.serve_registered(
-            serve, args.ready_file, args.coordinator, args.host_id, args.spawn_token_env, tls_dir,
-            args.advertise, args.registration_ttl))
+            serve, args.coordinator, args.host_id, args.spawn_token_env, tls_dir, args.advertise,
+            args.registration_ttl))
         return 0
-    asyncio.run(serve(args.ready_file))  # type: ignore[arg-type]
+    asyncio.run(serve())
     return 0
 
 

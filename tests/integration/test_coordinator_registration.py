@@ -4,7 +4,10 @@ re-registers when its registration lapses."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import time
 
 import grpc
@@ -63,3 +66,27 @@ def test_agent_registers_survives_coordinator_outage_and_reregisters(
         wait_until(
             "re-registration", lambda: [h.lease_id for h in listed(coordinator)] not in ([], [first.lease_id])
         )
+
+
+def test_agent_registers_the_address_it_bound_never_one_in_its_ready_file(
+    coordinator: Coordinator, tmp_path
+) -> None:
+    """A ready file already there — the previous run's, or one another user put in a shared
+    directory — was read back and registered before the agent had written its own: coordinators
+    then dialled 127.0.0.1:9 for this host."""
+    ready = tmp_path / "agent.json"
+    ready.write_text('{"address": "127.0.0.1:9"}')
+    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - the agent's for its whole life
+    agent = subprocess.Popen([sys.executable, "-m", "holdfast.cli", "agent", "serve",
+                              "--listen", "127.0.0.77:0", "--host-id", "host-ready",
+                              "--coordinator", coordinator.address, "--ready-file", str(ready)],
+                             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    try:
+        wait_until("registration", lambda: [h.host_id for h in listed(coordinator)] == ["host-ready"])
+        own = json.loads(ready.read_text())["address"]
+        assert own.startswith("127.0.0.77:")
+        assert listed(coordinator)[0].address == own
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        log.close()
