@@ -7,9 +7,10 @@ archiving happens only on a verdict that would grant; a refusal
 writes nothing; the restore epoch makes every fence non-live (and floors ids the restored etcd
 never saw) before any agent is asked anything, stops every token root that is not a claimed
 owner's, releases an owner only on its own host's proof, and reopens grants only when every host
-that may run owners was searched completely or, unregistered, shown off since the restore gate (a
-fence's proof, or an all-tenants operator's recorded word) with no registration since — in a
-transaction comparing all that was read of it.
+that may run owners was searched completely or, unregistered, shown off since the restore gate was
+last put (a fence's proof, or an all-tenants operator's recorded word) with no registration since —
+in a transaction comparing all that was read of it. restore-epoch never rewrites a gate it finds:
+only the operator's put after the restore dates the restore.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from holdfast.coordinator import adjudication, keys, lifecycle_rules, protojson,
 from holdfast.coordinator.carry import BUDGET_RETRIES, CarryStore
 from holdfast.coordinator.errors import CoordinatorError
 from holdfast.coordinator.sessions import Sessions, now_ms
-from holdfast.coordinator.store import Entry, Put, Seen, unchanged
+from holdfast.coordinator.store import Entry, Put, Seen, absent, unchanged
 from holdfast.coordinator.store_errors import StoreUnavailable
 from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
@@ -359,11 +360,15 @@ class Lifecycle:
                     host_id=host_id, error="its registration, proof or declaration changed while "
                     "restore-epoch ran; run restore-epoch again") for host_id in sorted(off))
         if not response.grants_reopened:
-            await self.store.txn([], [Put(pending, f"restore-epoch unfinished: {who}".encode())])
+            # Grants stay closed: the gate is put if absent, never rewritten. Its last put dates the
+            # restore (lifecycle_rules.off_since_restore); a rewrite here would date it later and
+            # discard a fence's proof or an operator's word given between the two runs.
+            unfinished = Put(pending, f"restore-epoch unfinished: {who}".encode())
+            await self.store.txn([absent(pending)], [unfinished])
         return response
 
     async def _off_since_restore(self, host_id: str, gate: Seen) -> list[Seen]:
-        """What shows unregistered `host_id` off since the restore gate was put (lifecycle_rules.
+        """What shows unregistered `host_id` off since the restore gate was last put (lifecycle_rules.
         off_since_restore), as read, or [] when nothing does."""
         reads = await self.store.read_all([
             self.sessions.registry.key_of(host_id), keys.host_last(self.store, host_id),
@@ -374,7 +379,7 @@ class Lifecycle:
         last_registered = last.entry.mod_revision if last.entry is not None else 0
         for seen in evidence:
             if seen.entry is not None and lifecycle_rules.off_since_restore(
-                    gate.entry.create_revision, last_registered, seen.entry.mod_revision):
+                    gate.entry.mod_revision, last_registered, seen.entry.mod_revision):
                 log.warning("restore-epoch: host %s counts as searched: %s", host_id,
                             "fenced since the restore" if seen is reads[2] else "declared off by an operator "
                             "since the restore", extra={"fields": {"host": host_id}})

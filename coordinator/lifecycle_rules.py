@@ -85,14 +85,19 @@ def unsearched_hosts(named: set[str], expected: Iterable[str], registered: Itera
     return sorted((named | set(expected)) - set(registered))
 
 
-def off_since_restore(restore_created: int, last_registered: int, evidence: int) -> bool:
+def off_since_restore(gate_put: int, last_registered: int, evidence: int) -> bool:
     """An unregistered host counts as searched for the restore under way when evidence that it is off
     — a fence's proof (`fenced/<host>`) or an all-tenants operator's word (`restore-host-off/<host>`,
-    written by recover-host) — was written after the restore gate was put (evidence of an earlier
-    moment says nothing of what ran there since the snapshot) and it has not registered since (a
-    later incarnation is one the evidence does not cover). Revisions of this etcd, each compared
-    only with another: 0 for a key that is absent, and with no gate nothing counts."""
-    return 0 < restore_created < evidence and last_registered < evidence
+    written by recover-host) — was written after the restore gate was last put (evidence of an
+    earlier moment says nothing of what ran there since the snapshot) and it has not registered since
+    (a later incarnation is one the evidence does not cover). `gate_put` is the gate's mod revision:
+    a restored etcd keeps the snapshot's revisions and gives every later put a higher one, so only the
+    operator's put after the restore is past all the snapshot holds. Its create revision is not: a
+    snapshot taken while an earlier restore was pending holds that restore's gate and the evidence
+    written after it, and a put over that gate keeps its create revision, so the old evidence counted
+    for the new restore. Revisions of this etcd, each compared only with another: 0 for a key that is
+    absent, and with no gate nothing counts."""
+    return 0 < gate_put < evidence and last_registered < evidence
 
 
 def unsearched_hint(host_id: str) -> str:

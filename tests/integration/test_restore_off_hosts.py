@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from holdfast.coordinator import keys
+from holdfast.coordinator.store import Entry, Put
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
@@ -115,7 +116,8 @@ async def test_grants_reopen_only_if_what_counted_a_host_is_unchanged(etcd: Etcd
         p.store.arm(writes(pending), lambda: reborn(p))  # between restore-epoch's reads and its reopening
         report = await restore_epoch(p)
         assert not report.grants_reopened and HOST in unsearched(report)
-        assert p.store.outcomes_for(pending) == [False, True]  # the reopening lost; the gate was put again
+        # The reopening lost; the gate, still there, is left as the operator put it (not rewritten).
+        assert p.store.outcomes_for(pending) == [False, False]
         assert await gate(p)
 
 
@@ -133,3 +135,55 @@ async def test_a_declaration_is_compared_and_needs_a_restore_under_way(etcd: Etc
             await recover_host(p)
         assert p.store.outcomes_for(declared) == [False]
         assert await p.other.store.get(declared) is None
+
+
+async def declared_after_a_gate(p: Pair) -> Entry:
+    """HOST reserved SID and went; a restore gate was put, then an operator declared HOST off."""
+    await lost_with_a_reservation(p, SID)
+    gate_key = keys.restore_pending(p.other.store)
+    await create(p.other.store, gate_key, b"restored snap.db")
+    await recover_host(p)
+    assert await p.other.store.get(keys.restore_host_off(p.other.store, HOST)) is not None
+    put = await p.other.store.get(gate_key)
+    assert put is not None
+    return put
+
+
+@run_async
+async def test_evidence_a_snapshot_kept_from_an_earlier_restore_does_not_count(
+        etcd: EtcdServer, prefix: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A backup taken while restore #1 was pending holds its gate and HOST's declaration made after
+    # it. Restoring that backup (restore #2) gives back both with their revisions, exactly as they
+    # are here; the runbook's put of the gate then dates restore #2. HOST has been neither searched
+    # nor shown off since: it may run what restore #2 rolled back. Put over the gate (its create
+    # revision kept) or deleted and put afresh, the old declaration must not count.
+    async with replicas(etcd, prefix, tmp_path) as p:
+        first = await declared_after_a_gate(p)
+        gate_key = first.key
+        await p.other.store.txn([], [Put(gate_key, b"restored snap2.db")])  # restore #2's step 2
+        second = await p.other.store.get(gate_key)
+        assert second is not None and second.create_revision == first.create_revision
+        report = await restore_epoch(p)
+        assert HOST in unsearched(report) and not report.grants_reopened and await gate(p)
+        # The runbook's step 2 as it now reads: any gate and declarations gone, then a fresh gate.
+        fenced = await fence_by_hand(p)  # a proof from before restore #2 does not count either
+        assert fenced.attempt.answer == "off"
+        await p.other.store.txn([], [], [gate_key], [keys.restore_host_off_prefix(p.other.store)])
+        await create(p.other.store, gate_key, b"restored snap2.db")
+        report = await restore_epoch(p)
+        assert HOST in unsearched(report) and not report.grants_reopened and await gate(p)
+
+
+@run_async
+async def test_evidence_given_before_an_unfinished_restore_epoch_still_counts(
+        etcd: EtcdServer, prefix: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # An unfinished restore-epoch leaves the gate as the operator put it: rewriting it would date the
+    # restore after HOST's declaration, and the next run would find HOST unsearched again.
+    async with replicas(etcd, prefix, tmp_path) as p:
+        put = await declared_after_a_gate(p)
+        report = await p.victim.RestoreEpoch(pb.RestoreEpochRequest(
+            operator="op", reason="restored", expected_hosts=["node-gone"]), p.ctx)
+        assert not report.grants_reopened and set(unsearched(report)) == {"node-gone"}, report
+        assert await p.other.store.get(put.key) == put  # not rewritten
+        # node-gone is not expected this time: HOST, declared before the first run, still counts.
+        assert (await restore_epoch(p)).grants_reopened and not await gate(p)

@@ -147,9 +147,12 @@ def test_release_on_evidence_moves_the_floor_past_the_fence() -> None:
 
 
 def test_a_host_counts_as_off_on_evidence_written_after_the_gate_with_no_registration_since() -> None:
-    assert rules.off_since_restore(restore_created=100, last_registered=40, evidence=120)
-    assert rules.off_since_restore(restore_created=100, last_registered=0, evidence=101)  # never registered
+    assert rules.off_since_restore(gate_put=100, last_registered=40, evidence=120)
+    assert rules.off_since_restore(gate_put=100, last_registered=0, evidence=101)  # never registered
     assert not rules.off_since_restore(100, 40, 90)   # evidence from before the restore
     assert not rules.off_since_restore(100, 40, 100)  # the gate's own revision is not after it
     assert not rules.off_since_restore(100, 130, 120)  # registered again after the evidence
     assert not rules.off_since_restore(0, 0, 120)      # no gate: no restore to count it for
+    # A snapshot taken while an earlier restore was pending: its gate created at 100, evidence at 120,
+    # both restored; the operator's put after the restore is at 300, above all the snapshot holds.
+    assert not rules.off_since_restore(gate_put=300, last_registered=40, evidence=120)
