@@ -62,6 +62,10 @@ def check_url(url: str) -> str:
         raise GuardError(f"{url!r}: a guard is one of {', '.join(s + '://' for s in SCHEMES)}")
     if parts.scheme in ("sqlite", "dir") and (parts.netloc or not parts.path.startswith("/")):
         raise GuardError(f"{url!r}: {parts.scheme}:// takes an absolute path, e.g. {parts.scheme}:///var/lib/x")
+    if parts.scheme in ("sqlite", "dir") and {"", ".", ".."} & set(parts.path.split("/")[1:]):
+        # Checked as written and followed by the kernel: `x/..` is the directory above x's target
+        # when x is a link, not the one holding x, so a path that is not plain is never taken.
+        raise GuardError(f"{url!r}: {parts.scheme}:// takes a plain path: no `.`, `..`, `//` or trailing `/`")
     if parts.scheme in ("postgresql", "redis") and not parts.hostname:
         raise GuardError(f"{url!r}: {parts.scheme}:// needs a host")
     if parts.scheme == "dir":

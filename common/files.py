@@ -19,10 +19,13 @@ through, and carries no setuid, setgid, sticky, group or other write bit, no FIF
 device, no more data than its cap, and a hole or a second hard link as such, never as bytes;
 `open_listed` opens a file a walk listed only while it is still that regular file, never
 waiting on a FIFO renamed over it.
-`open_user_dir` opens a directory a user named, following a link on the way only where the
-kernel's `fs.protected_symlinks` would in a sticky directory — the link is the user's own, root's,
-or its directory owner's — whatever that setting is here: a link another user planted at `/tmp/x`
-never takes a root run's writes elsewhere.
+`open_user_dir` opens a directory a user named, following a link on the way only when no other
+user could have made it or can swap it: the link is this user's own or root's, and no directory
+holding it or above that one may another user change (`check_ancestors`) — a link another user
+planted at `/tmp/x`, or made in their own home, or root's own link in a directory any user may
+write, never takes a run's writes elsewhere, now or when the path is followed again later.
+`open_private_path` takes no `..`: after a link the kernel climbs from the link's target, not
+back along the path as written.
 """
 
 from __future__ import annotations
@@ -43,8 +46,13 @@ APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT  # a log's flags for open_privat
 
 
 class UntrustedLink(OSError):
-    """A path a user named passes through a link that neither the user, root nor the owner of the
-    directory holding it made: another user's, planted where the path leads."""
+    """A path a user named passes through a link another user made, or one in a directory another
+    user may change (who could swap it for their own meanwhile)."""
+
+
+class DotDot(UntrustedLink):
+    """A path meant to be followed as the kernel follows it names `..`: read back along the path as
+    written, it names another directory than the kernel's, which climbs from a link's target."""
 
 
 class NotPrivate(OSError):
@@ -190,14 +198,16 @@ def check_ancestors(fd: int, where: str) -> None:
         os.close(here)
 
 
-def open_private_path(path: str | os.PathLike[str], make: bool = True) -> int:
-    """A descriptor on the directory `path`, made (its missing parents too) when missing: this
-    user's, nobody else may write it, and no directory above it may another user change
-    (check_ancestors), nor write what is made in it by a default ACL. Nothing is made in a
-    directory that fails that check — not through another user's directory, such as a home that
-    is not this user's (root's `su` without `-`) — and what was made is removed when the
-    directory is refused. Without `make`, nothing is made: FileNotFoundError when it is missing."""
-    path = os.path.abspath(path)
+def open_private_path(path: str | os.PathLike[str], make: bool = True, mode: int = 0o755) -> int:
+    """A descriptor on the directory `path`, made (`mode`; its missing parents too) when missing:
+    this user's, nobody else may write it, and no directory above it — nor any a link on the way
+    is read from (open_user_dir) — may another user change (check_ancestors), nor write what is
+    made in it by a default ACL. Nothing is made in a directory that fails that check — not
+    through another user's directory, such as a home that is not this user's (root's `su`
+    without `-`) — and what was made is removed when the directory is refused. Without `make`,
+    nothing is made: FileNotFoundError when it is missing. DotDot for a path naming `..`: the
+    path is followed as the kernel follows it, never collapsed as text."""
+    path = _plain_path(path)
     made: list[str] = []
     try:
         parent, made = open_user_dir(os.path.dirname(path), make=make, before_make=check_ancestors)
@@ -205,9 +215,12 @@ def open_private_path(path: str | os.PathLike[str], make: bool = True) -> int:
             check_ancestors(parent, os.path.dirname(path))
             with contextlib.suppress(FileExistsError):
                 if make:
-                    os.mkdir(os.path.basename(path), 0o755, dir_fd=parent)
+                    os.mkdir(os.path.basename(path), mode, dir_fd=parent)
                     made.append(path)
-            fd = open_private_dir(os.path.basename(path), dir_fd=parent)
+            try:
+                fd = open_private_dir(os.path.basename(path), dir_fd=parent)
+            except NotPrivate as exc:
+                raise NotPrivate(exc.errno, exc.strerror, path) from None  # named whole
         finally:
             os.close(parent)
         try:
@@ -221,6 +234,17 @@ def open_private_path(path: str | os.PathLike[str], make: bool = True) -> int:
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
         raise
+
+
+def _plain_path(path: str | os.PathLike[str]) -> str:
+    """`path` made absolute (from the working directory) without `.` or empty components, which
+    name nothing the kernel would not; DotDot for a `..`, which `os.path.abspath` would collapse as
+    text — `x/..` is the directory above x's target when x is a link, not the one holding x."""
+    name = os.fspath(path)
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise DotDot(errno.EINVAL, "names `..`, which is not followed: name the directory without it", name)
+    return os.path.join(os.getcwd() if not name.startswith("/") else "/", *parts)
 
 
 def open_private_file(directory: int | None, name: str, flags: int, mode: int = 0o600) -> int:
@@ -244,7 +268,8 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False,
     component opened from the one before; with `make`, the directories missing on the way are
     made (0o777 less the umask), after `before_make` (given the descriptor and path of the
     directory the first is made in) returns. Returns the descriptor and the directories made, in
-    order. Raises UntrustedLink for a link on the way that only another user could have made."""
+    order. Raises UntrustedLink for a link on the way that another user made or could swap
+    (_check_link)."""
     name = os.fspath(path)
     todo = list(reversed(name.split("/")))
     fd = os.open("/" if name.startswith("/") else ".", OPEN_DIR)
@@ -267,11 +292,7 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False,
                 made.append(os.path.join(where, part))
                 st = os.stat(part, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
-                holder = os.fstat(fd).st_uid
-                if st.st_uid not in (os.getuid(), 0, holder):
-                    raise UntrustedLink(errno.EPERM, f"{os.path.join(where, part)} is a link of uid "
-                                        f"{st.st_uid}, which neither you, root nor its directory's owner "
-                                        "made: not followed")
+                _check_link(fd, where, part, st.st_uid)
                 hops += 1
                 if hops > MAX_LINK_HOPS:
                     raise OSError(errno.ELOOP, f"{name}: more than {MAX_LINK_HOPS} links")
@@ -288,6 +309,24 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False,
         os.close(fd)
         raise
     return fd, made
+
+
+def _check_link(directory: int, where: str, name: str, uid: int) -> None:
+    """Raises UntrustedLink unless the link `name` (owner `uid`) in the directory open as
+    `directory` (called `where`) is this user's or root's and neither that directory nor any above
+    it may another user change (check_ancestors). A link another user owns leads where they chose;
+    one in a directory they may change — their own home, or one any user may write without the
+    sticky bit — they could rename away and replace with theirs, between this walk and the next
+    one by the same path (a CMD handed it), or during this one."""
+    path = os.path.join(where, name)
+    if uid not in (os.geteuid(), 0):
+        raise UntrustedLink(errno.EPERM, f"is a link of uid {uid}, neither yours nor root's: not followed",
+                            path)
+    try:
+        check_ancestors(directory, where)
+    except Swappable as exc:
+        raise UntrustedLink(errno.EPERM, f"is a link in a directory another user may change, {exc.filename}: "
+                            f"{exc.strerror}; not followed", path) from None
 
 
 def open_beneath(top: int, parts: Sequence[str]) -> int:

@@ -190,6 +190,11 @@ def test_a_dir_guard_seeds_the_new_generation_and_hides_stale_writes(tmp_path: P
     ("dir://relative", "takes an absolute path"),
     ("dir:///srv/x?cap=1", "takes only \\?cap_bytes=N"),
     ("dir:///srv/x?cap_bytes=0", "takes only \\?cap_bytes=N"),
+    ("dir:///tmp/x/../g", "takes a plain path"),  # the kernel climbs from x's target, not from /tmp
+    ("dir:///tmp/./g", "takes a plain path"),
+    ("dir:///tmp//g", "takes a plain path"),
+    ("dir:///tmp/g/", "takes a plain path"),
+    ("sqlite:///tmp/x/../g.db", "takes a plain path"),
     ("redis:///0", "needs a host"),
 ])
 def test_a_malformed_guard_url_is_refused_with_what_is_wrong(url: str, says: str) -> None:
@@ -333,6 +338,25 @@ def test_a_dir_guard_at_another_users_link_or_directory_is_refused_writing_nothi
     with pytest.raises(GuardError, match="others may write it"):
         guard.bump(SESSION, 1)
     assert list(open_to_all.iterdir()) == [], "nothing was made in it"
+
+
+def test_a_dir_guard_through_a_link_in_a_directory_others_may_change_is_refused(tmp_path: Path) -> None:
+    """This user's own link `l` in a directory any user may write (no sticky bit): the guard was
+    checked where `l` led, then another user swapped `l` and CMD, writing under dir_write_path by
+    the path, wrote through theirs. Refused before the Acquire, and at the bump; nothing made."""
+    area, shared = tmp_path / "area", tmp_path / "shared"
+    area.mkdir(mode=0o700)
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "l").symlink_to(area)
+    with pytest.raises(GuardError, match="is a link in a directory another user may change"):
+        guards.open_guard(f"dir://{shared}/l/guard")
+    os.chmod(shared, 0o755)
+    guard = guards.open_guard(f"dir://{shared}/l/guard")  # checked, then the directory is opened up
+    os.chmod(shared, 0o777)
+    with pytest.raises(GuardError, match="is a link in a directory another user may change"):
+        guard.bump(SESSION, 1)
+    assert list(area.iterdir()) == [], "nothing made through the link"
 
 
 def test_a_dir_guard_is_made_by_its_first_bump_not_when_opened(tmp_path: Path) -> None:

@@ -105,3 +105,23 @@ def test_a_run_refused_held_makes_no_guard_directory(cluster: Cluster, tmp_path:
     granted = cluster.run(b, sid, "--guard", f"dir://{home}", cmd=["true"])
     assert granted.wait(30) == 0, granted.err()
     assert os.readlink(home / "current") == "gen-2"
+
+
+def test_a_dir_guard_through_a_link_others_may_swap_is_refused_before_anything_is_asked(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Root's own link `l` in a root directory any user may write (no sticky bit): the run was
+    granted, bumped where `l` led, and CMD — handed the path — wrote wherever another user swapped
+    `l` to meanwhile. Refused before the Acquire; nothing made where `l` leads, CMD never ran."""
+    a = cluster.host("host-a")
+    sid, ran, area, shared = "sess-guarded-05", tmp_path / "ran", tmp_path / "area", tmp_path / "shared"
+    area.mkdir(mode=0o700)
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "l").symlink_to(area)
+    run = cluster.run(a, sid, "--guard", f"dir://{shared}/l/guard", cmd=["touch", str(ran)])
+    assert run.wait(30) == 69, run.err()
+    assert "is a link in a directory another user may change" in run.err(), run.err()
+    assert "nothing was asked" in run.err()
+    assert not ran.exists() and list(area.iterdir()) == []
+    listing = cluster.stub.ListSessions(pb.ListSessionsRequest(), timeout=10)
+    assert sid not in [r.session_id for r in listing.records], "no record was made"

@@ -405,6 +405,62 @@ def test_a_users_path_follows_only_links_it_could_trust(tmp_path: Path) -> None:
         files.open_user_dir(shared / "missing")
 
 
+def test_a_link_is_followed_only_where_no_other_user_may_swap_it(tmp_path: Path) -> None:
+    """This user's own link in a directory any user may write (no sticky bit), or below one: judged
+    only by where it leads, it was followed, and a dir:// guard's CMD, handed the path, wrote
+    wherever another user had swapped it to meanwhile. Refused, nothing made where it leads."""
+    area, shared = tmp_path / "area", tmp_path / "shared"
+    area.mkdir(mode=0o700)
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "l").symlink_to(area)
+    (shared / "mine").mkdir(mode=0o755)  # this user's alone, but in the open directory
+    (shared / "mine" / "l").symlink_to(area)
+    for path in (shared / "l" / "guard", shared / "mine" / "l" / "guard"):
+        with pytest.raises(files.UntrustedLink, match="others may write it") as refused:
+            files.open_private_path(path)
+        assert refused.value.filename == str(path.parent)
+        with pytest.raises(files.UntrustedLink, match="another user may change"):
+            files.open_user_dir(path, make=True)
+    assert list(area.iterdir()) == [], "nothing made through the link"
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: only the link's owner may swap it
+    os.close(files.open_private_path(shared / "l" / "guard"))
+    assert (area / "guard").is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's home")
+def test_a_link_in_another_users_directory_is_not_followed_whoever_made_it(tmp_path: Path) -> None:
+    """Root with another user's HOME: a link in their home — theirs, or root's own, which they may
+    rename away and replace — led root's writes to root's directory or anywhere. Refused."""
+    home, victim = tmp_path / "home", tmp_path / "victim"
+    home.mkdir()
+    victim.mkdir(mode=0o700)
+    (home / "theirs").symlink_to(victim)
+    os.lchown(home / "theirs", 65534, 65534)
+    (home / "roots").symlink_to(victim)
+    os.chown(home, 65534, 65534)
+    with pytest.raises(files.UntrustedLink, match="uid 65534, neither yours nor root's"):
+        files.open_user_dir(home / "theirs" / "a", make=True)
+    with pytest.raises(files.UntrustedLink, match="uid 65534 owns it"):
+        files.open_user_dir(home / "roots" / "a", make=True)
+    with pytest.raises(files.UntrustedLink):
+        files.open_private_path(home / "roots" / "a")
+    assert list(victim.iterdir()) == []
+
+
+def test_a_private_path_is_taken_as_the_kernel_takes_it_never_collapsed(tmp_path: Path) -> None:
+    """`x/..` collapsed as text is the directory holding x; the kernel climbs from x's target when x
+    is a link. Refused; `.` and `//`, which change nothing the kernel resolves, are not."""
+    elsewhere = tmp_path / "elsewhere" / "sub"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "x").symlink_to(elsewhere)
+    with pytest.raises(files.DotDot):
+        files.open_private_path(f"{tmp_path}/x/../state")
+    assert not (tmp_path / "state").exists() and not (tmp_path / "elsewhere" / "state").exists()
+    os.close(files.open_private_path(f"{tmp_path}//./state/"))
+    assert (tmp_path / "state").is_dir()
+
+
 def test_a_run_removes_its_directory_however_deep_its_cmd_built_it() -> None:
     """shutil.rmtree raised RecursionError past ~1,000 levels, from a run's clean-up after CMD."""
     import tempfile
