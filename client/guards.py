@@ -18,8 +18,10 @@ How each store decides in one step:
   are not declared to the script, so not for Redis Cluster; fences are exact below 2^53).
 - A directory: a `gen-<fence>/` per grant, seeded with a copy of the current one, and a `current`
   symlink renamed into place under an flock; a stale owner's writes land in its own generation,
-  which `current` no longer names. The flock must be shared by every writer's mount. The
-  directory is this user's alone (another user could swap a generation for a link); a bump copies
+  which `current` no longer names. The flock must be shared by every writer's mount; a bump
+  waits DIR_LOCK_WAIT_S for it at most, then fails naming its holder. The directory (0700) and
+  its `.lock` (0600) are this user's alone (another user could swap a generation for a link, or
+  hold the lock for ever); a bump copies
   rwx bits less group and other write, holes and hard links as such, no FIFO, socket or device,
   and at most a cap of data.
 """
@@ -32,12 +34,14 @@ import os
 import re
 import stat
 import sys
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from holdfast.client import guard_rules
 from holdfast.common import files
 from holdfast.common.version import install_hint
 
@@ -254,6 +258,10 @@ class RedisGuard(Guard):
 
 # --- a directory ----------------------------------------------------------------------------------
 DIR_CAP_BYTES = 1 << 30  # a generation's data, unless the URL says `?cap_bytes=N`
+# How long a bump waits for another's `.lock`: a bump holds it while it copies (1 GiB at most, by
+# default), and a run waiting longer holds its grant with CMD not started.
+DIR_LOCK_WAIT_S = 10.0
+_T = TypeVar("_T")
 
 
 def dir_cap_bytes(url: str) -> int:
@@ -263,10 +271,11 @@ def dir_cap_bytes(url: str) -> int:
     if not query:
         return DIR_CAP_BYTES
     key, _, value = query.partition("=")
-    if key != "cap_bytes" or not value.isdigit() or int(value) <= 0:
-        raise GuardError(f"{url!r}: a dir:// guard takes only ?cap_bytes=N, N > 0 (bytes of data a bump "
-                         f"copies; default {DIR_CAP_BYTES})")
-    return int(value)
+    cap = guard_rules.cap_bytes(value) if key == "cap_bytes" else None
+    if cap is None:
+        raise GuardError(f"{url!r}: a dir:// guard takes only ?cap_bytes=N, N > 0 in at most 19 ASCII digits "
+                         f"(bytes of data a bump copies; default {DIR_CAP_BYTES})")
+    return cap
 
 
 def _current(root: Path, top: int | None = None) -> int:
@@ -309,18 +318,49 @@ class DirGuard(Guard):
         try:
             top = self._open(make=False)
         except FileNotFoundError:
+            self._check_where_made()
             return
         try:
             _current(root, top)  # a `current` that names something else is refused before any grant
         finally:
             os.close(top)
 
-    def _open(self, make: bool) -> int:
+    def _check_where_made(self) -> None:
+        """What the first bump will check before it makes the missing directory, checked now: the
+        deepest directory of the path that exists, reached as the bump will reach it, in
+        directories no other user may change (files.check_ancestors). Without it a path under
+        another user's directory was accepted before the Acquire and refused only at the bump,
+        after a grant had ended the previous owner."""
+        where = self.root.parent
+        while True:
+            try:
+                fd, _ = self._private(files.open_user_dir, where)
+                break
+            except FileNotFoundError:
+                where = where.parent  # "/" is always there
         try:
-            return files.open_private_path(self.root, make=make)
+            self._private(files.check_ancestors, fd, str(where))
+        finally:
+            os.close(fd)
+
+    def _private(self, check: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return check(*args)
         except (files.NotPrivate, files.UntrustedLink) as exc:
             raise GuardError(f"{self.url}: {exc} — a dir:// guard's directory must be this user's alone, "
                              "in directories no other user may change (docs/guards.md)") from None
+
+    def _open(self, make: bool) -> int:
+        top = self._private(files.open_private_path, self.root, make)
+        if make:
+            # Its user's alone, as `.lock` is: another user who could open `.lock` could flock it and
+            # hold every bump (flock needs no write access); neither is theirs to read.
+            try:
+                os.fchmod(top, stat.S_IMODE(os.fstat(top).st_mode) & 0o700)
+            except BaseException:
+                os.close(top)
+                raise
+        return top
 
     def bump(self, session: str, fence: int) -> None:
         # Everything is reached from one descriptor on the directory, and a `.lock` (a link, or a
@@ -330,14 +370,35 @@ class DirGuard(Guard):
         top = self._open(make=True)
         try:
             fd = os.open(".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         0o666, dir_fd=top)
-            with open(fd, "rb") as lock:
+                         0o600, dir_fd=top)
+            with open(fd, "rb"):  # closed, the lock with it, however the bump ends
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise GuardError(f"{self.url}: .lock is not a regular file")
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                os.fchmod(fd, 0o600)  # one an earlier version made 0644: nobody else opens it again
+                self._lock(fd)
                 self._bump_locked(top, fence)
         finally:
             os.close(top)
+
+    def _lock(self, fd: int) -> None:
+        """`.lock` (open as `fd`) flocked, waited for DIR_LOCK_WAIT_S at most: a process that holds
+        it for ever — one that opened it while others could — never holds the run, with its
+        grant, for ever. GuardError naming the holder then, before anything is written."""
+        deadline, pause = time.monotonic() + DIR_LOCK_WAIT_S, 0.01
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(pause * 2, 0.25)
+        st = os.fstat(fd)
+        raise GuardError(f"{self.url}: {self.root / '.lock'} is held by {_lock_holders(st)} and was not "
+                         f"released in {DIR_LOCK_WAIT_S:g} s; no generation was made. A bump holds it "
+                         "while it copies the current generation: if the holder is not one, end it (or "
+                         "find why it holds the lock), then run again")
 
     def _bump_locked(self, top: int, fence: int) -> None:
         seen = _current(self.root, top)
@@ -394,7 +455,7 @@ class DirGuard(Guard):
             os.close(into)
         if skipped:
             print(f"holdfast: {self.url}: not copied into {made} (only files, directories and links "
-                  f"are): {', '.join(skipped)}", file=sys.stderr, flush=True)
+                  f"are, as found): {', '.join(skipped)}", file=sys.stderr, flush=True)
 
     def marker(self, session: str) -> int:
         try:
@@ -408,6 +469,30 @@ class DirGuard(Guard):
 
     def close(self) -> None:
         """Nothing held between calls: the lock is taken per bump."""
+
+
+def _lock_holders(st: os.stat_result) -> str:
+    """Who holds an flock on the file `st` describes, in words, by /proc/locks."""
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    try:
+        with open("/proc/locks") as f:
+            pids = guard_rules.flock_holders(f.read(), major, minor, st.st_ino)
+    except OSError:
+        pids = []
+    if not pids:  # the kernel hides the locks of processes outside this pid namespace
+        return (f"a process /proc/locks does not show here (`grep {major:02x}:{minor:02x}:{st.st_ino} "
+                "/proc/locks` outside this pid namespace names it)")
+    return ", ".join(_process(pid) for pid in pids)
+
+
+def _process(pid: int) -> str:
+    """`pid 123 (uid 65534, python3)`, as much of it as /proc shows."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        with open(f"/proc/{pid}/comm") as f:
+            return f"pid {pid} (uid {uid}, {f.read().strip()!r})"
+    except OSError:
+        return f"pid {pid}"
 
 
 def bump_all(guards: Sequence[Guard], session: str, fence: int) -> None:

@@ -17,6 +17,7 @@ Python frame per level; `copy_tree` copies one directory's contents into another
 so a directory swapped for a link on either side meanwhile is refused, never read or written
 through, and carries no setuid, setgid, sticky, group or other write bit, no FIFO, socket or
 device, no more data than its cap, and a hole or a second hard link as such, never as bytes;
+of a tree another writer still changes, what is there as it goes (a name gone is left out);
 `open_listed` opens a file a walk listed only while it is still that regular file, never
 waiting on a FIFO renamed over it.
 `open_user_dir` opens a directory a user named, following a link on the way only when no other
@@ -434,11 +435,56 @@ def copied_mode(mode: int) -> int:
     return stat.S_IMODE(mode) & 0o755
 
 
-def _special(mode: int) -> str:
-    """What a file that is neither a regular file, a directory nor a link is, in words."""
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+def _kind(mode: int) -> str:
+    """What a file of `mode` is, in words."""
+    kinds = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a link"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"))
     return next((said for test, said in kinds if test(mode)), f"of type {stat.S_IFMT(mode):o}")
+
+
+class _NotCopied(Exception):
+    """A name a copy listed that is gone since (no argument: left out, nothing to say), or was
+    replaced by what is not copied in its place (the argument says what): a writer still at work
+    in the tree copied, removing and renaming over its files."""
+
+
+def _lstat(directory: int, name: str) -> os.stat_result:
+    try:
+        return os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        raise _NotCopied() from None
+
+
+def _link_text(directory: int, name: str) -> str:
+    try:
+        return os.readlink(name, dir_fd=directory)
+    except FileNotFoundError:
+        raise _NotCopied() from None
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # no longer a link
+            raise _NotCopied(f"replaced by {_kind(_lstat(directory, name).st_mode)} while copied") from None
+        raise
+
+
+def _open_copied(name: str, directory: int, listed: os.stat_result) -> tuple[int, os.stat_result]:
+    """A descriptor reading the regular file at `name` in `directory`, and its stat: the one its
+    lstat found as `listed`, or a regular file renamed over it since (a save by rename: the new
+    one is the file there now); never what else took its place (open_listed) — _NotCopied says
+    what that is — and _NotCopied() when the name is gone."""
+    for _ in range(2):
+        try:
+            return open_listed(name, directory, listed), listed
+        except FileNotFoundError:
+            raise _NotCopied() from None
+        except OSError as exc:
+            now = _lstat(directory, name)
+            if not isinstance(exc, Replaced) and (now.st_dev, now.st_ino) == (listed.st_dev, listed.st_ino):
+                raise  # that very file, unreadable: a failure, not a writer at work
+            if not stat.S_ISREG(now.st_mode):
+                raise _NotCopied(f"replaced by {_kind(now.st_mode)} while copied") from None
+            listed = now
+    raise _NotCopied("replaced again and again while copied")
 
 
 def _copy_data(fin: int, fout: int, left: int, name: str) -> int:
@@ -467,9 +513,11 @@ def _copy_data(fin: int, fout: int, left: int, name: str) -> int:
     return written
 
 
-def _copy_file(source: int, target: int, name: str, st: os.stat_result, left: int) -> int:
-    """Copies the file `name` into `target`; the bytes of data written (OverCap past `left`)."""
-    fin = open_listed(name, source, st)
+def _copy_file(source: int, target: int, name: str, st: os.stat_result,
+               left: int) -> tuple[int, os.stat_result]:
+    """Copies the regular file `name` (the one `st` describes, or one renamed over it since) into
+    `target`; the bytes of data written (OverCap past `left`) and the stat of the file copied."""
+    fin, st = _open_copied(name, source, st)
     try:
         fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                        dir_fd=target)
@@ -481,7 +529,7 @@ def _copy_file(source: int, target: int, name: str, st: os.stat_result, left: in
             os.close(fout)
     finally:
         os.close(fin)
-    return written
+    return written, st
 
 
 def _link_again(target: int, first: tuple[list[str], str], into: int, name: str) -> None:
@@ -505,8 +553,11 @@ def copy_tree(source: int, target: int, cap_bytes: int) -> list[str]:
     (open_beneath), each name is opened or made relative to its directory's descriptor without
     following a link, files are created O_EXCL, and the walk keeps a stack rather than recursing:
     a directory another writer swaps for a link meanwhile, on either side, is refused (OSError),
-    never read or written through, and so is a FIFO swapped in for a file after its lstat
-    (open_listed). What is left in `target` on a failure is the caller's to remove."""
+    never read or written through. A tree another writer is still changing is copied as found: a
+    name gone since it was listed is left out, a regular file renamed over a file after its lstat
+    (a save by rename) is copied in its place, and anything else put there — a FIFO, never
+    opened, a link, never followed (open_listed) — is left out and returned, saying so. What is
+    left in `target` on a failure is the caller's to remove."""
     stack: list[list[str]] = [[]]
     made: list[tuple[list[str], os.stat_result]] = []
     linked: dict[tuple[int, int], tuple[list[str], str]] = {}
@@ -514,27 +565,34 @@ def copy_tree(source: int, target: int, cap_bytes: int) -> list[str]:
     left = cap_bytes
     while stack:
         parts = stack.pop()
-        src = open_beneath(source, parts)
+        try:
+            src = open_beneath(source, parts)
+        except FileNotFoundError:
+            continue  # removed since it was listed: copied as the empty directory it was made
         try:
             dst = open_beneath(target, parts)
             try:
                 for name in sorted(os.listdir(src)):
-                    st = os.stat(name, dir_fd=src, follow_symlinks=False)
-                    inode = (st.st_dev, st.st_ino)
-                    if stat.S_ISLNK(st.st_mode):
-                        os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
-                    elif stat.S_ISREG(st.st_mode) and inode in linked:
-                        _link_again(target, linked[inode], dst, name)
-                    elif stat.S_ISREG(st.st_mode):
-                        left -= _copy_file(src, dst, name, st, left)
-                        if st.st_nlink > 1:
-                            linked[inode] = (parts, name)
-                    elif stat.S_ISDIR(st.st_mode):
-                        os.mkdir(name, 0o700, dir_fd=dst)
-                        stack.append([*parts, name])
-                        made.append((stack[-1], st))
-                    else:
-                        skipped.append(f"{'/'.join([*parts, name])!r} ({_special(st.st_mode)})")
+                    try:
+                        st = _lstat(src, name)
+                        inode = (st.st_dev, st.st_ino)
+                        if stat.S_ISLNK(st.st_mode):
+                            os.symlink(_link_text(src, name), name, dir_fd=dst)
+                        elif stat.S_ISREG(st.st_mode) and inode in linked:
+                            _link_again(target, linked[inode], dst, name)
+                        elif stat.S_ISREG(st.st_mode):
+                            written, st = _copy_file(src, dst, name, st, left)
+                            left -= written
+                            if st.st_nlink > 1:
+                                linked[(st.st_dev, st.st_ino)] = (parts, name)
+                        elif stat.S_ISDIR(st.st_mode):
+                            os.mkdir(name, 0o700, dir_fd=dst)
+                            stack.append([*parts, name])
+                            made.append((stack[-1], st))
+                        else:
+                            raise _NotCopied(_kind(st.st_mode))
+                    except _NotCopied as exc:
+                        skipped += [f"{'/'.join([*parts, name])!r} ({said})" for said in exc.args]
             finally:
                 os.close(dst)
         finally:

@@ -5,6 +5,7 @@ write that checked before a bump either commits before the bump completes or not
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import sqlite3
@@ -190,6 +191,10 @@ def test_a_dir_guard_seeds_the_new_generation_and_hides_stale_writes(tmp_path: P
     ("dir://relative", "takes an absolute path"),
     ("dir:///srv/x?cap=1", "takes only \\?cap_bytes=N"),
     ("dir:///srv/x?cap_bytes=0", "takes only \\?cap_bytes=N"),
+    ("dir:///srv/x?cap_bytes=\u00b2", "takes only \\?cap_bytes=N"),  # str.isdigit's, int()'s ValueError
+    ("dir:///srv/x?cap_bytes=\u0661\u0660", "takes only \\?cap_bytes=N"),  # Arabic-Indic 10, taken as 10
+    ("dir:///srv/x?cap_bytes=" + "9" * 5000, "takes only \\?cap_bytes=N"),  # int()'s digit limit
+    ("dir:///srv/x?cap_bytes=-1", "takes only \\?cap_bytes=N"),
     ("dir:///tmp/x/../g", "takes a plain path"),  # the kernel climbs from x's target, not from /tmp
     ("dir:///tmp/./g", "takes a plain path"),
     ("dir:///tmp//g", "takes a plain path"),
@@ -200,6 +205,8 @@ def test_a_dir_guard_seeds_the_new_generation_and_hides_stale_writes(tmp_path: P
 def test_a_malformed_guard_url_is_refused_with_what_is_wrong(url: str, says: str) -> None:
     with pytest.raises(GuardError, match=says):
         guards.check_url(url)
+    with pytest.raises(GuardError, match=says):  # the library's way in, too: never a raw ValueError
+        guards.open_guard(url)
 
 
 def test_an_unreachable_store_is_a_guard_error_naming_it() -> None:
@@ -279,6 +286,54 @@ def test_a_dir_guard_lock_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path
     assert failed and isinstance(failed[0], (GuardError, OSError))
 
 
+def test_a_dir_guard_and_its_lock_are_its_users_alone(tmp_path: Path) -> None:
+    """`.lock` was made 0644 in a 0755 directory: any local user could open it for reading and
+    flock it (flock needs no write access), holding every later bump. A directory or `.lock` an
+    earlier version made open to others is closed by the next bump."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (root, root / ".lock")] == [0o700, 0o600]
+    os.chmod(root, 0o755)
+    os.chmod(root / ".lock", 0o644)
+    guard.bump(SESSION, 2)
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (root, root / ".lock")] == [0o700, 0o600]
+
+
+def test_a_bump_waits_for_a_held_lock_a_bounded_time_naming_its_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that holds `.lock` and never lets go — one that opened it while others could —
+    held the bump, and the run with its grant, for ever, saying nothing. It fails once the wait is
+    over, naming the lock and its holder, with no generation made."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    monkeypatch.setattr(guards, "DIR_LOCK_WAIT_S", 0.5)
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def bump() -> None:
+        try:
+            guard.bump(SESSION, 2)
+        except BaseException as exc:  # the refusal this test expects
+            failed.append(exc)
+        done.set()
+
+    with open(root / ".lock", "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        threading.Thread(target=bump, daemon=True).start()
+        finished = done.wait(30)
+    done.wait()  # the lock released: a bump still waiting ends
+    assert finished, "the bump waited on the held lock without end"
+    assert len(failed) == 1 and isinstance(failed[0], GuardError), failed
+    assert f"{root}/.lock is held by pid {os.getpid()} (uid {os.geteuid()}" in str(failed[0])
+    assert "no generation was made" in str(failed[0])
+    assert sorted(p.name for p in root.iterdir()) == [".lock", "current", "gen-1"]
+    guard.bump(SESSION, 2)  # released: the next bump takes it
+    assert guard.marker(SESSION) == 2
+
+
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files need root to make")
 
 
@@ -334,10 +389,25 @@ def test_a_dir_guard_at_another_users_link_or_directory_is_refused_writing_nothi
     open_to_all = tmp_path / "open"
     open_to_all.mkdir()
     os.chmod(open_to_all, 0o777)  # not sticky: another user could swap what is made in it
-    guard = guards.open_guard(f"dir://{open_to_all}/home/S")
-    with pytest.raises(GuardError, match="others may write it"):
-        guard.bump(SESSION, 1)
+    with pytest.raises(GuardError, match="others may write it"):  # before the Acquire, as the bump would
+        guards.open_guard(f"dir://{open_to_all}/home/S")
     assert list(open_to_all.iterdir()) == [], "nothing was made in it"
+
+
+@as_root
+def test_a_missing_dir_guard_the_bump_would_refuse_is_refused_before_the_acquire(tmp_path: Path) -> None:
+    """`dir:///home/<another user>/missing/g`: accepted before the Acquire, and refused only at the
+    bump, after the grant had ended the previous owner. The deepest directory of the path that
+    exists is checked as the bump will check it; nothing is made."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(GuardError, match="this user's alone"):
+        guards.open_guard(f"dir://{theirs}/missing/g")
+    with pytest.raises(GuardError, match="this user's alone"):
+        guards.open_guard(f"dir://{theirs}/g")
+    assert list(theirs.iterdir()) == []
+    guards.open_guard(f"dir://{tmp_path}/mine/missing/g")  # a path the bump would make is taken
 
 
 def test_a_dir_guard_through_a_link_in_a_directory_others_may_change_is_refused(tmp_path: Path) -> None:
@@ -390,25 +460,81 @@ def test_a_dir_guard_skips_a_fifo_or_socket_saying_which(tmp_path: Path,
 
 
 def test_a_failed_bump_leaves_no_staging_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file swapped for a FIFO after it was listed fails the copy: its half-made `.gen-N.staging`
-    stayed, one more copy's worth of disk at each failed bump."""
+    """A directory swapped for a link after it was listed fails the copy: its half-made
+    `.gen-N.staging` stayed, one more copy's worth of disk at each failed bump."""
     root = tmp_path / "home"
     guard = guards.open_guard(f"dir://{root}")
     guard.bump(SESSION, 1)
     (guards.dir_write_path(root, 1) / "a").write_text("copied before the failure")
-    (guards.dir_write_path(root, 1) / "b").write_text("swapped")
-    os.mkfifo(tmp_path / "fifo")
+    (guards.dir_write_path(root, 1) / "d").mkdir()
+    (guards.dir_write_path(root, 1) / "z").write_text("copied as d is swapped")
     copy_file = files._copy_file
 
-    def swapped_then_copied(src: int, dst: int, name: str, st: os.stat_result, *left: int) -> int:
-        if name == "b":  # another writer of this user's, after copy_tree's lstat
-            os.rename(tmp_path / "fifo", root / "gen-1" / name)
-        return copy_file(src, dst, name, st, *left)
+    def swapped_then_copied(src: int, dst: int, name: str, st: os.stat_result,
+                            left: int) -> tuple[int, os.stat_result]:
+        if name == "z":  # another writer of this user's, after copy_tree listed `d` as a directory
+            os.rename(root / "gen-1" / "d", tmp_path / "d-moved")
+            (root / "gen-1" / "d").symlink_to(tmp_path)
+        return copy_file(src, dst, name, st, left)
 
     monkeypatch.setattr(files, "_copy_file", swapped_then_copied)
-    with pytest.raises(files.Replaced):
+    with pytest.raises(OSError):
         guard.bump(SESSION, 2)
     assert sorted(p.name for p in root.iterdir()) == [".lock", "current", "gen-1"]
+
+
+def test_a_bump_copies_a_generation_its_writer_still_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The previous owner, superseded but not yet stopped, still saves in its generation (a
+    temporary file written then renamed over its state) while the new owner's bump copies it: a
+    name gone between the listing and its lstat or open, or renamed over after its lstat, failed
+    the whole bump (5 bumps in 100 beside such a writer), and the new CMD never ran. Each swap is
+    made for real on disk at the point the writer would make it."""
+    root = tmp_path / "home"
+    guard = guards.open_guard(f"dir://{root}")
+    guard.bump(SESSION, 1)
+    gen = guards.dir_write_path(root, 1)
+    for name in ("gone-listed", "gone-opened", "piped", "state.json"):
+        (gen / name).write_text(f"old {name}")
+    (gen / "sub").mkdir()
+    (gen / "sub" / "f").write_text("in a directory removed once listed")
+    (tmp_path / "state.json.tmp").write_text("new state")
+    os.mkfifo(tmp_path / "fifo")
+    real_listdir, real_open_listed, real_open_beneath = os.listdir, files.open_listed, files.open_beneath
+
+    def listdir_then_remove(path: Any = ".") -> list[str]:
+        found = real_listdir(path)
+        if "gone-listed" in found and (gen / "gone-listed").exists():
+            (gen / "gone-listed").unlink()  # after the listing, before its lstat
+        return found
+
+    def changed_then_opened(name: str, directory: int | None, listed: os.stat_result) -> int:
+        if name == "gone-opened" and (gen / name).exists():
+            (gen / name).unlink()
+        elif name == "state.json" and (tmp_path / "state.json.tmp").exists():
+            os.replace(tmp_path / "state.json.tmp", gen / name)  # a save by rename
+        elif name == "piped" and (tmp_path / "fifo").exists():
+            os.replace(tmp_path / "fifo", gen / name)
+        return real_open_listed(name, directory, listed)
+
+    def removed_then_opened(top: int, parts: list[str]) -> int:
+        if parts == ["sub"] and (gen / "sub").exists() and os.path.samestat(os.fstat(top), os.stat(gen)):
+            (gen / "sub" / "f").unlink()
+            (gen / "sub").rmdir()
+        return real_open_beneath(top, parts)
+
+    monkeypatch.setattr(os, "listdir", listdir_then_remove)
+    monkeypatch.setattr(files, "open_listed", changed_then_opened)
+    monkeypatch.setattr(files, "open_beneath", removed_then_opened)
+    guard.bump(SESSION, 2)
+    monkeypatch.undo()
+    copied = guards.dir_write_path(root, 2)
+    assert sorted(p.name for p in copied.iterdir()) == ["state.json", "sub"]
+    assert (copied / "state.json").read_text() == "new state" and list((copied / "sub").iterdir()) == []
+    said = capfd.readouterr().err
+    assert "not copied into gen-2" in said and "'piped' (replaced by a FIFO while copied)" in said
+    assert "gone" not in said  # a name gone is not the user's concern: what is there is copied
 
 
 def test_a_dir_guard_copies_holes_and_hard_links_as_such_within_a_cap(tmp_path: Path) -> None:
