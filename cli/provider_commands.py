@@ -6,7 +6,10 @@ Guarantee: each takes every option of `run` and runs through it; on a first run 
 thread and records its handle as soon as it exists, later it resumes the recorded one; it carries
 only what the CLI needs to resume (Codex `sessions/`, Claude Code `projects/<this directory's
 key>/`). Before anything is asked of the session: a CLI not on PATH exits 127, and a Claude Code
-session recorded for another working directory is refused (2), naming that directory.
+session recorded for another working directory is refused (2), naming that directory. Before
+anything is made or written: a state directory another user could change, or one reached through
+their directory or link, is refused (2) — with root's HOME another user's (sudo without -H), their
+link would take root's restore anywhere.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from holdfast.cli.options import failed
 from holdfast.client import provider_rules as rules
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
+from holdfast.common import files
 from holdfast.common.reasons import Reason
 
 
@@ -55,21 +59,38 @@ def _check(args: argparse.Namespace, provider: rules.Provider) -> str:
     return cli
 
 
+def _carried(args: argparse.Namespace, provider: rules.Provider) -> str:
+    """What is carried, its directory made if missing — where a first run's CLI makes it: `run
+    --carry` needs the directory of a path that does not exist yet, and uploads the path if the CLI
+    made it. That directory must be this user's alone, and neither it nor any directory above it,
+    nor one a link on the way is read from, another user's or one they may change
+    (files.open_private_path, as `up`'s state directory): else ClientError, nothing made."""
+    state = rules.state_dir(provider, os.environ)
+    carried = rules.carried_path(provider, state, os.getcwd())
+    try:
+        os.close(files.open_private_path(os.path.dirname(carried)))
+    except OSError as exc:
+        raise ClientError(
+            Reason.INVALID_ARGUMENT,
+            f"{exc.filename or os.path.dirname(carried)}: {exc.strerror}: {provider.command}'s state "
+            f"directory {state} must be uid {os.geteuid()}'s alone, in directories no other user may change "
+            f"(with sudo, pass -H, or set {provider.state_env}); nothing was made, nor a grant asked for",
+            args.session) from None
+    return carried
+
+
 def _provider_handler(args: argparse.Namespace) -> int:
     provider = rules.PROVIDERS[args.command]
     if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
         args.parser.error(f"--report {args.report}: no such directory")  # a refusal below writes it
     try:
         cli = _check(args, provider)
+        carried = _carried(args, provider)
     except ClientError as err:
         code = failed(args, err)
         if args.report:  # as `run` writes it for a refusal: CMD never ran
             run_commands.write_report(args.report, run_commands.run_report(args.session, code, None, 0, err))
         return code
-    carried = rules.carried_path(provider, rules.state_dir(provider, os.environ), os.getcwd())
-    # The CLI's state directory, where a first run's CLI makes what is carried: `run --carry` needs
-    # the directory of a path that does not exist yet, and uploads the path if the CLI made it.
-    os.makedirs(os.path.dirname(carried), exist_ok=True)
     words = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     args.cmd = [sys.executable, "-m", "holdfast.client.provider", args.command, cli, *words]
     args.carry = [*args.carry, carried]

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import stat
 import sys
 import tempfile
 from collections.abc import AsyncGenerator, Callable
@@ -91,43 +90,41 @@ def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]
     """
     name = f"{host_id}.{session_id}"
     for base in _takeover_dirs():
-        path = base / name
-        if not _private_to_us(base):
-            continue  # e.g. a temp dir another user made first: nothing in it is ours to trust
-        with contextlib.suppress(OSError):
-            kept = path.read_text().strip()
-            if identifiers.OPERATION_ID.fullmatch(kept):
-                return kept, path
-        operation_id = spawn_tokens.random_hex(16)
         try:
-            base.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # Checked again on the descriptor written through: another user may have made the
-            # directory between the check above and the mkdir.
-            fd = files.open_private_dir(base)
-            try:
-                files.write_whole(fd, name, operation_id.encode())
-            finally:
-                os.close(fd)
+            # Made if missing, then read and written through this one descriptor: a directory of
+            # this user's alone, reached through no link another user made or may swap
+            # (files.open_private_path) — a root run with another user's HOME never follows that
+            # user's `~/.local/state` link to write, and a temp dir another user made first is
+            # refused.
+            directory = files.open_private_path(base, mode=0o700)
         except OSError:
-            continue  # a read-only home (a pod's): the next place, or none
-        return operation_id, path
+            continue  # refused, or a read-only home (a pod's): the next place, or none
+        try:
+            kept = _kept(directory, name)
+            if kept is not None:
+                return kept, base / name
+            operation_id = spawn_tokens.random_hex(16)
+            files.write_whole(directory, name, operation_id.encode())
+        except OSError:
+            continue
+        finally:
+            os.close(directory)
+        return operation_id, base / name
     # Nowhere to keep it: this takeover goes on under a fresh id; a retry by another process would
     # be refused OPERATION_CONFLICT until this request is granted or recovered, never granted twice.
     return spawn_tokens.random_hex(16), None
 
 
-def _private_to_us(base: Path) -> bool:
-    """Missing (we make it 0700), or ours and writable by nobody else, up to the holdfast dir."""
-    for directory in (base, base.parent):
-        try:
-            st = os.lstat(directory)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return False
-    return True
+def _kept(directory: int, name: str) -> str | None:
+    """The operation id kept as `name` in the directory open as `directory`; None when there is
+    none, or it is not a regular file of this user's alone (never read through a link)."""
+    try:
+        fd = files.open_private_file(directory, name, os.O_RDONLY)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        kept = f.read(256).decode(errors="replace").strip()
+    return kept if identifiers.OPERATION_ID.fullmatch(kept) else None
 
 
 def _takeover_dirs() -> list[Path]:

@@ -157,8 +157,9 @@ class _Root:
     def open(self) -> None:
         directory = os.path.dirname(self.path) or "."
         # The directory this run's own --carry names (its parents are the user's path, made if
-        # missing, and said if the restore then fails; a link on the way that another user planted
-        # is not followed); everything below it is reached from this one descriptor.
+        # missing, and said if the restore then fails; a link on the way is followed only when it
+        # is this user's or root's in directories no other user may change — never one in another
+        # user's home, whoever made it); everything below it is reached from this one descriptor.
         self.parent, self.made = open_user_dir(directory, make=True)
         self.temp = files.make_dir(self.parent, self.beside("restore"))
         self.temp_fd = os.open(self.temp, OPEN_DIR, dir_fd=self.parent)

@@ -4,13 +4,21 @@ A certificate names its role in a URI subject alternative name (see `holdfast.co
 come from the CA's signature, never from a request field: an agent certificate naming host H is
 the only thing that may register H, and a client certificate can never pass for an agent's.
 Private keys are written 0600.
+
+Guarantee: every file is written whole into a directory opened once — this user's, nobody else may
+write it, reached through no link another user made or may swap (files.open_private_path) — by
+files.write_whole, through no link planted at its name: `certs init DIR` or `certs issue --out
+DIR` into another user's directory, or one others may change, is refused, writing nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import ipaddress
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from cryptography import x509
@@ -40,8 +48,32 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    files.write_whole(path.parent, path.name, data, 0o600)
+@contextlib.contextmanager
+def _opened(directory: Path, mode: int = 0o755) -> Iterator[int]:
+    """A descriptor on `directory`, made (`mode`) if missing, every file of it written through:
+    refused (NotPrivate, UntrustedLink) when another user could change what is there or how it is
+    reached, where a link of theirs would take a root `certs` run's writes anywhere."""
+    fd = files.open_private_path(directory, mode=mode)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _exists(directory: int, name: str) -> bool:
+    """Whether anything — a link too, dangling or not — is at `name` in the directory open as
+    `directory`."""
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _write_pair(directory: int, stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
+    """`<stem>.key` (0600) and `<stem>.pem` (0644) in the directory open as `directory`, each whole."""
+    files.write_whole(directory, f"{stem}.key", _key_pem(key), 0o600)
+    files.write_whole(directory, f"{stem}.pem", _cert_pem(cert), 0o644)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -68,9 +100,14 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
 
 def init_ca(directory: Path, stem: str = "ca", common_name: str = "holdfast local CA") -> None:
     """Creates <stem>.pem / <stem>.key in `directory`, refusing to overwrite an existing CA."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if (directory / f"{stem}.key").exists():
-        raise FileExistsError(f"{directory / (stem + '.key')} exists; use another directory or delete it")
+    with _opened(directory) as fd:
+        if _exists(fd, f"{stem}.key"):
+            raise FileExistsError(f"{directory / (stem + '.key')} exists; use another directory or delete it")
+        _write_pair(fd, stem, *_new_ca(common_name))
+
+
+def _new_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A new CA's key and self-signed certificate: it signs certificates, never another CA."""
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (_builder(common_name, name, key.public_key(), CA_LIFETIME)
@@ -80,8 +117,7 @@ def init_ca(directory: Path, stem: str = "ca", common_name: str = "holdfast loca
                                          key_agreement=False, key_cert_sign=True, crl_sign=True,
                                          encipher_only=False, decipher_only=False), critical=True)
             .sign(key, hashes.SHA256()))
-    _write_private(directory / f"{stem}.key", _key_pem(key))
-    (directory / f"{stem}.pem").write_bytes(_cert_pem(cert))
+    return key, cert
 
 
 def init_agent_ca(directory: Path) -> None:
@@ -155,6 +191,13 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
     certificate is also good for client authentication, since every party is a client of another.
     """
     out = out or directory
+    with _opened(out) as fd:
+        _issue(fd, directory, role, hosts)
+    return out / f"{role.file_stem}.pem"
+
+
+def _issue(out: int, directory: Path, role: Role, hosts: list[str]) -> None:
+    """`issue` into the directory open as `out`."""
     ca_key, ca_cert = load_ca(directory)
     key = _new_key()
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role.uri())]
@@ -166,10 +209,7 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
         except ValueError:
             names.append(x509.DNSName(host))
     cert = _leaf(ca_key, ca_cert, role.uri(), key.public_key(), names, LEAF_LIFETIME)
-    _write_private(out / f"{role.file_stem}.key", _key_pem(key))
-    path = out / f"{role.file_stem}.pem"
-    path.write_bytes(_cert_pem(cert))
-    return path
+    _write_pair(out, role.file_stem, key, cert)
 
 
 # Roles `certs issue` gives one at a time (etcd's own certificates come only with `certs init`).
@@ -185,14 +225,13 @@ def issue_one(directory: Path, role: Role, serve_on: list[str], out: Path | None
         raise FileNotFoundError(f"{directory / 'ca.key'} is missing: make the CA with `holdfast certs init "
                                 f"{directory}` first")
     target = out or directory
-    if (target / f"{role.file_stem}.pem").exists():
-        raise FileExistsError(f"{target / (role.file_stem + '.pem')} exists; remove it to issue it again")
-    if out is not None:
-        out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not (out / "ca.pem").exists():
-            (out / "ca.pem").write_bytes((directory / "ca.pem").read_bytes())
-    hosts = [role.name, *serve_on] if role.kind == "agent" else serve_on
-    return issue(directory, role, hosts, out)
+    with _opened(target, 0o700) as fd:
+        if _exists(fd, f"{role.file_stem}.pem"):
+            raise FileExistsError(f"{target / (role.file_stem + '.pem')} exists; remove it to issue it again")
+        if out is not None and not _exists(fd, "ca.pem"):
+            files.write_whole(fd, "ca.pem", (directory / "ca.pem").read_bytes(), 0o644)
+        _issue(fd, directory, role, [role.name, *serve_on] if role.kind == "agent" else serve_on)
+    return target / f"{role.file_stem}.pem"
 
 
 def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
@@ -252,7 +291,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Issue one certificate from the CA that `holdfast certs init DIR` made, e.g. for a "
         "node added later: holdfast certs issue DIR --role agent --host node-7 --out node-7/ "
         "(node-7/ then holds ca.pem and agent-node-7.pem/.key, never the CA's key). Exit status: "
-        "0 issued, 1 the CA is missing or the certificate exists, 2 bad arguments.")
+        "0 issued, 1 the CA is missing, the certificate exists or OUTDIR is refused (another user could "
+        "change it or how it is reached), 2 bad arguments.")
     one.add_argument("directory", type=Path, help="the CA directory (ca.pem, ca.key)")
     one.add_argument("--role", required=True, choices=ISSUABLE)
     one.add_argument("--host", metavar="HOST_ID", help="with --role agent: the host id it speaks for "
@@ -281,6 +321,8 @@ def _init_command(args: argparse.Namespace) -> int:
     except FileExistsError as exists:
         print(f"holdfast certs: {exists} (or pass --add-missing to issue only what it lacks)", flush=True)
         return 1
+    except (files.NotPrivate, files.UntrustedLink) as refused:
+        return _refused(refused)
     for path in issued:
         print(path)
     return 0
@@ -308,5 +350,15 @@ def _issue_command(args: argparse.Namespace) -> int:
     except (FileNotFoundError, FileExistsError) as exc:
         print(f"holdfast certs: {exc}", flush=True)
         return 1
+    except (files.NotPrivate, files.UntrustedLink) as refused:
+        return _refused(refused)
     print(path)
     return 0
+
+
+def _refused(refused: OSError) -> int:
+    """Says why a directory was refused (status 1): another user could change it or how it is reached."""
+    print(f"holdfast certs: {refused.filename}: {refused.strerror}; nothing was written there. Next: a "
+          f"directory only uid {os.geteuid()} may change, reached through no other user's directory or "
+          "link", flush=True)
+    return 1

@@ -6,13 +6,16 @@ Each swap is made for real on disk, at the very point the other user would make 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from holdfast.client import carry, carry_restore
+from holdfast.client import acquire, carry, carry_restore
 from holdfast.client.errors import ClientError
 from holdfast.common import files
 from holdfast.v1 import coordinator_pb2 as pb
@@ -134,3 +137,109 @@ def test_put_in_place_moves_nothing_through_a_link(tmp_path: Path, monkeypatch: 
         carry_restore.restore(manifest, b"", ["notes"], str(shared))
     assert os.listdir(outside) == []
     assert (shared / "notes" / "mine").read_text() == "previous state"
+
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files need root to make")
+NOBODY = 65534
+HOLDFAST = os.path.join(os.path.dirname(sys.executable), "holdfast")
+
+
+def another_users_home(tmp_path: Path, links: dict[str, Path]) -> Path:
+    """A home of uid 65534's with its links `name -> target`, theirs, as they would make them."""
+    home = tmp_path / "theirhome"
+    home.mkdir()
+    for name, target in links.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(target)
+        os.lchown(home / name, NOBODY, NOBODY)
+    for path in [home, *(p for p in home.rglob("*") if not p.is_symlink())]:
+        os.lchown(path, NOBODY, NOBODY)
+    return home
+
+
+@as_root
+def test_a_takeover_id_is_kept_through_no_link_of_another_users_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root with another user's HOME (sudo without -H): their `~/.local/state` link to a directory
+    of root's took root's takeover id, made there as root's."""
+    rootonly = tmp_path / "rootonly"
+    rootonly.mkdir(mode=0o700)
+    home = another_users_home(tmp_path, {".local/state": rootonly})
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    operation, kept = acquire.takeover_operation("sess-abcdefgh", "host-a")
+    assert list(rootonly.iterdir()) == [], "nothing made through their link"
+    assert kept is not None and kept.is_relative_to(tmp_path / "tmp"), kept
+    assert kept.read_text() == operation
+    assert acquire.takeover_operation("sess-abcdefgh", "host-a") == (operation, kept), "kept for the retry"
+
+
+@as_root
+def test_a_restore_follows_no_link_in_another_users_home(tmp_path: Path) -> None:
+    """Root `holdfast codex` with another user's HOME: their `~/.codex` link to root's directory
+    was followed, and root's `sessions/` there replaced by the carried tree."""
+    (tmp_path / "src" / "sessions").mkdir(parents=True)
+    (tmp_path / "src" / "sessions" / "planted").write_text("the previous owner's")
+    packed = carry.pack(["sessions"], str(tmp_path / "src"), "sess-abcdefgh")
+    victim = tmp_path / "victim"
+    (victim / "sessions").mkdir(parents=True, mode=0o700)
+    (victim / "sessions" / "roots").write_text("root's")
+    home = another_users_home(tmp_path, {".codex": victim})
+    carried = str(home / ".codex" / "sessions")
+    packed.manifest.roots[0].path = carried
+    with pytest.raises(ClientError, match="uid 65534, neither yours nor root's"):
+        carry_restore.restore(packed.manifest, b"".join(packed.chunks), [carried], "/")
+    assert os.listdir(victim / "sessions") == ["roots"] and os.listdir(victim) == ["sessions"]
+
+
+@as_root
+def test_a_provider_command_refuses_a_state_directory_in_another_users_home(tmp_path: Path) -> None:
+    """`holdfast codex` as root with another user's HOME made `~/.codex` through their link, then
+    carried and restored there. Refused (2) before anything is made or asked."""
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    home = another_users_home(tmp_path, {".codex": victim})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "codex").write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\n")
+    (bin_dir / "codex").chmod(0o755)
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run([HOLDFAST, "codex", "--session", "sess-abcdefgh", "--coordinator", "127.0.0.1:9",
+                           "--", "hi"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "theirhome: uid 65534 owns it" in done.stderr and "nothing was made" in done.stderr
+    assert list(victim.iterdir()) == [] and not (tmp_path / "ran").exists()
+
+
+@as_root
+def test_certs_are_written_into_no_directory_or_link_of_another_user(tmp_path: Path) -> None:
+    """`holdfast certs issue --out DIR` into another user's directory wrote root's certificate and
+    the CA's through the links they had planted at the names (dangling, so `exists()` said no)."""
+    ca, victim, out = tmp_path / "ca", tmp_path / "victim", tmp_path / "out"
+    victim.mkdir(mode=0o700)
+    made = subprocess.run([HOLDFAST, "certs", "init", str(ca)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    out.mkdir()
+    os.chmod(out, 0o777)
+    for name in ("ca.pem", "agent-node-7.pem", "agent-node-7.key"):
+        (out / name).symlink_to(victim / name)
+    for path in (out, *out.iterdir()):
+        os.lchown(path, NOBODY, NOBODY)
+    issue = [HOLDFAST, "certs", "issue", str(ca), "--role", "agent", "--host", "node-7", "--out"]
+    done = subprocess.run([*issue, str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "nothing was written" in done.stdout, done.stdout + done.stderr
+    theirs = another_users_home(tmp_path, {"pki": victim})
+    done = subprocess.run([HOLDFAST, "certs", "init", str(theirs / "pki")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "nothing was written" in done.stdout, done.stdout + done.stderr
+    assert list(victim.iterdir()) == [] and sorted(p.name for p in out.iterdir()) == [
+        "agent-node-7.key", "agent-node-7.pem", "ca.pem"]
+    os.chmod(out, 0o755)
+    os.chown(out, 0, 0)  # root's alone now, a link of theirs left at the key's name: replaced
+    (out / "agent-node-7.pem").unlink()
+    done = subprocess.run([*issue, str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list(victim.iterdir()) == []
+    assert not (out / "agent-node-7.key").is_symlink() and not (out / "agent-node-7.pem").is_symlink()
