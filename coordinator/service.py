@@ -639,12 +639,22 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 # another holdfast cluster hears it at once (WRONG_CLUSTER), as a listing told it.
                 yield pb.SessionEvent(cluster_id=cluster)
             else:
-                entries, revision = await self.store.snapshot_prefix(prefix)
-                for e in entries:
-                    if key is None or e.key == key:
-                        record = self.sessions.decode(e)
-                        if visible(record):
-                            yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
+                # A page at a time, each let go once sent: a caller that stops reading keeps one
+                # page of every tenant's records here, not the whole listing, and the watch after
+                # it keeps none. Compacted before the last page: list again (a record sent twice is
+                # a resync twice).
+                try:
+                    async with contextlib.aclosing(self.store.snapshot_pages(prefix)) as pages:
+                        async for page, listed_at in pages:
+                            revision = listed_at
+                            for e in page:
+                                if key is None or e.key == key:
+                                    record = self.sessions.decode(e)
+                                    if visible(record):
+                                        yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
+                            page.clear()
+                except Compacted:
+                    continue
             after = 0
             # One session's watch (an owner's of its own) is served from this replica's one watch of
             # every session when it can be: no watch of its own at etcd.

@@ -265,16 +265,36 @@ class Store:
         entries, _, revision = await self._scan(prefix)
         return entries, revision
 
+    async def snapshot_pages(self, prefix: str) -> AsyncIterator[tuple[list[Entry], int]]:
+        """`snapshot_prefix` a page at a time, each with the one revision of them all, so a reader
+        that stops between pages (a stalled WatchSessions caller) keeps one page, not every key;
+        the revision compacted before the last page is `Compacted` (list again)."""
+        async for entries, _, revision in self._pages(prefix.encode(), "", 0):
+            yield entries, revision
+
     async def _scan(self, prefix: str, start_after: str = "",
                     limit: int = 0) -> tuple[list[Entry], bool, int]:
         """Pages of Ranges: the first at the newest revision, the rest at the first's, so the whole
         listing is one snapshot (a compaction of that revision meanwhile lists again from the start)."""
-        raw = prefix.encode()
-        entries: list[Entry] = []
-        page, revision, after = PAGE, 0, start_after
+        while True:
+            entries: list[Entry] = []
+            last = (False, 0)
+            try:
+                async for page, more, revision in self._pages(prefix.encode(), start_after, limit):
+                    entries += page
+                    last = (more, revision)
+            except Compacted:
+                continue
+            return entries, *last
+
+    async def _pages(self, raw: bytes, start_after: str,
+                     limit: int) -> AsyncIterator[tuple[list[Entry], bool, int]]:
+        """(entries, more, revision) per Range: the first at the newest revision, the rest at the
+        first's; its compaction meanwhile is `Compacted`. At least one page, maybe empty."""
+        page, revision, after, taken = PAGE, 0, start_after, 0
         while True:
             start = (after.encode() + b"\x00") if after else raw
-            want = min(page, limit - len(entries)) if limit else page
+            want = min(page, limit - taken) if limit else page
             try:
                 resp = await self._call(self._kv.Range, rpc.RangeRequest(
                     key=start, range_end=_range_end(raw), limit=want, revision=revision,
@@ -287,14 +307,16 @@ class Store:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
                     raise
-                entries, revision, after = [], 0, start_after
-                continue
+                raise Compacted(f"revision {revision} compacted while listing") from exc
             revision = revision or int(resp.header.revision)
-            entries += [_entry(kv) for kv in resp.kvs]
-            more = bool(resp.more)
-            if not more or not resp.kvs or (limit and len(entries) >= limit):
-                return entries, more, revision
-            after = entries[-1].key
+            entries = [_entry(kv) for kv in resp.kvs]
+            more = bool(resp.more) and bool(entries)
+            taken += len(entries)
+            # Read before it is handed on: a reader may let the page go (clear it).
+            after = entries[-1].key if entries else after
+            yield entries, more, revision
+            if not more or (limit and taken >= limit):
+                return
 
     async def txn(self, compares: Sequence[rpc.Compare], puts: Sequence[Put],
                   deletes: Sequence[str] = (), delete_prefixes: Sequence[str] = ()) -> tuple[bool, int]:
