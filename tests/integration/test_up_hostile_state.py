@@ -155,7 +155,8 @@ def their_ca(planter: Path, victim: Path) -> tuple[Path, Path]:
     """A state directory of theirs with a CA of theirs in tls/: whoever holds ca.key would mint
     any certificate the stack trusts (an operator's of every tenant)."""
     state = their_state_dir(planter)
-    certs.init_ca(state / "tls")
+    certs.init_ca(planter / "ca")  # made where root's certs may write, then handed over as theirs
+    os.rename(planter / "ca", state / "tls")
     for path in [state / "tls", *(state / "tls").iterdir()]:
         os.chown(path, NOBODY, NOBODY)
     return state, state / "tls"
