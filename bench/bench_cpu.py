@@ -73,11 +73,13 @@ async def own(coordinator: coordinator_pb2_grpc.CoordinatorStub,
 
 
 async def release_on_call(call: grpc.aio.StreamStreamCall, grant: pb.Grant) -> None:
-    """`run`'s release: sent on its grant's Own call, answered there (past any change first)."""
+    """`run`'s release: sent on its grant's Own call, answered there (past any change first), and
+    the call read to its end."""
     await call.write(pb.HoldRequest(release=pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence,
                                                               secret=grant.secret)))
     while not (await call.read()).HasField("released"):
         pass
+    await call.read()
 
 
 class CpuGroup:

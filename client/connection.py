@@ -358,6 +358,8 @@ class Client:
         """The release's answer on its call, past any change the watch left unread."""
         while (message := await held.read()) is not grpc.aio.EOF:
             if message.HasField("released"):
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await held.read()  # its end: a call cancelled as it ends costs the coordinator more
                 return message.released
         return None
 
