@@ -98,10 +98,11 @@ class Watcher:
     """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
     and how it ended."""
 
-    __slots__ = ("behind_bytes", "budget", "ended", "events", "gone", "id", "reached", "waker")
+    __slots__ = ("behind_bytes", "budget", "ended", "events", "gone", "id", "reached", "stream", "waker")
 
     def __init__(self, budget: Budget, reached: int = 0) -> None:
         self.budget = budget
+        self.stream: Stream | None = None  # the one it was opened on (a key watcher is on none)
         self.id = UNANSWERED  # etcd's, from its `created` response
         self.reached = reached  # a revision etcd must have reached by its `created` response (0: none)
         self.events: collections.deque[rpc.Event] = collections.deque()
@@ -131,10 +132,14 @@ class Watcher:
         self._wake()
 
     def drop(self, error: Exception) -> None:
-        """Ends with `error` at once, the events its reader has not taken dropped (it re-lists)."""
+        """Ends with `error` at once, the events its reader has not taken dropped (it re-lists), and
+        its watch at etcd cancelled: a stalled reader may not come back to close it for long, and
+        etcd would go on sending it every event, each read here and thrown away."""
         self.ended = error
         self.release()
         self._wake()
+        if self.stream is not None:
+            self.stream.close(self)
 
     def release(self) -> None:
         """Its events no longer held: dropped, or its reader is done with it."""
@@ -198,6 +203,7 @@ class Stream:
         self.creating.append(watcher)
         self.requests.put_nowait(create)
         self.live += 1
+        watcher.stream = self
 
     def close(self, watcher: Watcher) -> None:
         """Its reader is done with `watcher`; the last one closes the stream."""

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,7 +21,13 @@ from holdfast.coordinator.store import Compacted, Entry, Put, Store
 from holdfast.coordinator.store_errors import Unreached
 from holdfast.localstack.etcd_server import EtcdServer
 from tests.integration.coordinator_fixtures import etcd_server, run_async
-from tests.integration.test_watch_hub import killed_under, revision, slow_ends_lagged_alone, take
+from tests.integration.test_watch_hub import (
+    etcd_watchers,
+    killed_under,
+    revision,
+    slow_ends_lagged_alone,
+    take,
+)
 
 pytest_plugins = ["tests.integration.coordinator_fixtures"]
 pytestmark = pytest.mark.timeout(60)
@@ -32,15 +37,6 @@ pytestmark = pytest.mark.timeout(60)
 def own_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """An etcd no other test's watches come and go on: its watcher count is this test's alone."""
     yield from etcd_server(tmp_path_factory)
-
-
-def etcd_watchers(etcd: EtcdServer) -> int:
-    """The watches etcd holds, from its own /metrics."""
-    with urllib.request.urlopen(f"{etcd.url}/metrics", timeout=10) as page:
-        for line in page.read().decode().splitlines():
-            if line.startswith("etcd_debugging_mvcc_watcher_total "):
-                return int(float(line.rsplit(" ", 1)[1]))
-    raise AssertionError("etcd reports no watcher count")
 
 
 @contextlib.asynccontextmanager

@@ -35,6 +35,15 @@ def watch_streams(etcd: EtcdServer) -> tuple[int, int]:
     return counts["started"], counts["handled"]
 
 
+def etcd_watchers(etcd: EtcdServer) -> int:
+    """The watches etcd holds, from its own /metrics."""
+    with urllib.request.urlopen(f"{etcd.url}/metrics", timeout=10) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("etcd reports no watcher count")
+
+
 async def take(changes: AsyncIterator[Entry | str], n: int) -> list[str]:
     """The next n changes, each as `key=value` (a put) or `key` (a delete)."""
     out = []
@@ -370,9 +379,12 @@ async def test_stalled_readers_stay_within_the_replicas_budget_the_furthest_behi
         # 6 and 3 held: 9 events' bytes, within the budget.
         await wait_until(lambda: budget.unread == 9 * size, "the stalled readers hold 6 and 3 events")
         assert budget.shed == 0
+        watching = etcd_watchers(etcd)
         await put(7, keeping_up)  # 7 and 4 (and keeping_up's 1): past the budget
         await wait_until(lambda: budget.shed == 1, "the reader furthest behind is ended")
         assert budget.unread == 4 * size <= budget.limit
+        # Its watch is cancelled at etcd at once, not when its reader comes back.
+        await wait_until(lambda: etcd_watchers(etcd) == watching - 1, "etcd drops the ended watch")
         with pytest.raises(Lagged, match="watch_unread_budget_bytes"):
             await take(first, 1)  # no event before the error: what it held is gone
         assert await take(second, 4) == [f"{key}={str(i) * pad}" for i in range(4, 8)]
