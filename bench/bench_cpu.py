@@ -6,9 +6,9 @@ not depend on how many cores the machine has or who else runs on it; wall time d
 Measured on the stack of `holdfast up --hosts 1` (etcd on disk, fsync on):
 - a full cycle: `holdfast run --session S -- true` started inside the simulated host, sequentially
   (acquire → gate attested → commit → CMD → exit watch → release), over 100 sessions in turn;
-- the same cycle from a resident client: the RPCs `run` makes, in its order (a gate spawned, an
-  Own call committing it and kept open as the owner's watch, the gate ended, the release sent and
-  answered on that call), on a new channel each time as a new `run` has, from this process. Each `run`
+- the same cycle from a resident client: the RPCs `run` makes, in its order (a gate spawned, a
+  Hold committing it and kept open as the owner's watch, the gate ended, the Hold cancelled,
+  Release), on a new channel each time as a new `run` has, from this process. Each `run`
   is a fresh interpreter whose start (~100 ms of CPU, right beside the servers on this machine)
   leaves every server's caches cold: measured, it adds ~1.5 to 2.5 ms to each of etcd, the
   coordinator and the agent per cycle, etcd included, which no holdfast change reaches. In a
@@ -47,7 +47,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
 from bench_coordinator import end_owner, spawn_owner
 
 from holdfast.common import env, tls
@@ -62,24 +61,6 @@ SESSIONS = 100  # a cycle's session: one of these in turn (each acquired again o
 IDLE_S = 10.0
 ETCD_METHODS = ("Range", "Txn", "Put", "DeleteRange", "Watch", "LeaseGrant", "LeaseKeepAlive", "LeaseRevoke")
 SERVERS = ("etcd", "coordinator", "agent")
-
-
-async def own(coordinator: coordinator_pb2_grpc.CoordinatorStub,
-              request: pb.AcquireRequest) -> tuple[pb.Grant, grpc.aio.StreamStreamCall]:
-    """`run`'s acquisition: an Own call, its grant read, the call kept as the owner's watch."""
-    call = coordinator.Own()
-    await call.write(pb.HoldRequest(acquire=request))
-    return (await call.read()).granted.grant, call
-
-
-async def release_on_call(call: grpc.aio.StreamStreamCall, grant: pb.Grant) -> None:
-    """`run`'s release: sent on its grant's Own call, answered there (past any change first), and
-    the call read to its end."""
-    await call.write(pb.HoldRequest(release=pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence,
-                                                              secret=grant.secret)))
-    while not (await call.read()).HasField("released"):
-        pass
-    await call.read()
 
 
 class CpuGroup:
@@ -201,11 +182,14 @@ class CpuBench:
         async with self.channel() as channel:
             coordinator = coordinator_pb2_grpc.CoordinatorStub(channel)
             child, gate = await spawn_owner(self.host)
-            grant, call = await own(coordinator, pb.AcquireRequest(
+            held = coordinator.Hold(pb.AcquireRequest(
                 session_id=session, host_id=self.host.host_id, live_on_commit=True, gate=gate,
                 operation_id=secrets.token_hex(16)))
+            grant = (await held.read()).granted.grant
             await end_owner(child)
-            await release_on_call(call, grant)
+            held.cancel()
+            await coordinator.Release(pb.ReleaseRequest(session_id=session, fence=grant.fence,
+                                                        secret=grant.secret))
 
     def idle_rates(self) -> dict[str, float]:
         """Each server's CPU µs per second, and etcd's requests per second ("etcd Range", ...),

@@ -86,7 +86,7 @@ SETTINGS = [
             "cannot spend every other tenant's share; 0: no per-tenant limit",
             default=carry.DEFAULT_TENANT_BUDGET),
     Setting("calls_per_caller_max", "HOLDFAST_CALLS_PER_CALLER_MAX", config.integer_in(1, 1 << 20),
-            "streaming or waiting calls (Hold, Own, WatchSessions, Acquire) one caller may keep open on a "
+            "streaming or waiting calls (Hold, WatchSessions, Acquire) one caller may keep open on a "
             "replica: one certificate from one address (without TLS the address); past it TOO_MANY_CALLS",
             default=call_limits.PER_CALLER),
     Setting("calls_per_tenant_max", "HOLDFAST_CALLS_PER_TENANT_MAX", config.integer_in(1, 1 << 20),

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,24 +89,13 @@ def not_the_caller(pid: int, session: str) -> None:
                           "writer as CMD (holdfast.client.session)", session)
 
 
+@dataclass(frozen=True)
 class Held:
-    """An Own call past its grant: the owner's watch of the record from the grant's revision on, and
-    where its release is sent."""
+    """A Hold call past its grant: the owner's watch of the record from the grant's revision on."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall, fence: int, revision: int) -> None:
-        self.call, self.fence, self.revision = call, fence, revision
-        self._next: asyncio.Future[pb.HoldEvent] | None = None
-
-    async def read(self) -> pb.HoldEvent:
-        """The call's next message (grpc.aio.EOF at its end). One reader at a time: the watch, then
-        the release. A reader cancelled while it waits leaves the read going for the next one:
-        grpc.aio ends a call whose read is cancelled, and the owner's watch is cancelled before its
-        release is sent on the same call."""
-        if self._next is None:
-            self._next = asyncio.ensure_future(self.call.read())
-        message = await asyncio.shield(self._next)
-        self._next = None
-        return message
+    call: grpc.aio.UnaryStreamCall
+    fence: int
+    revision: int
 
 
 def deadline_exceeded() -> grpc.aio.AioRpcError:
@@ -143,9 +133,9 @@ class Client:
         # A plaintext call the server closed, probed and found to be TLS: no retry can mend that
         # (it cost 5.7 s of retries to say UNREACHABLE, with the advice to start a coordinator).
         self.speaks_tls = False
-        # Each session's Own call past its grant, until it is released or let go, or it ended.
+        # Each session's Hold call past its grant, until its owner watches on it or lets it go.
         self.held: dict[str, Held] = {}
-        self.holds = True  # the coordinator serves Own (an older one answers UNIMPLEMENTED)
+        self.holds = True  # the coordinator serves Hold (an older one answers UNIMPLEMENTED)
 
     def _open(self) -> grpc.aio.Channel:
         if self.enroller is not None:
@@ -218,8 +208,8 @@ class Client:
                       gate: pb.GateSpawn | None = None, hold: bool = False) -> tuple[Grant, pb.SessionRecord]:
         """The grant, and the record as granted: with `gate`, its owner already that gate when the
         coordinator could attest it (commit at grant), else a reservation for `commit`. With `hold`,
-        the call (Own) stays open past the grant: `watch` with this grant from its revision reads the
-        record's changes from it, and `release` of this grant is sent on it: no call of their own."""
+        the call stays open past the grant, and `watch` with this grant from its revision reads the
+        record's changes from it: no watch call of its own."""
         if gate is not None:
             not_the_caller(gate.pid_hint, session_id)
         request = pb.AcquireRequest(
@@ -244,15 +234,10 @@ class Client:
         return grant, response.record
 
     async def _hold(self, request: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
-        """Own's first answer, the Acquire's, within `timeout` as an Acquire's; the call is kept."""
-        call = self.stub.Own()
-
-        async def granted() -> pb.HoldEvent:
-            await call.write(pb.HoldRequest(acquire=request))
-            return await call.read()
-
+        """Hold's first answer, the Acquire's, within `timeout` as an Acquire's; the call is kept."""
+        call = self.stub.Hold(request)
         try:
-            first = await asyncio.wait_for(granted(), timeout)
+            first = await asyncio.wait_for(call.read(), timeout)
         except TimeoutError:
             call.cancel()
             raise deadline_exceeded() from None
@@ -261,13 +246,13 @@ class Client:
             raise
         if first is grpc.aio.EOF:  # ended without an answer or a status: no coordinator does
             raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       details="Own ended without an answer")
+                                       details="Hold ended without an answer")
         granted = first.granted
         self.held[request.session_id] = Held(call, granted.grant.fence, granted.revision)
         return granted
 
     def let_go(self, session_id: str) -> None:
-        """Ends the session's Own call, if one is kept: nobody will watch or release on it."""
+        """Ends the session's Hold call, if one is kept: nobody will watch on it."""
         held = self.held.pop(session_id, None)
         if held is not None:
             held.call.cancel()
@@ -305,63 +290,18 @@ class Client:
             return record
 
     async def release(self, grant: Grant) -> pb.SessionRecord:
-        """Sent on the grant's Own call while this client has it (one call a cycle fewer), else as a
-        Release call: the Own call ended (its coordinator restarted, an earlier release refused on
-        it) or never was (a coordinator without Own). A release the call took and never answered
-        is sent again as a Release, a retry: finding its own effect there is its success."""
+        self.let_go(grant.session_id)
         request = pb.ReleaseRequest(session_id=grant.session_id, fence=grant.fence, secret=grant.secret,
                                     cluster_id=grant.cluster_id)
-        held = self.held.get(grant.session_id)
-        lost = False
         try:
-            response = None
-            if held is not None and held.fence == grant.fence:
-                del self.held[grant.session_id]
-                response, lost = await self._release_on(held, request)
-            else:
-                self.let_go(grant.session_id)
-            if response is None:
-                response = await self._call(self.stub.Release, request, grant.session_id)
+            response = await self._call(self.stub.Release, request, grant.session_id)
             same_cluster(grant, response.cluster_id)
             return response.record
         except ClientError as err:
-            err.retried = err.retried or lost
             record = await self._own_effect(grant, err, lambda lease: lease.claim_status == pb.RELEASED)
             if record is None:
                 raise
             return record
-
-    async def _release_on(self, held: Held,
-                          request: pb.ReleaseRequest) -> tuple[pb.ReleaseResponse | None, bool]:
-        """The release sent on its grant's Own call and its answer; a refusal raises it as Release's
-        would. (None, whether the release may have been sent) when the call ended unanswered."""
-        try:
-            await held.call.write(pb.HoldRequest(release=request))
-        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):  # the call had ended: nothing was sent
-            held.call.cancel()
-            return None, False
-        try:
-            message = await asyncio.wait_for(self._released(held), CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RECONNECT:  # answered: Release's refusal, with its reason
-                self.answered = True
-                raise classify(exc, request.session_id, self.address) from None
-            message = None
-        except TimeoutError:
-            message = None
-        finally:
-            held.call.cancel()
-        return message, message is None
-
-    @staticmethod
-    async def _released(held: Held) -> pb.ReleaseResponse | None:
-        """The release's answer on its call, past any change the watch left unread."""
-        while (message := await held.read()) is not grpc.aio.EOF:
-            if message.HasField("released"):
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await held.read()  # its end: a call cancelled as it ends costs the coordinator more
-                return message.released
-        return None
 
     async def _own_effect(self, grant: Grant, err: ClientError,
                           applied: Callable[[pb.Lease], bool]) -> pb.SessionRecord | None:
@@ -504,7 +444,8 @@ class Client:
         held = self.held.get(session_id)
         if held is not None and grant is not None and (held.fence, held.revision) == (grant.fence,
                                                                                        after_revision):
-            events = self._held_events(held, session_id)
+            del self.held[session_id]
+            events = self._held_events(held.call, session_id)
         else:
             events = self.session_events(session_id, after_revision=after_revision)
         async for event in events:
@@ -513,19 +454,18 @@ class Client:
             if event.HasField("record") and not event.deleted:  # the opening one of after_revision has none
                 yield event.record
 
-    async def _held_events(self, held: Held, session_id: str) -> AsyncIterator[pb.SessionEvent]:
-        """The changes on an Own call, which stays open for the release when the watch stops; once
-        it ends as a watch reconnects (a coordinator going away), the record as it is then and its
-        changes, as `session_events` reconnects, and the release is a call of its own."""
+    async def _held_events(self, call: grpc.aio.UnaryStreamCall,
+                           session_id: str) -> AsyncIterator[pb.SessionEvent]:
+        """The changes on a Hold call; once it ends as a watch reconnects (a coordinator going away),
+        the record as it is then and its changes, as `session_events` reconnects."""
         try:
-            while (message := await held.read()) is not grpc.aio.EOF:
-                if message.HasField("change"):
-                    yield message.change
+            while (message := await call.read()) is not grpc.aio.EOF:
+                yield message.change
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in RECONNECT:
                 raise classify(exc, session_id, self.address) from None
-        if self.held.get(session_id) is held:
-            del self.held[session_id]
+        finally:
+            call.cancel()
         async for event in self.session_events(session_id):
             yield event
 

@@ -83,20 +83,16 @@ class RoleGate(grpc.aio.ServerInterceptor):
                 return await unary(request, context)
 
             return grpc.unary_unary_rpc_method_handler(guarded_unary, **codecs)
-        streams = handler.unary_stream or handler.stream_stream
-        if streams is not None:
-            asked = handler.unary_stream is not None
-            make = grpc.unary_stream_rpc_method_handler if asked else grpc.stream_stream_rpc_method_handler
+        if handler.unary_stream is not None:
+            stream = handler.unary_stream
 
-            # A stream of requests is judged before its first is read, so by the role alone (no
-            # request): a rule that needs a request's fields (a host call's host id) must not stream them.
             async def guarded_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
-                await check(request if asked else None, context)
-                async for item in streams(request, context):
+                await check(request, context)
+                async for item in stream(request, context):
                     yield item
 
-            return make(guarded_stream, **codecs)
-        # A client-streaming method with one answer: none exists; refused rather than unguarded.
+            return grpc.unary_stream_rpc_method_handler(guarded_stream, **codecs)
+        # No holdfast RPC streams requests; should one appear, it is refused rather than unguarded.
         refusal = Refusal(grpc.StatusCode.PERMISSION_DENIED, Reason.WRONG_ROLE, f"{method}: not authorized")
 
         async def refuse(request_iterator: object, context: grpc.aio.ServicerContext) -> None:

@@ -4,7 +4,7 @@ Guarantee: while a call is open on a connection, each end pings the other after 
 hearing from it and closes the connection when the ping is not acknowledged within
 `ack_timeout(seconds())`: a call to a peer that vanished without a TCP reset (powered off, a
 partition, a NAT that dropped the connection, a stopped process) fails UNAVAILABLE within
-seconds + ack timeout instead of never. That covers the owner's watch on its Own call, WatchSessions,
+seconds + ack timeout instead of never. That covers the owner's watch on its Hold call, WatchSessions,
 a waiting `run --wait`, the coordinator's WatchExits streams to agents and its etcd Watch stream. A
 holdfast server accepts pings down to half its own interval, so a peer set to the same value (or a
 higher one) is never sent GOAWAY "too_many_pings". Nothing pings an idle connection (no call open).
@@ -77,7 +77,7 @@ def channel_options(lowest: int = LOWEST_SECONDS) -> list[tuple[str, object]]:
 
 
 def server_options() -> list[tuple[str, object]]:
-    """A server's: it pings its callers as clients do (a vanished owner's Own call and the watch
+    """A server's: it pings its callers as clients do (a vanished owner's Hold call and the watch
     behind it end), and accepts their pings down to half its interval (a peer's pings may arrive a
     little early, and three too early ones cost the connection its calls: GOAWAY too_many_pings)."""
     interval = seconds()

@@ -21,8 +21,7 @@ READS = frozenset({"GetSession", "ListSessions", "WatchSessions", "ListHosts", "
                    "GetArchivedSession", "GetCarry"})
 # A runtime's calls. The operator may make them too (e.g. a forced takeover on a runtime's behalf,
 # docs/design.md §5); whether `force` is honoured is the service's decision, not this gate's.
-# Own carries its grant's release as Release does, so it needs what Release needs.
-SESSION_WRITES = frozenset({"Acquire", "Hold", "Own", "CommitOwner", "RecordProviderHandle", "Release",
+SESSION_WRITES = frozenset({"Acquire", "Hold", "CommitOwner", "RecordProviderHandle", "Release",
                             "RequestHandoff", "FencedPut", "BeginCarry", "PutCarryChunk", "CommitCarry"})
 # Override evidence (Recover, RecoverHost, RestoreEpoch), power a node off (FenceHost) or act on
 # sessions that are not the caller's (ArchiveSession, DrainHost): operator only.

@@ -1,7 +1,7 @@
 """How many long-lived calls one caller and one tenant keep open on this replica: the streams (Hold,
-Own, WatchSessions) and Acquire, which may wait (`run --wait`, a takeover waiting for the owner's
-exit). Each holds coordinator memory for as long as it is open, and a caller chooses how long: with
-no limit, one tenant's certificate could hold calls open until the replica failed every tenant.
+WatchSessions) and Acquire, which may wait (`run --wait`, a takeover waiting for the owner's exit).
+Each holds coordinator memory for as long as it is open, and a caller chooses how long: with no
+limit, one tenant's certificate could hold calls open until the replica failed every tenant.
 
 A caller is its verified certificate (by its SHA-256) from one peer address, without TLS the peer
 address alone (its port left out: a caller opens as many connections as it likes). Both, not the
@@ -34,7 +34,7 @@ from holdfast.coordinator.errors import CoordinatorError
 if TYPE_CHECKING:  # the CLI reads the defaults: no metrics imported for them
     from holdfast.coordinator import tenancy
 
-# One caller: a node's runs, each one call for its life (its Own), two while a `run --wait` waits;
+# One caller: a node's runs, each one call for its life (its Hold), two while a `run --wait` waits;
 # a large node runs a few hundred sessions. Past it, runs of one certificate from one address.
 PER_CALLER = 4096
 # One tenant on one replica: thousands of sessions across nodes, each one call, spread over the
@@ -94,7 +94,7 @@ class OpenCalls:
     @staticmethod
     def _refusal(rpc: str, whose: str, limit: int, setting: str) -> CoordinatorError:
         return CoordinatorError(Reason.TOO_MANY_CALLS, (
-            f"{rpc} refused: {whose} already has {limit} streaming or waiting calls (Hold, Own, "
+            f"{rpc} refused: {whose} already has {limit} streaming or waiting calls (Hold, "
             f"WatchSessions, Acquire) open on this coordinator, its limit (the coordinator setting "
             f"{setting}). End the ones left open (a stalled `holdfast watch`, runs still waiting) or "
             "raise the setting, then retry; nothing was read or written"))

@@ -9,7 +9,6 @@ that compares every precondition of the grant); indeterminate never grants.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from holdfast.common import identifiers, reasons, tls
 from holdfast.common.reasons import Reason
@@ -134,46 +132,6 @@ def _stream_handler(fn: Callable[..., AsyncIterator[object]]) -> Callable[..., A
     return wrapped
 
 
-async def _until_asked(changes: AsyncIterator[pb.SessionEvent],
-                       read: Callable[[], Awaitable[object]]) -> AsyncIterator[object]:
-    """`changes` as they come, until the caller's next message (`read`), yielded last: an owner's
-    watch on a call the owner also sends on. A half-close (EOF) leaves the changes going."""
-    asked: asyncio.Future[object] = asyncio.ensure_future(read())
-    change: asyncio.Future[pb.SessionEvent] | None = None
-    try:
-        while True:
-            change = change or asyncio.ensure_future(anext(changes))
-            done, _ = await asyncio.wait((change, asked), return_when=asyncio.FIRST_COMPLETED)
-            if asked in done:
-                if (message := asked.result()) is not grpc.aio.EOF:
-                    # The caller's last message: the watch ends before it is acted on, so the
-                    # change it makes (a release's) is not decoded and sent to a caller that has
-                    # stopped reading changes.
-                    change.cancel()
-                    yield message
-                    return
-                asked = asyncio.get_running_loop().create_future()  # nothing more will come
-            if change.done():
-                try:
-                    event = change.result()
-                except StopAsyncIteration:
-                    return
-                change = None
-                yield event
-    finally:
-        for pending in (change, asked):
-            if pending is not None:
-                pending.cancel()
-
-
-async def _ask(context: grpc.aio.ServicerContext) -> object:
-    """The caller's next message on a call that streams them; bytes that are none are refused."""
-    try:
-        return await context.read()
-    except DecodeError:
-        raise identifiers.InvalidInput("a message that is no HoldRequest; nothing was written") from None
-
-
 def _tenant_checked(fn: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
     """The caller admitted to the request's session (its tenant's, coordinator/tenancy.py) before
     the handler reads anything for it, asks an agent or writes: WRONG_TENANT otherwise."""
@@ -244,41 +202,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.HoldEvent]:
         granted = await acquire.Acquisition(self.acquiring, request, context).run()
         yield pb.HoldEvent(granted=granted)
-        async for event in self._owners_watch(request.session_id, granted, context):
-            yield pb.HoldEvent(change=event)
-
-    @_stream_handler
-    async def Own(
-        self, requests: AsyncIterator[pb.HoldRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.HoldEvent]:
-        first = await _ask(context)
-        if first is grpc.aio.EOF or first.WhichOneof("ask") != "acquire":
-            raise identifiers.InvalidInput("an Own call's first message is its AcquireRequest; nothing was "
-                                           "read or written")
-        granted = await acquire.Acquisition(self.acquiring, first.acquire, context).run()
-        yield pb.HoldEvent(granted=granted)
-        watch = self._owners_watch(first.acquire.session_id, granted, context)
-        async with contextlib.aclosing(_until_asked(watch, functools.partial(_ask, context))) as events:
-            async for event in events:
-                if isinstance(event, pb.SessionEvent):
-                    yield pb.HoldEvent(change=event)
-                    continue
-                if event.WhichOneof("ask") != "release":
-                    raise identifiers.InvalidInput("an Own call takes one AcquireRequest, then one "
-                                                   "ReleaseRequest; nothing was written")
-                # Release itself, on this call's context: the same tenant check, transaction,
-                # refusals (one ends this call with Release's status, counted as Release's) and answer.
-                released = await self.Release(event.release, context)
-                yield pb.HoldEvent(released=released)
-                return
-
-    def _owners_watch(self, session_id: str, granted: pb.AcquireResponse,
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.SessionEvent]:
-        """The owner's watch of its record after its grant, judged as WatchSessions judges each
-        record; the acquisition checked the id and judged the caller for it. Its opening event, a
-        bare cluster id, `granted` told."""
-        changes = self._changes(self.sessions.key(session_id), granted.revision, self.tenancy.caller(context))
-        return (event async for event in changes if event.HasField("record"))
+        # The owner's watch, judged as WatchSessions judges each record; the acquisition checked the
+        # id and judged the caller for it. Its opening event, a bare cluster id, `granted` told.
+        changes = self._changes(self.sessions.key(request.session_id), granted.revision,
+                                self.tenancy.caller(context))
+        async for event in changes:
+            if event.HasField("record"):
+                yield pb.HoldEvent(change=event)
 
     @_handler
     @_tenant_checked

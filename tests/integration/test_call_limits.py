@@ -7,7 +7,7 @@ stream the budget ended re-lists, missing nothing."""
 from __future__ import annotations
 
 import asyncio
-import queue
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,17 +54,22 @@ def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 def put_sessions(coordinator: Coordinator, sids: list[str], size: int = 0) -> None:
     """Session records for `sids`, ~`size` bytes each, 16 to a transaction."""
+    made = [pb.SessionRecord(session_id=sid, schema_version=1) for sid in sids]
+    for record in made:
+        for _ in range(size // 300):
+            record.provider_handle_chain.add(handle="h" * 250, minted_at_fence=1)
+    put_records(coordinator, made)
+
+
+def put_records(coordinator: Coordinator, made: list[pb.SessionRecord]) -> None:
+    """`made` written as they are, 16 to a transaction."""
 
     async def write() -> None:
         store = Store.connect(coordinator.etcd_url, prefix=coordinator.prefix)
         try:
-            for at in range(0, len(sids), 16):
-                puts = []
-                for sid in sids[at:at + 16]:
-                    record = pb.SessionRecord(session_id=sid, schema_version=1)
-                    for _ in range(size // 300):
-                        record.provider_handle_chain.add(handle="h" * 250, minted_at_fence=1)
-                    puts.append(Put(keys.session(store, sid), records.encode(record)))
+            for at in range(0, len(made), 16):
+                puts = [Put(keys.session(store, record.session_id), records.encode(record))
+                        for record in made[at:at + 16]]
                 assert (await store.txn([], puts))[0]
         finally:
             await store.close()
@@ -111,17 +116,20 @@ def test_a_callers_calls_past_its_limit_are_refused_and_every_ending_gives_its_s
     error, the caller's cancel, its connection closed, its deadline), the four slots come back: four
     open again, and the fifth is refused again."""
     put_sessions(limited, ["limit-seed"])
+    now = int(time.time() * 1000)
+    reserved = pb.SessionRecord(session_id="limit-waiting", schema_version=1, lease=pb.Lease(
+        fence=1, claim_status=pb.RESERVED, reserved_host_id="host-other", reserved_at_unix_ms=now,
+        commit_deadline_unix_ms=now + 600_000))
+    put_records(limited, [reserved])
     channel, closing = grpc.insecure_channel(limited.address), grpc.insecure_channel(limited.address)
     stub, closing_stub = (coordinator_pb2_grpc.CoordinatorStub(c) for c in (channel, closing))
-    asks: queue.Queue[pb.HoldRequest | None] = queue.Queue()
-
-    def own_requests() -> Iterator[pb.HoldRequest]:
-        while (ask := asks.get()) is not None:
-            yield ask
 
     try:
-        # An Own call that has sent nothing yet holds a slot: it is counted before anything is read.
-        own = stub.Own(own_requests())
+        # A Hold waiting (--wait) on another host's reservation: counted while it waits. (Its session
+        # lists after limit-seed, each watch's first record.)
+        held = stub.Hold(pb.AcquireRequest(session_id="limit-waiting", host_id="host-limit",
+                                           operation_id="1" * 32, wait_seconds=120))
+        until("the Hold counted", lambda: gauges(limited, "holdfast_streams_open") == 1)
         cancelled = stub.WatchSessions(pb.WatchSessionsRequest())
         lost = closing_stub.WatchSessions(pb.WatchSessionsRequest())
         timed = stub.WatchSessions(pb.WatchSessionsRequest(), timeout=5)
@@ -135,14 +143,17 @@ def test_a_callers_calls_past_its_limit_are_refused_and_every_ending_gives_its_s
         assert reasons.reason_of(acquire.value) == reasons.Reason.TOO_MANY_CALLS  # type: ignore[arg-type]
         assert snapshot(limited.etcd_url, limited.prefix) == before, "a refusal writes nothing"
 
-        asks.put(pb.HoldRequest())  # no AcquireRequest first: the call fails INVALID_ARGUMENT
+        # The reservation put in manual recovery: the waiting Hold decides again and is refused.
+        reserved.lease.handoff_stage = pb.MANUAL_RECOVERY
+        put_records(limited, [reserved])
         with pytest.raises(grpc.RpcError) as failed:
-            next(own)
-        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            next(held)
+        assert reasons.reason_of(failed.value) == reasons.Reason.MANUAL_RECOVERY  # type: ignore[arg-type]
         cancelled.cancel()
         closing.close()
         with pytest.raises(grpc.RpcError) as deadline:
-            next(timed)
+            for _ in timed:  # the reservation's change, then its deadline
+                pass
         assert deadline.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
         until("every call ended at the coordinator", lambda: gauges(limited, "holdfast_streams_open") == 0)
 
@@ -153,7 +164,6 @@ def test_a_callers_calls_past_its_limit_are_refused_and_every_ending_gives_its_s
         for watch in again:
             watch.cancel()
     finally:
-        asks.put(None)
         channel.close()
         closing.close()
 

@@ -1,6 +1,6 @@
 """A client's channel starts connecting when the client is made, not at its first call: `run` does
 its local work (CMD resolved, grant directory, gate spawned) while the connection is set up; and a
-coordinator from before Own is asked by Acquire, and released by Release."""
+coordinator from before Hold is asked by Acquire."""
 
 from __future__ import annotations
 
@@ -33,18 +33,15 @@ def test_the_channel_is_ready_before_any_call(coordinator: Coordinator) -> None:
 
 
 class OlderCoordinator(grpc.GenericRpcHandler):
-    """A stand-in for a coordinator from before Own: Acquire answered with a fixed grant and Release
-    with its record released, every other method unknown (UNIMPLEMENTED, as gRPC answers a method a
-    server does not serve); each call's method recorded."""
+    """A stand-in for a coordinator from before Hold: Acquire answered with a fixed grant, every other
+    method unknown (UNIMPLEMENTED, as gRPC answers a method a server does not serve); each call's
+    method recorded."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         self.asked.append(details.method.rsplit("/", 1)[1])  # type: ignore[attr-defined]
-        if details.method.endswith("/Release"):  # type: ignore[attr-defined]
-            return grpc.unary_unary_rpc_method_handler(release, pb.ReleaseRequest.FromString,
-                                                       pb.ReleaseResponse.SerializeToString)
         if not details.method.endswith("/Acquire"):  # type: ignore[attr-defined]
             return None
 
@@ -56,12 +53,7 @@ class OlderCoordinator(grpc.GenericRpcHandler):
                                                    pb.AcquireResponse.SerializeToString)
 
 
-async def release(request: pb.ReleaseRequest, _context: object) -> pb.ReleaseResponse:
-    return pb.ReleaseResponse(record=pb.SessionRecord(session_id=request.session_id, lease=pb.Lease(
-        fence=request.fence, claim_status=pb.RELEASED)))
-
-
-def test_a_coordinator_without_own_is_asked_by_acquire_and_release_and_own_is_not_tried_again() -> None:
+def test_a_coordinator_without_hold_is_asked_by_acquire_and_hold_is_not_tried_again() -> None:
     async def body() -> list[str]:
         older = OlderCoordinator()
         server = grpc.aio.server()
@@ -72,10 +64,9 @@ def test_a_coordinator_without_own_is_asked_by_acquire_and_release_and_own_is_no
             async with Client(f"127.0.0.1:{port}", "host-older") as client:
                 grant, _ = await client.acquire("sess-older", "0" * 32, hold=True)
                 assert (grant.fence, grant.revision, client.held) == (3, 7, {})
-                assert (await client.release(grant)).lease.claim_status == pb.RELEASED
                 await client.acquire("sess-older", "1" * 32, hold=True)
                 return older.asked
         finally:
             await server.stop(None)
 
-    assert asyncio.run(body()) == ["Own", "Acquire", "Release", "Acquire"]
+    assert asyncio.run(body()) == ["Hold", "Acquire", "Acquire"]

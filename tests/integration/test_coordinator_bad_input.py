@@ -97,7 +97,7 @@ def test_bad_input_never_crashes_nor_writes(coordinator: Coordinator, etcd, pref
     assert coordinator.process is not None and coordinator.process.poll() is None
 
 
-STREAMS = ("WatchSessions", "Hold", "Own")  # refused at their first read
+STREAMS = ("WatchSessions", "Hold")  # refused at their first read
 PATH_TRICKS = ["../session-fixed-1", "session-fixed-1/../x", "/session-fixed-1", "a/b/c/d/e/f/g/h",
                "session-fixed-1\0", "\0" * 16, "s" * 129, "s" * 100_000, "session-fixed-1/",
                "%2e%2e%2fabcdefg"]
@@ -110,8 +110,6 @@ def session_requests(sid: str) -> list[tuple[str, object]]:
     return [
         ("Acquire", pb.AcquireRequest(session_id=sid, host_id="host-fuzz", operation_id=OP)),
         ("Hold", pb.AcquireRequest(session_id=sid, host_id="host-fuzz", operation_id=OP)),
-        ("Own", iter([pb.HoldRequest(acquire=pb.AcquireRequest(session_id=sid, host_id="host-fuzz",
-                                                               operation_id=OP))])),
         ("CommitOwner", pb.CommitOwnerRequest(session_id=sid, fence=1, secret="s")),
         ("RecordProviderHandle", pb.RecordProviderHandleRequest(session_id=sid, fence=1, secret="s",
                                                                 handle="h")),
@@ -132,7 +130,6 @@ def fence_requests(fence: int) -> list[tuple[str, object]]:
     acquire = [(method, pb.AcquireRequest(session_id=SID, host_id="host-fuzz", operation_id="1" * 32,
                                           expected_fence=fence, has_expected_fence=True))
                for method in ("Acquire", "Hold")] if fence else []
-    acquire += [("Own", iter([pb.HoldRequest(acquire=request)])) for _, request in acquire[:1]]
     return [
         *acquire,
         ("CommitOwner", pb.CommitOwnerRequest(session_id=SID, fence=fence, secret="s")),

@@ -190,12 +190,12 @@ def test_an_owner_whose_link_went_silent_still_hears_a_takeover(
     monkeypatch.setenv(keepalive.ENV, str(INTERVAL))  # the agents' and the runs'
     a, b = cluster.host("host-a"), cluster.host("host-b")
     proxy = proxies.add("coordinator", cluster.coordinator.address)
-    sid = "sess-keepalive-own"
+    sid = "sess-keepalive-hold"
     first = cluster.run(a, sid, "--grace", "5", env={"HOLDFAST_COORDINATOR": proxy.address})
     child_started(cluster, 1)
-    assert streams_open(cluster.coordinator) == {"Own": 1.0}
+    assert streams_open(cluster.coordinator) == {"Hold": 1.0}
     proxies.stall(proxy)
-    # The owner's Own call fails (its pings unanswered) and its watch goes on as a WatchSessions
+    # The owner's Hold call fails (its pings unanswered) and its watch goes on as a WatchSessions
     # over a new link; the coordinator's side of the silenced call ends by its own pings.
     until("the owner's watch back, as a WatchSessions",
           lambda: streams_open(cluster.coordinator) == {"WatchSessions": 1.0})

@@ -71,7 +71,7 @@ def test_counters_move_with_real_traffic_and_logs_name_the_session(cluster: Clus
         scrape(coordinator.metrics)))
     assert isinstance(after, dict)
     assert value(after, "holdfast_grants_total", reason="FREE") == 1
-    assert value(after, "holdfast_refusals_total", rpc="Own", reason="HELD") >= 1  # `run` acquires by Own
+    assert value(after, "holdfast_refusals_total", rpc="Hold", reason="HELD") >= 1  # `run` acquires by Hold
     assert value(after, "holdfast_probes_total", host="host-m", outcome="identity_matched") >= 1
     assert value(after, "holdfast_probe_seconds_count", host="host-m") >= 1
     assert value(after, "holdfast_host_registered", host="host-m") == 1

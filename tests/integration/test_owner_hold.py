@@ -1,4 +1,4 @@
-"""An owner's watch rides its grant's own call (Own): `holdfast run` opens no WatchSessions of its
+"""An owner's watch rides its grant's own call (Hold): `holdfast run` opens no WatchSessions of its
 own, and hears a takeover's handoff request on that call. When the call ends under it (its
 coordinator restarted), the watch goes on as a WatchSessions from the record as it is then, and a
 takeover after the restart still reaches the owner. Real etcd, coordinator, agents in simulated
@@ -66,19 +66,19 @@ def test_the_owners_watch_rides_its_hold_and_goes_on_after_its_coordinator_resta
     sid = "sess-hold-01"
     first = cluster.run(a, sid, "--grace", "5")
     started(cluster, 1)
-    # The owner watches on its grant's call: one Own open, and no WatchSessions at all.
-    assert streams_open(cluster.coordinator) == {"Own": 1.0}
+    # The owner watches on its grant's call: one Hold open, and no WatchSessions at all.
+    assert streams_open(cluster.coordinator) == {"Hold": 1.0}
 
-    cluster.coordinator.stop()  # the Own call ends under the owner (UNAVAILABLE)
+    cluster.coordinator.stop()  # the Hold call ends under the owner (UNAVAILABLE)
     cluster.coordinator.start()  # on the same address; a new process, its gauges from zero
     until("the owner's watch back, as a WatchSessions",
           lambda: streams_open(cluster.coordinator) == {"WatchSessions": 1.0})
     assert first.proc.poll() is None
 
     second = taken_over(cluster, first, b, sid)
-    until("the new owner watching on its Own call", lambda: streams_open(cluster.coordinator) == {"Own": 1.0})
+    until("the new owner watching on its Hold", lambda: streams_open(cluster.coordinator) == {"Hold": 1.0})
     os.kill(second.run_pid, signal.SIGTERM)
     assert second.wait(30) == 0
-    # Its release went on that call, which then ended: released, and nothing left open.
+    # Its Hold let go, then a Release call: released, and nothing left open.
     assert cluster.record(sid).record.lease.claim_status == pb.RELEASED
-    assert streams_open(cluster.coordinator) == {}
+    until("the Hold ended", lambda: streams_open(cluster.coordinator) == {})

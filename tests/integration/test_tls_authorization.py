@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import secrets
 import subprocess
 import sys
@@ -242,35 +241,6 @@ def test_a_client_certificate_still_needs_the_grant_secret_for_every_owner_write
     assert etcd_state(tls_etcd, prefix, pki) == before
     # The right secret is accepted: the refusals above were the secret's, not the certificate's.
     client.Release(pb.ReleaseRequest(session_id=sid, fence=grant.fence, secret=grant.secret), timeout=10)
-
-
-def test_an_own_call_carrying_a_release_needs_the_certificate_release_needs(
-        coordinator_tls: Coordinator, tls_etcd: EtcdServer, prefix: str, pki: Path) -> None:
-    """Own streams its requests, so its gate judges the role before its first message is read: any
-    certificate but a runtime's or an operator's is refused WRONG_ROLE with nothing read or written;
-    a runtime's acquires and releases on the one call."""
-    coordinator_as(coordinator_tls, pki, Role("agent", "host-a")).RegisterHost(registration("host-a"),
-                                                                               timeout=10)
-    sid = "session-roles-own"
-    acquire = pb.HoldRequest(acquire=pb.AcquireRequest(session_id=sid, host_id="host-a",
-                                                       operation_id=secrets.token_hex(16)))
-    before = etcd_state(tls_etcd, prefix, pki)
-    for role in (Role("coordinator"), Role("agent", "host-a"), Role("maintenance")):
-        err = refused(coordinator_as(coordinator_tls, pki, role).Own, iter([acquire]))
-        assert (err.code(), reason_of(err)) == (grpc.StatusCode.PERMISSION_DENIED, "WRONG_ROLE"), role  # type: ignore[attr-defined,arg-type]
-    assert etcd_state(tls_etcd, prefix, pki) == before
-    releases: queue.Queue[pb.HoldRequest] = queue.Queue()
-
-    def requests() -> Iterator[pb.HoldRequest]:
-        yield acquire
-        yield releases.get(timeout=10)
-
-    own = coordinator_as(coordinator_tls, pki, Role("client")).Own(requests(), timeout=10)
-    grant = next(own).granted.grant
-    releases.put(pb.HoldRequest(release=pb.ReleaseRequest(session_id=sid, fence=grant.fence,
-                                                          secret=grant.secret)))
-    released = next(event.released for event in own if event.HasField("released"))
-    assert released.record.lease.claim_status == pb.RELEASED
 
 
 def test_a_registration_cannot_point_the_coordinator_at_another_hosts_agent(

@@ -115,7 +115,7 @@ def test_no_module_uses_another_modules_private_names() -> None:
 
 # Coordinator RPC -> the client library's method; the agent's own two calls are in its registration.
 CLIENT_METHOD = {
-    "Acquire": "acquire", "Own": "acquire", "CommitOwner": "commit",
+    "Acquire": "acquire", "Hold": "acquire", "CommitOwner": "commit",
     "RecordProviderHandle": "record_provider_handle",
     "Release": "release", "RequestHandoff": "request_handoff", "FencedPut": "fenced_put",
     "FencedGet": "fenced_get", "GetSession": "get_session", "ListSessions": "list_sessions",
@@ -125,7 +125,6 @@ CLIENT_METHOD = {
     "RestoreEpoch": "restore_epoch",
     "BeginCarry": "begin_carry", "PutCarryChunk": "put_carry_chunk", "CommitCarry": "commit_carry",
     "GetCarry": "get_carry", "RegisterHost": None, "Heartbeat": None,
-    "Hold": None,  # served to clients from before Own; a client of this tree acquires by Own
 }
 
 

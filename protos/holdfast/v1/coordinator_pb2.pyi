@@ -199,22 +199,12 @@ class AcquireResponse(_message.Message):
     def __init__(self, grant: _Optional[_Union[Grant, _Mapping]] = ..., record: _Optional[_Union[SessionRecord, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class HoldEvent(_message.Message):
-    __slots__ = ("granted", "change", "released")
+    __slots__ = ("granted", "change")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
-    RELEASED_FIELD_NUMBER: _ClassVar[int]
     granted: AcquireResponse
     change: SessionEvent
-    released: ReleaseResponse
-    def __init__(self, granted: _Optional[_Union[AcquireResponse, _Mapping]] = ..., change: _Optional[_Union[SessionEvent, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ...) -> None: ...
-
-class HoldRequest(_message.Message):
-    __slots__ = ("acquire", "release")
-    ACQUIRE_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_FIELD_NUMBER: _ClassVar[int]
-    acquire: AcquireRequest
-    release: ReleaseRequest
-    def __init__(self, acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, granted: _Optional[_Union[AcquireResponse, _Mapping]] = ..., change: _Optional[_Union[SessionEvent, _Mapping]] = ...) -> None: ...
 
 class CommitOwnerRequest(_message.Message):
     __slots__ = ("session_id", "fence", "secret", "pid_hint", "cluster_id")

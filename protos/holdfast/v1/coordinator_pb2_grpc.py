@@ -44,11 +44,6 @@ class CoordinatorStub:
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.SerializeToString,
                 response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.FromString,
                 _registered_method=True)
-        self.Own = channel.stream_stream(
-                '/holdfast.v1.Coordinator/Own',
-                request_serializer=holdfast_dot_v1_dot_coordinator__pb2.HoldRequest.SerializeToString,
-                response_deserializer=holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.FromString,
-                _registered_method=True)
         self.CommitOwner = channel.unary_unary(
                 '/holdfast.v1.Coordinator/CommitOwner',
                 request_serializer=holdfast_dot_v1_dot_coordinator__pb2.CommitOwnerRequest.SerializeToString,
@@ -187,13 +182,6 @@ class CoordinatorServicer:
 
     def Hold(self, request, context):
         """Acquire, and the owner's watch of its record on the same call: one call a cycle fewer.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Own(self, request_iterator, context):
-        """Hold whose call also takes its release: one call a cycle, acquire, watch and release.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -360,11 +348,6 @@ def add_CoordinatorServicer_to_server(servicer, server):
             'Hold': grpc.unary_stream_rpc_method_handler(
                     servicer.Hold,
                     request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.FromString,
-                    response_serializer=holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.SerializeToString,
-            ),
-            'Own': grpc.stream_stream_rpc_method_handler(
-                    servicer.Own,
-                    request_deserializer=holdfast_dot_v1_dot_coordinator__pb2.HoldRequest.FromString,
                     response_serializer=holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.SerializeToString,
             ),
             'CommitOwner': grpc.unary_unary_rpc_method_handler(
@@ -546,33 +529,6 @@ class Coordinator:
             target,
             '/holdfast.v1.Coordinator/Hold',
             holdfast_dot_v1_dot_coordinator__pb2.AcquireRequest.SerializeToString,
-            holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Own(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/holdfast.v1.Coordinator/Own',
-            holdfast_dot_v1_dot_coordinator__pb2.HoldRequest.SerializeToString,
             holdfast_dot_v1_dot_coordinator__pb2.HoldEvent.FromString,
             options,
             channel_credentials,
