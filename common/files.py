@@ -60,19 +60,43 @@ class NotPrivate(OSError):
     """A directory meant to be this user's alone is a link, another user's, or writable by others."""
 
 
-def _private(st: os.stat_result) -> bool:
-    """Whether what `st` describes is this user's (its effective uid: whose files it makes) and no
-    one else may write it: nobody else can have put or changed anything there."""
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+class UnknownOwner(NotPrivate):
+    """Whose a file is cannot be told: this process runs as the overflow uid or gid in a user
+    namespace, as which every file of an owner the namespace does not map reads."""
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def own_id(kind: str, where: str | os.PathLike[str]) -> int:
+    """This process's effective uid or gid (`kind`), the one a file's owner is compared with when
+    judging `where`; UnknownOwner when that comparison tells nothing (dir_rules.owner_unknown_because):
+    another user's or root's file would pass as this user's."""
+    own = os.geteuid() if kind == "uid" else os.getegid()
+    overflow = _read(f"/proc/sys/fs/overflow{kind}")
+    why = dir_rules.owner_unknown_because(kind, own, int(overflow) if overflow else 65534,
+                                          _read(f"/proc/self/{kind}_map"))
+    if why is not None:
+        raise UnknownOwner(errno.EPERM, why, os.fspath(where))
+    return own
+
+
+def _private(st: os.stat_result, me: int) -> bool:
+    """Whether what `st` describes is user `me`'s (this process's own_id: whose files it makes) and
+    no one else may write it: nobody else can have put or changed anything there."""
+    return st.st_uid == me and not st.st_mode & 0o022
 
 
 def open_private_dir(path: str | os.PathLike[str], make: bool = False, dir_fd: int | None = None) -> int:
     """A descriptor on `path` (in the directory open as `dir_fd`, if given), a directory of this
-    user's that nobody else may write; with `make`, made 0o755 when missing (without `dir_fd`, its
-    parents too, as `mkdir -p` would)."""
+    user's that nobody else may write; with `make`, made 0o755 when missing."""
+    me = own_id("uid", path)
     if make:
-        if dir_fd is None:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o755, dir_fd=dir_fd)
     try:
@@ -81,9 +105,9 @@ def open_private_dir(path: str | os.PathLike[str], make: bool = False, dir_fd: i
         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode):
             raise NotPrivate(errno.EPERM, "is a link", os.fspath(path)) from None
         raise
-    if not _private(os.fstat(fd)):
+    if not _private(os.fstat(fd), me):
         os.close(fd)
-        raise NotPrivate(errno.EPERM, f"is not a directory of uid {os.geteuid()} that only it may write",
+        raise NotPrivate(errno.EPERM, f"is not a directory of uid {me} that only it may write",
                          os.fspath(path))
     return fd
 
@@ -112,6 +136,7 @@ def check_private_tree(top: int, where: str) -> None:
     access ACL naming others with write shows as the group's w (its mask), refused so. Each
     directory is opened from the one above without following a link; an entry removed while
     walked (another process of this user's at work there) is skipped."""
+    me = own_id("uid", where)
     stack = [(os.dup(top), where)]
     try:
         while stack:
@@ -126,8 +151,8 @@ def check_private_tree(top: int, where: str) -> None:
                         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):  # a link too
                             raise NotPrivate(errno.EPERM, "is a link or special file (only regular files "
                                              "and directories are trusted there)", path)
-                        if not _private(st):
-                            raise NotPrivate(errno.EPERM, f"is not uid {os.geteuid()}'s alone (owner uid "
+                        if not _private(st, me):
+                            raise NotPrivate(errno.EPERM, f"is not uid {me}'s alone (owner uid "
                                              f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})", path)
                         if stat.S_ISDIR(st.st_mode):
                             stack.append((os.open(name, OPEN_DIR | os.O_NOFOLLOW, dir_fd=fd), path))
@@ -176,6 +201,7 @@ def check_ancestors(fd: int, where: str) -> None:
     at its name, so that a path through it — one handed to a child, which cannot be given a
     descriptor — leads where they choose. Each is judged by a descriptor opened from the one
     below, so the one judged is the one above."""
+    me = own_id("uid", where)
     here = os.dup(fd)
     path = os.path.abspath(where)
     try:
@@ -183,9 +209,12 @@ def check_ancestors(fd: int, where: str) -> None:
             st = os.fstat(here)
             # Group-writable for this user's own group is this user's only when the group holds
             # nobody else (a user-private group, umask 002's) and no ACL's mask stands for the bits.
-            ours = bool(st.st_mode & 0o020) and st.st_gid == os.getegid()
+            # Judged only without the sticky bit, and refused (own_id) when the group's owner cannot
+            # be told: the overflow gid.
+            judged = st.st_mode & 0o020 and not st.st_mode & stat.S_ISVTX
+            ours = bool(judged) and st.st_gid == own_id("gid", path)
             why = dir_rules.swappable_because(
-                path, st.st_mode, st.st_uid, st.st_gid, euid=os.geteuid(), egid=os.getegid(),
+                path, st.st_mode, st.st_uid, st.st_gid, euid=me, egid=os.getegid(),
                 acl=bool(st.st_mode & 0o020) and _has_acl(here),
                 group_private=ours and _group_private(st.st_gid))
             if why is not None:
@@ -200,7 +229,8 @@ def check_ancestors(fd: int, where: str) -> None:
 
 
 def open_private_path(path: str | os.PathLike[str], make: bool = True, mode: int = 0o755) -> int:
-    """A descriptor on the directory `path`, made (`mode`; its missing parents too) when missing:
+    """A descriptor on the directory `path`, made (`mode` less group and other write, whatever the
+    umask; its missing parents 0o755 so) when missing:
     this user's, nobody else may write it, and no directory above it — nor any a link on the way
     is read from (open_user_dir) — may another user change (check_ancestors), nor write what is
     made in it by a default ACL. Nothing is made in a directory that fails that check — not
@@ -216,7 +246,7 @@ def open_private_path(path: str | os.PathLike[str], make: bool = True, mode: int
             check_ancestors(parent, os.path.dirname(path))
             with contextlib.suppress(FileExistsError):
                 if make:
-                    os.mkdir(os.path.basename(path), mode, dir_fd=parent)
+                    os.mkdir(os.path.basename(path), dir_rules.made_mode(mode), dir_fd=parent)
                     made.append(path)
             try:
                 fd = open_private_dir(os.path.basename(path), dir_fd=parent)
@@ -253,11 +283,12 @@ def open_private_file(directory: int | None, name: str, flags: int, mode: int = 
     never through a link (O_NOFOLLOW) nor waiting on a FIFO (O_NONBLOCK while opened); NotPrivate
     unless it is a regular file of this user's that nobody else may write, then closed unchanged —
     a log or lock file left by another user is refused, never appended to or truncated."""
+    me = own_id("uid", name)
     fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=directory)
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or not _private(st):
+    if not stat.S_ISREG(st.st_mode) or not _private(st, me):
         os.close(fd)
-        raise NotPrivate(errno.EPERM, f"is not a regular file of uid {os.geteuid()}'s alone (owner uid "
+        raise NotPrivate(errno.EPERM, f"is not a regular file of uid {me}'s alone (owner uid "
                          f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})", name)
     os.set_blocking(fd, True)
     return fd
@@ -267,7 +298,8 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False,
                   before_make: Callable[[int, str], None] | None = None) -> tuple[int, list[str]]:
     """A descriptor on the directory `path` names (relative to the working directory), each
     component opened from the one before; with `make`, the directories missing on the way are
-    made (0o777 less the umask), after `before_make` (given the descriptor and path of the
+    made 0o755 (never group- or other-writable, whatever the umask: what it makes, check_ancestors
+    never refuses), after `before_make` (given the descriptor and path of the
     directory the first is made in) returns. Returns the descriptor and the directories made, in
     order. Raises UntrustedLink for a link on the way that another user made or could swap
     (_check_link)."""
@@ -289,11 +321,11 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False,
                     raise
                 if before_make is not None and not made:
                     before_make(fd, where)
-                os.mkdir(part, 0o777, dir_fd=fd)
+                os.mkdir(part, dir_rules.made_mode(0o755), dir_fd=fd)
                 made.append(os.path.join(where, part))
                 st = os.stat(part, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
-                _check_link(fd, where, part, st.st_uid)
+                _check_link(fd, where, part, st)
                 hops += 1
                 if hops > MAX_LINK_HOPS:
                     raise OSError(errno.ELOOP, f"{name}: more than {MAX_LINK_HOPS} links")
@@ -312,17 +344,19 @@ def open_user_dir(path: str | os.PathLike[str], make: bool = False,
     return fd, made
 
 
-def _check_link(directory: int, where: str, name: str, uid: int) -> None:
-    """Raises UntrustedLink unless the link `name` (owner `uid`) in the directory open as
-    `directory` (called `where`) is this user's or root's and neither that directory nor any above
-    it may another user change (check_ancestors). A link another user owns leads where they chose;
-    one in a directory they may change — their own home, or one any user may write without the
-    sticky bit — they could rename away and replace with theirs, between this walk and the next
-    one by the same path (a CMD handed it), or during this one."""
+def _check_link(directory: int, where: str, name: str, st: os.stat_result) -> None:
+    """Raises UntrustedLink unless the link `name` (its lstat `st`) in the directory open as
+    `directory` (called `where`) is this user's or root's under that one name
+    (dir_rules.link_untrusted_because) and neither that directory nor any above it may another
+    user change (check_ancestors). A link another user owns, or hard-linked there, leads where they
+    chose; one in a directory they may change — their own home, or one any user may write without
+    the sticky bit — they could rename away and replace with theirs, between this walk and the next
+    one by the same path (a CMD handed it), or during this one. UnknownOwner when whose it is
+    cannot be told (own_id)."""
     path = os.path.join(where, name)
-    if uid not in (os.geteuid(), 0):
-        raise UntrustedLink(errno.EPERM, f"is a link of uid {uid}, neither yours nor root's: not followed",
-                            path)
+    why = dir_rules.link_untrusted_because(st.st_uid, st.st_nlink, euid=own_id("uid", path))
+    if why is not None:
+        raise UntrustedLink(errno.EPERM, why, path)
     try:
         check_ancestors(directory, where)
     except Swappable as exc:
@@ -623,9 +657,10 @@ def open_own_dir(parent: int, name: str) -> int:
     """A descriptor on the directory `name` in `parent`, never through a link; OSError (EPERM)
     unless it is this user's alone (its owner, no group or other bits): one another user swapped
     in for the one this user made."""
+    me = own_id("uid", name)
     fd = os.open(name, OPEN_DIR | os.O_NOFOLLOW, dir_fd=parent)
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if st.st_uid != me or st.st_mode & 0o077:
         os.close(fd)
         raise OSError(errno.EPERM, f"not this user's alone (owner uid {st.st_uid}, mode "
                       f"{stat.S_IMODE(st.st_mode):o})", name)

@@ -5,7 +5,9 @@ Each swap is made for real on disk, at the very point the other user would make 
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import subprocess
 import sys
 import tempfile
@@ -243,3 +245,120 @@ def test_certs_are_written_into_no_directory_or_link_of_another_user(tmp_path: P
     assert done.returncode == 0, done.stdout + done.stderr
     assert list(victim.iterdir()) == []
     assert not (out / "agent-node-7.key").is_symlink() and not (out / "agent-node-7.pem").is_symlink()
+
+
+def test_what_holdfast_makes_it_never_refuses_whatever_the_umask(tmp_path: Path) -> None:
+    """Under umask 000 (or 002 with a shared group) the missing parents were made 0o777 less the
+    umask, and check_ancestors then refused them: a dir:// guard passed before the Acquire and its
+    bump was refused after it. Every directory made is 0o755 at most, checked again as made."""
+    before = os.umask(0)
+    try:
+        for umask in (0o000, 0o002):
+            os.umask(umask)
+            top = tmp_path / f"u{umask:o}"
+            fd = files.open_private_path(top / "a" / "b", mode=0o777)
+            try:
+                files.check_ancestors(fd, str(top / "a" / "b"))
+            finally:
+                os.close(fd)
+            fd, made = files.open_user_dir(top / "c" / "d", make=True)
+            os.close(fd)
+            assert made == [str(top / "c"), str(top / "c" / "d")]
+            for path in (top, top / "a", top / "a" / "b", top / "c", top / "c" / "d"):
+                assert path.stat().st_mode & 0o777 == 0o755, path
+    finally:
+        os.umask(before)
+
+
+def test_a_hard_linked_link_is_not_followed(tmp_path: Path) -> None:
+    """Where fs.protected_hardlinks is 0 another user may hard-link root's own link (`/var/run`)
+    into a sticky directory: it reads as root's, but where it stands is their choice. A link with
+    a second name is refused, nothing made where it leads."""
+    sticky, elsewhere, own = tmp_path / "sticky", tmp_path / "elsewhere", tmp_path / "own"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    elsewhere.mkdir()
+    own.mkdir()
+    (own / "l").symlink_to(elsewhere)
+    os.link(own / "l", sticky / "hl", follow_symlinks=False)  # the link itself, not where it leads
+    with pytest.raises(files.UntrustedLink, match="2 names") as refused:
+        files.open_user_dir(sticky / "hl" / "a", make=True)
+    assert refused.value.filename == str(sticky / "hl")
+    with pytest.raises(files.UntrustedLink, match="hard-linked"):
+        files.open_private_path(sticky / "hl" / "state")
+    assert list(elsewhere.iterdir()) == [], "nothing made through the link"
+    (own / "l").unlink()  # one name again: this user's own link, followed
+    os.close(files.open_private_path(sticky / "hl" / "state"))
+    assert (elsewhere / "state").is_dir()
+
+
+@as_root
+def test_a_system_groups_write_is_never_taken_for_this_users(tmp_path: Path) -> None:
+    """Root's 0775 root:root directory: by /etc/passwd and /etc/group gid 0 held nobody but root,
+    but the kernel lets any process hold gid 0 unlisted (`--user 4322:0`, OpenShift): it could
+    rename the state directory away and a link into its place. Refused, nothing made."""
+    g0 = tmp_path / "g0"
+    g0.mkdir()
+    g0.chmod(0o775)
+    with pytest.raises(files.Swappable, match="group 0, a system group") as refused:
+        files.open_private_path(g0 / "state")
+    assert refused.value.filename == str(g0)
+    assert list(g0.iterdir()) == []
+
+
+def a_regular_user_with_a_private_group() -> tuple[int, int] | None:
+    """(uid, gid) of a user listed with a gid of its own (user-private, umask 002's), if any."""
+    users = pwd.getpwall()
+    for user in users:
+        try:
+            members = grp.getgrgid(user.pw_gid).gr_mem
+        except KeyError:
+            continue
+        if (user.pw_uid >= 1000 and user.pw_gid >= 1000 and set(members) <= {user.pw_name}
+                and all(other.pw_uid == user.pw_uid for other in users if other.pw_gid == user.pw_gid)):
+            return user.pw_uid, user.pw_gid
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or a_regular_user_with_a_private_group() is None,
+                    reason="a regular user with a private group, run as them by root")
+def test_umask_002_under_a_users_private_group_still_works() -> None:
+    """Fedora and RHEL give regular users umask 002 and a group of their own: their directories are
+    group-writable for it. A state directory beneath one is still theirs, and what is made there
+    is 0o755 at most."""
+    uid, gid = a_regular_user_with_a_private_group() or (0, 0)
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        os.chmod(top, 0o755)
+        home = Path(top) / "home"
+        home.mkdir()
+        os.chown(home, uid, gid)
+        home.chmod(0o775)
+        script = ("import os, sys\nfrom holdfast.common import files\n"
+                  "os.close(files.open_private_path(sys.argv[1]))\n")
+        done = subprocess.run([sys.executable, "-c", script, str(home / "work" / "state")], user=uid,
+                              group=gid, extra_groups=[], umask=0o002, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert (home / "work").stat().st_mode & 0o777 == 0o755
+        assert (home / "work" / "state").stat().st_mode & 0o777 == 0o755
+
+
+@as_root
+def test_the_overflow_uid_in_a_user_namespace_trusts_no_owner(tmp_path: Path) -> None:
+    """Running as uid 65534 in a user namespace, every unmapped owner reads as 65534 too: another
+    user's link in a sticky directory passed as this user's own and `certs init` wrote the CA
+    where it led. Refused, saying why, nothing written."""
+    as_overflow = ["unshare", "-U", "--map-user=65534", "--map-group=65534"]
+    if subprocess.run([*as_overflow, "true"]).returncode:
+        pytest.skip("no user namespace here")
+    sticky, victim = tmp_path / "sticky", tmp_path / "victim"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    victim.mkdir(mode=0o700)
+    (sticky / "state").symlink_to(victim)
+    os.lchown(sticky / "state", 4321, 4321)  # a user the namespace does not map
+    done = subprocess.run([*as_overflow, HOLDFAST, "certs", "init", str(sticky / "state" / "ca")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the kernel's overflow uid, in a user namespace" in done.stdout and "Next:" in done.stdout
+    assert list(victim.iterdir()) == []
