@@ -24,6 +24,10 @@ How each store decides in one step:
   hold the lock for ever); a bump copies
   rwx bits less group and other write, holes and hard links as such, no FIFO, socket or device,
   and at most a cap of data.
+- A SQLite database is held to the directory's rules: its directory this user's alone, the
+  database a regular file of this user's alone, never a link. Opened before the Acquire without
+  creating anything; the database (0600) and, in any SQL store, the marker table are made only by
+  the first bump, after a grant: a run refused writes nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from holdfast.client import guard_rules
 from holdfast.common import files
@@ -82,10 +86,7 @@ def open_guard(url: str, connect_timeout: float = 5.0) -> Guard:
     scheme = urlsplit(check_url(url)).scheme
     try:
         if scheme == "sqlite":
-            import sqlite3  # here, not at the top: `run` without a guard never pays for it
-
-            # Opened and bumped from worker threads (never two at once): not tied to one thread.
-            return SqlGuard(sqlite3.connect(urlsplit(url).path, timeout=30.0, check_same_thread=False), url)
+            return SqliteGuard(urlsplit(url).path, url)
         if scheme == "postgresql":
             import psycopg  # only a user of PostgreSQL guards needs it
 
@@ -166,6 +167,14 @@ def _raise_marker(conn: Any, cur: Any, session: str, fence: int) -> None:
                 (session, fence))
 
 
+def _has_marker_table(conn: Any, cur: Any) -> bool:
+    if _sqlite(conn):
+        cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MARKER_TABLE,))
+        return cur.fetchone() is not None
+    cur.execute("SELECT to_regclass(%s)", (MARKER_TABLE,))
+    return cur.fetchone()[0] is not None
+
+
 def _locked_marker(conn: Any, cur: Any, session: str) -> int:
     share = "" if _sqlite(conn) else " FOR SHARE"  # SQLite: BEGIN IMMEDIATE already holds the lock
     cur.execute(_sql(conn, f"SELECT fence FROM {MARKER_TABLE} WHERE session = ?{share}"), (session,))
@@ -191,11 +200,12 @@ def sql_write(conn: Any, session: str, fence: int) -> Iterator[Any]:
 class SqlGuard(Guard):
     def __init__(self, conn: Any, url: str) -> None:
         self.conn, self.url = conn, url
-        with _transaction(conn) as cur:
-            _ensure_marker_table(cur)
 
     def bump(self, session: str, fence: int) -> None:
         with _transaction(self.conn) as cur:
+            # The marker table is made here, after a grant, never when opened before the Acquire:
+            # a run refused (HELD) has written nothing in the store.
+            _ensure_marker_table(cur)
             _raise_marker(self.conn, cur, session, fence)
             seen = _locked_marker(self.conn, cur, session)
         if seen != fence:
@@ -203,10 +213,79 @@ class SqlGuard(Guard):
 
     def marker(self, session: str) -> int:
         with _transaction(self.conn) as cur:
-            return _locked_marker(self.conn, cur, session)
+            return _locked_marker(self.conn, cur, session) if _has_marker_table(self.conn, cur) else 0
 
     def close(self) -> None:
         self.conn.close()
+
+
+class SqliteGuard(SqlGuard):
+    """A SQLite database held to a dir:// guard's rules: its directory this user's alone, in
+    directories no other user may change (files.open_private_path), and the database a regular
+    file of this user's alone, never a link. Another user's link at the name, or in a directory of
+    theirs on the way, took a root run's writes — SQLite's header over a file of root's — wherever
+    they chose. Before the Acquire an existing database is opened read-write without creating
+    anything and a missing one is not made; the first bump, after a grant, makes it (0600) and its
+    marker table. SQLite itself refuses to open a -journal or -wal file that is a link."""
+
+    def __init__(self, path: str, url: str) -> None:
+        super().__init__(None, url)
+        self.path = path
+        top = self._directory()
+        try:
+            if self._existing(top):
+                self.conn = self._connect()
+        finally:
+            os.close(top)
+
+    def _directory(self) -> int:
+        try:
+            return _checked(self.url, files.open_private_path, os.path.dirname(self.path), False)
+        except FileNotFoundError:
+            raise GuardError(f"{self.url}: {os.path.dirname(self.path)} does not exist") from None
+
+    def _existing(self, top: int) -> bool:
+        """Whether the database is there, in the directory open as `top`; GuardError when it is a
+        link or not a regular file of this user's alone."""
+        name = os.path.basename(self.path)
+        try:
+            if stat.S_ISLNK(os.stat(name, dir_fd=top, follow_symlinks=False).st_mode):
+                raise GuardError(f"{self.url}: {self.path} is a link: a sqlite:// guard's database is never "
+                                 "opened through one (docs/guards.md)")
+        except FileNotFoundError:
+            return False
+        os.close(_checked(self.url, files.open_private_file, top, name, os.O_RDONLY))
+        return True
+
+    def _connect(self) -> Any:
+        import sqlite3  # here, not at the top: `run` without a guard never pays for it
+
+        # mode=rw: never made by the connection. Opened and bumped from worker threads (never two
+        # at once): not tied to one thread.
+        return sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=30.0,
+                               check_same_thread=False)
+
+    def bump(self, session: str, fence: int) -> None:
+        if self.conn is None:
+            top = self._directory()
+            try:
+                name = os.path.basename(self.path)
+                try:
+                    new = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                    os.close(os.open(name, new, 0o600, dir_fd=top))
+                except FileExistsError:
+                    self._existing(top)  # made since it was opened: checked as found
+            finally:
+                os.close(top)
+            self.conn = self._connect()
+        super().bump(session, fence)
+
+    def marker(self, session: str) -> int:
+        return 0 if self.conn is None else super().marker(session)  # no database: no fence seen
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 # --- Redis ----------------------------------------------------------------------------------------
@@ -262,6 +341,17 @@ DIR_CAP_BYTES = 1 << 30  # a generation's data, unless the URL says `?cap_bytes=
 # default), and a run waiting longer holds its grant with CMD not started.
 DIR_LOCK_WAIT_S = 10.0
 _T = TypeVar("_T")
+
+
+def _checked(url: str, check: Callable[..., _T], *args: Any) -> _T:
+    """`check(*args)`, a files check of the dir:// or sqlite:// guard `url`'s path; its refusal
+    as GuardError."""
+    try:
+        return check(*args)
+    except (files.NotPrivate, files.UntrustedLink) as exc:
+        what = "directory" if urlsplit(url).scheme == "dir" else "database and its directory"
+        raise GuardError(f"{url}: {exc} — a {urlsplit(url).scheme}:// guard's {what} must be this user's "
+                         "alone, in directories no other user may change (docs/guards.md)") from None
 
 
 def dir_cap_bytes(url: str) -> int:
@@ -344,11 +434,7 @@ class DirGuard(Guard):
             os.close(fd)
 
     def _private(self, check: Callable[..., _T], *args: Any) -> _T:
-        try:
-            return check(*args)
-        except (files.NotPrivate, files.UntrustedLink) as exc:
-            raise GuardError(f"{self.url}: {exc} — a dir:// guard's directory must be this user's alone, "
-                             "in directories no other user may change (docs/guards.md)") from None
+        return _checked(self.url, check, *args)
 
     def _open(self, make: bool) -> int:
         top = self._private(files.open_private_path, self.root, make)

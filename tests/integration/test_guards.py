@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -563,3 +564,98 @@ def test_a_dir_guard_copies_holes_and_hard_links_as_such_within_a_cap(tmp_path: 
         capped.bump(SESSION, 3)
     assert sorted(p.name for p in root.iterdir()) == [".lock", "current", "gen-1", "gen-2"]
     assert capped.marker(SESSION) == 2
+
+
+HOLDFAST = os.path.join(os.path.dirname(sys.executable), "holdfast")
+
+
+@as_root
+def test_a_sqlite_guard_at_another_users_link_writes_nothing_before_the_acquire(tmp_path: Path) -> None:
+    """Another user's links in their directory, `pub/db` to root's empty file and `pub/new` to a
+    name in root's directory: `run --guard sqlite://…` as root, refused (69) for want of a
+    coordinator, had made root's file a database, and made the missing one. Refused for the
+    guard, before anything is asked; nothing written."""
+    pub, rootonly = tmp_path / "pub", tmp_path / "rootonly"
+    rootonly.mkdir(mode=0o700)
+    (rootonly / "pwned.db").write_bytes(b"")
+    pub.mkdir()
+    (pub / "db").symlink_to(rootonly / "pwned.db")
+    (pub / "new").symlink_to(rootonly / "made.db")
+    for path in (pub, pub / "db", pub / "new"):
+        os.lchown(path, NOBODY, NOBODY)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HOLDFAST_COORDINATOR": "127.0.0.1:9"}
+    for name in ("db", "new"):
+        run = [HOLDFAST, "run", "--session", "sessabcdef12", "--guard", f"sqlite://{pub / name}", "--", "id"]
+        done = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 69, done.stderr
+        assert "GUARD_UNREACHABLE" in done.stderr and "this user's alone" in done.stderr, done.stderr
+    assert os.listdir(rootonly) == ["pwned.db"] and (rootonly / "pwned.db").read_bytes() == b""
+
+
+@as_root
+def test_a_sqlite_guard_takes_only_a_database_of_this_users_alone_never_a_link(tmp_path: Path) -> None:
+    """The dir:// rules for the database's directory and the database itself: a link at its name
+    (even this user's: SQLite follows it wherever it leads), a database another user owns, or one
+    in a directory others may write, is refused before the Acquire, nothing written."""
+    victim = tmp_path / "victim.db"
+    victim.write_bytes(b"")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / "link.db").symlink_to(victim)
+    with pytest.raises(GuardError, match="is a link"):
+        guards.open_guard(f"sqlite://{mine}/link.db")
+    sqlite3.connect(mine / "theirs.db").close()
+    os.chown(mine / "theirs.db", NOBODY, NOBODY)
+    with pytest.raises(GuardError, match="alone"):
+        guards.open_guard(f"sqlite://{mine}/theirs.db")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(GuardError, match="only it may write"):
+        guards.open_guard(f"sqlite://{shared}/app.db")
+    assert victim.read_bytes() == b"" and os.listdir(shared) == []
+    assert sorted(os.listdir(mine)) == ["link.db", "theirs.db"]
+
+
+def test_a_sqlite_guard_writes_nothing_until_its_bump(tmp_path: Path) -> None:
+    """A run opens its guards before the Acquire: the database was made, and the marker table
+    made in an existing one, then — by a run refused HELD too. Made by the first bump, 0600."""
+    missing = guards.open_guard(f"sqlite://{tmp_path}/new.db")
+    assert missing.marker(SESSION) == 0 and list(tmp_path.iterdir()) == []
+    app = tmp_path / "app.db"
+    with sqlite3.connect(app) as conn:
+        conn.execute("CREATE TABLE app (v TEXT)")
+    conn.close()
+    before = app.read_bytes()
+    existing = guards.open_guard(f"sqlite://{app}")
+    try:
+        assert existing.marker(SESSION) == 0
+        assert app.read_bytes() == before, "no marker table made before a grant"
+        for guard in (missing, existing):
+            guard.bump(SESSION, 1)
+            assert guard.marker(SESSION) == 1
+        assert stat.S_IMODE((tmp_path / "new.db").stat().st_mode) == 0o600
+    finally:
+        missing.close()
+        existing.close()
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_sqlite_writes_through_no_link_at_its_journal(journal: str, tmp_path: Path) -> None:
+    """SQLite's own -journal and -wal files, made beside the database by name: a link planted at
+    either is refused by SQLite itself (it opens them O_NOFOLLOW), never written through."""
+    app, victim = tmp_path / "app.db", tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    with sqlite3.connect(app) as conn:
+        conn.execute(f"PRAGMA journal_mode={journal}")
+        conn.execute("CREATE TABLE app (v TEXT)")
+    conn.close()
+    link = tmp_path / f"app.db-{'wal' if journal == 'wal' else 'journal'}"
+    link.symlink_to(victim)
+    guard = guards.open_guard(f"sqlite://{app}")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+            guard.bump(SESSION, 1)
+    finally:
+        guard.close()
+    assert victim.read_bytes() == b"kept" and link.is_symlink()

@@ -88,23 +88,33 @@ def test_a_store_that_has_seen_a_newer_fence_means_cmd_never_runs(cluster: Clust
 
 
 def test_a_run_refused_held_makes_no_guard_directory(cluster: Cluster, tmp_path: Path) -> None:
-    """Guards are opened before the Acquire: a dir:// guard's directories were made then, so a run
-    refused HELD had written them. Made once a run is granted, by its bump."""
+    """Guards are opened before the Acquire: a dir:// guard's directories were made then, and a
+    SQLite database, or the marker table in one, so a run refused HELD had written them. Made once
+    a run is granted, by its bump."""
     a, b = cluster.host("host-a"), cluster.host("host-b")
     sid, ready, go = "sess-guarded-04", tmp_path / "ready", tmp_path / "go"
     os.mkfifo(go)
     holder = cluster.run(a, sid, cmd=["sh", "-c", f'touch "{ready}" && read line < "{go}"'])
     until("the holder's CMD", ready.exists, 30)
-    home = tmp_path / "guarded" / "home"
-    refused = cluster.run(b, sid, "--guard", f"dir://{home}", cmd=["true"])
+    home, app, new = tmp_path / "guarded" / "home", tmp_path / "app.db", tmp_path / "new.db"
+    with sqlite3.connect(app) as conn:
+        conn.execute("CREATE TABLE app (v TEXT)")
+    conn.close()
+    before = app.read_bytes()
+    options = ("--guard", f"dir://{home}", "--guard", f"sqlite://{app}", "--guard", f"sqlite://{new}")
+    refused = cluster.run(b, sid, *options, cmd=["true"])
     assert refused.wait(30) == 75 and "HELD" in refused.err(), refused.err()
     assert not (tmp_path / "guarded").exists(), "a refused run made its guard's directories"
+    assert not new.exists() and app.read_bytes() == before, "a refused run wrote in its SQLite guards"
     with open(go, "w") as release:
         release.write("go\n")
     assert holder.wait(30) == 0, holder.err()
-    granted = cluster.run(b, sid, "--guard", f"dir://{home}", cmd=["true"])
+    granted = cluster.run(b, sid, *options, cmd=["true"])
     assert granted.wait(30) == 0, granted.err()
     assert os.readlink(home / "current") == "gen-2"
+    for db in (app, new):
+        with pytest.raises(guards.StaleFence), guards.sql_write(sqlite3.connect(db), sid, 1):
+            pass
 
 
 def test_a_dir_guard_through_a_link_others_may_swap_is_refused_before_anything_is_asked(
