@@ -21,10 +21,13 @@ of a tree another writer still changes, what is there as it goes (a name gone is
 `open_listed` opens a file a walk listed only while it is still that regular file, never
 waiting on a FIFO renamed over it.
 `open_user_dir` opens a directory a user named, following a link on the way only when no other
-user could have made it or can swap it: the link is this user's own or root's, and no directory
-holding it or above that one may another user change (`check_ancestors`) — a link another user
-planted at `/tmp/x`, or made in their own home, or root's own link in a directory any user may
-write, never takes a run's writes elsewhere, now or when the path is followed again later.
+user could have made it or can swap it: the link is this user's own or root's under that one name
+(not hard-linked there by another), and no directory holding it or above that one may another
+user change (`check_ancestors`) — a link another user planted at `/tmp/x`, or made in their own
+home, or root's own link in a directory any user may write, never takes a run's writes
+elsewhere, now or when the path is followed again later. Every directory made here is 0o755 at
+most whatever the umask, so none is refused next; and no owner is judged where it cannot be told
+(`own_id`: the overflow uid in a user namespace, as which every unmapped owner reads).
 `open_private_path` takes no `..`: after a link the kernel climbs from the link's target, not
 back along the path as written.
 """
