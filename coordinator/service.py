@@ -579,7 +579,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                             revision = listed_at
                             for e in page:
                                 if key is None or e.key == key:
-                                    record = self.sessions.decode(e)
+                                    record = self.sessions.shared(e)
                                     if visible(record):
                                         yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
                             page.clear()
@@ -598,7 +598,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                             yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
                                                   cluster_id=cluster)
                     elif key is None or change.key == key:
-                        record = self.sessions.decode(change)
+                        record = self.sessions.shared(change)
                         if visible(record):
                             yield pb.SessionEvent(record=record, cluster_id=cluster)
             except Compacted:

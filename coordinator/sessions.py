@@ -23,7 +23,7 @@ from holdfast.common.reasons import Reason
 from holdfast.coordinator import adjudication, fencing, keys, records
 from holdfast.coordinator.adjudication import AcquireAsk
 from holdfast.coordinator.errors import CoordinatorError
-from holdfast.coordinator.record_cache import RecordCache
+from holdfast.coordinator.record_cache import Changes, RecordCache
 from holdfast.coordinator.registry import Registry
 from holdfast.coordinator.registry import decode as decode_registration
 from holdfast.coordinator.remembered import Remembered
@@ -51,6 +51,7 @@ class Sessions:
         self.registry = registry
         self.router = router
         self.decoded = RecordCache()
+        self.watched = Changes(self.decoded)  # the watches' records, decoded once for them all
         self.remembered = Remembered()
 
     def key(self, session_id: str) -> str:
@@ -62,6 +63,10 @@ class Sessions:
 
     def decode(self, entry: Entry) -> pb.SessionRecord:
         return self.decoded.decode(entry.key, entry.value)
+
+    def shared(self, entry: Entry) -> pb.SessionRecord:
+        """`decode`, once for every watch of the replica: the record is shared, read it only."""
+        return self.watched.record(entry.key, entry.mod_revision, entry.value)
 
     async def require(self, session_id: str) -> tuple[Entry, pb.SessionRecord]:
         entry, record = await self.read(identifiers.check_session_id(session_id))

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from holdfast.coordinator import records
-from holdfast.coordinator.record_cache import RecordCache
+from holdfast.coordinator.record_cache import Changes, RecordCache
 from holdfast.v1 import coordinator_pb2 as pb
 
 
@@ -148,3 +148,23 @@ def test_a_record_written_is_kept_as_its_bytes_decode(record: pb.SessionRecord) 
     served = cache.decode("k", written)
     assert served == read
     assert served.SerializeToString(deterministic=True) == read.SerializeToString(deterministic=True)
+
+
+def test_a_watched_change_is_decoded_once_and_never_served_for_other_bytes_at_its_revision() -> None:
+    """An etcd restored from a backup gives a key's revision to other bytes: those are decoded."""
+    changes = Changes(RecordCache())
+    first = changes.record("k", 7, raw(3))
+    assert changes.record("k", 7, bytes(raw(3))) is first and changes.decodes == 1
+    other = changes.record("k", 7, raw(4))
+    assert other.lease.fence == 4 and changes.decodes == 2
+
+
+def test_the_watched_changes_kept_are_bounded_by_count_and_bytes() -> None:
+    size = len(raw(1))
+    changes = Changes(RecordCache(), limit=3, max_bytes=2 * size)
+    for i in range(5):
+        changes.record(f"k{i}", 1, raw(1))
+    assert changes.bytes <= 2 * size
+    changes.record("k4", 1, raw(1))
+    changes.record("k0", 1, raw(1))
+    assert changes.decodes == 6  # k4 kept, k0 long gone
