@@ -1,14 +1,16 @@
 """How a holdfast gRPC server comes up and goes down, shared by the agent and the coordinator.
 
 Guarantee: the ready file names the real bound address (a supervisor asking for port 0 learns the
-port) and appears only after the server accepts calls, written whole by rename; on SIGTERM or
-SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace period. With
-`--metrics-listen` the Prometheus endpoint is bound before the ready file names it. With
-`--health-listen` a second, plaintext port answers grpc.health.v1 and nothing else: kubelet gRPC
-probes cannot present a client certificate, and a health status is no secret. Every port is bound
-exclusively (no SO_REUSEPORT); a taken one stops the server at once, naming the holder where it can.
-Under a service manager that asks (NOTIFY_SOCKET: the Type=notify units of deploy/systemd), READY=1
-is sent after the ready file is written and SIGTERM handled, and STOPPING=1 when the drain begins.
+port) and appears only after the server accepts calls, written whole by rename into its directory,
+opened once through no link another user made or could swap (a server refusing one exits); on
+SIGTERM or SIGINT health turns NOT_SERVING first, then in-flight calls drain within the grace
+period. With `--metrics-listen` the Prometheus endpoint is bound before the ready file names it.
+With `--health-listen` a second, plaintext port answers grpc.health.v1 and nothing else: kubelet
+gRPC probes cannot present a client certificate, and a health status is no secret. Every port is
+bound exclusively (no SO_REUSEPORT); a taken one stops the server at once, naming the holder where
+it can. Under a service manager that asks (NOTIFY_SOCKET: the Type=notify units of deploy/systemd),
+READY=1 is sent after the ready file is written and SIGTERM handled, and STOPPING=1 when the drain
+begins.
 """
 
 from __future__ import annotations
@@ -133,9 +135,20 @@ def announce(ready_file: str | None, serving: Serving, metrics: str = "", enroll
     if ready_file:
         extra = {name: value for name, value in (("metrics", metrics), ("health", serving.health_address),
                                                  ("enroll", enroll)) if value}
-        # Servers run as root and the file's directory may be shared: never written through a link.
-        files.write_whole(os.path.dirname(ready_file) or ".", os.path.basename(ready_file),
-                          json.dumps({"address": serving.address, **extra}).encode(), 0o644)
+        # Servers run as root and the file's directory may be shared: never written through a link
+        # at its name, nor through one on the way to its directory that another user made or could
+        # swap (files.open_user_dir) — the directory is opened once and written through that.
+        target = os.path.abspath(ready_file)
+        try:
+            directory, _ = files.open_user_dir(os.path.dirname(target))
+        except OSError as exc:
+            raise SystemExit(f"cannot write the ready file {ready_file}: {exc}. Next: name one reached "
+                             "through no link another user made or could swap") from None
+        try:
+            files.write_whole(directory, os.path.basename(target),
+                              json.dumps({"address": serving.address, **extra}).encode(), 0o644)
+        finally:
+            os.close(directory)
 
 
 def notify(state: str) -> None:
