@@ -1,14 +1,17 @@
 """An agent's own certificate, from the enrollment issuer: key made here, CSR and token sent there.
 
 Guarantee: the private key is generated in this process and written only to this node's TLS
-directory (0600); it never crosses the wire. Key, certificate and CA bundle are each written whole
-by rename, the key first, so a reader never pairs a new certificate with an old key. A certificate
-the issuer signed for another node than ours is refused here too, and nothing is written.
+directory (0600), opened once through no link another user made or could swap and written through
+that descriptor (certs.open_enrolled_dir); it never crosses the wire. Key, certificate and CA
+bundle are each written whole by rename, the key first, so a reader never pairs a new certificate
+with an old key. A certificate the issuer signed for another node than ours is refused here too,
+and nothing is written.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +73,18 @@ async def enroll(target: str, server_ca_pem: bytes, node: str, token: str,
     return Credentials(key_pem, response.certificate_pem, response.ca_bundle_pem)
 
 
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    files.write_whole(path.parent, path.name, data, mode, durable=True)
-
-
 def write(directory: Path, node: str, creds: Credentials) -> Path:
-    """Installs the credentials as `agent-<node>.key/.pem` and ca.pem; returns the certificate path."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Installs the credentials as `agent-<node>.key/.pem` and ca.pem, through one descriptor on
+    `directory` (certs.open_enrolled_dir); returns the certificate path."""
     stem = Role("agent", node).file_stem
-    _replace(directory / f"{stem}.key", creds.key_pem, 0o600)
-    _replace(directory / f"{stem}.pem", creds.cert_pem, 0o644)
-    _replace(directory / "ca.pem", creds.bundle_pem, 0o644)
+    installed = ((f"{stem}.key", creds.key_pem, 0o600), (f"{stem}.pem", creds.cert_pem, 0o644),
+                 ("ca.pem", creds.bundle_pem, 0o644))  # the key first
+    fd = certs.open_enrolled_dir(directory)
+    try:
+        for name, data, mode in installed:
+            files.write_whole(fd, name, data, mode, durable=True)
+    finally:
+        os.close(fd)
     return directory / f"{stem}.pem"
 
 

@@ -2,13 +2,15 @@
 from the enrollment issuer with the pod's projected ServiceAccount token, and `run` renews it while
 it runs (docs/tenants.md, Session pods).
 
-Guarantee: the key is made in this process and written only into the TLS directory (0600), never
-sent; what the issuer signed is installed only if it is a client certificate of one tenant for that
-very key. Key, certificate and trust bundle are each replaced whole by rename, one enrolling process
-at a time (a lock file beside them), and a reader takes key and certificate only as a matching pair
-(`credentials`). A certificate is used while it is valid; `run` renews at two thirds of its validity
-and opens its later calls' channel with the new pair (Client.renewed), so a run keeps its grant
-across renewals; a failed renewal keeps the current pair and is retried, sooner as its end nears.
+Guarantee: the key is made in this process and written only into the TLS directory (0600), opened
+once through no link another user made or could swap (certs.open_enrolled_dir), never sent; what
+the issuer signed is installed only if it is a client certificate of one tenant for that very key.
+Key, certificate and trust bundle are each replaced whole by rename, one enrolling process at a
+time (a lock file beside them), and a reader takes key and certificate only as a matching pair
+(`credentials`). A certificate is used while it is valid; `run` renews at two thirds of its
+validity and opens its later calls' channel with the new pair (Client.renewed), so a run keeps its
+grant across renewals; a failed renewal keeps the current pair and is retried, sooner as its end
+nears.
 """
 
 from __future__ import annotations
@@ -121,18 +123,23 @@ class Enroller:
     async def renew(self, due_only: bool = True) -> None:
         """Enrolls and installs a new pair, unless (under the lock) another process already installed
         one that is valid and, with `due_only`, not yet due."""
-        self.tls_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.tls_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Every file written through one descriptor on the directory (certs.open_enrolled_dir); the
+        # lock another user left there, or a link at its name, is refused, never opened.
+        directory = certs.open_enrolled_dir(self.tls_dir)
         try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
-            current = self.material()
-            if current is not None and (not due_only or due_in(current.cert_pem) > 0):
-                return
-            await self._enroll()
+            fd = files.open_private_file(directory, LOCK_FILE, os.O_RDWR | os.O_CREAT)
+            try:
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                current = self.material()
+                if current is not None and (not due_only or due_in(current.cert_pem) > 0):
+                    return
+                await self._enroll(directory)
+            finally:
+                os.close(fd)  # and with it the lock
         finally:
-            os.close(fd)  # and with it the lock
+            os.close(directory)
 
-    async def _enroll(self) -> None:
+    async def _enroll(self, directory: int) -> None:
         try:
             token = self.token_file.read_text().strip()
             server_ca = self.server_ca.read_bytes()
@@ -154,9 +161,9 @@ class Enroller:
                 raise ClientError(failure, f"enrollment at {self.target}: {what}") from None
         check_signed(response.certificate_pem, key_pem)
         # The key first: a reader between the renames sees a mismatched pair and reads again.
-        files.write_whole(self.tls_dir, f"{ROLE.file_stem}.key", key_pem, 0o600)
-        files.write_whole(self.tls_dir, f"{ROLE.file_stem}.pem", response.certificate_pem, 0o644)
-        files.write_whole(self.tls_dir, "ca.pem", response.ca_bundle_pem, 0o644)
+        files.write_whole(directory, f"{ROLE.file_stem}.key", key_pem, 0o600)
+        files.write_whole(directory, f"{ROLE.file_stem}.pem", response.certificate_pem, 0o644)
+        files.write_whole(directory, "ca.pem", response.ca_bundle_pem, 0o644)
 
     async def renew_forever(self, renewed: Callable[[], Awaitable[None]],
                             say: Callable[[str], None]) -> None:

@@ -60,6 +60,23 @@ def _opened(directory: Path, mode: int = 0o755) -> Iterator[int]:
         os.close(fd)
 
 
+def open_enrolled_dir(directory: Path) -> int:
+    """A descriptor on the TLS directory an enrolled key and certificates are written into, made
+    (0700) if missing, its parents too: reached through no link another user made or could swap
+    (files.open_user_dir) and written only through this descriptor (files.write_whole,
+    files.open_private_file), so another user's link on the way — a sticky /tmp's, or one in
+    their own directory — never takes a root agent's key elsewhere. Not required to be private:
+    a pod's memory-backed emptyDir, where the key is made, is 0777 (root's) or 2777 (fsGroup's)."""
+    fd, made = files.open_user_dir(directory, make=True)
+    try:
+        if made:  # the directory itself, made now 0777 less the umask
+            os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _exists(directory: int, name: str) -> bool:
     """Whether anything — a link too, dangling or not — is at `name` in the directory open as
     `directory`."""

@@ -5,9 +5,11 @@ Each swap is made for real on disk, at the very point the other user would make 
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import pwd
+import stat
 import subprocess
 import sys
 import tempfile
@@ -362,3 +364,61 @@ def test_the_overflow_uid_in_a_user_namespace_trusts_no_owner(tmp_path: Path) ->
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the kernel's overflow uid, in a user namespace" in done.stdout and "Next:" in done.stdout
     assert list(victim.iterdir()) == []
+
+
+def another_users_link(tmp_path: Path) -> tuple[Path, Path]:
+    """(`sticky/theirs`, the directory of root's alone it leads to): uid 65534's link in a sticky
+    directory any user may write, as /tmp."""
+    sticky, victim = tmp_path / "sticky", tmp_path / "rootonly"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    victim.mkdir(mode=0o700)
+    (sticky / "theirs").symlink_to(victim)
+    os.lchown(sticky / "theirs", NOBODY, NOBODY)
+    return sticky / "theirs", victim
+
+
+@as_root
+def test_a_servers_ready_file_goes_through_no_link_of_another_user(tmp_path: Path) -> None:
+    """`agent serve --ready-file /tmp/theirs/agent.ready` as root wrote the ready file where their
+    link led: the directory was opened by its path. Refused, naming the link; nothing written."""
+    theirs, victim = another_users_link(tmp_path)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    done = subprocess.run([HOLDFAST, "agent", "serve", "--listen", "127.0.0.1:0", "--host-id", "node-review",
+                           "--ready-file", str(theirs / "agent.ready")],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "cannot write the ready file" in done.stderr and "neither yours nor root's" in done.stderr
+    assert list(victim.iterdir()) == []
+
+
+@as_root
+def test_enrolled_credentials_are_written_through_no_link_of_another_user(tmp_path: Path) -> None:
+    """An agent's or a session's TLS directory through another user's link: the agent's key and
+    certificates, and a session's `.enroll.lock`, were written where it led. Refused before
+    anything is asked of the issuer; a lock another user planted in a shared TLS directory too."""
+    from holdfast.agent import enroll
+    from holdfast.client.enrollment import LOCK_FILE, Enroller
+
+    theirs, victim = another_users_link(tmp_path)
+    creds = enroll.Credentials(b"KEY", b"CERT", b"BUNDLE")
+    with pytest.raises(files.UntrustedLink, match="neither yours nor root's"):
+        enroll.write(theirs / "agent-tls", "node-1", creds)
+
+    def renew(tls_dir: Path) -> None:
+        enroller = Enroller("127.0.0.1:9", tmp_path / "ca.pem", tmp_path / "token", tls_dir, "node-1")
+        asyncio.run(enroller.renew())
+
+    with pytest.raises(files.UntrustedLink, match="neither yours nor root's"):
+        renew(theirs / "pod-tls")
+    assert list(victim.iterdir()) == []
+    shared = tmp_path / "sticky" / "shared-tls"  # a pod's emptyDir, any user's to write
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / LOCK_FILE).write_bytes(b"")
+    os.chown(shared / LOCK_FILE, NOBODY, NOBODY)  # theirs to flock for ever
+    with pytest.raises(files.NotPrivate, match="owner uid 65534"):
+        renew(shared)
+    made = tmp_path / "mine" / "agent-tls"
+    assert enroll.write(made, "node-1", creds) == made / "agent-node-1.pem"
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700 and (made / "agent-node-1.key").read_bytes() == b"KEY"
