@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ import grpc
 
 from holdfast.client.errors import ClientError, classify, refused, transient
 from holdfast.client.grant import Grant, same_cluster
+from holdfast.client.watch_rules import reconnect, wait_s
 from holdfast.common import env, keepalive, tls, upstate
 from holdfast.common.reasons import Reason, reason_of
 from holdfast.common.retry import retrying
@@ -35,7 +37,6 @@ if TYPE_CHECKING:  # imported by the caller that enrolls: x509 would cost every 
 CALL_TIMEOUT_S = 10.0
 RETRY_BUDGET_S = 5.0
 OWNED = (pb.COMMITTED, pb.LIVE)
-RECONNECT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)  # a watch's ends it reconnects after
 
 
 def coordinator_address(explicit: str | None = None) -> str:
@@ -96,6 +97,29 @@ class Held:
     call: grpc.aio.UnaryStreamCall
     fence: int
     revision: int
+
+
+@dataclass
+class Outage:
+    """What a watch says of the ends it reconnects after: `lost` once per reason in one outage (a
+    line per attempt would flood a run's stderr for as long as the outage lasts), `back` once the
+    watch delivers again after one."""
+
+    lost: Callable[[ClientError], None] | None = None
+    back: Callable[[], None] | None = None
+    said: set[str] = field(default_factory=set)
+    attempt: int = 0
+
+    def failed(self, err: ClientError) -> None:
+        if self.lost is not None and str(err.reason) not in self.said:
+            self.lost(err)
+        self.said.add(str(err.reason))
+
+    def delivered(self) -> None:
+        if self.said and self.back is not None:
+            self.back()
+        self.said.clear()
+        self.attempt = 0
 
 
 def deadline_exceeded() -> grpc.aio.AioRpcError:
@@ -435,67 +459,81 @@ class Client:
                                          expected_hosts=expected_hosts)
         return await self._call(self.stub.RestoreEpoch, request, retry=False, timeout=300.0)
 
-    async def watch(self, session_id: str, grant: Grant | None = None,
-                    after_revision: int = 0) -> AsyncGenerator[pb.SessionRecord, None]:
-        """The session's record now and at every change; reconnects while the coordinator is away.
-        With `grant`, an event from another cluster than the grant's raises WRONG_CLUSTER. With
-        `after_revision` (the caller holds the record as of it), only the changes after it: read from
-        the grant's Hold call when one is kept for exactly that grant and revision."""
+    async def watch(self, session_id: str, grant: Grant | None = None, after_revision: int = 0,
+                    lost: Callable[[ClientError], None] | None = None,
+                    back: Callable[[], None] | None = None) -> AsyncGenerator[pb.SessionRecord, None]:
+        """The session's record now and at every change; reconnects after every end that may pass
+        (client.watch_rules), calling `lost` and `back` as `session_events` does. With `grant`, an
+        event from another cluster than the grant's raises WRONG_CLUSTER. With `after_revision` (the
+        caller holds the record as of it), only the changes after it: read from the grant's Hold
+        call when one is kept for exactly that grant and revision."""
         held = self.held.get(session_id)
+        outage = Outage(lost, back)
         if held is not None and grant is not None and (held.fence, held.revision) == (grant.fence,
                                                                                        after_revision):
             del self.held[session_id]
-            events = self._held_events(held.call, session_id)
+            events = self._held_events(held.call, session_id, outage)
         else:
-            events = self.session_events(session_id, after_revision=after_revision)
+            events = self._events(session_id, outage, after_revision)
         async for event in events:
             if grant is not None:
                 same_cluster(grant, event.cluster_id)
             if event.HasField("record") and not event.deleted:  # the opening one of after_revision has none
                 yield event.record
 
-    async def _held_events(self, call: grpc.aio.UnaryStreamCall,
-                           session_id: str) -> AsyncIterator[pb.SessionEvent]:
+    def _ended(self, exc: grpc.aio.AioRpcError, session_id: str, outage: Outage) -> float:
+        """The wait before a watch ended by `exc` asks again (said through `outage`); raises the
+        ClientError of an end that cannot pass (client.watch_rules)."""
+        err = classify(exc, session_id, self.address, plaintext=self.tls_dir is None)
+        pace = reconnect(exc.code(), reason_of(exc))
+        if pace is None:
+            raise err from None
+        outage.failed(err)
+        outage.attempt += 1
+        return wait_s(pace, outage.attempt - 1, random.random())
+
+    async def _held_events(self, call: grpc.aio.UnaryStreamCall, session_id: str,
+                           outage: Outage) -> AsyncIterator[pb.SessionEvent]:
         """The changes on a Hold call; once it ends as a watch reconnects (a coordinator going away),
         the record as it is then and its changes, as `session_events` reconnects."""
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
                 yield message.change
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RECONNECT:
-                raise classify(exc, session_id, self.address) from None
+            self._ended(exc, session_id, outage)  # asked again at once: a Hold ends only once
         finally:
             call.cancel()
-        async for event in self.session_events(session_id):
+        async for event in self._events(session_id, outage):
             yield event
 
     async def session_events(self, session_id: str = "",
                              lost: Callable[[ClientError], None] | None = None,
-                             after_revision: int = 0) -> AsyncIterator[pb.SessionEvent]:
+                             after_revision: int = 0,
+                             back: Callable[[], None] | None = None) -> AsyncIterator[pb.SessionEvent]:
         """Every session's (or one session's) records now (`resync`), then each change; reconnects
-        while the coordinator is away, starting again with the records as they are then, and calls
-        `lost` with why once per outage (again after an event came through). With `after_revision`,
-        the first call lists nothing: the changes after it. Every reconnect lists: the coordinator
-        that answers next may serve an etcd restored from a snapshot, whose revisions are below the
-        grant's and reused by another history, where a watch from `after_revision` shows nothing."""
-        backoff = 0.05
-        said = False
+        after every end that may pass (client.watch_rules: a coordinator away, a refusal of the
+        moment such as TOO_MANY_CALLS), starting again with the records as they are then, and calls
+        `lost` with why once per reason per outage and `back` once an event came through after it.
+        An end that cannot pass raises its ClientError. With `after_revision`, the first call lists
+        nothing: the changes after it. Every reconnect lists: the coordinator that answers next may
+        serve an etcd restored from a snapshot, whose revisions are below the grant's and reused by
+        another history, where a watch from `after_revision` shows nothing."""
+        async for event in self._events(session_id, Outage(lost, back), after_revision):
+            yield event
+
+    async def _events(self, session_id: str, outage: Outage,
+                      after_revision: int = 0) -> AsyncIterator[pb.SessionEvent]:
         while True:
             call = self.stub.WatchSessions(pb.WatchSessionsRequest(session_id=session_id,
                                                                    after_revision=after_revision))
             after_revision = 0
             try:
                 async for event in call:
-                    backoff, said = 0.05, False
+                    outage.delivered()
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RECONNECT:
-                    raise classify(exc, session_id, self.address) from None
-                if lost is not None and not said:
-                    said = True
-                    lost(classify(exc, session_id, self.address, plaintext=self.tls_dir is None))
+                wait = self._ended(exc, session_id, outage)
             finally:
                 call.cancel()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            await asyncio.sleep(wait)

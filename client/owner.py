@@ -282,9 +282,21 @@ class Owner:
                    carried[1])
 
     async def _watch(self) -> None:
-        """Returns once the record asks this owner to end: a handoff request, or the fence lost."""
+        """Returns once the record asks this owner to end: a handoff request, or the fence lost. An
+        end of the watch that may pass (client.watch_rules: a coordinator away, TOO_MANY_CALLS while
+        its silenced call is still counted) is asked again, said once and once more when it is back:
+        an owner that stopped watching would never hear a handoff request, a takeover or a drain."""
+        sid = self.grant.session_id
+
+        def lost(err: ClientError) -> None:
+            self.say(f"lost the watch of session {sid}'s record ({err.reason}: {err.message}); CMD keeps "
+                     "running, reconnecting")
+
+        def back() -> None:
+            self.say(f"watching session {sid}'s record again")
+
         try:
-            async for record in self.client.watch(self.grant.session_id, self.grant, self.grant.revision):
+            async for record in self.client.watch(sid, self.grant, self.grant.revision, lost, back):
                 if self._ends(record.lease):
                     return
         except ClientError as err:
@@ -347,7 +359,11 @@ class Owner:
             await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if watcher.done():
                 if watcher.exception() is not None:
-                    self.say(f"stopped watching the record ({watcher.exception()}); CMD keeps running")
+                    # Only an answer no retry can change ends the watch (client.watch_rules); CMD is
+                    # not this run's to end for it, and nothing is released or written.
+                    self.say(f"stopped watching the record for good ({watcher.exception()}): asking again "
+                             "cannot change that answer; CMD keeps running, and this run will not hear a "
+                             "handoff request, a takeover or a drain of it")
                 elif self.ended_by:
                     # The cgroup's members get SIGTERM from here, not once a worker thread has
                     # started (~1 ms of every handoff); end_tree sends it to any other carrier.

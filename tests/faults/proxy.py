@@ -6,7 +6,8 @@ machine, docs/design.md §8); `cut()` closes every open connection and refuses n
 probability (the peer sees a stalled, then broken, stream — never altered bytes); `stalled` silences
 the connections open at the time, both ways and without closing them, while later ones are forwarded
 (a peer gone without a TCP reset: a NAT's dropped mapping, a partition); `observe` is shown every
-chunk forwarded, by connection and direction ("up" towards the target). The proxies run on
+chunk forwarded, by connection and direction ("up" towards the target); `source_host` is the address
+it dials from (the target then sees its clients as one peer of that address: another node). The proxies run on
 one event loop in a background thread, so the harness can drive them from plain synchronous code.
 """
 
@@ -41,6 +42,7 @@ class FaultProxy:
     cut_now: bool = False
     stalled: int = 0  # connections numbered below it are silenced
     observe: Callable[[int, str, bytes], None] | None = None
+    source_host: str = ""
     rng: random.Random = field(default_factory=random.Random)
     _opened: int = 0
     _server: asyncio.Server | None = None
@@ -51,7 +53,7 @@ class FaultProxy:
         return f"{self.listen_host}:{self.port}"
 
     async def start(self) -> None:
-        _loopback(self.listen_host), _loopback(self.target_host)
+        _loopback(self.listen_host), _loopback(self.target_host), _loopback(self.source_host or "127.0.0.1")
         self._server = await asyncio.start_server(self._accept, self.listen_host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -60,7 +62,9 @@ class FaultProxy:
             writer.close()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
+            up_reader, up_writer = await asyncio.open_connection(
+                self.target_host, self.target_port,
+                local_addr=(self.source_host, 0) if self.source_host else None)
         except OSError:
             writer.close()  # the target is down: the client sees a refused stream, as without a proxy
             return
@@ -122,9 +126,10 @@ class ProxyLoop:
         return fut.result(10)
 
     def add(self, name: str, target: str, listen_host: str = "127.0.0.1", port: int = 0,
-            seed: int = 0) -> FaultProxy:
+            seed: int = 0, source_host: str = "") -> FaultProxy:
         host, target_port = target.rsplit(":", 1)
-        proxy = FaultProxy(name, host, int(target_port), listen_host, port, rng=random.Random(seed))
+        proxy = FaultProxy(name, host, int(target_port), listen_host, port, source_host=source_host,
+                           rng=random.Random(seed))
         self._call(proxy.start())
         self.proxies.append(proxy)
         return proxy

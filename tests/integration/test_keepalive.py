@@ -85,14 +85,17 @@ def proxies() -> Iterator[ProxyLoop]:
         loop.close()
 
 
-def started(etcd: EtcdServer, tmp_path: Path, prefix: str, seconds: int) -> Coordinator:
-    return Coordinator(etcd.url, tmp_path, prefix, args=("--metrics-listen", "127.0.0.1:0"),
+def started(etcd: EtcdServer, tmp_path: Path, prefix: str, seconds: int, *args: str) -> Coordinator:
+    return Coordinator(etcd.url, tmp_path, prefix, args=("--metrics-listen", "127.0.0.1:0", *args),
                        env={keepalive.ENV: str(seconds)}).start()
 
 
 @pytest.fixture
-def coordinator(etcd: EtcdServer, tmp_path: Path, prefix: str) -> Iterator[Coordinator]:
-    server = started(etcd, tmp_path, prefix, INTERVAL)
+def coordinator(etcd: EtcdServer, tmp_path: Path, prefix: str,
+                request: pytest.FixtureRequest) -> Iterator[Coordinator]:
+    """Its keepalive INTERVAL, unless a test asks (indirectly) for (seconds, *flags)."""
+    seconds, *args = getattr(request, "param", (INTERVAL,))
+    server = started(etcd, tmp_path, prefix, seconds, *args)
     try:
         yield server
     finally:
@@ -202,5 +205,36 @@ def test_an_owner_whose_link_went_silent_still_hears_a_takeover(
     assert first.proc.poll() is None
 
     second = taken_over(cluster, first, b, sid)
+    os.kill(second.run_pid, signal.SIGTERM)
+    assert second.wait(30) == 0
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")
+@pytest.mark.parametrize("coordinator", [(2 * INTERVAL, "--calls-per-caller-max", "1")], indirect=True)
+def test_an_owner_refused_too_many_calls_on_reconnecting_keeps_watching_and_hears_a_takeover(
+        cluster: Cluster, proxies: ProxyLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's node (its own address, through the proxy) may keep one long-lived call open. Its
+    link silenced, the owner notices first (its keepalive half the coordinator's) and reconnects
+    while the coordinator still counts the silenced Hold: TOO_MANY_CALLS. Once the coordinator's
+    own pings end that call, the owner's next try is admitted, and a takeover is heard."""
+    monkeypatch.setenv(keepalive.ENV, str(INTERVAL))  # the agents' and the runs'
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    proxy = proxies.add("coordinator", cluster.coordinator.address, source_host="127.0.0.2")
+    sid = "sess-keepalive-refused"
+    first = cluster.run(a, sid, "--grace", "5", env={"HOLDFAST_COORDINATOR": proxy.address})
+    child_started(cluster, 1)
+    assert streams_open(cluster.coordinator) == {"Hold": 1.0}
+    proxies.stall(proxy)
+    until("the owner's reconnect refused TOO_MANY_CALLS", lambda: "TOO_MANY_CALLS" in first.err())
+    until("the owner's watch back, as a WatchSessions",
+          lambda: streams_open(cluster.coordinator) == {"WatchSessions": 1.0})
+    until("the owner saying it watches again", lambda: "record again" in first.err())
+    assert first.proc.poll() is None
+    said = first.err()
+    assert "stopped watching" not in said, said
+    assert said.count("TOO_MANY_CALLS") == 1, said  # said once, however many tries it took
+
+    second = taken_over(cluster, first, b, sid)  # heard, ended, no overlap
     os.kill(second.run_pid, signal.SIGTERM)
     assert second.wait(30) == 0
