@@ -125,9 +125,15 @@ class Enroller:
         one that is valid and, with `due_only`, not yet due."""
         # Every file written through one descriptor on the directory (certs.open_enrolled_dir); the
         # lock another user left there, or a link at its name, is refused, never opened.
-        directory = certs.open_enrolled_dir(self.tls_dir)
         try:
-            fd = files.open_private_file(directory, LOCK_FILE, os.O_RDWR | os.O_CREAT)
+            directory = certs.open_enrolled_dir(self.tls_dir)
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        try:
+            try:
+                fd = files.open_private_file(directory, LOCK_FILE, os.O_RDWR | os.O_CREAT)
+            except OSError as exc:
+                raise self._unwritable(exc) from None
             try:
                 await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
                 current = self.material()
@@ -138,6 +144,10 @@ class Enroller:
                 os.close(fd)  # and with it the lock
         finally:
             os.close(directory)
+
+    def _unwritable(self, exc: OSError) -> ClientError:
+        return ClientError(Reason.TLS_FILE_MISSING, f"cannot write the TLS directory {self.tls_dir}: {exc} "
+                           f"({env.TLS_DIR} must lead through no link another user made or could swap)")
 
     async def _enroll(self, directory: int) -> None:
         try:
