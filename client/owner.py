@@ -8,9 +8,10 @@ agent attest it (and move it into its session cgroup) before it decides anything
 as the owner in the grant's own transaction; where it could not (another token variable on this
 host, an agent re-registered meanwhile) the grant is a reservation and CommitOwner commits the
 gate, as before. Only then is the gate released; any failure before that ends it unrun. While CMD runs
-the owner watches its record: a requested handoff, a force-pending takeover or a lost fence ends
-the whole tree (SIGTERM, grace, stop, SIGKILL), and Release is sent with the grant once the tree
-is gone.
+the owner watches its record, reconnecting after every end that may pass (client.watch_rules): a
+requested handoff, a force-pending takeover or a lost fence ends the whole tree (SIGTERM, grace,
+stop, SIGKILL), and Release is sent with the grant once the tree is gone. The watch failing never
+ends CMD, releases or writes anything.
 """
 
 from __future__ import annotations
