@@ -95,7 +95,7 @@ SETTINGS = [
     Setting("watch_unread_budget_bytes", "HOLDFAST_WATCH_UNREAD_BUDGET_BYTES",
             config.integer_in(1 << 20, 1 << 40),
             "watch events a replica holds for readers that have not taken them, all watches together: "
-            "past it, the watches furthest behind drop theirs and re-list", default=UNREAD_BUDGET_BYTES),
+            "past it, the watches stalled longest drop theirs and re-list", default=UNREAD_BUDGET_BYTES),
     Setting("default_tenant", "HOLDFAST_DEFAULT_TENANT", config.tenant,
             "tenant of a client certificate that names none, and of sessions recorded before tenants "
             "existed (keep it the same across restarts and replicas)", default="default"),

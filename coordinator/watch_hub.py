@@ -22,10 +22,12 @@ revision order, each once — or, when that cannot go on, an error, never silenc
   others back nor grows the coordinator without bound;
 - the watchers of a hub together hold at most its budget's bytes unread (the replica's
   `watch_unread_budget_bytes`, however many watchers there are; past it by at most one response):
-  past it, those furthest behind drop every event they hold and end `Lagged` at once, until a
-  quarter of the budget is free, so many stalled readers (each within MAX_BEHIND_BYTES) cannot pin
-  the replica's memory either. Nothing is skipped: the reader gets the error in place of the
-  events it had not taken, and re-lists;
+  past it, those whose readers have taken none of their events for longest drop every event they
+  hold and end `Lagged` at once, until a quarter of the budget is free, so many stalled readers
+  (each within MAX_BEHIND_BYTES) cannot pin the replica's memory either, and a reader that keeps up
+  (waiting in `next`, or taking events as they come) is ended only after every one stalled longer.
+  Nothing is skipped: the reader gets the error in place of the events it had not taken, and
+  re-lists;
 - etcd refusing or cancelling a watch is `StoreUnavailable` for that watcher;
 - the stream's failure (etcd unreachable or killed, the channel closed, an answer that fits no
   watcher) is `StoreUnavailable` for every watcher on it, after the events each had received; the
@@ -58,47 +60,60 @@ UNANSWERED = -1  # etcd's id for no watch (a refused create; progress for every 
 
 
 class Budget:
-    """The unread bytes of every watcher of a hub: past `limit`, those furthest behind drop theirs
-    and end Lagged. Only watchers holding events are kept, so an event costs a sum and a set add,
-    never a look at every watcher; the search for the furthest behind runs only past the limit, and
-    frees a quarter of it each time."""
+    """The unread bytes of every watcher of a hub: past `limit`, those stalled longest drop theirs
+    and end Lagged. Stalled longest, not holding most: at the moment a response passes the limit, a
+    reader that keeps up holds that response as stalled ones do, and shedding by bytes ended it
+    while many smaller stalled watchers (one caller's, say) kept theirs. A stall is counted in
+    events taken by every reader of the hub (no clock: it advances only while readers progress)
+    since this reader last took one, or since a delivery found it waiting for one (a reader waiting
+    in `next` is not stalled, however long its watch was quiet); of watchers stalled alike (every
+    one waiting when a burst of responses came), the one holding most goes first. Only watchers
+    holding events are kept, so an event costs a sum, a count and a set add, never a look at every
+    watcher; the search runs only past the limit, and frees a quarter of it each time."""
 
-    __slots__ = ("holding", "limit", "shed", "unread")
+    __slots__ = ("holding", "limit", "shed", "taken_count", "unread")
 
     def __init__(self, limit: int = UNREAD_BUDGET_BYTES) -> None:
         self.limit = limit
         self.unread = 0
         self.holding: set[Watcher] = set()  # those whose behind_bytes is not 0
         self.shed = 0  # watchers ended to keep within the limit
+        self.taken_count = 0  # events taken by every reader: the stall's clock
 
-    def hold(self, watcher: Watcher, size: int) -> None:
+    def hold(self, watcher: Watcher, size: int, waiting: bool) -> None:
+        """`size` more bytes delivered to `watcher`; `waiting`: its reader was waiting in `next`."""
+        if waiting:
+            watcher.stalled_since = self.taken_count
         self.holding.add(watcher)
         self.unread += size
         if self.unread > self.limit:
             self._shed()
 
     def taken(self, watcher: Watcher, size: int) -> None:
+        self.taken_count += 1
+        watcher.stalled_since = self.taken_count
         self.unread -= size
         if not watcher.behind_bytes:
             self.holding.discard(watcher)
 
     def _shed(self) -> None:
         floor = self.limit - self.limit // 4
-        for watcher in sorted(self.holding, key=lambda w: w.behind_bytes, reverse=True):
+        for watcher in sorted(self.holding, key=lambda w: (w.stalled_since, -w.behind_bytes)):
             if self.unread <= floor:
                 return
             held = watcher.behind_bytes
             self.shed += 1
             watcher.drop(Lagged(f"this replica's watches held more than {self.limit} bytes unread "
-                                "together (watch_unread_budget_bytes); this one, furthest behind, "
-                                f"dropped its {held}"))
+                                "together (watch_unread_budget_bytes); this one, whose reader had "
+                                f"taken none of them for longest, dropped its {held}"))
 
 
 class Watcher:
     """One watch on the shared stream: the events etcd sent it and its reader has not taken yet,
     and how it ended."""
 
-    __slots__ = ("behind_bytes", "budget", "ended", "events", "gone", "id", "reached", "stream", "waker")
+    __slots__ = ("behind_bytes", "budget", "ended", "events", "gone", "id", "reached", "stalled_since",
+                 "stream", "waker")
 
     def __init__(self, budget: Budget, reached: int = 0) -> None:
         self.budget = budget
@@ -110,10 +125,14 @@ class Watcher:
         self.ended: Exception | None = None
         self.waker: asyncio.Future[None] | None = None
         self.gone = False  # its reader ended it
+        # The budget's count of events taken when its reader last took one, or a delivery found it
+        # waiting for one.
+        self.stalled_since = budget.taken_count
 
     def deliver(self, events: list[rpc.Event]) -> None:
         if self.ended is not None:
             return
+        waiting = self.waker is not None  # its reader is in `next`, not stalled
         size = sum(_size(event) for event in events)
         self.events.extend(events)
         self.behind_bytes += size
@@ -123,7 +142,7 @@ class Watcher:
         else:
             self._wake()
         if size:
-            self.budget.hold(self, size)
+            self.budget.hold(self, size, waiting)
 
     def end(self, error: Exception) -> None:
         """The watcher's reader gets this error once it has taken every event delivered before."""

@@ -348,11 +348,11 @@ async def test_a_watcher_behind_by_many_large_events_gets_them_all_and_the_strea
 
 
 @run_async
-async def test_stalled_readers_stay_within_the_replicas_budget_the_furthest_behind_dropping_its_events(
+async def test_stalled_readers_stay_within_the_replicas_budget_the_longest_stalled_dropping_its_events(
     etcd: EtcdServer, prefix: str
 ) -> None:
     """Two readers that stopped reading, each well within MAX_BEHIND_BYTES, on a store whose budget is
-    10 events' bytes: once they and a reader keeping up hold more together, the one furthest behind
+    10 events' bytes: once they and a reader keeping up hold more together, the one stalled longest
     (it stopped first) ends Lagged at once, holding nothing (its events dropped, not handed on
     before the error), and the other two go on with every event. Nothing stays counted once every
     reader is done."""
@@ -381,7 +381,7 @@ async def test_stalled_readers_stay_within_the_replicas_budget_the_furthest_behi
         assert budget.shed == 0
         watching = etcd_watchers(etcd)
         await put(7, keeping_up)  # 7 and 4 (and keeping_up's 1): past the budget
-        await wait_until(lambda: budget.shed == 1, "the reader furthest behind is ended")
+        await wait_until(lambda: budget.shed == 1, "the reader stalled longest is ended")
         assert budget.unread == 4 * size <= budget.limit
         # Its watch is cancelled at etcd at once, not when its reader comes back.
         await wait_until(lambda: etcd_watchers(etcd) == watching - 1, "etcd drops the ended watch")
@@ -392,5 +392,49 @@ async def test_stalled_readers_stay_within_the_replicas_budget_the_furthest_behi
         for watch in (first, second, keeping_up):
             await watch.aclose()
         assert budget.unread == 0 and not budget.holding and budget.shed == 1
+    finally:
+        await store.close()
+
+
+@run_async
+async def test_past_the_budget_the_stalled_readers_are_ended_not_a_reader_that_keeps_up(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """Six watchers, each of its own directory, stalled one after the other on one small event each,
+    within a budget of 10 such events' bytes; a reader of another directory, keeping up, is sent a
+    record five times that size while it waits for its next event, which passes the budget. That
+    reader holds the most bytes at that instant, yet it is not ended: the stalled ones are, the
+    longest stalled first, until a quarter of the budget is free (four of them), and the reader
+    takes its record."""
+    pad = 1000
+    store = Store.connect(etcd.url, prefix=prefix)
+    smalls = [store.key(f"s{i}", "k") for i in range(6)]
+    large = store.key("r", "k")
+    size = len(smalls[0]) + pad
+    budget = store.watch_budget
+    budget.limit = 10 * size
+    try:
+        start = await revision(store) + 1
+        stalled = [store.watch_prefix(store.key(f"s{i}", ""), start) for i in range(6)]
+        reader = store.watch_prefix(store.key("r", ""), start)
+        await store.txn([], [Put(large, b"r"), *(Put(key, b"") for key in smalls)])
+        for watch, key in zip((reader, *stalled), (large, *smalls), strict=True):
+            assert await take(watch, 1) == [f"{key}={'r' if watch is reader else ''}"]  # each stands
+        for i, key in enumerate(smalls):
+            await store.txn([], [Put(key, b"s" * pad)])
+            await wait_until(lambda i=i: budget.unread == (i + 1) * size, f"stalled watch {i} holds one")
+        # The reader waits for its next event (it keeps up); the stalled ones took theirs long ago.
+        taking = asyncio.ensure_future(take(reader, 1))
+        await store.txn([], [Put(large, b"y" * (5 * size - len(large)))])
+        assert await taking == [f"{large}={'y' * (5 * size - len(large))}"], "not ended"
+        assert budget.shed == 4
+        for watch in stalled[:4]:
+            with pytest.raises(Lagged, match="watch_unread_budget_bytes"):
+                await take(watch, 1)
+        for i, watch in enumerate(stalled[4:], 4):
+            assert await take(watch, 1) == [f"{smalls[i]}={'s' * pad}"]
+        for watch in (*stalled, reader):
+            await watch.aclose()
+        assert budget.unread == 0 and not budget.holding
     finally:
         await store.close()
