@@ -122,10 +122,15 @@ class Outage:
         self.attempt = 0
 
 
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a call ending with `code` raises, for an end a stream has without one (its first
+    answer late, or no status at all), so it is classified and said as any other."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
 def deadline_exceeded() -> grpc.aio.AioRpcError:
     """What a unary call's own deadline raises, for a stream whose first answer is late."""
-    return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                details="Deadline Exceeded")
+    return rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
 
 class Client:
@@ -269,8 +274,7 @@ class Client:
             call.cancel()
             raise
         if first is grpc.aio.EOF:  # ended without an answer or a status: no coordinator does
-            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       details="Hold ended without an answer")
+            raise rpc_error(grpc.StatusCode.INTERNAL, "Hold ended without an answer")
         granted = first.granted
         self.held[request.session_id] = Held(call, granted.grant.fence, granted.revision)
         return granted
@@ -531,7 +535,10 @@ class Client:
                 async for event in call:
                     outage.delivered()
                     yield event
-                return
+                # No coordinator ends a watch without a status; one that did would leave an owner
+                # not watching and not saying so: said, and asked again as a refusal is.
+                wait = self._ended(rpc_error(grpc.StatusCode.INTERNAL, "the watch ended without a "
+                                             "status"), session_id, outage)
             except grpc.aio.AioRpcError as exc:
                 wait = self._ended(exc, session_id, outage)
             finally:

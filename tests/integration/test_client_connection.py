@@ -1,15 +1,18 @@
 """A client's channel starts connecting when the client is made, not at its first call: `run` does
 its local work (CMD resolved, grant directory, gate spawned) while the connection is set up; and a
-coordinator from before Hold is asked by Acquire."""
+coordinator from before Hold is asked by Acquire; a watch that ends without a status is asked again
+and said, never left ended in silence."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from holdfast.client.connection import Client
+from holdfast.client.errors import ClientError
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.coordinator_fixtures import Coordinator
 
@@ -70,3 +73,47 @@ def test_a_coordinator_without_hold_is_asked_by_acquire_and_hold_is_not_tried_ag
             await server.stop(None)
 
     assert asyncio.run(body()) == ["Hold", "Acquire", "Acquire"]
+
+
+class QuietWatches(grpc.GenericRpcHandler):
+    """A stand-in whose WatchSessions sends one record, numbered by the call, and ends with no
+    status: no coordinator does, and an owner's watch must not then stop in silence."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if not details.method.endswith("/WatchSessions"):  # type: ignore[attr-defined]
+            return None
+
+        async def watch(request: pb.WatchSessionsRequest, _context: object) -> AsyncIterator[pb.SessionEvent]:
+            self.calls += 1
+            yield pb.SessionEvent(record=pb.SessionRecord(session_id=request.session_id,
+                                                          provider=f"call-{self.calls}"), resync=True)
+
+        return grpc.unary_stream_rpc_method_handler(watch, pb.WatchSessionsRequest.FromString,
+                                                    pb.SessionEvent.SerializeToString)
+
+
+def test_a_watch_ended_without_a_status_is_asked_again_and_said_once() -> None:
+    async def body() -> tuple[list[str], list[str]]:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((QuietWatches(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        lost: list[ClientError] = []
+        try:
+            async with Client(f"127.0.0.1:{port}", "host-quiet") as client:
+                seen = []
+                async for event in client.session_events("sess-quiet", lost=lost.append):
+                    seen.append(event.record.provider)
+                    if len(seen) == 3:
+                        break
+                return seen, [str(err) for err in lost]
+        finally:
+            await server.stop(None)
+
+    seen, lost = asyncio.run(body())
+    assert seen == ["call-1", "call-2", "call-3"]
+    # Said once per outage: each reconnect delivered before the next end, so once per end here.
+    assert len(lost) == 2 and all("the watch ended without a status" in text for text in lost), lost
