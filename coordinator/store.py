@@ -38,6 +38,13 @@ RECEIVE_LIMIT_BYTES = 16 << 20  # the largest answer this client's channel takes
 # written before the cap (up to etcd's ~1.5 MiB request limit) are bounded by halving: a page whose
 # answer is still too large is read again at half as many keys, down to one.
 PAGE = RECEIVE_LIMIT_BYTES // (70 * 1024) // 2
+# A streamed listing's page (snapshot_pages) by bytes too: a reader that stops between pages (a
+# stalled WatchSessions) keeps one page, counted by no call limit and no watch budget, and a page of
+# PAGE records at the cap was ~7.5 MiB (30 stalled calls: +14 MB each). Its first page is of
+# FIRST_PAGE keys, each next one as many keys as the last one's records would fit in PAGE_BYTES
+# (at least one, at most twice the last, at most PAGE): ~3 at the cap, PAGE of small records.
+PAGE_BYTES = 256 << 10
+FIRST_PAGE = 3  # records at the cap (~70 KB): within PAGE_BYTES from the first page
 
 
 @dataclass(frozen=True)
@@ -267,9 +274,10 @@ class Store:
 
     async def snapshot_pages(self, prefix: str) -> AsyncIterator[tuple[list[Entry], int]]:
         """`snapshot_prefix` a page at a time, each with the one revision of them all, so a reader
-        that stops between pages (a stalled WatchSessions caller) keeps one page, not every key;
-        the revision compacted before the last page is `Compacted` (list again)."""
-        async for entries, _, revision in self._pages(prefix.encode(), "", 0):
+        that stops between pages (a stalled WatchSessions caller) keeps one page, not every key:
+        of about PAGE_BYTES (one record when a record alone is more); the revision compacted before
+        the last page is `Compacted` (list again)."""
+        async for entries, _, revision in self._pages(prefix.encode(), "", 0, PAGE_BYTES):
             yield entries, revision
 
     async def _scan(self, prefix: str, start_after: str = "",
@@ -287,11 +295,12 @@ class Store:
                 continue
             return entries, *last
 
-    async def _pages(self, raw: bytes, start_after: str,
-                     limit: int) -> AsyncIterator[tuple[list[Entry], bool, int]]:
+    async def _pages(self, raw: bytes, start_after: str, limit: int,
+                     page_bytes: int = 0) -> AsyncIterator[tuple[list[Entry], bool, int]]:
         """(entries, more, revision) per Range: the first at the newest revision, the rest at the
-        first's; its compaction meanwhile is `Compacted`. At least one page, maybe empty."""
-        page, revision, after, taken = PAGE, 0, start_after, 0
+        first's; its compaction meanwhile is `Compacted`. At least one page, maybe empty. With
+        `page_bytes`, pages of about that many bytes (see PAGE_BYTES), else of PAGE keys."""
+        page, revision, after, taken = FIRST_PAGE if page_bytes else PAGE, 0, start_after, 0
         while True:
             start = (after.encode() + b"\x00") if after else raw
             want = min(page, limit - taken) if limit else page
@@ -314,6 +323,9 @@ class Store:
             taken += len(entries)
             # Read before it is handed on: a reader may let the page go (clear it).
             after = entries[-1].key if entries else after
+            if page_bytes and entries:
+                size = sum(len(e.key) + len(e.value) for e in entries)
+                page = max(1, min(PAGE, 2 * len(entries), len(entries) * page_bytes // size))
             yield entries, more, revision
             if not more or (limit and taken >= limit):
                 return

@@ -96,6 +96,34 @@ async def test_records_from_before_the_cap_are_listed_in_smaller_pages(etcd: Etc
         await svc.store.close()
 
 
+@run_async
+async def test_a_streamed_listing_reads_pages_of_bounded_bytes_and_small_records_in_full_pages(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """A WatchSessions listing is read a page at a time and its reader may stop between pages (a
+    stalled caller), keeping that page: pages of records at the cap stay within PAGE_BYTES (a page
+    of PAGE keys of them was ~7.5 MiB, counted by no limit), every record listed once, in order, at
+    one revision; small records still come PAGE to a Range once the first pages have grown."""
+    svc = CoordinatorService(Store(open_channel(etcd.url), prefix))
+    try:
+        sids = await fill(svc, 160, records.MAX_CHAIN_BYTES // records.MAX_HANDLE_CHARS)
+        sizes, listed, revisions = [], [], set()
+        async for page, revision in svc.store.snapshot_pages(svc.store.key("sessions", "")):
+            sizes.append(sum(len(e.key) + len(e.value) for e in page))
+            listed += [e.key.rsplit("/", 1)[1] for e in page]
+            revisions.add(revision)
+        assert listed == sids and len(revisions) == 1
+        assert max(sizes) <= store.PAGE_BYTES, sizes
+
+        small = [Put(svc.store.key("small", f"k{i:04d}"), b"v" * 100) for i in range(600)]
+        for at in range(0, len(small), 100):
+            assert (await svc.store.txn([], small[at:at + 100]))[0]
+        counts = [len(page) async for page, _ in svc.store.snapshot_pages(svc.store.key("small", ""))]
+        assert sum(counts) == 600 and counts[:8] == [3, 6, 12, 24, 48, 96, 117, 117], counts
+    finally:
+        await svc.store.close()
+
+
 class SessionsUnreadable(Store):
     """A store whose every listing of the sessions fails as an outage."""
 
