@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from holdfast.common import identifiers, reasons, tls
 from holdfast.common.reasons import Reason
@@ -542,6 +543,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         async for event in self._changes(key, after, self.tenancy.caller(context)):
             yield event
 
+    def _tenant_of(self, entry: Entry) -> str | None:
+        """A changed record's tenant; None when it does not decode (every call then reads it, and
+        fails on it as it would have)."""
+        try:
+            return tenancy.tenant_of(self.sessions.shared(entry), self.tenancy.default)
+        except (ValueError, json_format.ParseError):
+            return None
+
     async def _changes(self, key: str | None, after: int,
                        caller: tenancy.Caller) -> AsyncIterator[pb.SessionEvent]:
         """One session's (`key`) or every session's record and changes, as `caller` may see them."""
@@ -588,8 +597,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             after = 0
             # One session's watch (an owner's of its own) is served from this replica's one watch of
             # every session when it can be: no watch of its own at etcd.
+            # Every session's: from that one watch too, each change decoded and tagged with its tenant
+            # once for every such call, and handed only to the calls that may see it: another
+            # tenant's changes cost a call nothing (they cost ~38 µs per call per change).
             changes = (self.store.watch_key(key, revision + 1, held) if key
-                       else self.store.watch_prefix(prefix, revision + 1, held))
+                       else self.store.watch_tagged(prefix, revision + 1, self._tenant_of,
+                                                    None if caller.all_tenants else caller.tenant))
             try:
                 async for change in changes:
                     if isinstance(change, str):

@@ -11,7 +11,7 @@ watch of its directory (watch_fanout), with the same promise.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -215,6 +215,11 @@ class Store:
         """WatchCreateRequests this Store has sent to etcd: a watch served by a shared one sends none."""
         return self._watches.creates
 
+    @property
+    def watch_handed(self) -> int:
+        """Events the shared watches handed to the watches they serve: a change costs each it reaches."""
+        return sum(fanout.handed for fanout in self._fanouts.values())
+
     def key(self, *parts: str) -> str:
         return self.prefix + "/".join(parts)
 
@@ -383,11 +388,7 @@ class Store:
         `start_revision` on, so the watch sends etcd nothing (watch_fanout); else a watch of its
         own, as `watch_prefix(key)` with only the key's own changes."""
         raw = key.encode()
-        directory = raw[:raw.rindex(b"/") + 1]
-        fanout = self._fanouts.get(directory)
-        if fanout is None:
-            fanout = self._fanouts[directory] = Fanout(self._watches, directory, _range_end(directory))
-        served = fanout.serve(raw, start_revision, reached, self.newest)
+        served = self._fanout(raw[:raw.rindex(b"/") + 1]).serve(raw, start_revision, reached, self.newest)
         if served is None:
             async with contextlib.aclosing(self.watch_prefix(key, start_revision, reached)) as changes:
                 async for change in changes:
@@ -397,6 +398,33 @@ class Store:
         async with contextlib.aclosing(served) as events:
             async for event in events:
                 yield _change(event)
+
+
+    async def watch_tagged(self, directory: str, start_revision: int, tag: Callable[[Entry], str | None],
+                           wanted: str | None) -> AsyncIterator[Entry | str]:
+        """The changes under `directory` (ending in "/"), as `watch_prefix` yields them and with its
+        errors, of which at least every put `tag` tags `wanted` or None (`wanted` None: every put)
+        and every deletion. Served, when it can be, from the directory's shared watch: no watch at
+        etcd, each put tagged once for every such caller of the replica (`tag` is the directory's:
+        every caller of it passes the same) and handed only to those that want it; else a watch of
+        its own, with every change."""
+        raw = directory.encode()
+        served = self._fanout(raw).serve_tagged(lambda event: tag(_entry(event.kv)), wanted,
+                                                start_revision, self.newest)
+        if served is None:
+            async with contextlib.aclosing(self.watch_prefix(directory, start_revision)) as changes:
+                async for change in changes:
+                    yield change
+            return
+        async with contextlib.aclosing(served) as events:
+            async for event in events:
+                yield _change(event)
+
+    def _fanout(self, directory: bytes) -> Fanout:
+        fanout = self._fanouts.get(directory)
+        if fanout is None:
+            fanout = self._fanouts[directory] = Fanout(self._watches, directory, _range_end(directory))
+        return fanout
 
 
 def _change(event: rpc.Event) -> Entry | str:

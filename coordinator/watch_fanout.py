@@ -1,22 +1,26 @@
-"""Watches of single keys of one directory (an owner's watch of its own session record, among every
-session's) served in-process from one etcd watch of the whole directory, so that a key's watch
-costs etcd no WatchCreateRequest and no WatchCancelRequest.
+"""Watches of one directory (an owner's watch of its own session record, a WatchSessions of every
+session) served in-process from one etcd watch of the whole directory, so that such a watch costs
+etcd no WatchCreateRequest and no WatchCancelRequest, and a change costs only the watches it is for.
 
 The directory's shared watch is opened, on the Store's shared stream (watch_hub), by the first
-watch of one of its keys, at the revision after the newest any answer of etcd's named (never at an
+watch served from it, at the revision after the newest any answer of etcd's named (never at an
 older start: etcd's catch-up of the whole directory is every session's records since), and
 is then kept for the Store's life: a replica serves owners all the time, and a watch closed between
 two of them would have every next owner find it not yet created. Its most recent events, at most
-BUFFERED and BUFFERED_BYTES of them, are kept (watch_fanout_rules.Buffer),
-each with only its key, revision and size read; an event is handed on only to the watchers of its key, so
-no other session's change is decoded. A watch of a key from revision R is served from it when the
-buffer is whole from R on and the caller's revision is one the shared watch saw etcd reach; else it
-is a watch of its own, exactly as `watch_hub.WatchHub.watch` (also while the shared watch is not yet
-created, and when it has failed: the next watch opens a new one).
+BUFFERED and BUFFERED_BYTES of them, are kept (watch_fanout_rules.Buffer), each with only its key,
+revision and size read. An event is handed on to the watchers of its key, and to the watchers of
+the whole directory that want its tag: a put is tagged (for session records, decoded for their
+tenant) once, only while there are such watchers, so with none no other session's change is
+decoded. A watch from revision R is served from it when the buffer is whole from R on and the
+caller's revision is one the shared watch saw etcd reach; else it is a watch of its own, exactly
+as `watch_hub.WatchHub.watch` (also while the shared watch is not yet created, and when it has
+failed: the next watch opens a new one).
 
-Guarantee: every watcher, served or not, has watch_hub's guarantee — every event of its key from its
-start revision on, in revision order, each once, or an error, never silence. A served watcher gets
-the buffered events of its key from R on, then the live ones (both in the order etcd sent them:
+Guarantee: every watcher, served or not, has watch_hub's guarantee — every event of its key (a
+tagged watcher: every put tagged as it wants or untagged, and every deletion, of the directory)
+from its start revision on, in revision order, each once, or an error, never silence; a tagged
+watch not served gets every event of the directory, a superset. A served watcher gets the buffered
+events it wants from R on, then the live ones (both in the order etcd sent them:
 nothing is awaited between reading the buffer and joining, so no event falls between); its reader
 leaving MAX_BEHIND events (or MAX_BEHIND_BYTES) unread ends it `Lagged`, and its unread bytes count
 in the hub's budget as a watch of its own's do; the shared watch's failure
@@ -25,13 +29,13 @@ failure `StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavai
 events it had received. A start etcd has compacted away is served all the same while the buffer
 still holds every event from it: nothing is missing, so there is nothing to re-list for (a watch of
 its own would end `Compacted` and its caller re-list).
-Not guaranteed: that a watch is served (a caller gets the same events either way), nor any order
-between two watchers' events.
+Not guaranteed: that a watch is served (a key's watch gets the same events either way, a tagged one
+at least those it wants), nor any order between two watchers' events.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 
 from aetcd import rpc
 
@@ -45,6 +49,9 @@ from holdfast.coordinator.watch_hub import UNANSWERED, Budget, Stream, Watcher, 
 # holds ~10,000 records of 1.5 KB, more than BUFFERED.
 BUFFERED = 1024
 BUFFERED_BYTES = 16 << 20
+# A put's tag (for session records, their tenant), computed once per event for every tagged watcher
+# of the directory; None: every tagged watcher's (so is every deletion: it names no tenant).
+Tag = Callable[[rpc.Event], str | None]
 
 
 class KeyWatcher(Watcher):
@@ -58,10 +65,10 @@ class KeyWatcher(Watcher):
 
 
 class SharedWatch(Watcher):
-    """The directory's one watch on the stream: every event into the buffer, and to its key's
-    watchers."""
+    """The directory's one watch on the stream: every event into the buffer, to its key's watchers,
+    and to the watchers of the whole directory that want its tag."""
 
-    __slots__ = ("buffer", "keys")
+    __slots__ = ("buffer", "handed", "keys", "tag", "tagged")
 
     def __init__(self, budget: Budget, start: int) -> None:
         # etcd must have reached the revision before the start by its `created` answer: a start
@@ -70,6 +77,11 @@ class SharedWatch(Watcher):
         super().__init__(budget, reached=start - 1)
         self.buffer: Buffer[rpc.Event] = Buffer(start, BUFFERED, BUFFERED_BYTES)
         self.keys: dict[bytes, list[KeyWatcher]] = {}
+        # Watchers of the whole directory by the tag they want (None: every event), and how puts
+        # are tagged (set by each that joins: every caller of a directory tags it alike).
+        self.tagged: dict[str | None, set[KeyWatcher]] = {}  # a set: thousands leave one by one
+        self.tag: Tag | None = None
+        self.handed = 0  # events handed to watchers: a change costs each watcher it reaches
 
     def deliver(self, events: list[rpc.Event]) -> None:
         if self.ended is not None:
@@ -78,17 +90,34 @@ class SharedWatch(Watcher):
             kv = event.kv
             key = kv.key
             self.buffer.add(kv.mod_revision, key, event, len(key) + len(kv.value))
-            for watcher in self.keys.get(key, ()):
-                # A watcher may start past what the shared watch has received (a listing read at a
-                # revision it has not reached yet): an older event of its key is not its own.
-                if kv.mod_revision >= watcher.start:
-                    watcher.deliver([event])
+            self._hand(event, self.keys.get(key, ()))
+            if self.tagged:
+                for watchers in self._wanting(event):
+                    self._hand(event, watchers)
+
+    def _hand(self, event: rpc.Event, watchers: Collection[KeyWatcher]) -> None:
+        for watcher in watchers:
+            # A watcher may start past what the shared watch has received (a listing read at a
+            # revision it has not reached yet): an older event is not its own.
+            if event.kv.mod_revision >= watcher.start:
+                self.handed += 1
+                watcher.deliver([event])
+
+    def _wanting(self, event: rpc.Event) -> list[set[KeyWatcher]]:
+        """The tagged watchers `event` is for: its tag's and those of every tag (None)."""
+        tag = self._tag_of(event)
+        if tag is None:
+            return list(self.tagged.values())
+        return [self.tagged.get(tag, set()), self.tagged.get(None, set())]
+
+    def _tag_of(self, event: rpc.Event) -> str | None:
+        return self.tag(event) if self.tag is not None and event.type == rpc.Event.PUT else None
 
     def end(self, error: Exception) -> None:
         if self.ended is not None:
             return
         self.ended = error
-        for watchers in self.keys.values():
+        for watchers in (*self.keys.values(), *self.tagged.values()):
             for watcher in watchers:
                 # One error each, as a watch of its own gets: one instance raised in several
                 # readers would carry every reader's traceback.
@@ -103,11 +132,31 @@ class SharedWatch(Watcher):
         watcher = KeyWatcher(self.budget, start)
         buffered = self.buffer.since(key, start)
         if buffered:
+            self.handed += len(buffered)
             watcher.deliver(buffered)
         self.keys.setdefault(key, []).append(watcher)
         return watcher
 
-    def leave(self, key: bytes, watcher: KeyWatcher) -> None:
+    def join_tagged(self, tag: str | None, start: int) -> KeyWatcher:
+        """A watcher of every put tagged `tag` (None: of every put) and every deletion, from `start`."""
+        watcher = KeyWatcher(self.budget, start)
+        buffered = [event for event in self.buffer.since(None, start)
+                    if tag is None or self._tag_of(event) in (None, tag)]
+        if buffered:
+            self.handed += len(buffered)
+            watcher.deliver(buffered)
+        self.tagged.setdefault(tag, set()).add(watcher)
+        return watcher
+
+    def leave(self, key: bytes | None, tag: str | None, watcher: KeyWatcher) -> None:
+        """`watcher`, of `key`, or (key None) of the whole directory's puts tagged `tag`, leaves."""
+        if key is None:
+            wanting = self.tagged.get(tag)
+            if wanting is not None:
+                wanting.discard(watcher)
+                if not wanting:
+                    del self.tagged[tag]
+            return
         watchers = self.keys.get(key)
         if watchers is not None and watcher in watchers:
             watchers.remove(watcher)
@@ -124,11 +173,30 @@ class Fanout:
         self._range = directory, range_end
         self._shared: SharedWatch | None = None
         self._stream: Stream | None = None
+        self._handed = 0  # by the shared watches before this one
 
     def serve(self, key: bytes, start_revision: int, reached: int,
               newest: int) -> AsyncIterator[rpc.Event] | None:
         """The events of `key` from `start_revision` on, from the shared watch; None when it cannot
         prove it holds every one of them (the caller then watches on its own)."""
+        shared = self._proven(start_revision, reached, newest)
+        if shared is None:
+            return None
+        return self._events(shared, key, None, shared.join(key, start_revision))
+
+    def serve_tagged(self, tag: Tag, wanted: str | None, start_revision: int,
+                     newest: int) -> AsyncIterator[rpc.Event] | None:
+        """Every put of the directory that `tag` tags `wanted` or None (`wanted` None: every put),
+        and every deletion, from `start_revision` on, from the shared watch; None as `serve`. Each
+        put is tagged once for every such watcher, and reaches only those that want it."""
+        shared = self._proven(start_revision, 0, newest)
+        if shared is None:
+            return None
+        shared.tag = tag
+        return self._events(shared, None, wanted, shared.join_tagged(wanted, start_revision))
+
+    def _proven(self, start_revision: int, reached: int, newest: int) -> SharedWatch | None:
+        """The shared watch, when it holds every event from `start_revision` on (else None)."""
         shared = self._shared
         if shared is None or shared.ended is not None:
             # At the revision after the newest etcd answered, never at the caller's start: from an
@@ -142,20 +210,28 @@ class Fanout:
             return None
         if not shared.created or not shared.buffer.covers(start_revision, reached, newest):
             return None
-        return self._events(shared, key, shared.join(key, start_revision))
+        return shared
+
+    @property
+    def handed(self) -> int:
+        """Events its shared watches handed to their watchers."""
+        return self._handed + (self._shared.handed if self._shared is not None else 0)
 
     def _open(self, start: int) -> None:
         if self._shared is not None and self._stream is not None:
             self._stream.close(self._shared)  # an ended one: no longer keeps its stream open
+        if self._shared is not None:
+            self._handed += self._shared.handed
         shared = SharedWatch(self._hub.budget, start)
         self._stream = self._hub.open(*self._range, start, shared)
         self._shared = shared
 
     @staticmethod
-    async def _events(shared: SharedWatch, key: bytes, watcher: KeyWatcher) -> AsyncIterator[rpc.Event]:
+    async def _events(shared: SharedWatch, key: bytes | None, tag: str | None,
+                      watcher: KeyWatcher) -> AsyncIterator[rpc.Event]:
         try:
             while True:
                 yield await watcher.next()
         finally:
             watcher.release()
-            shared.leave(key, watcher)
+            shared.leave(key, tag, watcher)

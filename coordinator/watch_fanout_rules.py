@@ -5,7 +5,7 @@ Guarantee: `covers(start, held, newest)` is true only when every event of the di
 `start` is either in the buffer or not yet received (so it comes on the shared watch, after every
 buffered one): the buffer is whole from `start` on, and `held` (the caller's revision, e.g. a
 grant's) is one the shared watch saw etcd reach, so it is of this etcd's history. `since(key,
-start)` is the buffered events of `key` from `start` on, in the order they came.
+start)` is the buffered events of `key` (or of every key) from `start` on, in the order they came.
 """
 
 from __future__ import annotations
@@ -59,14 +59,15 @@ class Buffer(Generic[Event]):
         answers named, beyond which a start is not known to be of this history either."""
         return self.whole_from <= start and held <= self.reached and start - 1 <= max(self.reached, newest)
 
-    def since(self, key: bytes, start: int) -> list[Event]:
-        """The buffered events of `key` at or after `start`, oldest first; read from the newest
-        back, so a watch that starts near now reads only the few events since its start."""
+    def since(self, key: bytes | None, start: int) -> list[Event]:
+        """The buffered events of `key` (None: of every key) at or after `start`, oldest first; read
+        from the newest back, so a watch that starts near now reads only the few events since its
+        start."""
         found = []
         for revision, k, event, _ in reversed(self.events):
             if revision < start:
                 break
-            if k == key:
+            if key is None or k == key:
                 found.append(event)
         found.reverse()
         return found

@@ -253,12 +253,14 @@ def test_stalled_watch_streams_pin_no_more_than_the_budget_and_a_stream_it_ended
 
 
 @run_async
-async def test_a_change_is_decoded_once_for_every_all_sessions_watch_of_the_replica(
+async def test_another_tenants_change_costs_an_all_sessions_watch_nothing(
     etcd: EtcdServer, prefix: str, pems: dict[str, bytes]
 ) -> None:
     """Twenty team-a WatchSessions of every session, each shown nothing of team-b's: twenty team-b
-    changes (and one of team-a's, which every call shows) cost the replica one decode each, not one
-    per call per change (~38 µs per open call for every change by any tenant)."""
+    changes (and one of team-a's, which every call shows) are each decoded once for the replica,
+    and handed to no team-a call, where each call had its own etcd watch and decoded every change
+    (~38 µs per open call for every change by any tenant). The calls are served by the replica's
+    one watch of the sessions: no watch of their own at etcd."""
     service = CoordinatorService(Store(open_channel(etcd.url), prefix))
     decoding = service.sessions.decoded
     decodes = 0
@@ -276,22 +278,29 @@ async def test_a_change_is_decoded_once_for_every_all_sessions_watch_of_the_repl
         written = Put(keys.session(service.store, sid), records.encode(record))
         assert (await service.store.txn([], [written]))[0]
 
+    # The first call of every session lists nothing and watches on its own, opening the replica's
+    # shared watch (its create sent first, so answered before this call's watch has an event).
+    first = service.WatchSessions(pb.WatchSessionsRequest(), Peer(None, "ipv4:127.0.0.9:1"))
+    shown = asyncio.ensure_future(anext(first))  # type: ignore[call-overload]
+    await wait_until(lambda: service.store.watch_creates == 2, "the first call's watch and the shared one")
+    await put("amp-ready", "team-a")
+    assert (await shown).record.session_id == "amp-ready"
     calls = [service.WatchSessions(pb.WatchSessionsRequest(),
                                    Peer(pems["team-a"], f"ipv4:127.0.0.1:{41000 + i}")) for i in range(20)]
     try:
-        firsts = [asyncio.ensure_future(anext(call)) for call in calls]  # type: ignore[call-overload]
-        await put("amp-ready", "team-a")  # listed or watched: either way every call shows it
-        assert {(await first).record.session_id for first in firsts} == {"amp-ready"}
-        # Each call's watch starts at or before this record's revision (from its listing's revision,
-        # else it showed the record on its watch): every change below comes to every call.
-        decodes = 0
+        listed = await asyncio.gather(*(anext(call) for call in calls))  # type: ignore[call-overload]
+        assert {event.record.session_id for event in listed} == {"amp-ready"}
+        decodes, handed = 0, service.store.watch_handed
         for i in range(20):
             await put(f"amp-b-{i:02d}", "team-b")
         await put("amp-done", "team-a")
+        # Each call now watches from its listing's revision: every change above is its to judge.
         shown = await asyncio.gather(*(anext(call) for call in calls))  # type: ignore[call-overload]
         assert {event.record.session_id for event in shown} == {"amp-done"}
         assert decodes == 21, f"{decodes} decodes for 21 changes seen by {len(calls)} calls"
+        assert service.store.watch_handed - handed == 20, "amp-done to each team-a call, nothing else"
+        assert service.store.watch_creates == 2, "no call but the first watched on its own"
     finally:
-        for call in calls:
+        for call in (first, *calls):
             await call.aclose()  # type: ignore[attr-defined]
         await service.store.close()

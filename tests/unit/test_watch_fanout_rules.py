@@ -66,3 +66,4 @@ def test_since_is_the_key_s_own_events_from_the_start_oldest_first() -> None:
     assert buffer.since(b"a", 6) == [] and buffer.since(b"a", 7) == []
     assert buffer.since(b"ab", 1) == ["ab@3"], "a key, not a prefix"
     assert buffer.since(b"c", 1) == []
+    assert buffer.since(None, 3) == ["a@3", "ab@3", "a@5", "b@6"], "every key's"
