@@ -582,6 +582,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 # page of every tenant's records here, not the whole listing, and the watch after
                 # it keeps none. Compacted before the last page: list again (a record sent twice is
                 # a resync twice).
+                listed: set[str] = set()
                 try:
                     async with contextlib.aclosing(self.store.snapshot_pages(prefix)) as pages:
                         async for page, listed_at in pages:
@@ -590,10 +591,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                 if key is None or e.key == key:
                                     record = self.sessions.shared(e)
                                     if visible(record):
+                                        listed.add(record.session_id)
                                         yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)
                             page.clear()
                 except Compacted:
                     continue
+                # A re-listing (after a compaction, or the budget ending the watch) replaces what
+                # the caller was shown: an id shown before and not listed now was deleted (or is
+                # no longer the caller's to see) while its deletion could not come on the watch.
+                for sid in sorted(shown - listed):
+                    shown.discard(sid)
+                    yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
+                                          cluster_id=cluster)
             after = 0
             # One session's watch (an owner's of its own) is served from this replica's one watch of
             # every session when it can be: no watch of its own at etcd.

@@ -304,3 +304,47 @@ async def test_another_tenants_change_costs_an_all_sessions_watch_nothing(
         for call in (first, *calls):
             await call.aclose()  # type: ignore[attr-defined]
         await service.store.close()
+
+
+@run_async
+async def test_a_stream_the_budget_ended_reports_a_record_deleted_before_it_listed_again(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    """A WatchSessions shown two records stalls; one is deleted and the budget ends its watch (the
+    deletion dropped with its unread events). Read on, it lists again: the record still there comes
+    again, and the deleted one is reported deleted, never left in the caller's view."""
+    service = CoordinatorService(Store(open_channel(etcd.url), prefix))
+    budget = service.store.watch_budget
+    budget.limit = 16 * 1024
+
+    async def put(sid: str, size: int = 0) -> None:
+        record = pb.SessionRecord(session_id=sid, schema_version=1)
+        for _ in range(size // 300):
+            record.provider_handle_chain.add(handle="h" * 250, minted_at_fence=1)
+        written = Put(keys.session(service.store, sid), records.encode(record))
+        assert (await service.store.txn([], [written]))[0]
+
+    await put("gone")
+    await put("kept")
+    call = service.WatchSessions(pb.WatchSessionsRequest(), Context())
+    try:
+        assert [(await anext(call)).record.session_id for _ in range(2)] == ["gone", "kept"]  # type: ignore[call-overload]
+        reading = asyncio.ensure_future(anext(call))  # type: ignore[call-overload]
+        await put("watched")
+        assert (await reading).record.session_id == "watched"  # its watch stands; now it stalls
+        await service.store.txn([], [], [keys.session(service.store, "gone")])
+        for i in range(3):
+            await put(f"large-{i}", size=8 * 1024)
+        await wait_until(lambda: budget.shed == 1, "the budget ends the stalled watch")
+        events = [await anext(call)]  # type: ignore[call-overload]
+        while events[-1].record.session_id != "watched":  # the last listed: ids sort before it
+            events.append(await anext(call))  # type: ignore[call-overload]
+        assert all(e.resync for e in events) and [e.record.session_id for e in events] == [
+            "kept", "large-0", "large-1", "large-2", "watched"]
+        await put("zz-last")  # comes on the watch, after anything the re-listing sends
+        while events[-1].record.session_id != "zz-last":
+            events.append(await anext(call))  # type: ignore[call-overload]
+        assert [(e.record.session_id, e.deleted) for e in events[5:]] == [("gone", True), ("zz-last", False)]
+    finally:
+        await call.aclose()  # type: ignore[attr-defined]
+        await service.store.close()
