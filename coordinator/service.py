@@ -589,7 +589,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                             revision = listed_at
                             for e in page:
                                 if key is None or e.key == key:
-                                    record = self.sessions.shared(e)
+                                    # Not the watches' shared decodings: a listing
+                                    # of every record would push out the changes they keep.
+                                    record = self.sessions.decode(e)
                                     if visible(record):
                                         listed.add(record.session_id)
                                         yield pb.SessionEvent(record=record, resync=True, cluster_id=cluster)

@@ -326,8 +326,10 @@ class Store:
             entries = [_entry(kv) for kv in resp.kvs]
             more = bool(resp.more) and bool(entries)
             taken += len(entries)
-            # Read before it is handed on: a reader may let the page go (clear it).
+            # Read before it is handed on: a reader may let the page go (clear it), and the answer
+            # is let go before (else a stalled reader kept the page twice: as read, and as entries).
             after = entries[-1].key if entries else after
+            del resp
             if page_bytes and entries:
                 size = sum(len(e.key) + len(e.value) for e in entries)
                 page = max(1, min(PAGE, 2 * len(entries), len(entries) * page_bytes // size))
