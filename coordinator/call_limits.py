@@ -40,8 +40,9 @@ PER_CALLER = 4096
 # One tenant on one replica: thousands of sessions across nodes, each one call, spread over the
 # replicas (or all on one while the others are down). A call waiting on a quiet watch costs the
 # replica tens of KB; a WatchSessions stalled mid-listing holds a page (store.PAGE_BYTES, 256 KiB,
-# or one record larger than that) and the message gRPC is sending, ~1 MB at the cap as measured
-# (their unread watch events are bounded apart: watch_unread_budget_bytes).
+# or one record larger than that) and what gRPC buffers for a client that does not read: 1-2 MB a
+# call for records at the cap, as measured (their unread watch events are bounded apart:
+# watch_unread_budget_bytes).
 PER_TENANT = 16384
 
 
