@@ -609,8 +609,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             # One session's watch (an owner's of its own) is served from this replica's one watch of
             # every session when it can be: no watch of its own at etcd.
             # Every session's: from that one watch too, each change decoded and tagged with its tenant
-            # once for every such call, and handed only to the calls that may see it: another
-            # tenant's changes cost a call nothing (they cost ~38 µs per call per change).
+            # once for every such call, and handed only to the calls that may see it (a deletion,
+            # to those its record's put was): another tenant's changes cost a call nothing (they
+            # cost ~38 µs per call per change). A record's tenant is its id's for the record's life.
             changes = (self.store.watch_key(key, revision + 1, held) if key
                        else self.store.watch_tagged(prefix, revision + 1, self._tenant_of,
                                                     None if caller.all_tenants else caller.tenant))

@@ -406,10 +406,10 @@ class Store:
                            wanted: str | None) -> AsyncIterator[Entry | str]:
         """The changes under `directory` (ending in "/"), as `watch_prefix` yields them and with its
         errors, of which at least every put `tag` tags `wanted` or None (`wanted` None: every put)
-        and every deletion. Served, when it can be, from the directory's shared watch: no watch at
-        etcd, each put tagged once for every such caller of the replica (`tag` is the directory's:
-        every caller of it passes the same) and handed only to those that want it; else a watch of
-        its own, with every change."""
+        and the deletion of every key whose last put was (watch_fanout). Served, when it can be,
+        from the directory's shared watch: no watch at etcd, each put tagged once for every such
+        caller of the replica (`tag` is the directory's: every caller of it passes the same) and
+        handed only to those that want it; else a watch of its own, with every change."""
         raw = directory.encode()
         served = self._fanout(raw).serve_tagged(lambda event: tag(_entry(event.kv)), wanted,
                                                 start_revision, self.newest)

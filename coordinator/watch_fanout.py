@@ -17,18 +17,19 @@ as `watch_hub.WatchHub.watch` (also while the shared watch is not yet created, a
 failed: the next watch opens a new one).
 
 Guarantee: every watcher, served or not, has watch_hub's guarantee — every event of its key (a
-tagged watcher: every put tagged as it wants or untagged, and every deletion, of the directory)
-from its start revision on, in revision order, each once, or an error, never silence; a tagged
-watch not served gets every event of the directory, a superset. A served watcher gets the buffered
-events it wants from R on, then the live ones (both in the order etcd sent them:
-nothing is awaited between reading the buffer and joining, so no event falls between); its reader
-leaving MAX_BEHIND events (or MAX_BEHIND_BYTES) unread ends it `Lagged`, and its unread bytes count
-in the hub's budget as a watch of its own's do; the shared watch's failure
-ends every served watcher with the error a watch of its own would have had on it (the stream's
-failure `StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`), after the
-events it had received. A start etcd has compacted away is served all the same while the buffer
-still holds every event from it: nothing is missing, so there is nothing to re-list for (a watch of
-its own would end `Compacted` and its caller re-list).
+tagged watcher: every put of the directory tagged as it wants or untagged, and the deletion of every
+key whose last put was: a deletion has its key's last put's tag when tagged watchers have been there
+since that put, else it goes to every tagged watcher) from its start revision on, in revision order,
+each once, or an error, never silence; a tagged watch not served gets every event of the directory,
+a superset. A served watcher gets the buffered events it wants from R on, then the live ones (both
+in the order etcd sent them: nothing is awaited between reading the buffer and joining, so no event
+falls between); its reader leaving MAX_BEHIND events (or MAX_BEHIND_BYTES) unread ends it `Lagged`,
+and its unread bytes count in the hub's budget as a watch of its own's do; the shared watch's
+failure ends every served watcher with the error a watch of its own would have had on it (the
+stream's failure `StoreUnavailable`, a compaction `Compacted`, etcd's cancel `StoreUnavailable`),
+after the events it had received. A start etcd has compacted away is served all the same while the
+buffer still holds every event from it: nothing is missing, so there is nothing to re-list for (a
+watch of its own would end `Compacted` and its caller re-list).
 Not guaranteed: that a watch is served (a key's watch gets the same events either way, a tagged one
 at least those it wants), nor any order between two watchers' events.
 """
@@ -50,8 +51,12 @@ from holdfast.coordinator.watch_hub import UNANSWERED, Budget, Stream, Watcher, 
 BUFFERED = 1024
 BUFFERED_BYTES = 16 << 20
 # A put's tag (for session records, their tenant), computed once per event for every tagged watcher
-# of the directory; None: every tagged watcher's (so is every deletion: it names no tenant).
+# of the directory; None: every tagged watcher's. A deletion names only its key: see REMEMBERED_TAGS.
 Tag = Callable[[rpc.Event], str | None]
+# Keys whose last put was tagged, with its tag, so that a deletion (its event names only the key)
+# reaches only the watchers its put did; a key not remembered (put before, or forgotten past this
+# many) is deleted to every tagged watcher, as an untagged event is. ~150 bytes each: ~15 MB.
+REMEMBERED_TAGS = 100_000
 
 
 class KeyWatcher(Watcher):
@@ -68,7 +73,7 @@ class SharedWatch(Watcher):
     """The directory's one watch on the stream: every event into the buffer, to its key's watchers,
     and to the watchers of the whole directory that want its tag."""
 
-    __slots__ = ("buffer", "handed", "keys", "tag", "tagged")
+    __slots__ = ("buffer", "handed", "keys", "tag", "tagged", "tags")
 
     def __init__(self, budget: Budget, start: int) -> None:
         # etcd must have reached the revision before the start by its `created` answer: a start
@@ -81,6 +86,7 @@ class SharedWatch(Watcher):
         # are tagged (set by each that joins: every caller of a directory tags it alike).
         self.tagged: dict[str | None, set[KeyWatcher]] = {}  # a set: thousands leave one by one
         self.tag: Tag | None = None
+        self.tags: dict[bytes, str] = {}  # by key, its last tagged put's tag (REMEMBERED_TAGS)
         self.handed = 0  # events handed to watchers: a change costs each watcher it reaches
 
     def deliver(self, events: list[rpc.Event]) -> None:
@@ -104,8 +110,18 @@ class SharedWatch(Watcher):
                 watcher.deliver([event])
 
     def _wanting(self, event: rpc.Event) -> list[set[KeyWatcher]]:
-        """The tagged watchers `event` is for: its tag's and those of every tag (None)."""
-        tag = self._tag_of(event)
+        """The tagged watchers `event` is for: its tag's and those of every tag (None). A deletion
+        has its key's last put's tag, when that is remembered."""
+        key = event.kv.key
+        if event.type == rpc.Event.PUT:
+            tag = self._tag_of(event)
+            self.tags.pop(key, None)  # re-put last: the oldest are forgotten first
+            if tag is not None:
+                self.tags[key] = tag
+                if len(self.tags) > REMEMBERED_TAGS:
+                    del self.tags[next(iter(self.tags))]
+        else:
+            tag = self.tags.pop(key, None)
         if tag is None:
             return list(self.tagged.values())
         return [self.tagged.get(tag, set()), self.tagged.get(None, set())]
@@ -138,7 +154,8 @@ class SharedWatch(Watcher):
         return watcher
 
     def join_tagged(self, tag: str | None, start: int) -> KeyWatcher:
-        """A watcher of every put tagged `tag` (None: of every put) and every deletion, from `start`."""
+        """A watcher of every put tagged `tag` (None: of every put) and of deletions (`_wanting`; each
+        buffered one), from `start`."""
         watcher = KeyWatcher(self.budget, start)
         buffered = [event for event in self.buffer.since(None, start)
                     if tag is None or self._tag_of(event) in (None, tag)]
@@ -156,6 +173,10 @@ class SharedWatch(Watcher):
                 wanting.discard(watcher)
                 if not wanting:
                     del self.tagged[tag]
+                if not self.tagged:
+                    # Untagged events pass unread from now on: a tag kept could go stale (the key
+                    # deleted and put again by another tenant) and keep its deletion from a watcher.
+                    self.tags.clear()
             return
         watchers = self.keys.get(key)
         if watchers is not None and watcher in watchers:
@@ -187,8 +208,9 @@ class Fanout:
     def serve_tagged(self, tag: Tag, wanted: str | None, start_revision: int,
                      newest: int) -> AsyncIterator[rpc.Event] | None:
         """Every put of the directory that `tag` tags `wanted` or None (`wanted` None: every put),
-        and every deletion, from `start_revision` on, from the shared watch; None as `serve`. Each
-        put is tagged once for every such watcher, and reaches only those that want it."""
+        and the deletions of the keys whose puts it got (module docstring), from `start_revision`
+        on, from the shared watch; None as `serve`. Each put is tagged once for every such watcher,
+        and reaches only those that want it."""
         shared = self._proven(start_revision, 0, newest)
         if shared is None:
             return None

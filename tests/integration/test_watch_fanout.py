@@ -328,13 +328,14 @@ async def test_a_shared_watch_behind_by_many_large_records_keeps_the_stream_and_
 
 
 @run_async
-async def test_a_tagged_watch_of_the_directory_gets_its_tag_untagged_puts_and_deletions_without_a_create(
+async def test_a_tagged_watch_of_the_directory_gets_its_tags_puts_and_deletions_without_a_create(
     own_etcd: EtcdServer, prefix: str
 ) -> None:
     """Watches of the whole directory served from the shared watch by tag (a value's part before
     ":" here; a record's tenant for WatchSessions): each gets the puts of its tag, untagged ones
-    and every deletion, buffered then live, in order, once; a watch of every tag gets every event;
-    a live put is tagged once for all of them; no create at etcd."""
+    and the deletions of keys whose put it got (or whose tag is not remembered: every buffered
+    one), buffered then live, in order, once; a watch of every tag gets every event; a live put is
+    tagged once for all of them; no create at etcd."""
     async with connected(own_etcd.url, prefix) as store:
         opener = await shared_open(store)
         tagged: list[str] = []
@@ -353,14 +354,15 @@ async def test_a_tagged_watch_of_the_directory_gets_its_tag_untagged_puts_and_de
         a_only = store.watch_tagged(directory, start, tag, "a")
         every = store.watch_tagged(directory, start, tag, None)
         a_got = asyncio.ensure_future(take(a_only, 6))
-        every_got = asyncio.ensure_future(take(every, 8))
+        every_got = asyncio.ensure_future(take(every, 9))
         await put(store, "t4", "b:2")
+        await store.txn([], [], deletes=[key(store, "t4")])  # its put was b's: so is its deletion
         await put(store, "t1", "a:2")
         common = [key(store, "t2"), f"{key(store, 't3')}=plain", f"{key(store, 'opener')}=synced",
                   f"{key(store, 'opener')}=after"]
         assert await a_got == [f"{key(store, 't1')}=a:1", *common, f"{key(store, 't1')}=a:2"]
         assert await every_got == [f"{key(store, 't1')}=a:1", f"{key(store, 't2')}=b:1", *common,
-                                   f"{key(store, 't4')}=b:2", f"{key(store, 't1')}=a:2"]
+                                   f"{key(store, 't4')}=b:2", key(store, "t4"), f"{key(store, 't1')}=a:2"]
         assert tagged.count(key(store, "t4")) == 1, "a live put is tagged once for every watch"
         assert store.watch_creates == creates and etcd_watchers(own_etcd) == watchers
         await close(a_only, every, opener)
