@@ -21,11 +21,11 @@ from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 
 MAX_KEYS = 200_000  # ~0.3 KB a record: ~60 MB at the limit
-# The latest changes' records, shared by every WatchSessions call of the replica: each all-sessions
-# call gets every change of every tenant (etcd sends each watch its own copy), and decoding it per
-# call (even hashing ~60 KB to find it here) cost ~38 µs per open call for each change by any
-# tenant, a call shown nothing included. A change is read by every call within a few events of the
-# newest, so the last ones are enough; bounded by their bytes too (records up to ~1 MB; and each
+# The latest changes' records, shared by every watch of the replica (and the tagging of its shared
+# watch of the sessions by tenant): decoding a change per call (even hashing ~60 KB to find it in a
+# RecordCache) cost ~38 µs per open all-sessions call for each change by any tenant, a call shown
+# nothing included. A change is read by every call within a few events of the newest, so the last
+# ones are enough; bounded by their bytes too (records up to ~1 MB; and each
 # is held twice, as read and decoded): 1,024 records of ~1.5 KB, 64 at the cap.
 CHANGES_KEPT = 1024
 CHANGES_KEPT_BYTES = 4 << 20
