@@ -620,6 +620,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                     if isinstance(change, str):
                         sid = change.rsplit("/", 1)[1]
                         if (key is None or change == key) and (caller.all_tenants or sid in shown):
+                            # Shown no longer: the id's next holder may be another tenant, whose
+                            # deletion of it is not this caller's, and a re-listing must not say
+                            # this one twice.
+                            shown.discard(sid)
                             yield pb.SessionEvent(record=pb.SessionRecord(session_id=sid), deleted=True,
                                                   cluster_id=cluster)
                     elif key is None or change.key == key:

@@ -127,7 +127,15 @@ class SharedWatch(Watcher):
         return [self.tagged.get(tag, set()), self.tagged.get(None, set())]
 
     def _tag_of(self, event: rpc.Event) -> str | None:
-        return self.tag(event) if self.tag is not None and event.type == rpc.Event.PUT else None
+        if self.tag is None or event.type != rpc.Event.PUT:
+            return None
+        try:
+            return self.tag(event)
+        except Exception:  # any: this runs on the reader of the Store's one watch stream
+            # A record the tag cannot read (a key not UTF-8, JSON nested past the recursion limit)
+            # is untagged: every call reads it and fails on it alone, as it would on a watch of its
+            # own. Raised here, it would end the stream and every watch on it, owners' included.
+            return None
 
     def end(self, error: Exception) -> None:
         if self.ended is not None:
