@@ -34,11 +34,13 @@ from holdfast.v1 import coordinator_pb2 as pb
 
 log = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
-# Infrastructure keys that never call a session RPC act for no tenant: an agent's (one on every
-# node; the agent CA mints them), a coordinator's (one in every replica, used to dial agents) or the
-# retention job's, stolen, would otherwise read the default tenant's sessions, fenced data and
-# carried files cluster-wide. No record's tenant is "".
-NO_TENANT_KINDS = ("agent", "coordinator", "maintenance")
+# Only a runtime's and an operator's certificates act for a tenant. Every other kind acts for none:
+# an infrastructure key that never calls a session RPC — an agent's (one on every node; the agent CA
+# mints them), a coordinator's (one in every replica, used to dial agents), the retention job's —
+# or a kind a CA holder mints that no rule names, stolen, would otherwise read the default tenant's
+# sessions, fenced data and carried files cluster-wide. An allowlist: a new kind acts for no tenant
+# until one is given to it here. No record's tenant is "".
+TENANT_KINDS = ("client", "operator")
 # The RPCs admitted here whose handlers judge the tenant of every record they read (Release the record
 # it decides on, WatchSessions every record it would show): a kept binding admits them without a
 # read. A `run` makes both each cycle (its Acquire judges its own readings and is not admitted here);
@@ -67,7 +69,7 @@ def caller(context: grpc.aio.ServicerContext, default: str) -> Caller:
     who = " ".join(filter(None, (role.uri(), role.tenant_uri())))
     if role.tenant == ALL_TENANTS:
         return Caller(default, True, who)
-    if role.kind in NO_TENANT_KINDS:
+    if role.kind not in TENANT_KINDS:
         return Caller("", False, who)
     return Caller(role.tenant or default, False, who)
 

@@ -380,11 +380,16 @@ def test_a_certificate_of_no_tenant_creates_no_session(
     stack: tuple[Coordinator, Path], etcd_tls: EtcdServer, prefix: str, pki: Path
 ) -> None:
     coordinator, _ = stack
+    # A kind no rule gives a tenant (an etcd certificate signed by the cluster's CA) acts for none.
+    etcd_role = pki / "etcd-role"
+    if not etcd_role.exists():
+        certs.issue_one(pki / "ca", Role("etcd"), [], etcd_role)
     before = state(etcd_tls, prefix, pki)
-    for role in (Role("coordinator"), Role("agent", "host-a"), Role("maintenance")):
+    for role, directory in ((Role("coordinator"), pki / "ca"), (Role("agent", "host-a"), pki / "ca"),
+                            (Role("maintenance"), pki / "ca"), (Role("etcd"), etcd_role)):
         # A record naming no tenant reads as the default tenant's: a stolen infrastructure key
         # granted an unseen id would squat one of the default tenant's ids.
-        stub = coordinator_pb2_grpc.CoordinatorStub(tls.open_channel(coordinator.address, pki / "ca", role,
+        stub = coordinator_pb2_grpc.CoordinatorStub(tls.open_channel(coordinator.address, directory, role,
                                                                      sync=True))
         with pytest.raises(grpc.RpcError) as err:
             acquire(stub, f"sess-unseen-{role.kind}")
