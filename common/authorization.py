@@ -2,7 +2,8 @@
 
 Guarantee: with TLS configured, no handler of the guarded service runs before its rule admitted
 the caller's verified role (from the CA-signed certificate, never from a request field); a refusal
-is UNAUTHENTICATED (no single holdfast role) or PERMISSION_DENIED (the wrong role) with an ErrorInfo
+is UNAUTHENTICATED (no single holdfast role, or a certificate past its notAfter on a connection
+opened before) or PERMISSION_DENIED (the wrong role) with an ErrorInfo
 reason, a message naming only the roles involved, and nothing done. A method the rule does not
 know is refused: a new RPC stays closed until someone decides who may call it.
 """
@@ -16,7 +17,7 @@ import grpc
 
 from holdfast.common import reasons
 from holdfast.common.reasons import Reason
-from holdfast.common.tls import Role, peer_role
+from holdfast.common.tls import Role, peer_expired, peer_role
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,12 @@ def no_role(method: str) -> Refusal:
     return Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED,
                    f"{method}: the client certificate carries no single holdfast role; present one "
                    "issued by `holdfast certs init`")
+
+
+def expired(method: str) -> Refusal:
+    return Refusal(grpc.StatusCode.UNAUTHENTICATED, Reason.UNAUTHENTICATED,
+                   f"{method}: the client certificate has expired (its connection was opened before); "
+                   "renew it (`holdfast certs issue`, or re-enroll the agent) and reconnect")
 
 
 def wrong_role(method: str, role: Role, wanted: str) -> Refusal:
@@ -69,7 +76,11 @@ class RoleGate(grpc.aio.ServerInterceptor):
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         async def check(request: object, context: grpc.aio.ServicerContext) -> None:
-            refusal = self.rule(method, peer_role(context), request)
+            role = peer_role(context)
+            # A certificate that lapsed on an open connection has no role: refused as one with none,
+            # saying why, before the handler reads or writes anything.
+            refusal = expired(method) if role is None and peer_expired(context) else \
+                self.rule(method, role, request)
             if refusal is not None:
                 await context.abort_with_status(refusal.status())
 

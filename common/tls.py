@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,19 +134,38 @@ def issuer_admits(cert: x509.Certificate, role: Role) -> bool:
 
 
 def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
-    """The verified peer's role, or None on a plaintext link or a certificate without one role."""
+    """The verified peer's role, or None on a plaintext link, a certificate without one role, or one
+    past its notAfter. gRPC checks validity only at the handshake: a connection opened before the
+    certificate expired would otherwise keep its role for as long as keepalive holds it open."""
     pems = context.auth_context().get("x509_pem_cert", [])
-    return _role_of_pem(pems[0]) if len(pems) == 1 else None
+    if len(pems) != 1:
+        return None
+    role, not_after = _role_of_pem(pems[0])
+    return role if not _lapsed(not_after) else None
+
+
+def peer_expired(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the verified peer certificate is past its notAfter (False on a plaintext link)."""
+    pems = context.auth_context().get("x509_pem_cert", [])
+    return len(pems) == 1 and _lapsed(_role_of_pem(pems[0])[1])
+
+
+def _lapsed(not_after: float) -> bool:
+    # The wall clock, unlike anywhere else in holdfast: a certificate's validity is defined in wall-
+    # clock time (X.509 notAfter), and this answers whether a credential still speaks, never whether
+    # a process or host is alive.
+    return time.time() >= not_after
 
 
 @functools.lru_cache(maxsize=4096)
-def _role_of_pem(pem: bytes) -> Role | None:
-    """The role of a certificate, kept by its bytes (what it says depends on nothing else): a
-    parse costs ~30 µs, and a caller presents the same certificate on every call, read by the role
-    gate, the tenancy check and the call limits alike."""
+def _role_of_pem(pem: bytes) -> tuple[Role | None, float]:
+    """The role of a certificate and its notAfter (epoch seconds), kept by its bytes (what it says
+    depends on nothing else): a parse costs ~30 µs, and a caller presents the same certificate on
+    every call, read by the role gate, the tenancy check and the call limits alike."""
     from cryptography import x509  # as in role_of_certificate
 
-    return role_of_certificate(x509.load_pem_x509_certificate(pem))
+    cert = x509.load_pem_x509_certificate(pem)
+    return role_of_certificate(cert), cert.not_valid_after_utc.timestamp()
 
 
 def peer_node_uid(context: grpc.aio.ServicerContext) -> str:

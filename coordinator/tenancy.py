@@ -64,7 +64,10 @@ class Caller:
 def caller(context: grpc.aio.ServicerContext, default: str) -> Caller:
     role = peer_role(context)
     if role is None:
-        # Only a plaintext link reaches a handler without a role: TLS refuses it at the gate.
+        # TLS refuses a call without a role at the gate, but a certificate may lapse after the gate
+        # admitted its call: it then acts for no tenant, never as a plaintext link (every tenant).
+        if context.auth_context().get("x509_pem_cert"):
+            return Caller("", False, "an expired certificate")
         return Caller(default, True, "plaintext")
     who = " ".join(filter(None, (role.uri(), role.tenant_uri())))
     if role.tenant == ALL_TENANTS:
