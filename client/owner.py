@@ -32,7 +32,7 @@ from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.gate import Gate
 from holdfast.client.grant import GRANT_FILE, Grant
-from holdfast.client.tree import Tree, end_tree
+from holdfast.client.tree import Tree, end_tree, left_of
 from holdfast.common import env as cmd_env
 from holdfast.common import spawn_tokens
 from holdfast.common.reasons import Reason
@@ -431,7 +431,8 @@ class Owner:
         to fork another), upload the carried state, then Release; a fence already moved on needs
         no release (and could store nothing)."""
         if not ended and not await asyncio.to_thread(end_tree, self.tree, self.spec.grace):
-            self.say("processes of the session's tree survived SIGKILL; not releasing")
+            left = await asyncio.to_thread(left_of, self.tree)
+            self.say(f"the session's tree did not end ({left}); not releasing")
             return
         if self.carried and self.ended_by == "lost":
             self.say(f"carried state not uploaded: fence {self.grant.fence} is no longer the session's; the "

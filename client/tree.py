@@ -4,8 +4,10 @@ everything and kill it (`cgroup.kill` too where this process may write it).
 The session cgroup is the agent's (made at attestation, whatever this process's privileges); the
 client finds it as the gate's own cgroup in its own view of the hierarchy, so it is never named by
 anyone else. Guarantee: `end_tree` signals only processes it has just re-checked, through their
-own pidfd, to be members of that cgroup or carriers of the spawn token (so a reused pid is never
-hit), and returns True only when the cgroup is empty and a stable scan shows no carrier. Before the
+own pidfd, to be members of that cgroup (or of one nested in it: a `holdfast run` inside CMD gets
+its own session cgroup there, and its tree carries its own token, so it is of this tree by its cgroup
+alone) or carriers of the spawn token (so a reused pid is never hit), and returns True only when the
+cgroup is empty and a stable scan shows no carrier. Before the
 final kill every member is stopped, until a round finds none new: a tree that keeps forking cannot
 outrun it. Waiting is on pidfds becoming readable, not on a timer. The scan is the agent's
 (`holdfast.proc.scan`), with the agent's bound (no process older than the gate is of its tree),
@@ -33,12 +35,62 @@ if TYPE_CHECKING:
     from holdfast.proc.scan import Scan
 
 
+# Cgroups read per listing of a tree's members; each holds a descriptor until read.
+MAX_CGROUPS = 512
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _cgroup_line(pid: int) -> str | None:
     try:
         text = read_proc_file(f"/proc/{pid}/cgroup").decode(errors="replace")
     except OSError:
         return None
     return next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+
+
+def _procs(directory: int) -> set[int]:
+    try:
+        fd = os.open("cgroup.procs", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:
+        return set()
+    try:
+        with open(fd, closefd=False) as f:
+            return {int(line) for line in f.read().split()}
+    except (OSError, ValueError):
+        return set()
+    finally:
+        os.close(fd)
+
+
+def _subtree_procs(path: str) -> set[int]:
+    """The pids in the cgroup at `path` and in the cgroups under it, at most MAX_CGROUPS of them (the
+    rest are missed here, and `populated` still sees them). Each is opened through its parent's
+    descriptor, never by a path followed again; one removed meanwhile held none."""
+    pids: set[int] = set()
+    with contextlib.suppress(OSError):
+        pending = [os.open(path, _OPEN_DIR)]
+        read = 0
+        try:
+            while pending:
+                directory = pending.pop()
+                try:
+                    pids |= _procs(directory)
+                    read += 1
+                    with os.scandir(directory) as entries:
+                        names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                    for name in names:
+                        if read + len(pending) >= MAX_CGROUPS:
+                            break
+                        with contextlib.suppress(OSError):
+                            pending.append(os.open(name, _OPEN_DIR, dir_fd=directory))
+                except OSError:
+                    pass  # removed while read
+                finally:
+                    os.close(directory)
+        finally:
+            for fd in pending:
+                os.close(fd)
+    return pids
 
 
 @dataclass(frozen=True)
@@ -72,7 +124,10 @@ class Tree:
         return scan(self.variable.encode(), self.token.encode(), born_since=self.born_since)
 
     def _member(self, pid: int) -> bool:
-        if self.relative and _cgroup_line(pid) == self.relative:
+        # A cgroup nested in the session's is of the tree: a `holdfast run` inside CMD gets one.
+        line = _cgroup_line(pid)
+        if self.relative and line is not None and (line == self.relative or
+                                                   line.startswith(self.relative.rstrip("/") + "/")):
             return True
         try:
             return read_value(pid, self.variable.encode()) == self.token.encode()
@@ -80,14 +135,10 @@ class Tree:
             return False
 
     def cgroup_members(self) -> set[int]:
-        """The session cgroup's processes (none without one); a read of one file, no scan."""
-        if not self.cgroup:
-            return set()
-        try:
-            with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
-                return {int(line) for line in f.read().split()}
-        except OSError:
-            return set()
+        """The processes of the session cgroup and of every cgroup nested in it (none without one):
+        a `holdfast run` inside CMD has its own session cgroup under this one, and its tree is of
+        this tree too. No scan."""
+        return _subtree_procs(self.cgroup) if self.cgroup else set()
 
     def members(self) -> set[int]:
         pids = self.cgroup_members()
@@ -134,6 +185,37 @@ class Tree:
             return False
         found = self._scan()
         return found.stable and not found.carriers
+
+
+def left_of(tree: Tree) -> str:
+    """What is left of a tree `end_tree` could not end, each said once: the members it signalled
+    that still live, and those it could not signal, with why (a pid not re-checkable as a member is
+    never signalled)."""
+    live: list[int] = []
+    unsignalled: list[str] = []
+    for pid in sorted(tree.members()):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue  # exited meanwhile
+        try:
+            if not tree._member(pid):
+                unsignalled.append(f"{pid} (its membership could not be re-read)")
+                continue
+            signal.pidfd_send_signal(fd, 0)  # a permission check: end_tree sent this pid SIGKILL
+            live.append(pid)
+        except PermissionError:
+            unsignalled.append(f"{pid} (not permitted: another user's)")
+        except OSError:
+            pass  # exited meanwhile
+        finally:
+            os.close(fd)
+    parts = [f"signalled and still live: {' '.join(map(str, live))}"] if live else []
+    if unsignalled:
+        parts.append(f"could not be signalled: {', '.join(unsignalled)}")
+    if not parts:
+        parts.append("its cgroup still populated or its scan unsettled, by no process this run can list")
+    return "; ".join(parts)
 
 
 def wait_exits(pids: set[int], timeout: float) -> None:

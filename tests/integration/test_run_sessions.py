@@ -11,6 +11,7 @@ import select
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -241,3 +242,48 @@ def test_a_waiting_run_stopped_by_sigterm_ends_cleanly_and_disturbs_nothing(clus
     assert all(gone(pid) for pid in gate)  # type: ignore[union-attr]
     assert len(sorted(tmp.glob("holdfast-run-*"))) == (0 if as_nobody else 1)
     assert cluster.record(sid).record == held and holder.proc.poll() is None
+
+
+def test_a_handoff_of_an_unprivileged_run_ends_a_run_nested_in_it_and_its_tree(cluster: Cluster) -> None:
+    """An unprivileged `run` whose CMD is another `holdfast run` (whose own CMD ignores SIGTERM):
+    the inner tree sits in a session cgroup nested in the outer one and carries the inner token.
+    Read as the outer cgroup's own cgroup.procs only, it was never signalled; the outer run, unable
+    to write the agent's cgroup.kill, said it survived SIGKILL, never released, and left the inner
+    CMD running unsupervised. Its handoff must end both trees, then release, then grant."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    outer_sid, inner_sid = "sess-nest-nobody-outer", "sess-nest-nobody-inner"
+    shared = unprivileged.shared_dir("holdfast-nested-run-")
+    cluster.shared.append(shared)
+    up, lock = shared / "inner-up", shared / "tree.lock"
+    os.mkfifo(up, 0o666)
+    os.chmod(up, 0o666)
+    python, _ = unprivileged.interpreter()
+    # The inner CMD holds `lock` while it lives, and ignores SIGTERM (so does flock, its holder).
+    inner_cmd = ["sh", "-c", f"trap '' TERM; exec flock {lock} sh -c 'echo up > {up}; exec sleep 600'"]
+    outer = cluster.run(a, outer_sid, "--grace", "1", as_nobody=True,
+                        cmd=[python, "-m", "holdfast.cli", "run", "--session", inner_sid, "--grace", "60",
+                             "--", *inner_cmd])
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.append(up.read_text()), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert said == ["up\n"], outer.err()
+    old_tree = descendants(outer.run_pid)
+    fds = [os.pidfd_open(pid) for pid in old_tree]
+    try:
+        assert len(old_tree) >= 3  # the inner run, flock, its CMD
+        # The taker's CMD fails if the old tree still holds the lock: nothing of it may overlap.
+        taker = cluster.run(b, outer_sid, "--takeover", "--handoff-timeout", "30",
+                            cmd=["flock", "--nonblock", "--conflict-exit-code", "9", str(lock), "true"])
+        assert taker.wait(90) == 0, taker.err()
+        outer.wait(30)
+        assert all(select.select([fd], [], [], 0)[0] for fd in fds), "a process of the old tree lives"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    # The outer run went on to release: first, or after the taker's agent proved its tree gone.
+    assert "did not end" not in outer.err()
+    assert (f"session {outer_sid} released at fence 1" in outer.err() or
+            f"session {outer_sid} has moved past fence 1; nothing to release" in outer.err()), outer.err()
+    fences = [h.fence for h in cluster.record(outer_sid).history if h.transition == "grant"]
+    assert fences == [1, 2]
