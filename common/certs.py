@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from holdfast.common import config, files
+from holdfast.common.identifiers import AGENT_NAMESPACE, agent_server_name
 from holdfast.common.tls import (
     AGENT_CA_NAME,
     AGENT_CA_STEM,
@@ -42,6 +43,20 @@ CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
 # Valid from a little before now, so a peer whose clock runs behind ours accepts it at once.
 BACKDATE = datetime.timedelta(minutes=5)
+
+
+class ReservedName(ValueError):
+    """A serve-on name under AGENT_NAMESPACE: only an agent's own certificate may carry one."""
+
+
+def check_serve_on(names: list[str]) -> None:
+    """Refuses (ReservedName) a serve-on name in the agents' namespace, in any case or with a root
+    dot or a wildcard (name matching is case-blind), before anything is written."""
+    for name in names:
+        folded = name.lower().rstrip(".")
+        if folded == AGENT_NAMESPACE or folded.endswith(f".{AGENT_NAMESPACE}"):
+            raise ReservedName(f"serve-on name {name[:80]!r}: names under {AGENT_NAMESPACE} are agents' "
+                               f"own (agent H's certificate carries H.{AGENT_NAMESPACE} alone)")
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -184,10 +199,11 @@ def key_and_csr(role: Role) -> tuple[bytes, bytes]:
 def sign_agent(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
                public_key: ec.EllipticCurvePublicKey, node: str, uris: list[str],
                lifetime: datetime.timedelta) -> x509.Certificate:
-    """An enrolled agent's certificate: its role and identity URIs, and the node name as a DNS SAN
-    (the name a coordinator checks when it dials that node's agent)."""
+    """An enrolled agent's certificate: its role and identity URIs, and `agent_server_name(node)` as
+    its one DNS SAN (the name a coordinator checks when it dials that node's agent)."""
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri) for uri in uris]
-    return _leaf(ca_key, ca_cert, uris[0], public_key, [*names, x509.DNSName(node)], lifetime)
+    return _leaf(ca_key, ca_cert, uris[0], public_key, [*names, x509.DNSName(agent_server_name(node))],
+                 lifetime)
 
 
 def sign_session(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
@@ -206,6 +222,8 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
 
     `hosts` are the DNS names or IP addresses the holder serves on (server authentication); every
     certificate is also good for client authentication, since every party is a client of another.
+    An agent's certificate names `agent_server_name(host)` alone, so `hosts` must be empty for one;
+    no name in the agents' namespace is ever taken from `hosts` (ReservedName).
     """
     out = out or directory
     with _opened(out) as fd:
@@ -215,6 +233,11 @@ def issue(directory: Path, role: Role, hosts: list[str], out: Path | None = None
 
 def _issue(out: int, directory: Path, role: Role, hosts: list[str]) -> None:
     """`issue` into the directory open as `out`."""
+    check_serve_on(hosts)
+    if role.kind == "agent":
+        if hosts:
+            raise ValueError("an agent certificate names its host's agent name alone, no serve-on name")
+        hosts = [agent_server_name(role.name)]
     ca_key, ca_cert = load_ca(directory)
     key = _new_key()
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role.uri())]
@@ -236,8 +259,10 @@ ISSUABLE = ("agent", "coordinator", "client", "operator", "maintenance")
 def issue_one(directory: Path, role: Role, serve_on: list[str], out: Path | None = None) -> Path:
     """One certificate from an existing CA, for a host or a party added after `certs init`: into
     `out` (made 0700 if missing, with a copy of ca.pem, never the CA's key), or into `directory`.
-    Refuses (FileExistsError) to replace a certificate already there. An agent's certificate also
-    names its host id, the name the coordinator checks when it dials that host's agent."""
+    Refuses (FileExistsError) to replace a certificate already there, and (ReservedName) a serve-on
+    name in the agents' namespace. An agent's certificate names `agent_server_name(host)` alone, the
+    name the coordinator checks when it dials that host's agent: `serve_on` is empty for one."""
+    check_serve_on(serve_on)
     if not (directory / "ca.key").exists():
         raise FileNotFoundError(f"{directory / 'ca.key'} is missing: make the CA with `holdfast certs init "
                                 f"{directory}` first")
@@ -247,7 +272,7 @@ def issue_one(directory: Path, role: Role, serve_on: list[str], out: Path | None
             raise FileExistsError(f"{target / (role.file_stem + '.pem')} exists; remove it to issue it again")
         if out is not None and not _exists(fd, "ca.pem"):
             files.write_whole(fd, "ca.pem", (directory / "ca.pem").read_bytes(), 0o644)
-        _issue(fd, directory, role, [role.name, *serve_on] if role.kind == "agent" else serve_on)
+        _issue(fd, directory, role, serve_on)
     return target / f"{role.file_stem}.pem"
 
 
@@ -255,11 +280,14 @@ def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
                etcd_serve_on: list[str] | None = None) -> list[Path]:
     """A CA plus one certificate per role for a local stack: what `holdfast certs init` writes.
 
-    An agent certificate also names its host id (a DNS SAN), the name the coordinator checks when it
-    dials that host's agent. `<directory>/etcd/` is a second CA for etcd alone: only the coordinator
-    holds a certificate etcd trusts, so a client or agent certificate can never write to etcd.
+    An agent certificate names `agent_server_name(host)` alone (no serve-on name), the name the
+    coordinator checks when it dials that host's agent; a serve-on name in that namespace is refused
+    (ReservedName) before anything is written. `<directory>/etcd/` is a second CA for etcd alone:
+    only the coordinator holds a certificate etcd trusts, so a client or agent certificate can never
+    write to etcd.
     `etcd_serve_on` (default `serve_on`) names the etcd members, e.g. a StatefulSet's pod names.
     """
+    check_serve_on([*serve_on, *(etcd_serve_on or [])])
     init_ca(directory)
     init_ca(directory / ETCD_SUBDIR)
     init_agent_ca(directory)
@@ -269,19 +297,37 @@ def init_local(directory: Path, agent_hosts: list[str], serve_on: list[str],
 
 def ensure_issued(directory: Path, agent_hosts: list[str], serve_on: list[str],
                   etcd_serve_on: list[str] | None = None) -> list[Path]:
-    """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet, and
-    the agent and session CAs an older directory lacks."""
+    """Issues every certificate of a local stack that `directory` (a CA made here) lacks yet, an
+    agent certificate an older holdfast issued again (`_current`), and the agent and session CAs an
+    older directory lacks."""
+    check_serve_on([*serve_on, *(etcd_serve_on or [])])
     if not (directory / f"{AGENT_CA_STEM}.key").exists():
         init_agent_ca(directory)
     if not (directory / f"{SESSION_CA_STEM}.key").exists():
         init_session_ca(directory)
     wanted = [(directory, Role("coordinator"), serve_on), (directory, Role("client"), []),
               (directory, Role("operator", "", ALL_TENANTS), []), (directory, Role("maintenance"), [])]
-    wanted += [(directory, Role("agent", host), [host, *serve_on]) for host in agent_hosts]
+    wanted += [(directory, Role("agent", host), []) for host in agent_hosts]
     etcd = directory / ETCD_SUBDIR
     wanted += [(etcd, Role("etcd"), etcd_serve_on or serve_on), (etcd, Role("coordinator"), [])]
-    return [issue(where, role, hosts) for where, role, hosts in wanted
-            if not (where / f"{role.file_stem}.pem").exists()]
+    return [issue(where, role, hosts) for where, role, hosts in wanted if not _current(where, role)]
+
+
+def _current(directory: Path, role: Role) -> bool:
+    """Whether `directory` holds `role`'s certificate as this version issues it. An agent's from
+    before the agents' namespace names the bare host id, which no coordinator accepts now (nor may:
+    other roles' certificates can carry it): re-issued, so an upgraded `up` reaches its agents."""
+    path = directory / f"{role.file_stem}.pem"
+    if not path.exists():
+        return False
+    if role.kind != "agent":
+        return True
+    try:
+        sans = x509.load_pem_x509_certificate(path.read_bytes()).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return sans.get_values_for_type(x509.DNSName) == [agent_server_name(role.name)]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -296,7 +342,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="DIR already has a CA: only issue the certificates it lacks (e.g. operator.pem "
                            "and maintenance.pem in a directory made by an older holdfast)")
     init.add_argument("--agent-host", action="append", default=[], metavar="HOST_ID",
-                      help="issue an agent certificate for this host id (repeatable)")
+                      help=f"issue an agent certificate for this host id (repeatable), naming "
+                      f"HOST_ID.{AGENT_NAMESPACE} alone")
     init.add_argument("--serve-on", action="append", default=None, metavar="NAME_OR_IP",
                       help="name or address servers listen on (repeatable; default 127.0.0.1, localhost)")
     init.add_argument("--etcd-serve-on", action="append", default=None, metavar="NAME_OR_IP",
@@ -315,8 +362,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     one.add_argument("--host", metavar="HOST_ID", help="with --role agent: the host id it speaks for "
                      "(the node name)")
     one.add_argument("--serve-on", action="append", default=[], metavar="NAME_OR_IP",
-                     help="a name or address the holder serves on (repeatable; agents: the address "
-                     "coordinators dial)")
+                     help="a name or address the holder serves on (repeatable; not with --role agent, "
+                     f"whose certificate names <host>.{AGENT_NAMESPACE} alone; no name under it)")
     one.add_argument("--out", type=Path, metavar="OUTDIR",
                      help="write the certificate, its key and a copy of ca.pem here (default: DIR)")
     scope = one.add_mutually_exclusive_group()
@@ -338,6 +385,9 @@ def _init_command(args: argparse.Namespace) -> int:
     except FileExistsError as exists:
         print(f"holdfast certs: {exists} (or pass --add-missing to issue only what it lacks)", flush=True)
         return 1
+    except ReservedName as reserved:
+        print(f"holdfast certs: {reserved}; nothing was written", flush=True)
+        return 2
     except (files.NotPrivate, files.UntrustedLink) as refused:
         return _refused(refused)
     for path in issued:
@@ -348,6 +398,13 @@ def _init_command(args: argparse.Namespace) -> int:
 def _issue_command(args: argparse.Namespace) -> int:
     if (args.role == "agent") != bool(args.host):
         args.parser.error("--host goes with --role agent, and --role agent needs it")
+    if args.role == "agent" and args.serve_on:
+        args.parser.error(f"--serve-on does not go with --role agent: an agent certificate names "
+                          f"<host>.{AGENT_NAMESPACE} alone, the name coordinators dial it by")
+    try:
+        check_serve_on(args.serve_on)
+    except ReservedName as reserved:
+        args.parser.error(str(reserved))
     try:
         host = config.host_id(args.host) if args.host else ""
     except ValueError as exc:

@@ -18,6 +18,14 @@ SPAWN_TOKEN = re.compile(r"^[0-9a-f]{32}$")   # the form of common/spawn_tokens.
 SPAWN_SECRET = re.compile(r"^[0-9a-f]{64}$")  # the form of common/spawn_tokens.mint_spawn_secret
 MAX_FENCE = 2**63 - 1
 
+# The DNS names the coordinator dials agents by: `<host_id>.agent.holdfast.invalid`, carried by agent
+# certificates alone (their only DNS name) and refused as any certificate's serve-on name. Were it a
+# name another certificate could carry (a host id also given as a serve-on name, as with
+# coordinators on the agents' machines), that certificate's holder would answer probes for the host
+# as its agent, and a "dead" would grant its sessions away. `.invalid` is reserved (RFC 6761): no
+# real server's name lies under it.
+AGENT_NAMESPACE = "agent.holdfast.invalid"
+
 
 class InvalidInput(ValueError):
     """Malformed client input; always INVALID_ARGUMENT and never a write."""
@@ -39,6 +47,12 @@ def check_host_id(host_id: str) -> str:
     if not HOST_ID.fullmatch(host_id):
         raise InvalidInput(f"host id {host_id[:40]!r} must match {HOST_ID.pattern}")
     return host_id
+
+
+def agent_server_name(host_id: str) -> str:
+    """The name host `host_id`'s agent certificate carries, and the only one a coordinator dialling
+    that agent accepts."""
+    return f"{host_id}.{AGENT_NAMESPACE}"
 
 
 def is_spawn_token(token: str) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 
 from holdfast.common import reloading, tls
+from holdfast.common.identifiers import agent_server_name
 from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
 from holdfast.coordinator import metrics
@@ -68,10 +69,12 @@ class Router:
         self._retire_if_renewed()
         opened = self._channels.get((reg.address, reg.host_id))
         if opened is None:
-            # With TLS the agent at the registered address must hold host_id's own certificate: a
-            # registration pointing at another host's agent gets no answer, hence indeterminate.
+            # With TLS the agent at the registered address must hold host_id's own certificate, the
+            # one name in the agents' namespace no other certificate may carry: a registration
+            # pointing at another host's agent, or at any other holder of a CA certificate (a
+            # coordinator serving on the host's name), gets no answer, hence indeterminate.
             channel = tls.open_channel(reg.address, self.tls_dir, Role("coordinator"),
-                                       server_name=reg.host_id)
+                                       server_name=agent_server_name(reg.host_id))
             opened = (channel, agent_pb2_grpc.HostAgentStub(channel))
             self._channels[(reg.address, reg.host_id)] = opened
         return opened[1]

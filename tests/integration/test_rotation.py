@@ -32,6 +32,7 @@ from holdfast.agent.service import HostAgentService
 from holdfast.common import certs, reloading, tls
 from holdfast.common import serving as serving_
 from holdfast.common.authorization import RoleGate
+from holdfast.common.identifiers import agent_server_name
 from holdfast.common.tls import Role
 from holdfast.coordinator.routing import Router
 from holdfast.enrollment import issuer as enrollment
@@ -100,8 +101,9 @@ async def test_renewal_swaps_the_agents_certificate_while_1000_probes_run(pki: P
                 token_file.write_text(kube.token(pod))  # kubelet's refreshed projected token
                 await enroller.enroll_once()
                 assert credentials.reload()
-            # The coordinator dials an agent accepting only a certificate naming that host.
-            channel = tls.open_channel(agent.address, pki, Role("coordinator"), server_name="node-1")
+            # The coordinator dials an agent accepting only a certificate naming that host's agent.
+            channel = tls.open_channel(agent.address, pki, Role("coordinator"),
+                                       server_name=agent_server_name("node-1"))
             async with channel:
                 stub = agent_pb2_grpc.HostAgentStub(channel)
                 for _ in range(PER_CONNECTION):
@@ -212,7 +214,7 @@ async def test_the_coordinator_dials_agents_with_its_renewed_certificate(pki: Pa
     """The router's cached channel would keep presenting the certificate it was opened with; once the
     coordinator's files change, the next call goes out on a channel with the new one."""
     agent_dir = tmp_path / "agent"
-    certs.issue_one(pki, Role("agent", "node-1"), ["127.0.0.1"], agent_dir)
+    certs.issue_one(pki, Role("agent", "node-1"), [], agent_dir)
     _, _, agent = await node_1_agent_server(agent_dir)
     coordinator_dir = tmp_path / "coordinator"
     coordinator_dir.mkdir()

@@ -16,15 +16,18 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from holdfast.common import certs, tls
+from holdfast.common.identifiers import agent_server_name
 from holdfast.common.reasons import reason_of
 from holdfast.common.tls import Role
+from holdfast.coordinator.routing import Router
 from holdfast.coordinator.store import Store, StoreUnavailable, etcd_credentials
 from holdfast.localstack.etcd_server import EtcdServer
 from holdfast.v1 import agent_pb2 as apb
@@ -80,9 +83,10 @@ def coordinator_as(coordinator: Coordinator, pki: Path, role: Role) -> coordinat
 
 
 def agent_as(agent: AgentProcess, pki: Path, role: Role) -> agent_pb2_grpc.HostAgentStub:
-    # The agent's certificate names its host id, not the loopback address it happens to listen on.
+    # The agent's certificate names its host's agent name, not the loopback address it listens on.
     return agent_pb2_grpc.HostAgentStub(
-        tls.open_channel(agent.address, pki / "ours", role, server_name="host-a", sync=True))
+        tls.open_channel(agent.address, pki / "ours", role, server_name=agent_server_name("host-a"),
+                         sync=True))
 
 
 def refused(call, request) -> grpc.RpcError:  # type: ignore[no-untyped-def]
@@ -159,7 +163,7 @@ def test_an_agent_answers_only_coordinator_certificates(agent_tls: AgentProcess,
     assert coordinator.GetHostInfo(apb.GetHostInfoRequest(), timeout=10).host_id == "host-a"
     # Health is open to any certificate of the CA: it says nothing about processes.
     health = health_pb2_grpc.HealthStub(tls.open_channel(agent_tls.address, pki / "ours", Role("client"),
-                                                         server_name="host-a", sync=True))
+                                                         server_name=agent_server_name("host-a"), sync=True))
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
         health_pb2.HealthCheckResponse.SERVING
 
@@ -262,6 +266,44 @@ def test_a_registration_cannot_point_the_coordinator_at_another_hosts_agent(
         reasons[host] = err.details()  # type: ignore[attr-defined]
     assert "tree roots carry the token" in reasons["host-a"]  # the agent answered, over mTLS
     assert "UNAVAILABLE" in reasons["host-b"]  # the certificate did not name host-b: no answer
+
+
+async def answers_as_agent(pki: Path, holder: Role, host: str, held_in: Path | None = None) -> bool:
+    """Whether a server holding `holder`'s certificate (in `held_in`, default `pki`) gets past the
+    handshake of the coordinator of `pki` dialling host `host`'s agent at its address (Router.agent)."""
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_secure_port("127.0.0.1:0", tls.server_credentials(held_in or pki, holder))
+    server.start()
+    router = Router(pki)
+    try:
+        stub = router.agent(pb.HostRegistration(host_id=host, address=f"127.0.0.1:{port}"))
+        assert stub is not None
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetHostInfo(apb.GetHostInfoRequest(), timeout=10)
+        # Past the handshake, a server that is no agent answers UNIMPLEMENTED; a refused handshake
+        # is UNAVAILABLE.
+        assert err.value.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE), err.value
+        return err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await router.close()
+        server.stop(0)
+
+
+@run_async
+async def test_no_certificate_but_host_hs_own_agent_passes_for_hs_agent(tmp_path: Path) -> None:
+    # Coordinators on the agents' machines: every host id is also a serve-on name. Were a host id the
+    # name the coordinator dials an agent by, agent m1's key or the coordinator's certificate (or any
+    # issued with --serve-on m2) would answer probes for m2's owners, and a "dead" would grant them.
+    certs.init_local(tmp_path, ["m1", "m2"], ["m1", "m2", "127.0.0.1"])
+    certs.issue_one(tmp_path, Role("client"), ["m2"], tmp_path / "client-m2")
+    assert await answers_as_agent(tmp_path, Role("agent", "m2"), "m2")  # the check passes the right one
+    assert not await answers_as_agent(tmp_path, Role("agent", "m1"), "m2")
+    assert not await answers_as_agent(tmp_path, Role("coordinator"), "m2")
+    assert not await answers_as_agent(tmp_path, Role("client"), "m2", tmp_path / "client-m2")
+    with pytest.raises(certs.ReservedName):  # nor may any certificate be issued with m2's agent name
+        certs.issue_one(tmp_path, Role("operator"), [agent_server_name("m2").upper()], tmp_path / "op")
+    assert not (tmp_path / "op").exists()
 
 
 @run_async

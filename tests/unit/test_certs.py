@@ -66,11 +66,50 @@ def test_etcd_trusts_a_ca_of_its_own(tmp_path: Path) -> None:
             _load(tmp_path / name).verify_directly_issued_by(etcd_ca)
 
 
-def test_an_agent_certificate_names_its_host_for_the_dialling_coordinator(tmp_path: Path) -> None:
-    certs.init_local(tmp_path, ["node-a"], ["127.0.0.1"])
+def test_an_agent_certificate_names_its_hosts_agent_name_alone(tmp_path: Path) -> None:
+    # No serve-on name and no bare host id: another role's certificate may carry those.
+    certs.init_local(tmp_path, ["node-a"], ["127.0.0.1", "node-a"])
     sans = _load(tmp_path / "agent-node-a.pem").extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
-    assert "node-a" in sans.get_values_for_type(x509.DNSName)
+    assert sans.get_values_for_type(x509.DNSName) == ["node-a.agent.holdfast.invalid"]
+    assert sans.get_values_for_type(x509.IPAddress) == []
+
+
+def test_add_missing_issues_again_an_agent_certificate_without_its_agent_name(tmp_path: Path) -> None:
+    # What an older holdfast issued: the bare host id, which a coordinator no longer accepts.
+    certs.init_local(tmp_path, [], ["127.0.0.1"])
+    ca_key, ca_cert = certs.load_ca(tmp_path)
+    key = ec.generate_private_key(ec.SECP256R1())
+    old = (x509.CertificateBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "holdfast://agent/node-a")]))
+           .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(1)
+           .not_valid_before(datetime.datetime(2020, 1, 1)).not_valid_after(datetime.datetime(2040, 1, 1))
+           .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier("holdfast://agent/node-a"),
+                                                       x509.DNSName("node-a")]), critical=False)
+           .sign(ca_key, hashes.SHA256()))
+    (tmp_path / "agent-node-a.pem").write_bytes(old.public_bytes(serialization.Encoding.PEM))
+    coordinator = (tmp_path / "coordinator.pem").read_bytes()
+    assert certs.ensure_issued(tmp_path, ["node-a"], ["127.0.0.1"]) == [tmp_path / "agent-node-a.pem"]
+    sans = _load(tmp_path / "agent-node-a.pem").extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["node-a.agent.holdfast.invalid"]
+    assert (tmp_path / "coordinator.pem").read_bytes() == coordinator  # the rest is kept
+    assert certs.ensure_issued(tmp_path, ["node-a"], ["127.0.0.1"]) == []  # and now current
+
+
+@pytest.mark.parametrize("name", ["node-a.agent.holdfast.invalid", "*.AGENT.holdfast.invalid",
+                                  "agent.holdfast.invalid.", "x.node-a.Agent.Holdfast.Invalid"])
+def test_no_certificate_is_issued_with_a_name_in_the_agents_namespace(tmp_path: Path, name: str) -> None:
+    with pytest.raises(certs.ReservedName):
+        certs.init_local(tmp_path / "init", [], ["127.0.0.1", name])
+    with pytest.raises(certs.ReservedName):
+        certs.init_local(tmp_path / "etcd", [], ["127.0.0.1"], [name])
+    assert not (tmp_path / "init").exists() and not (tmp_path / "etcd").exists()  # nothing written
+    certs.init_local(tmp_path / "ca", [], ["127.0.0.1"])
+    for role in (Role("coordinator"), Role("client"), Role("operator"), Role("maintenance")):
+        with pytest.raises(certs.ReservedName):
+            certs.issue_one(tmp_path / "ca", role, [name], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_etcd_member_names_go_on_the_etcd_certificate_only(tmp_path: Path) -> None:
@@ -147,12 +186,13 @@ def test_a_certificate_claiming_two_roles_has_none(tmp_path: Path) -> None:
 def test_issue_adds_one_agent_for_a_later_host_with_only_what_the_node_needs(tmp_path: Path) -> None:
     ca, node = tmp_path / "ca", tmp_path / "node-7"
     certs.init_local(ca, [], ["127.0.0.1"])  # no host named up front
-    path = certs.issue_one(ca, Role("agent", "node-7"), ["127.0.0.7"], node)
+    path = certs.issue_one(ca, Role("agent", "node-7"), [], node)
     cert = _load(path)
     cert.verify_directly_issued_by(_load(ca / "ca.pem"))
     assert tls.role_of_certificate(cert) == Role("agent", "node-7")
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.DNSName) == ["node-7"]  # what a coordinator dialling it checks
+    # What a coordinator dialling it checks:
+    assert sans.get_values_for_type(x509.DNSName) == ["node-7.agent.holdfast.invalid"]
     assert sorted(p.name for p in node.iterdir()) == ["agent-node-7.key", "agent-node-7.pem", "ca.pem"]
     assert stat.S_IMODE(node.stat().st_mode) == 0o700
     assert stat.S_IMODE((node / "agent-node-7.key").stat().st_mode) == 0o600
@@ -166,6 +206,8 @@ def test_issue_adds_one_agent_for_a_later_host_with_only_what_the_node_needs(tmp
     (["--role", "agent"], 2, "--role agent needs it"),
     (["--role", "client", "--host", "node-1"], 2, "--host goes with --role agent"),
     (["--role", "agent", "--host", "bad host"], 2, "must match"),
+    (["--role", "agent", "--host", "node-1", "--serve-on", "127.0.0.7"], 2, "does not go with --role agent"),
+    (["--role", "coordinator", "--serve-on", "m2.agent.holdfast.invalid"], 2, "are agents' own"),
     (["--role", "etcd"], 2, "invalid choice"),
     (["--role", "operator"], 0, "operator.pem"),
 ])
