@@ -386,9 +386,10 @@ async def _recover(args: argparse.Namespace, client: Client) -> int:
         found = await client.probe(args.session)
         owner = found.record.lease.owner
         if found.verdict == "held" and found.record.lease.claim_status in OWNED:
-            raise ClientError(Reason.OWNER_ALIVE, f"the owner of {args.session} is proven alive by its "
-                              f"host's agent (host {owner.host_id}, pid {owner.pid}): recover would release "
-                              "it without stopping it; nothing was changed", args.session)
+            raise ClientError(Reason.OWNER_ALIVE, f"the owner of {args.session} (host {owner.host_id}, "
+                              f"pid {owner.pid}) or its tree is proven alive by its host's agent "
+                              f"({found.reason}): recover would release it without stopping it; nothing was "
+                              "changed", args.session)
     record = await client.recover(args.session, args.fence, args.reason, args.operator)
     if args.json:
         print_json(as_dict(record))

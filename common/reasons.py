@@ -145,7 +145,7 @@ TABLE: dict[Reason, Meaning] = {
     Reason.TREE_ALIVE: Meaning(
         F, EX_TEMPFAIL,
         "processes of the session's tree are still running; end them, then `holdfast probe {session}`",
-        family=Family.HELD),
+        waitable=True, verdict="held", family=Family.HELD),
     Reason.ATTESTATION_FAILED: Meaning(
         F, EX_TEMPFAIL,
         "this host's agent did not attest the spawn token (the message says whether it was unreachable or"

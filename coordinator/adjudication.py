@@ -96,6 +96,10 @@ def _owner(lease: pb.Lease, probe: apb.ProbeResult | None) -> Verdict:
         return Verdict(Action.TO_MANUAL, Reason.MANUAL_RECOVERY, f"contradictory evidence: {probe.reason}")
     name = outcome_name(probe.outcome)
     if probe.outcome in PROVEN_DEAD:
+        if tree_state(probe) == apb.TREE_ALIVE:
+            # A member seen alive holds the session as a live root would: refused as unknown, the
+            # next step offered was `holdfast recover`, a second writer beside the tree still running.
+            return Verdict(Action.REFUSE, *_tree_alive(name, probe))
         if tree_state(probe) != apb.TREE_GONE:
             why = probe.tree_reason or "tree not proven gone"
             return Verdict(Action.REFUSE, Reason.OWNERSHIP_UNKNOWN, f"root {name} but {why}")
@@ -193,7 +197,7 @@ def release_refusal(lease: pb.Lease, probe: apb.ProbeResult) -> tuple[Reason, st
         return Reason.OWNERSHIP_UNKNOWN, (f"the owner's root is not proven dead ({name}): "
                                           f"{probe.reason or 'no reason given'}; nothing was released")
     if tree_state(probe) == apb.TREE_ALIVE:
-        return Reason.TREE_ALIVE, f"root {name} but {probe.tree_reason or 'its tree is alive'}"
+        return _tree_alive(name, probe)
     return Reason.OWNERSHIP_UNKNOWN, (f"root {name} but its tree is not proven gone: "
                                       f"{probe.tree_reason or 'not checked'}; nothing was released")
 
@@ -217,3 +221,8 @@ def _evidence(kind: str, detail: str, observed_at_ms: int, owner_fence: int) -> 
     return pb.DeathEvidence(
         kind=kind, detail=detail, observed_at_unix_ms=observed_at_ms, owner_fence=owner_fence
     )
+
+
+def _tree_alive(root: str, probe: apb.ProbeResult) -> tuple[Reason, str]:
+    """A root proven dead whose host saw a member of its tree alive."""
+    return Reason.TREE_ALIVE, f"root {root} but {probe.tree_reason or 'its tree is alive'}"

@@ -159,6 +159,8 @@ def test_a_tree_whose_run_and_root_died_is_not_granted_away(cluster: Cluster, sh
         waited = cluster.run(b, sid, "--wait", "3", cmd=["touch", str(marker)])
         assert waited.wait(60) == 75, waited.err()
         assert "cgroup is still populated" in waited.err()
+        # A tree seen running is held, not unknown: no hint to `recover` it into a second writer.
+        assert "TREE_ALIVE" in waited.err() and "recover" not in waited.err(), waited.err()
         assert not marker.exists() and tree.alive()
         lease = cluster.record(sid).record.lease
         assert lease.fence == 1 and lease.claim_status == pb.LIVE  # a refusal wrote nothing

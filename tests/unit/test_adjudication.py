@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from holdfast.common import reasons
 from holdfast.coordinator.adjudication import (
     AcquireAsk,
     Action,
@@ -195,6 +196,21 @@ def test_a_refused_release_is_tree_alive_only_on_a_member_seen(result, reason, s
     assert not release_allowed(owned().lease, result)
     got, message = release_refusal(owned().lease, result)
     assert got == reason and said in message, message
+
+
+def test_an_acquire_over_a_dead_root_whose_tree_was_seen_alive_is_tree_alive_and_waits() -> None:
+    """Refused as unknown, the CLI offered `holdfast recover` for a tree its host saw running."""
+    seen = state(apb.EXIT_OBSERVED, apb.TREE_ALIVE, "the session's cgroup is still populated")
+    verdict = adjudicate(owned(), ASK, seen, NOW)
+    assert (verdict.action, verdict.reason) == (Action.REFUSE, Reason.TREE_ALIVE)
+    assert verdict.detail == "root exit-observed but the session's cgroup is still populated"
+    assert verdict.evidence is None
+    # A waiting run keeps waiting, `holdfast probe` says held, and the next step ends the tree.
+    assert reasons.waitable(verdict.reason) and reasons.verdict(verdict.reason) == "held"
+    assert "recover" not in reasons.next_step(verdict.reason, "session-1", 3)
+    # Absence merely unproven stays unknown: nothing was seen alive.
+    unproven = state(apb.EXIT_OBSERVED, apb.TREE_UNPROVEN, SETTLE)
+    assert adjudicate(owned(), ASK, unproven, NOW).reason == Reason.OWNERSHIP_UNKNOWN
 
 
 def test_held_names_the_owner_and_since_when_in_utc() -> None:
