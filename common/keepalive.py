@@ -42,13 +42,18 @@ def seconds() -> int:
     the default."""
     if _configured is not None:
         return _configured
-    raw = os.environ.get(ENV, "")
+    return env_seconds(ENV, DEFAULT_SECONDS, LOWEST_SECONDS, HIGHEST_SECONDS)
+
+
+def env_seconds(name: str, default: int, lowest: int, highest: int) -> int:
+    """$name, a whole number of seconds in lowest..highest (ValueError naming it when not), else
+    `default`."""
+    raw = os.environ.get(name, "")
     if not raw:
-        return DEFAULT_SECONDS
+        return default
     value = int(raw) if raw.isascii() and raw.isdigit() else 0
-    if not LOWEST_SECONDS <= value <= HIGHEST_SECONDS:
-        raise ValueError(f"{ENV}={raw[:40]!r} is not a whole number of seconds in "
-                         f"{LOWEST_SECONDS}..{HIGHEST_SECONDS}")
+    if not lowest <= value <= highest:
+        raise ValueError(f"{name}={raw[:40]!r} is not a whole number of seconds in {lowest}..{highest}")
     return value
 
 

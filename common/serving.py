@@ -10,7 +10,9 @@ gRPC probes cannot present a client certificate, and a health status is no secre
 bound exclusively (no SO_REUSEPORT); a taken one stops the server at once, naming the holder where
 it can. Under a service manager that asks (NOTIFY_SOCKET: the Type=notify units of deploy/systemd),
 READY=1 is sent after the ready file is written and SIGTERM handled, and STOPPING=1 when the drain
-begins.
+begins. Every connection is closed at a maximum age (an hour by default), so a client certificate that
+has expired or lost its CA's trust stops at the latest then even on a stream (common/tls.py refuses
+its next call at once).
 """
 
 from __future__ import annotations
@@ -45,11 +47,26 @@ class Serving:
 # first and the kernel spreads connections over both: two coordinators over two etcds would answer
 # one address. Every holdfast server binds exclusively.
 SERVER_OPTIONS: tuple[tuple[str, object], ...] = (("grpc.so_reuseport", 0),)
+# gRPC checks a client certificate's validity only at the handshake, and keepalive holds a connection
+# open for ever: every connection is sent GOAWAY at this age (gRPC jitters it by 10%), its open calls
+# (a Hold, a WatchSessions, a WatchExits) given the grace below to end, so each caller handshakes
+# again with the certificate it has now. An hour: the default session_lifetime_seconds, the shortest
+# lifetime holdfast issues by default. Clients reconnect their watches on the UNAVAILABLE it ends in.
+MAX_AGE_ENV = "HOLDFAST_MAX_CONNECTION_AGE_SECONDS"
+MAX_AGE_GRACE_ENV = "HOLDFAST_MAX_CONNECTION_AGE_GRACE_SECONDS"
+DEFAULT_MAX_AGE_SECONDS, DEFAULT_MAX_AGE_GRACE_SECONDS = 3600, 30
+
+
+def connection_age_options() -> list[tuple[str, object]]:
+    """$HOLDFAST_MAX_CONNECTION_AGE_SECONDS and its _GRACE_ one (1..86400 each), else the defaults."""
+    age = keepalive.env_seconds(MAX_AGE_ENV, DEFAULT_MAX_AGE_SECONDS, 1, 86400)
+    grace = keepalive.env_seconds(MAX_AGE_GRACE_ENV, DEFAULT_MAX_AGE_GRACE_SECONDS, 1, 86400)
+    return [("grpc.max_connection_age_ms", age * 1000), ("grpc.max_connection_age_grace_ms", grace * 1000)]
 
 
 def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
     return grpc.aio.server(interceptors=list(interceptors),
-                           options=[*SERVER_OPTIONS, *keepalive.server_options()])
+                           options=[*SERVER_OPTIONS, *keepalive.server_options(), *connection_age_options()])
 
 
 class Unregistered:

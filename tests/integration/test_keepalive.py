@@ -21,14 +21,15 @@ import pytest
 
 from holdfast.client.connection import Client
 from holdfast.client.errors import ClientError
-from holdfast.common import keepalive
+from holdfast.common import keepalive, serving
 from holdfast.coordinator import records
 from holdfast.coordinator.store import Put, Store
 from holdfast.localstack.etcd_server import EtcdServer
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.faults.proxy import FaultProxy, ProxyLoop
 from tests.integration.coordinator_fixtures import Coordinator, run_async
-from tests.integration.run_fixtures import Cluster, until
+from tests.integration.run_fixtures import Cluster, Run, until
 from tests.integration.test_owner_hold import started as child_started
 from tests.integration.test_owner_hold import streams_open, taken_over
 
@@ -161,6 +162,26 @@ async def test_a_watch_through_a_silenced_link_fails_within_keepalive_and_reconn
     assert took <= bound + 2.0, f"the silenced call failed after {took:.1f}s, bound {bound}s"
 
 
+@run_async
+async def test_a_connection_past_its_maximum_age_is_closed_and_its_watch_reconnects(
+        etcd: EtcdServer, tmp_path: Path, prefix: str, proxies: ProxyLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keepalive would hold the watch's connection open for ever, and with it whatever its
+    certificate was at the handshake: the coordinator sends GOAWAY max_age, ends the call after the
+    grace, and the watch lists again over a new connection (a new handshake)."""
+    monkeypatch.setenv(keepalive.ENV, str(INTERVAL))
+    monkeypatch.setenv(serving.MAX_AGE_ENV, "2")  # the coordinator's, from this environment
+    monkeypatch.setenv(serving.MAX_AGE_GRACE_ENV, "1")
+    async with watching(etcd, tmp_path, prefix, proxies, INTERVAL, "sess-max-age") as watch:
+        again = await anext(watch.events)  # the listing of the call that reconnected
+        goaways = watch.frames.goaways()
+        connections = {n for n, *_ in watch.frames.seen}
+    assert again.resync and again.record.lease.fence == 1
+    assert any(b"max_age" in payload for payload in goaways), goaways
+    assert len(watch.lost) == 1, watch.lost
+    assert connections == {0, 1}, connections  # the aged connection, then the watch's new one
+
+
 @pytest.mark.parametrize("server_seconds", [INTERVAL, keepalive.DEFAULT_SECONDS])
 @run_async
 async def test_pings_at_the_interval_are_accepted_by_a_coordinator_set_alike(
@@ -200,13 +221,37 @@ def test_an_owner_whose_link_went_silent_still_hears_a_takeover(
     proxies.stall(proxy)
     # The owner's Hold call fails (its pings unanswered) and its watch goes on as a WatchSessions
     # over a new link; the coordinator's side of the silenced call ends by its own pings.
+    watches_again_and_hears_a_takeover(cluster, first, b, sid)
+
+
+def watches_again_and_hears_a_takeover(cluster: Cluster, first: Run, host: SimulatedHost, sid: str) -> None:
+    """`first`, its Hold ended under it, watches on a WatchSessions and still ends for a takeover."""
     until("the owner's watch back, as a WatchSessions",
           lambda: streams_open(cluster.coordinator) == {"WatchSessions": 1.0})
     assert first.proc.poll() is None
 
-    second = taken_over(cluster, first, b, sid)
+    second = taken_over(cluster, first, host, sid)
     os.kill(second.run_pid, signal.SIGTERM)
     assert second.wait(30) == 0
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")
+def test_an_owners_hold_ended_by_its_connections_maximum_age_goes_on_as_a_watch_and_hears_a_takeover(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(keepalive.ENV, str(INTERVAL))  # the agents' and the runs'
+    monkeypatch.setenv(serving.MAX_AGE_ENV, "2")  # every server's: the coordinator's and the agents'
+    monkeypatch.setenv(serving.MAX_AGE_GRACE_ENV, "1")
+    cluster.coordinator.stop()  # started by the fixture before the setting: again, with it
+    cluster.coordinator.start()
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-max-age-hold"
+    first = cluster.run(a, sid, "--grace", "5")
+    child_started(cluster, 1)
+    until("the owner's Hold open", lambda: streams_open(cluster.coordinator) == {"Hold": 1.0})
+    # The Hold's connection reaches its maximum age: the call ends UNAVAILABLE after the grace and
+    # the owner's watch goes on as a WatchSessions over a new connection.
+    watches_again_and_hears_a_takeover(cluster, first, b, sid)
 
 
 @pytest.mark.root

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from holdfast.common import keepalive
+from holdfast.common import keepalive, serving
 
 
 def test_the_interval_is_the_variable_else_the_default_and_a_wrong_one_is_named(
@@ -38,3 +38,16 @@ def test_etcds_channel_never_pings_closer_than_its_default_policy_allows(
     assert etcd["grpc.keepalive_time_ms"] == 10_000 > 5_000  # etcd's --grpc-keepalive-min-time default
     assert dict(keepalive.channel_options())["grpc.keepalive_time_ms"] == 1_000
     assert dict(keepalive.channel_options())["grpc.keepalive_timeout_ms"] == 1_000
+
+
+def test_every_server_connection_has_a_maximum_age_no_longer_than_the_default_session_certificate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(serving.MAX_AGE_ENV, raising=False)
+    monkeypatch.delenv(serving.MAX_AGE_GRACE_ENV, raising=False)
+    options = dict(serving.connection_age_options())
+    assert options == {"grpc.max_connection_age_ms": 3_600_000, "grpc.max_connection_age_grace_ms": 30_000}
+    monkeypatch.setenv(serving.MAX_AGE_ENV, "5")
+    assert dict(serving.connection_age_options())["grpc.max_connection_age_ms"] == 5000
+    monkeypatch.setenv(serving.MAX_AGE_GRACE_ENV, "0")
+    with pytest.raises(ValueError, match=serving.MAX_AGE_GRACE_ENV):
+        serving.connection_age_options()

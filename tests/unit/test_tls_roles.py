@@ -87,3 +87,25 @@ def test_a_peer_without_our_certificate_is_refused(pki: Path, how: str) -> None:
 def test_missing_files_name_the_command_that_makes_them(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="holdfast certs init"):
         tls.server_credentials(tmp_path, Role("coordinator"))
+
+
+class _Context:
+    """What peer_role reads of a call: the verified certificate gRPC put in its auth context."""
+
+    def __init__(self, pem: bytes) -> None:
+        self.pem = pem
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_pem_cert": [self.pem]}
+
+
+def test_a_certificate_past_its_not_after_has_no_role_though_its_parse_is_kept(
+        pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cryptography import x509
+
+    pem = (pki / "ours" / "client.pem").read_bytes()
+    context = _Context(pem)
+    assert tls.peer_role(context) == Role("client") and not tls.peer_expired(context)  # type: ignore[arg-type]
+    not_after = x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+    monkeypatch.setattr(tls.time, "time", lambda: not_after)  # the instant notAfter names
+    assert tls.peer_role(context) is None and tls.peer_expired(context)  # type: ignore[arg-type]
