@@ -548,7 +548,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", required=True, help="why you know the owner is gone (recorded)")
     p.add_argument("--operator", default=default_operator(), help="who is asking (recorded)")
     p.add_argument("--yes", action="store_true",
-                   help="recover even when the owner's agent proves it alive (it keeps running)")
+                   help="recover even when the owner's agent proves it or its tree alive (it keeps running)")
     p.set_defaults(handler=command(_recover))
 
     p = subparsers.add_parser("hosts", parents=[reader],
