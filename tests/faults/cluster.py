@@ -141,9 +141,19 @@ class FaultCluster:
         return self.coordinator_proxies[i].address
 
     def agent_pid(self, host: SimulatedHost) -> int:
+        pid = self.running_agent(host)
+        assert pid is not None, f"{host.host_id} is down"
+        return pid
+
+    def running_agent(self, host: SimulatedHost) -> int | None:
+        """The host's agent, None when the host is down: a fence powers a host off (its reaper
+        killed) whenever its registration lapses, unknown to the workload that started it."""
         reaper = host.reaper_pid
-        kids = Path(f"/proc/{reaper}/task/{reaper}/children").read_text().split()
-        return int(kids[0])  # the reaper's first child is the agent (simhost.REAPER)
+        try:
+            kids = Path(f"/proc/{reaper}/task/{reaper}/children").read_text().split()
+        except FileNotFoundError:
+            return None
+        return int(kids[0]) if kids else None  # the reaper's first child is the agent (simhost.REAPER)
 
     def leader(self) -> int | None:
         return next((i for i, m in enumerate(self.etcd) if m.process and m.is_leader()), None)

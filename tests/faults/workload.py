@@ -263,13 +263,16 @@ class Soak:
             if not hosts:
                 return
             host = rng.choice(hosts)
-            if kind == "pause-agent":
-                self._pause_for(c.agent_pid(host), pause, host.host_id)
-            elif kind == "kill-agent":
-                _kill(c.agent_pid(host))  # the reaper exits with its agent: the host goes down
-                time.sleep(pause)
+            agent = c.running_agent(host)
+            if kind == "reboot-host":
                 c.reboot(host)
+            elif agent is None:
+                return  # powered off by a fence meanwhile: no agent to pause or kill
+            elif kind == "pause-agent":
+                self._pause_for(agent, pause, host.host_id)
             else:
+                _kill(agent)  # the reaper exits with its agent: the host goes down
+                time.sleep(pause)
                 c.reboot(host)
         elif kind in ("kill-coordinator", "pause-coordinator"):
             coordinator = rng.choice(c.coordinators)
