@@ -472,7 +472,7 @@ def test_bad_fencer_settings_stop_the_start(etcd: EtcdServer, tmp_path: Path, pr
          "set by holdfast itself"),
         ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"plug": "{host}"}, '
          '"secrets": {"password": "/nonexistent/pw"}}]', "secret file /nonexistent/pw"),
-        ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"ip": "10.0.0.5"}}]',
+        ('[{"hosts": "h*", "program": "' + FENCER + '", "options": {"ip": "127.0.0.5"}}]',
          "ip, ipaddr holds {host}"),
         ("{oops", "not a JSON list"),
     ]:

@@ -52,8 +52,8 @@ def test_fencers_parse_from_toml_tables_and_from_json_text() -> None:
       for false in (False, 0, "0", "no", "Off", "false", '"false"', "")],
     ([{**IPMI, "options": {"plug": "{host}", "ssl_insecure": False}}], "ssl_insecure = '0' turns it on"),
     ([{**IPMI, "options": {"plug": "{host}", "port-as-ip": "no"}}], "option port-as-ip = 'no' turns it on"),
-    ([{**IPMI, "options": {"ip": "10.0.0.5", "username": "admin"}}], "ip, ipaddr holds {host}"),
-    ([{**IPMI, "hosts": "rack[12]", "options": {"ip": "10.0.0.5"}}], "ip, ipaddr holds {host}"),
+    ([{**IPMI, "options": {"ip": "127.0.0.5", "username": "admin"}}], "ip, ipaddr holds {host}"),
+    ([{**IPMI, "hosts": "rack[12]", "options": {"ip": "127.0.0.5"}}], "ip, ipaddr holds {host}"),
     # {host} where the agent may never read it: the library drops nodename silently.
     ([{**IPMI, "options": {"plug": "vm-1", "nodename": "{host}", "username": "{host}"}}],
      "none of the options plug, port, ip, ipaddr holds {host}"),
@@ -81,8 +81,8 @@ def test_host_in_the_plug_or_address_and_an_exact_host_without_placeholder_are_a
     for name in fence_rules.ADDRESSING:
         spec, = fence_rules.parse_fencers([{**IPMI, "options": {name: "bmc-{host}", "lanplus": True}}])
         assert (name, "bmc-{host}") in spec.options
-    spec, = fence_rules.parse_fencers([{**IPMI, "hosts": "node-7", "options": {"ip": "10.0.0.5"}}])
-    assert spec.options == (("ip", "10.0.0.5"),)
+    spec, = fence_rules.parse_fencers([{**IPMI, "hosts": "node-7", "options": {"ip": "127.0.0.5"}}])
+    assert spec.options == (("ip", "127.0.0.5"),)
 
 
 def test_first_matching_fencer_answers() -> None:
