@@ -209,8 +209,12 @@ class Soak:
 
     # --- faults -----------------------------------------------------------------------------
     def children_alive(self) -> list[tuple[int, str, int]]:
-        """(outer pid, session, fence) of every writer child alive on the machine now."""
-        alive = []
+        """(outer pid, session, fence) of every writer child alive on the machine now.
+
+        A writer forking its hostile part is seen twice until the fork execs (the fork shares the
+        writer's argv and environ): a writer child whose parent is one is that writer, not a second
+        tree of its fence."""
+        alive: dict[int, tuple[int, str, int]] = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -219,15 +223,16 @@ class Soak:
                 if argv[1:2] != [self.child_script]:
                     continue  # a `holdfast run` or nsenter naming the child in its CMD is not the child
                 stat = (entry / "stat").read_text()
-                if stat[stat.rfind(")") + 2] in "ZX":
+                state, ppid = stat[stat.rfind(")") + 2:].split()[:2]
+                if state in "ZX":
                     continue  # a zombie holds no lock and runs nothing
                 pairs = (entry / "environ").read_text().split("\0")
                 env = dict(kv.split("=", 1) for kv in pairs if "=" in kv)
             except OSError:
                 continue
             fence = int(env.get("HOLDFAST_FENCE", "0"))
-            alive.append((int(entry.name), env.get("HOLDFAST_SESSION", "-"), fence))
-        return alive
+            alive[int(entry.name)] = (int(ppid), env.get("HOLDFAST_SESSION", "-"), fence)
+        return [(pid, session, fence) for pid, (ppid, session, fence) in alive.items() if ppid not in alive]
 
     def run_pids(self) -> list[int]:
         pids = []
