@@ -7,6 +7,10 @@ stream the budget ended re-lists, missing nothing."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -166,6 +170,118 @@ def test_a_callers_calls_past_its_limit_are_refused_and_every_ending_gives_its_s
     finally:
         channel.close()
         closing.close()
+
+
+# A client process holding `kind` calls open until it is killed: argv address, kind, count. Each call
+# is started (a watch shown its first record) before it says "ready"; it then reads nothing more.
+CLIENT = """
+import sys
+import grpc
+from holdfast.v1 import coordinator_pb2_grpc
+from tests.integration.test_call_limits import start_waiting
+stub = coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(sys.argv[1]))
+calls = start_waiting(stub, sys.argv[2], int(sys.argv[3]), None)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+WAITING_SID = "limit-waiting"
+# What the coordinator counts each kind under: a waiting Acquire or Hold is an Acquire waiting on
+# the reservation; a WatchSessions is a stream open.
+COUNTED = {"Acquire": "holdfast_acquires_waiting", "Hold": "holdfast_acquires_waiting",
+           "WatchSessions": "holdfast_streams_open"}
+
+
+def start_waiting(stub: coordinator_pb2_grpc.CoordinatorStub, kind: str, count: int,
+                  timeout: float | None) -> list[grpc.Future]:
+    """`count` calls that wait at the coordinator: an Acquire or a Hold with --wait on another host's
+    reservation, or a WatchSessions of every session shown its first record and read no further (its
+    listing larger than the connection buffers: the coordinator is left writing it)."""
+    calls: list[grpc.Future] = []
+    for n in range(count):
+        if kind == "WatchSessions":
+            watch = stub.WatchSessions(pb.WatchSessionsRequest(), timeout=timeout)
+            assert next(watch).record.session_id == "limit-seed"
+            calls.append(watch)
+            continue
+        request = pb.AcquireRequest(session_id=WAITING_SID, host_id=f"host-wait-{n}",
+                                    operation_id=f"{n:032x}", wait_seconds=600)
+        calls.append(stub.Acquire.future(request, timeout=timeout) if kind == "Acquire"
+                     else stub.Hold(request, timeout=timeout))
+    return calls
+
+
+def limit_full(coordinator: Coordinator, stub: coordinator_pb2_grpc.CoordinatorStub, kind: str) -> None:
+    """The caller's four slots taken by four waiting `kind` calls: counted, and a fifth refused."""
+    until(f"four {kind} calls waiting", lambda: gauges(coordinator, COUNTED[kind]) == 4)
+    refused_too_many(stub.WatchSessions(pb.WatchSessionsRequest()), "calls_per_caller_max")
+
+
+def slots_back(coordinator: Coordinator, stub: coordinator_pb2_grpc.CoordinatorStub, how: str) -> None:
+    """Every slot given back: four new calls admitted, each retried while refused TOO_MANY_CALLS
+    (a refused call takes no slot) for at most 20 s; a fifth refused. Then all four ended, and
+    counted ended."""
+    deadline, watches = time.monotonic() + 20, []
+    while len(watches) < 4:
+        watch = stub.WatchSessions(pb.WatchSessionsRequest(session_id="limit-seed"))
+        try:
+            assert next(watch).record.session_id == "limit-seed"
+        except grpc.RpcError as refused:
+            assert reasons.reason_of(refused) == reasons.Reason.TOO_MANY_CALLS, refused  # type: ignore[arg-type]
+            assert time.monotonic() < deadline, (
+                f"a slot was never given back after {how}: {len(watches)} of 4 new calls admitted, "
+                f"the next still refused after 20 s: {refused.details()}")  # type: ignore[attr-defined]
+            continue
+        watches.append(watch)
+    refused_too_many(stub.WatchSessions(pb.WatchSessionsRequest()), "calls_per_caller_max")
+    for watch in watches:
+        watch.cancel()
+    until(f"every call ended after {how}", lambda: gauges(coordinator, "holdfast_streams_open") == 0
+          and gauges(coordinator, "holdfast_acquires_waiting") == 0)
+
+
+@pytest.mark.parametrize("kind", ["Acquire", "Hold", "WatchSessions"])
+def test_waiting_calls_give_their_slots_back_when_cancelled_killed_or_past_their_deadline(
+    limited: Coordinator, tmp_path: Path, kind: str
+) -> None:
+    """calls_per_caller_max 4, one plaintext caller (its address): four `kind` calls waiting at the
+    coordinator fill the caller's limit, ended three ways — their client process killed -9 (its
+    connection closed by the kernel, nothing said), cancelled by the client, their deadline — and
+    each time four new calls are admitted (a slot held on would refuse a call TOO_MANY_CALLS for
+    good), the fifth refused."""
+    put_sessions(limited, ["limit-seed"])
+    if kind == "WatchSessions":  # ~16 MiB listed: more than a connection buffers for a stalled reader
+        put_sessions(limited, [f"limit-stall-{i:04d}" for i in range(1024)], size=16 * 1024)
+    now = int(time.time() * 1000)
+    put_records(limited, [pb.SessionRecord(session_id=WAITING_SID, schema_version=1, lease=pb.Lease(
+        fence=1, claim_status=pb.RESERVED, reserved_host_id="host-other", reserved_at_unix_ms=now,
+        commit_deadline_unix_ms=now + 600_000))])
+    channel = grpc.insecure_channel(limited.address)
+    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, limited.address, kind, "4"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    try:
+        assert client.stdout is not None and client.stdout.readline() == b"ready\n"
+        limit_full(limited, stub, kind)
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait(10)
+        slots_back(limited, stub, "the client process was killed")
+
+        cancelled = start_waiting(stub, kind, 4, None)
+        limit_full(limited, stub, kind)
+        for call in cancelled:
+            call.cancel()
+        slots_back(limited, stub, "the client cancelled its calls")
+
+        timed = start_waiting(stub, kind, 4, 5)
+        limit_full(limited, stub, kind)
+        for call in timed:
+            assert call.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[union-attr]
+        slots_back(limited, stub, "the calls' deadline passed")
+    finally:
+        if client.poll() is None:
+            os.kill(client.pid, signal.SIGKILL)
+            client.wait(10)
+        channel.close()
 
 
 @run_async
