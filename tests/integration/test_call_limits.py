@@ -241,20 +241,21 @@ def slots_back(coordinator: Coordinator, stub: coordinator_pb2_grpc.CoordinatorS
 
 @pytest.mark.parametrize("kind", ["Acquire", "Hold", "WatchSessions"])
 def test_waiting_calls_give_their_slots_back_when_cancelled_killed_or_past_their_deadline(
-    limited: Coordinator, tmp_path: Path, kind: str
+    limited: Coordinator, kind: str
 ) -> None:
     """calls_per_caller_max 4, one plaintext caller (its address): four `kind` calls waiting at the
-    coordinator fill the caller's limit, ended three ways — their client process killed -9 (its
-    connection closed by the kernel, nothing said), cancelled by the client, their deadline — and
-    each time four new calls are admitted (a slot held on would refuse a call TOO_MANY_CALLS for
-    good), the fifth refused."""
+    coordinator fill the caller's limit, ended each way — their client process killed -9 (its
+    connection closed by the kernel, nothing said), cancelled by the client, their deadline, and
+    for a waiting Acquire or Hold refused by the coordinator mid-wait — and each time four new calls
+    are admitted (a slot held on would refuse a call TOO_MANY_CALLS for good), the fifth refused."""
     put_sessions(limited, ["limit-seed"])
     if kind == "WatchSessions":  # ~16 MiB listed: more than a connection buffers for a stalled reader
         put_sessions(limited, [f"limit-stall-{i:04d}" for i in range(1024)], size=16 * 1024)
     now = int(time.time() * 1000)
-    put_records(limited, [pb.SessionRecord(session_id=WAITING_SID, schema_version=1, lease=pb.Lease(
+    reserved = pb.SessionRecord(session_id=WAITING_SID, schema_version=1, lease=pb.Lease(
         fence=1, claim_status=pb.RESERVED, reserved_host_id="host-other", reserved_at_unix_ms=now,
-        commit_deadline_unix_ms=now + 600_000))])
+        commit_deadline_unix_ms=now + 600_000))
+    put_records(limited, [reserved])
     channel = grpc.insecure_channel(limited.address)
     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
     client = subprocess.Popen([sys.executable, "-c", CLIENT, limited.address, kind, "4"],
@@ -277,6 +278,16 @@ def test_waiting_calls_give_their_slots_back_when_cancelled_killed_or_past_their
         for call in timed:
             assert call.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[union-attr]
         slots_back(limited, stub, "the calls' deadline passed")
+
+        if kind != "WatchSessions":
+            refused = start_waiting(stub, kind, 4, None)
+            limit_full(limited, stub, kind)
+            # The reservation put in manual recovery: each waiting call decides again and is refused.
+            reserved.lease.handoff_stage = pb.MANUAL_RECOVERY
+            put_records(limited, [reserved])
+            for call in refused:
+                assert reasons.reason_of(call.exception()) == reasons.Reason.MANUAL_RECOVERY  # type: ignore[arg-type]
+            slots_back(limited, stub, "the coordinator refused them mid-wait")
     finally:
         if client.poll() is None:
             os.kill(client.pid, signal.SIGKILL)
