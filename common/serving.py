@@ -64,9 +64,10 @@ def connection_age_options() -> list[tuple[str, object]]:
     return [("grpc.max_connection_age_ms", age * 1000), ("grpc.max_connection_age_grace_ms", grace * 1000)]
 
 
-def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
-    return grpc.aio.server(interceptors=list(interceptors),
-                           options=[*SERVER_OPTIONS, *keepalive.server_options(), *connection_age_options()])
+def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+               options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Server:
+    return grpc.aio.server(interceptors=list(interceptors), options=[
+        *SERVER_OPTIONS, *keepalive.server_options(), *connection_age_options(), *options])
 
 
 class Unregistered:
@@ -113,10 +114,12 @@ def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredenti
 
 async def start(listen: str, service_name: str, add_service: Callable[[Unregistered], object],
                 credentials: grpc.ServerCredentials | None = None,
-                interceptors: Sequence[grpc.aio.ServerInterceptor] = (), health_listen: str = "") -> Serving:
+                interceptors: Sequence[grpc.aio.ServerInterceptor] = (), health_listen: str = "",
+                options: Sequence[tuple[str, object]] = ()) -> Serving:
     """With `credentials` the main port is TLS only: plaintext is never also accepted there. The
-    health port (when asked for) shares the health status, so a drain turns both NOT_SERVING."""
-    server = new_server(interceptors)
+    health port (when asked for) shares the health status, so a drain turns both NOT_SERVING.
+    `options`: the main port's gRPC channel arguments beside holdfast's own."""
+    server = new_server(interceptors, options)
     add_service(Unregistered(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, Unregistered(server))

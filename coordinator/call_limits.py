@@ -14,7 +14,12 @@ Guarantee: a call past either limit is refused TOO_MANY_CALLS before its handler
 asks an agent or writes (the refusal writes nothing and signals nothing), with a message naming the
 limit, its setting and what to do; an admitted call holds its slot until it ends, however it ends —
 answered, refused, failed, cancelled by its caller, past its deadline, its connection lost — for the
-slot is given back in the `finally` of the handler that took it.
+slot is given back in the `finally` of the handler that took it. A connection has at most
+`streams_per_connection` calls open at once (HTTP/2 MAX_CONCURRENT_STREAMS, what the coordinator's
+server is started with): a stream costs the replica ~20 KB from its headers on, before any handler
+or this count sees it, and a client that sends headers and never its request held 20,000 of them
+on one connection (+419 MiB) with no limit. A stream past it is refused (RST_STREAM REFUSED_STREAM)
+before any handler runs; a gRPC client does not send it but waits for one of its streams to end.
 """
 
 from __future__ import annotations
@@ -53,6 +58,16 @@ class CallLimits:
 
 
 DEFAULT_CALL_LIMITS = CallLimits()
+# A connection's short calls beside its long-lived ones (commits, releases, fenced writes and reads
+# of a node's runs): past them a call waits at the client for a stream, it is not refused.
+SHORT_CALLS_PER_CONNECTION = 256
+
+
+def streams_per_connection(limits: CallLimits) -> int:
+    """A connection's most calls open at once: every long-lived call its caller may have, so the
+    one past the caller's limit is refused TOO_MANY_CALLS, not left waiting for a stream for ever,
+    and the short calls beside them."""
+    return limits.per_caller + SHORT_CALLS_PER_CONNECTION
 
 
 def caller_key(context: grpc.aio.ServicerContext) -> str:

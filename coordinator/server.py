@@ -22,7 +22,7 @@ from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import ETCD_SUBDIR, Role
 from holdfast.coordinator import metrics
 from holdfast.coordinator.authorization import coordinator_rule
-from holdfast.coordinator.call_limits import DEFAULT_CALL_LIMITS, CallLimits
+from holdfast.coordinator.call_limits import DEFAULT_CALL_LIMITS, CallLimits, streams_per_connection
 from holdfast.coordinator.carry_budget_rules import DEFAULT_LIMITS, CarryLimits
 from holdfast.coordinator.census import census_loop
 from holdfast.coordinator.host_fencing import FencingSettings
@@ -75,7 +75,9 @@ async def serve(etcd: str, listen: str, ready_file: str | None = None, prefix: s
     if tls_dir is not None:
         credentials = ReloadingCredentials(tls_dir, Role("coordinator")).server_credentials()
         gates = [RoleGate(SERVICE_NAME, coordinator_rule)]
-    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen)
+    streams = [("grpc.max_concurrent_streams", streams_per_connection(call_limits))]
+    serving = await serving_.start(listen, SERVICE_NAME, add_service, credentials, gates, health_listen,
+                                   streams)
     enroll_serving = None
     if issuer is not None and tls_dir is not None:
         enroll_serving = await issuer_.start(issuer[0], tls_dir, issuer[1])

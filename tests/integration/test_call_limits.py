@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 import pytest
@@ -293,6 +295,76 @@ def test_waiting_calls_give_their_slots_back_when_cancelled_killed_or_past_their
             os.kill(client.pid, signal.SIGKILL)
             client.wait(10)
         channel.close()
+
+
+# Raw HTTP/2 (RFC 9113), for a client no gRPC library would be: streams opened and never sent on.
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HEADERS, RST_STREAM, SETTINGS = 0x1, 0x3, 0x4
+END_HEADERS, ACK = 0x4, 0x1
+MAX_CONCURRENT_STREAMS, REFUSED_STREAM = 0x3, 0x7
+
+
+def h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def h2_read(frames: BinaryIO) -> tuple[int, int, int, bytes]:
+    """The next frame: its type, flags, stream and payload."""
+    head = frames.read(9)
+    assert len(head) == 9, "the coordinator closed the connection"
+    return head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, frames.read(
+        int.from_bytes(head[:3], "big"))
+
+
+def request_headers(address: str, method: str) -> bytes:
+    """A gRPC call's request headers as one HPACK block of literal fields (new names, not indexed)."""
+    fields = ((":method", "POST"), (":scheme", "http"), (":path", f"/holdfast.v1.Coordinator/{method}"),
+              (":authority", address), ("content-type", "application/grpc"), ("te", "trailers"))
+    return b"".join(b"\x00" + bytes([len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+                    for name, value in fields)
+
+
+def test_a_connection_holds_at_most_its_callers_calls_and_256_more(limited: Coordinator) -> None:
+    """calls_per_caller_max 4: the coordinator's SETTINGS allow a connection 4 + 256 streams. A client
+    that opens 300 Acquire streams and never sends a request (none reaches a handler, so no call
+    limit counts them; each held ~20 KB of the replica, without end) has the 40 past 260 refused,
+    REFUSED_STREAM, and none answered; the same caller on another connection is served, its call
+    slots untouched."""
+    put_sessions(limited, ["limit-seed"])
+    host, port = limited.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=20) as sock, sock.makefile("rb") as frames:
+        sock.sendall(PREFACE + h2_frame(SETTINGS, 0, 0))
+        kind, flags, _, payload = h2_read(frames)
+        while kind != SETTINGS or flags & ACK:
+            kind, flags, _, payload = h2_read(frames)
+        settings = {int.from_bytes(payload[at:at + 2], "big"): int.from_bytes(payload[at + 2:at + 6], "big")
+                    for at in range(0, len(payload), 6)}
+        assert settings.get(MAX_CONCURRENT_STREAMS) == 4 + 256, settings
+        sock.sendall(h2_frame(SETTINGS, ACK, 0))  # the limit binds from the client's acknowledgement
+        streams = [2 * n + 1 for n in range(300)]
+        block = request_headers(limited.address, "Acquire")
+        sock.sendall(b"".join(h2_frame(HEADERS, END_HEADERS, stream, block) for stream in streams))
+        refused = []
+        while len(refused) < 40:
+            kind, _, stream, payload = h2_read(frames)
+            assert kind != HEADERS, f"stream {stream} answered: it had sent no request"
+            if kind == RST_STREAM:
+                assert int.from_bytes(payload, "big") == REFUSED_STREAM, payload
+                refused.append(stream)
+        assert refused == streams[260:]
+
+        channel = grpc.insecure_channel(limited.address)
+        try:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            got = stub.GetSession(pb.GetSessionRequest(session_id="limit-seed"), timeout=20)
+            assert got.record.session_id == "limit-seed"
+            watches = [stub.WatchSessions(pb.WatchSessionsRequest(session_id="limit-seed")) for _ in range(4)]
+            for watch in watches:
+                assert next(watch).record.session_id == "limit-seed"
+            for watch in watches:
+                watch.cancel()
+        finally:
+            channel.close()
 
 
 @run_async
