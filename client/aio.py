@@ -177,15 +177,19 @@ class AsyncRun:
             raise ClientError(Reason.INVALID_ARGUMENT, "this run has started already", self.spec.session_id)
         try:
             self.owner = await Owner.start(self.connection.client, self.spec, log.info)
-        except BaseException:
-            if self.owns_connection:
+            self.supervisor = asyncio.create_task(self.owner.supervise(self.forward_signals))
+            # One turn of the loop: the supervisor runs up to its first wait, its signal handlers (with
+            # forward_signals) installed, before the block begins — a signal there would otherwise find
+            # the default action and end this process with CMD left running.
+            await asyncio.sleep(0)
+        except BaseException as error:
+            # Cancelled in that turn, CMD running: `async with` calls no __aexit__ for an __aenter__
+            # that raised, so CMD is ended and the grant released here, as leaving the block does.
+            if self.supervisor is not None:
+                await self.__aexit__(type(error), error, error.__traceback__)
+            elif self.owns_connection:
                 await self.connection.close()
             raise
-        self.supervisor = asyncio.create_task(self.owner.supervise(self.forward_signals))
-        # One turn of the loop: the supervisor runs up to its first wait, its signal handlers (with
-        # forward_signals) installed, before the block begins — a signal there would otherwise find
-        # the default action and end this process with CMD left running.
-        await asyncio.sleep(0)
 
     def _started(self) -> tuple[Owner, asyncio.Task[int]]:
         if self.owner is None or self.supervisor is None:

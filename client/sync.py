@@ -3,7 +3,9 @@ own, one loop per Connection. Nothing is decided here; every call is the async o
 
 Guarantee: a call interrupted while it waits (a KeyboardInterrupt in the calling thread) cancels the
 async work and waits for it to undo what it started — an owner being started ends its gate and
-releases its grant — before the interrupt goes on. With `forward_signals=True`, the signals
+releases its grant — before the interrupt goes on, wherever in the call it lands and whichever
+thread the kernel handed the signal to; one landing after a run's start completed ends CMD and
+releases, as leaving the block does. With `forward_signals=True`, the signals
 `holdfast run` forwards are forwarded to CMD's process group from the calling (main) thread for as
 long as the run is in its block, and the handlers before it are put back after.
 """
@@ -25,6 +27,17 @@ from holdfast.client.owner import FORWARDED_SIGNALS
 from holdfast.client.results import FencedValue, Record
 
 T = TypeVar("T")
+# The kernel hands a process-directed signal to any thread that does not block it — the loop's, which
+# unblocks signals right after spawning the gate, takes one pending then — and Python runs its handler
+# in the main thread only once that thread runs again: a caller asleep on a lock until the work ends
+# never raised KeyboardInterrupt (a waiting run went on waiting, its gate left). It wakes this often.
+SIGNAL_CHECK_S = 0.1
+
+
+def wait_released(lock: threading.Lock) -> None:
+    """Until the loop releases `lock`, raising in between any exception a signal's handler raises."""
+    while not lock.acquire(timeout=SIGNAL_CHECK_S):
+        continue
 
 
 class LoopThread:
@@ -37,22 +50,34 @@ class LoopThread:
 
     def call(self, work: Awaitable[T]) -> T:
         """`work`'s result, run on the loop; interrupted, it is cancelled and waited for first."""
-        finished = threading.Event()
+        # A bare lock, not an Event: an Event's Condition takes its lock in Python code, where the
+        # interrupt can be raised after the lock was taken and before the `with` that releases it
+        # (CPython runs a handler after any call returns), and the loop's `set` then waits for ever.
+        ended = threading.Lock()
+        ended.acquire()  # released by the loop once the task is done
         started: list[asyncio.Future[T]] = []
 
         def begin() -> None:
-            task = asyncio.ensure_future(work, loop=self.loop)
-            task.add_done_callback(lambda _task: finished.set())
-            started.append(task)
+            started.append(asyncio.ensure_future(work, loop=self.loop))
+            started[0].add_done_callback(lambda _task: ended.release())
 
-        # Nothing here waits for the task to exist: an interrupt at any point finds `begin` queued
-        # before the cancel, which the loop runs in that order.
-        self.loop.call_soon_threadsafe(begin)
+        def cancel() -> None:
+            # The loop runs callbacks in the order queued: `begin` has run unless the interrupt came
+            # before it was queued, and then the work is begun here only to be cancelled before its
+            # first step.
+            if not started:
+                begin()
+            started[0].cancel()
+
         try:
-            finished.wait()
+            self.loop.call_soon_threadsafe(begin)
+            wait_released(ended)
         except BaseException:
-            self.loop.call_soon_threadsafe(lambda: started[0].cancel())
-            finished.wait()
+            self.loop.call_soon_threadsafe(cancel)
+            # An interrupt that came once `ended` was taken finds the task done (its done callback
+            # releases it only then): waiting again would never end.
+            if not (started and started[0].done()):
+                wait_released(ended)
             raise
         return started[0].result()
 
@@ -150,10 +175,6 @@ class Run:
         self.forward_signals, run.forward_signals = run.forward_signals, False
         self.saved: dict[int, Any] = {}  # the handlers before forward_signals installed its own
 
-    def __enter__(self) -> Run:
-        self.start()
-        return self
-
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         try:
@@ -163,22 +184,27 @@ class Run:
             if self.owns_connection:
                 self.connection.close()
 
-    def start(self) -> None:
-        """Acquires as the options say and starts CMD; raises the refusal's typed ClientError."""
+    def start(self) -> Run:
+        """Acquires as the options say and starts CMD; raises the refusal's typed ClientError. It is
+        `with`'s __enter__, returning this run from inside its own `try`: `with` calls __exit__ only
+        once __enter__ has returned, and an interrupt landing after CMD started but before then would
+        leave CMD running and the session held with nobody to end them."""
         try:
             self.connection.loop.call(self.run.start())
-        except BaseException:
-            if self.owns_connection:
+            if self.forward_signals:
+                for sig in FORWARDED_SIGNALS:
+                    self.saved[sig] = signal.signal(sig, self._forward)
+            return self
+        except BaseException as error:
+            # CMD started (an interrupt once the start completed, or the handlers refused: not the
+            # main thread, and the run does not go on unforwarded): ended as leaving the block ends it.
+            if self.run.supervisor is not None:
+                self.__exit__(type(error), error, error.__traceback__)
+            elif self.owns_connection:
                 self.connection.close()
             raise
-        if not self.forward_signals:
-            return
-        try:
-            for sig in FORWARDED_SIGNALS:
-                self.saved[sig] = signal.signal(sig, self._forward)
-        except BaseException as error:  # e.g. not the main thread: the run does not go on unforwarded
-            self.__exit__(type(error), error, error.__traceback__)
-            raise
+
+    __enter__ = start
 
     def _forward(self, sig: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):

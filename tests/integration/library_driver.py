@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 
 import psutil
 
@@ -26,6 +27,16 @@ def gone(pid: int) -> bool:
 
 def say(*words: object) -> None:
     print(*words, flush=True)
+
+
+def interrupt_the_loop_thread() -> None:
+    """SIGINT to the library's loop thread once the test says so: the kernel hands a process-directed
+    signal to any thread not blocking it, and its handler then runs in the main thread only once that
+    thread runs again."""
+    sys.stdin.readline()
+    loop = next(thread for thread in threading.enumerate() if thread.name == "holdfast-loop")
+    assert loop.ident is not None
+    signal.pthread_kill(loop.ident, signal.SIGINT)
 
 
 def sync_form(scenario: str, session_id: str) -> None:
@@ -48,8 +59,10 @@ def sync_form(scenario: str, session_id: str) -> None:
         with session(session_id, CMD, forward_signals=True) as run:
             say("held", run.fence)
             say("status", run.wait())
-    elif scenario == "interrupt":
+    elif scenario in ("interrupt", "interrupt-on-loop"):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, whatever the suite's
+        if scenario == "interrupt-on-loop":
+            threading.Thread(target=interrupt_the_loop_thread, daemon=True).start()
         try:
             with session(session_id, CMD, wait=120):
                 say("granted")
