@@ -23,7 +23,7 @@ import grpc
 from holdfast.client.errors import ClientError, classify, refused, transient
 from holdfast.client.grant import Grant, same_cluster
 from holdfast.client.watch_rules import reconnect, wait_s
-from holdfast.common import env, keepalive, tls, upstate
+from holdfast.common import env, identifiers, keepalive, tls, upstate
 from holdfast.common.reasons import Reason, reason_of
 from holdfast.common.retry import retrying
 from holdfast.common.tls import Role
@@ -241,6 +241,10 @@ class Client:
         record's changes from it: no watch call of its own."""
         if gate is not None:
             not_the_caller(gate.pid_hint, session_id)
+        try:
+            identifiers.check_acquire_flags(force, await_release)
+        except identifiers.InvalidInput as wrong:
+            raise ClientError(Reason.INVALID_ARGUMENT, str(wrong), session_id) from None
         request = pb.AcquireRequest(
             session_id=session_id, provider=provider, location=location, operation_id=operation_id,
             host_id=self.host_id, live_on_commit=live_on_commit, wait_seconds=wait_seconds,

@@ -77,6 +77,17 @@ def check_fence(fence: int) -> int:
     return fence
 
 
+def check_acquire_flags(force: bool, await_release: bool) -> None:
+    """A forced Acquire has the owner's agent kill the owner's tree, after which that owner is dead
+    and has not released: exactly what `await_release` refuses (RELEASE_PENDING). Together they could
+    only kill the owner and then be refused, the session kept for that operation; refused here,
+    before anything is read, written or signalled."""
+    if force and await_release:
+        raise InvalidInput("force and await_release cannot be combined: a forced Acquire kills the owner, "
+                           "which then never releases, so await_release would refuse it after the kill; "
+                           "send one or the other")
+
+
 def check_text(name: str, value: str, limit: int) -> str:
     if len(value) > limit:
         raise InvalidInput(f"{name} is {len(value)} characters; the limit is {limit}")

@@ -149,6 +149,7 @@ def check(request: pb.AcquireRequest) -> str:
         raise identifiers.InvalidInput("expected fence out of range")
     if not 0 <= request.wait_seconds <= 3600:
         raise identifiers.InvalidInput("wait_seconds must be in 0..3600")
+    identifiers.check_acquire_flags(request.force, request.await_release)
     return sid
 
 

@@ -5,18 +5,21 @@ test_run_sessions.py::test_frozen_owner_is_refused_then_force_has_its_agent_end_
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 
 import grpc
 import pytest
 
+from holdfast.client.connection import Client
+from holdfast.client.errors import BadInput
 from holdfast.common.reasons import reason_of
 from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration.run_fixtures import Cluster
 from tests.integration.test_record_size import handle
-from tests.integration.test_run_sessions import child_pids, gone, started
+from tests.integration.test_run_sessions import child_pids, frozen_owner, gone, started
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -80,3 +83,37 @@ def test_a_takeover_of_a_live_owner_whose_record_is_oversized_leaves_it_running_
         assert cluster.record(sid) == before, f"a refused takeover {kind} wrote nothing"
     assert not gone(child), "a refused takeover ended the owner"
     assert first.proc.poll() is None and not cluster.events("stop")
+
+
+def test_a_forced_acquire_awaiting_release_is_refused_before_it_kills(cluster: Cluster) -> None:
+    """`force` has the owner's agent kill its tree, and a killed owner never releases: with
+    `await_release` the Acquire could only kill and then be refused RELEASE_PENDING, the session kept
+    for it. The pair is refused INVALID_ARGUMENT before anything is read, written or signalled, and
+    the library refuses it before sending."""
+    a, _ = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-force-await"
+    with frozen_owner(cluster, a, sid) as (first, child):
+        operation = secrets.token_hex(16)
+        # The force is honoured for this operation: without the check, its kill would land.
+        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
+                                                             host_id="host-b"), timeout=30)
+        before = cluster.record(sid)
+        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
+                                    force=True, await_release=True, live_on_commit=True)
+        with pytest.raises(grpc.RpcError) as err:
+            cluster.stub.Acquire(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value  # type: ignore[attr-defined]
+        assert "force and await_release" in err.value.details()  # type: ignore[attr-defined]
+
+        async def library() -> None:
+            client = Client(cluster.coordinator.address, "host-b")
+            try:
+                await client.acquire(sid, operation, takeover=True, force=True, await_release=True)
+            finally:
+                await client.close()
+
+        with pytest.raises(BadInput, match="force and await_release"):
+            asyncio.run(library())
+        assert not gone(child), "a refused force killed the owner"
+        assert cluster.record(sid) == before, "a refused force wrote something"
+    first.wait(30)  # A's run wakes to the handoff request standing, and ends its tree
