@@ -404,34 +404,15 @@ class DirGuard(Guard):
     def __init__(self, root: Path, url: str) -> None:
         self.root, self.url, self.cap_bytes = root, url, dir_cap_bytes(url)
         # Checked now, before the Acquire, but made only by the first bump, once granted: a run
-        # refused (HELD) has made nothing.
-        try:
-            top = self._open(make=False)
-        except FileNotFoundError:
-            self._check_where_made()
+        # refused (HELD) has made nothing; and a path under another user's directory is refused
+        # here, not at the bump, after a grant had ended the previous owner.
+        top = self._private(files.open_existing_private_path, root)
+        if top is None:
             return
         try:
             _current(root, top)  # a `current` that names something else is refused before any grant
         finally:
             os.close(top)
-
-    def _check_where_made(self) -> None:
-        """What the first bump will check before it makes the missing directory, checked now: the
-        deepest directory of the path that exists, reached as the bump will reach it, in
-        directories no other user may change (files.check_ancestors). Without it a path under
-        another user's directory was accepted before the Acquire and refused only at the bump,
-        after a grant had ended the previous owner."""
-        where = self.root.parent
-        while True:
-            try:
-                fd, _ = self._private(files.open_user_dir, where)
-                break
-            except FileNotFoundError:
-                where = where.parent  # "/" is always there
-        try:
-            self._private(files.check_ancestors, fd, str(where))
-        finally:
-            os.close(fd)
 
     def _private(self, check: Callable[..., _T], *args: Any) -> _T:
         return _checked(self.url, check, *args)

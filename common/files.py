@@ -11,7 +11,8 @@ it so (or a link, or a default ACL letting others write what is made there), `ch
 one in a directory another user may change (who could swap it for a link) — by its mode, an ACL
 naming them, or a group they are in (dir_rules) — and `open_private_file` a file so, before it
 is written or truncated. `open_private_path` makes a directory so checked, making nothing in a
-directory that fails `check_ancestors`.
+directory that fails `check_ancestors`; `open_existing_private_path` refuses what it would refuse
+and makes nothing at all.
 `remove_tree` removes a tree from a directory it is given open, following no link and holding no
 Python frame per level; `copy_tree` copies one directory's contents into another the same way,
 so a directory swapped for a link on either side meanwhile is refused, never read or written
@@ -268,6 +269,33 @@ def open_private_path(path: str | os.PathLike[str], make: bool = True, mode: int
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
         raise
+
+
+def open_existing_private_path(path: str | os.PathLike[str]) -> int | None:
+    """open_private_path(`path`) without making anything: a descriptor on the directory when it is
+    there, None when it is missing and open_private_path may make it — the deepest directory of
+    its path that exists, reached as open_private_path reaches it (open_user_dir), lies in
+    directories no other user may change (check_ancestors) and has no default ACL by which what is
+    made in it is others' to write. What open_private_path would refuse is refused now: a caller
+    that makes the directory only once it may (a run, once granted) is not refused then, after
+    its grant ended the previous owner's run, nor leaves a directory behind when it is refused."""
+    try:
+        return open_private_path(path, make=False)
+    except FileNotFoundError:
+        pass
+    where = os.path.dirname(_plain_path(path))
+    while True:
+        try:
+            fd, _ = open_user_dir(where)
+            break
+        except FileNotFoundError:
+            where = os.path.dirname(where)  # "/" is always there
+    try:
+        check_ancestors(fd, where)
+        _check_default_acl(fd, where)
+    finally:
+        os.close(fd)
+    return None
 
 
 def _plain_path(path: str | os.PathLike[str]) -> str:

@@ -247,6 +247,27 @@ def test_a_private_path_is_not_made_where_it_would_inherit_a_default_acl_for_oth
     os.close(files.open_private_path(tmp_path / "shared" / "a" / "state"))
 
 
+def test_a_private_path_is_checked_as_it_would_be_made_without_making_anything(tmp_path: Path) -> None:
+    """What open_private_path would refuse only after making directories — one inheriting a default
+    ACL for others, one in a directory others may change — is refused without making any, and one
+    it may make is not made: a run checks before its Acquire what it makes only once granted."""
+    (tmp_path / "shared").mkdir(mode=0o755)
+    grant(tmp_path / "shared", 1002, default=True)
+    with pytest.raises(files.NotPrivate, match="default ACL"):
+        files.open_existing_private_path(tmp_path / "shared" / "a" / "state")
+    (tmp_path / "open").mkdir()
+    os.chmod(tmp_path / "open", 0o777)
+    with pytest.raises(files.Swappable):
+        files.open_existing_private_path(tmp_path / "open" / "a" / "state")
+    assert files.open_existing_private_path(tmp_path / "a" / "state") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["open", "shared"]
+    assert list((tmp_path / "shared").iterdir()) == list((tmp_path / "open").iterdir()) == []
+    os.close(files.open_private_path(tmp_path / "a" / "state"))
+    fd = files.open_existing_private_path(tmp_path / "a" / "state")
+    assert fd is not None
+    os.close(fd)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="another user's home")
 def test_point_makes_nothing_in_another_users_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Root with another user's HOME (`su` without `-`): the default state directory lies in their
