@@ -6,7 +6,9 @@ registered; Ctrl-C or SIGTERM stops agents, then the coordinator, then etcd, eac
 started, so no record is lost; the state directory (etcd's data and its ports) makes a second `up`
 on it find every record again. One `up` at a time per state directory: it holds an flock on
 `STATE_DIR/up.lock` for its whole life, and a second `up` there refuses at once, naming the first's
-pid, before it touches anything (the first's `up.json` stays). Everything listens on 127.0.0.0/8 only.
+pid, before it touches anything (the first's `up.json` stays); so does one refused for its arguments
+(`--hosts` without root) or for want of etcd, before it makes, locks or removes anything. Everything
+listens on 127.0.0.0/8 only.
 A state directory another user could have written into is refused before anything is written: one
 that is a link, not this user's or writable by others, that holds anything so (a link, a CA key of
 theirs), or that lies under a directory they may change; nothing `up` writes there goes through a
@@ -188,7 +190,19 @@ class Stack:
         # Nothing this `up` or its children make is writable by group or others (umask 002 made
         # certificates 0664): the next `up` would refuse its own state directory.
         os.umask(os.umask(0o022) | 0o022)
-        # First, and outside the clean-up below: a refused second `up` must leave the running
+        # Every check that needs nothing made first, before anything is: a refused `up` makes no
+        # state directory, takes no lock and keeps a dead `up`'s up.json, which the next `up`
+        # needs to release that one's leftover registrations.
+        if self.hosts_wanted and os.geteuid() != 0:
+            raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
+                          "or without --hosts for this host's agent only")
+        etcd_binary = find_etcd()
+        if self.use_tls:
+            try:
+                certs.check_serve_on(self._serve_on())
+            except certs.ReservedName as exc:
+                raise UpError(f"--listen: {exc}. Next: listen on an address or another name") from None
+        # Then, and outside the clean-up below: a refused second `up` must leave the running
         # one's up.json, etcd data and ports alone.
         self.dir_fd, self.state_dir = open_state_dir(self.state_dir)
         # With --tls every link is mTLS, with certificates kept in the state dir across restarts.
@@ -201,12 +215,9 @@ class Stack:
             raise
         previous = _left_registrations(self.state_dir, self.dir_fd)  # an up.json left behind: that `up` died
         upstate.remove(self.dir_fd)
-        if self.hosts_wanted and os.geteuid() != 0:
-            raise UpError("--hosts needs root: simulated hosts are PID namespaces. Next: run as root, "
-                          "or without --hosts for this host's agent only")
         try:
             self._make_certificates()
-            self._start_etcd()
+            self._start_etcd(etcd_binary)
             self._reclaim(previous)
             self._start_coordinator()
             self._start_agents()
@@ -220,14 +231,17 @@ class Stack:
     def _host_ids(self) -> list[str]:
         return [f"host-{n}" for n in range(1, self.hosts_wanted + 1)] or [os.uname().nodename]
 
+    def _serve_on(self) -> list[str]:
+        """The names the coordinator's and etcd's certificates carry."""
+        return sorted({"127.0.0.1", "localhost", self.listen.rsplit(":", 1)[0]})
+
     def _make_certificates(self) -> None:
         if self.tls_dir is None:
             return
-        serve_on = sorted({"127.0.0.1", "localhost", self.listen.rsplit(":", 1)[0]})
-        if (self.tls_dir / "ca.key").exists():
-            certs.ensure_issued(self.tls_dir, self._host_ids(), serve_on)  # e.g. more hosts than last time
+        if (self.tls_dir / "ca.key").exists():  # e.g. more hosts than last time
+            certs.ensure_issued(self.tls_dir, self._host_ids(), self._serve_on())
         else:
-            certs.init_local(self.tls_dir, self._host_ids(), serve_on)
+            certs.init_local(self.tls_dir, self._host_ids(), self._serve_on())
 
     def _tls_args(self) -> list[str]:
         return ["--tls-dir", str(self.tls_dir)] if self.tls_dir is not None else []
@@ -235,9 +249,9 @@ class Stack:
     def _coordinator_channel(self) -> grpc.Channel:
         return tls.open_channel(self.address, self.tls_dir, tls.Role("client"), sync=True)
 
-    def _start_etcd(self) -> None:
-        # EtcdServer runs the module's binary; point it at the one found here (HOLDFAST_ETCD_BIN / PATH).
-        etcd_server.ETCD_BINARY = find_etcd()
+    def _start_etcd(self, binary: str) -> None:
+        # EtcdServer runs the module's binary; point it at the one found (HOLDFAST_ETCD_BIN / PATH).
+        etcd_server.ETCD_BINARY = binary
         assert self.dir_fd is not None
         try:
             ports = upstate.read_json(self.dir_fd, PORTS_FILE)

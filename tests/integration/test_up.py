@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import unprivileged
 from tests.integration.conftest import descendants
 from tests.integration.run_fixtures import until
 
@@ -110,6 +112,43 @@ def test_second_up_on_a_running_state_dir_refuses_and_changes_nothing(
     status = cli(coordinator, "status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["hosts"], status.stderr
     stop_up(proc)
+
+
+def test_an_up_refused_before_it_starts_makes_locks_and_removes_nothing(tmp_path: Path) -> None:
+    """`up --hosts N` as a user other than root, `up` where no etcd is found, `up --tls` listening on
+    a name reserved to agents: each refused only after it had made the state directory, taken
+    `up.lock`, and removed a dead `up`'s up.json (what the next `up` needs to release that one's
+    leftover registrations). Refused first now (69)."""
+    python, extra = unprivileged.interpreter()
+    where = unprivileged.shared_dir("holdfast-refused-up-")
+    where.chmod(0o1777)  # sticky, as /tmp: nobody's state directories in it are theirs alone
+    try:
+        host = {"host_id": "host-1", "lease_id": "7", "reaper_pid": 2 ** 22 + 2, "reaper_start_ticks": 1}
+        left = json.dumps({"pid": 2 ** 22 + 1, "hosts": [host]})
+        dead = where / "dead"
+        subprocess.run([*unprivileged.DROP, "mkdir", "-m", "0755", str(dead)], check=True)
+        subprocess.run([*unprivileged.DROP, "sh", "-c", f"cat > {dead}/up.json"], input=left.encode(),
+                       check=True)
+        env = {**os.environ, **extra}
+        for state, argv, said in [
+            (where / "a" / "state", [*unprivileged.DROP, python], "--hosts needs root"),
+            (dead, [*unprivileged.DROP, python], "--hosts needs root"),
+            (tmp_path / "b" / "state", [sys.executable], "no etcd binary found"),
+        ]:
+            refused = subprocess.run([*argv, "-m", "holdfast.cli", "up", "--state-dir", str(state),
+                                      "--hosts", "2"], env={**env, "HOLDFAST_ETCD_BIN": "/nonexistent"},
+                                     capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 69 and said in refused.stderr, refused.stdout + refused.stderr
+        # A name the coordinator's certificate may not carry: refused before, not by a traceback after.
+        refused = subprocess.run([*CLI, "up", "--state-dir", str(tmp_path / "c" / "state"), "--tls",
+                                  "--listen", "agent.holdfast.invalid:0"], capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode == 69 and "agents' own" in refused.stderr, refused.stdout + refused.stderr
+        assert sorted(p.name for p in where.iterdir()) == ["dead"] and not (tmp_path / "b").exists()
+        assert not (tmp_path / "c").exists()
+        assert [p.name for p in dead.iterdir()] == ["up.json"] and (dead / "up.json").read_text() == left
+    finally:
+        shutil.rmtree(where)
 
 
 def test_two_ups_cannot_serve_one_address(tmp_path: Path, ups: list[subprocess.Popen[bytes]]) -> None:
