@@ -8,6 +8,14 @@ beneath a directory it opened itself, never through a link (holdfast.client.carr
 renamed into place, so a failed restore leaves the local files as they were. A copy is checked by
 the same rules before it is uploaded. An upload reads each file once and refuses one that changed
 while it was read; the coordinator keeps the last committed copy until a whole new one is committed.
+Measuring and packing reach each root as the restore does: through the directory holding it,
+opened one component at a time with a link followed only when this user or root made it where no
+other user may change it (files.open_user_dir), then the root's name beneath that descriptor
+without following a link. Each upload (the end's and every checkpoint) requires that directory to
+be the one (device and inode) that held the root when CMD started, and, where another user may
+change it or a directory above it, the root to be the file or directory it was then
+(carry_rules.moved_because); else nothing of the copy is uploaded: a root `run` never uploads what
+another user put on the path, which that user could then restore with a run of their own.
 """
 
 from __future__ import annotations
@@ -30,18 +38,21 @@ from holdfast.common.carry_rules import (
     MAX_SESSION_CAP,
     UPLOAD_FIELDS_BYTES,
     CarryRefused,
+    Identity,
+    Place,
     as_the_copy_names,
     check_cap,
     check_entry,
     check_manifest,
     chunked,
     escaping_links,
+    moved_because,
     over_cap,
     root_name,
     root_sizes,
     shown_root,
 )
-from holdfast.common.files import Replaced, open_beneath, open_listed
+from holdfast.common.files import Replaced, check_ancestors, open_beneath, open_listed, open_user_dir
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -163,35 +174,75 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def local_size(names: list[str], cwd: str) -> dict[str, int | None]:
-    """Bytes of regular files under each named root here; None for a root that does not exist."""
+# Where each --carry root stood when CMD started, by the name the manifest gives it.
+Seen = dict[str, Place]
+
+
+def _identity(st: os.stat_result) -> Identity:
+    return st.st_dev, st.st_ino
+
+
+def _holder(path: str) -> int:
+    """A descriptor on the directory holding the root at `path`, reached one component at a time,
+    a link on the way followed only when this user or root made it where no other user may change
+    it (files.open_user_dir): a directory above the root that another user swaps for a link to
+    root's never has a root `run` measure or upload what the link leads to. The root's own name is
+    then looked at through this descriptor, never followed."""
+    return open_user_dir(os.path.dirname(path))[0]
+
+
+def _why(exc: OSError) -> str:
+    return f"{shown_root(str(exc.filename))}: {exc.strerror}" if exc.filename else str(exc.strerror or exc)
+
+
+def measure(names: list[str], cwd: str, session_id: str, after: str) -> tuple[dict[str, int | None], Seen]:
+    """Bytes of regular files under each named root here (None for one absent), and where each
+    stands (none for a root whose directory is missing), each reached through the directory
+    holding it (_holder) and looked at there without following a link. Raises INVALID_ARGUMENT,
+    its message ending with `after`, for a root that is a link or a device, or whose directory is
+    reached through a link another user made or could swap."""
     sizes: dict[str, int | None] = {}
+    seen: Seen = {}
     for name in names:
         path = _where(name, cwd)
+        sizes[name] = None
         try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            sizes[name] = None
-            continue
-        if stat.S_ISREG(st.st_mode):
-            sizes[name] = st.st_size
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            # Refused here, at the start, not only when the owner's upload would meet it at the end.
-            raise ClientError(
-                Reason.INVALID_ARGUMENT,
-                f"--carry {shown_root(name)}: {NOT_A_ROOT}; nothing was asked of the session's owner",
-            )
-        total = 0
-        with contextlib.suppress(OSError):  # an unreadable root measures what could be read
-            top = os.open(path, OPEN_DIR)
-            try:
-                for _, _, listed in _tree(top, []):
-                    total += sum(s.st_size for _, s in listed if stat.S_ISREG(s.st_mode))
-            finally:
-                os.close(top)
-        sizes[name] = total
-    return sizes
+            holder = _holder(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # its directory is missing: check_at_start says so
+        except OSError as exc:
+            raise ClientError(Reason.INVALID_ARGUMENT, f"--carry {shown_root(name)}: its directory cannot be "
+                              f"used ({_why(exc)}); {after}", session_id) from None
+        try:
+            sizes[name], seen[name] = _measured(name, holder, os.path.basename(path), after, session_id)
+        finally:
+            os.close(holder)
+    return sizes, seen
+
+
+def _measured(name: str, holder: int, base: str, after: str, session_id: str) -> tuple[int | None, Place]:
+    """The size and place of root `name`, `base` in the directory open as `holder`."""
+    directory = _identity(os.fstat(holder))
+    try:
+        st = os.stat(base, dir_fd=holder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None, Place(directory, None)
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size, Place(directory, _identity(st))
+    if not stat.S_ISDIR(st.st_mode):
+        # Refused here, at the start, not only when the owner's upload would meet it at the end.
+        raise ClientError(Reason.INVALID_ARGUMENT, f"--carry {shown_root(name)}: {NOT_A_ROOT}; {after}",
+                          session_id)
+    total = 0
+    with contextlib.suppress(OSError):  # an unreadable root measures what could be read
+        top = os.open(base, OPEN_DIR, dir_fd=holder)
+        try:
+            st = os.fstat(top)  # the directory measured, should another have been renamed in meanwhile
+            for _, _, listed in _tree(top, []):
+                total += sum(s.st_size for _, s in listed if stat.S_ISREG(s.st_mode))
+        finally:
+            os.close(top)
+    return total, Place(directory, _identity(st))
 
 
 class Entry(NamedTuple):
@@ -251,35 +302,17 @@ def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str
     return entries, skipped
 
 
-# The roots that did not exist when the run started: each one's directory, resolved then, as
-# (device, inode).
-Absent = dict[str, tuple[int, int]]
-
-
-def _created(name: str, path: str, parent: tuple[int, int]) -> tuple[int | None, str]:
-    """For a root absent at the run's start: a descriptor on its directory when CMD made a plain
-    file or directory there, in the very directory resolved at the start (a directory swapped for
-    another, or a link put in its place, would have a root `run` upload what it leads to); else
-    None and why it is not carried ('' when CMD made nothing there)."""
-    try:
-        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, (f"--carry {shown_root(name)}: its directory cannot be opened ({exc.strerror}); not "
-                      "carried")
-    st = os.fstat(fd)
-    try:
-        made = os.stat(os.path.basename(path), dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        os.close(fd)
-        return None, ""
-    if (st.st_dev, st.st_ino) != parent:
-        why = "its directory is not the one it was when the run started"
-    elif not (stat.S_ISREG(made.st_mode) or stat.S_ISDIR(made.st_mode)):
-        why = NOT_A_ROOT
-    else:
-        return fd, ""
-    os.close(fd)
-    return None, f"--carry {shown_root(name)}: {why}; not carried"
+def _moved(start: Place, holder: int, where: str, st: os.stat_result) -> str | None:
+    """Why root `st`, in the directory open as `holder` (called `where`), is not the one the run
+    started with (carry_rules.moved_because); who else may change that directory is judged only
+    when the root is another than at the start (a walk up to /)."""
+    now, swappable = _identity(st), None
+    if start.root not in (None, now):
+        try:
+            check_ancestors(holder, where)
+        except OSError as exc:  # Swappable, or UnknownOwner: who may change it cannot be told
+            swappable = _why(exc)
+    return moved_because(start, _identity(os.fstat(holder)), now, swappable)
 
 
 @dataclass
@@ -316,36 +349,60 @@ class _Packing:
             self.manifest.entries.add(root=root, path=entry.path, kind=entry.kind, mode=entry.mode,
                                       link_target=entry.target)
 
-    def root(self, name: str, cwd: str, absent: Absent | None) -> None:
-        """Root `name` and everything below it; left out, with why, when it is in `absent` and CMD
-        did not create it (`_created`)."""
+    def root(self, name: str, cwd: str, seen: Seen | None) -> None:
+        """Root `name` and everything below it, reached through the directory holding it (_holder)
+        and opened there without following a link. With `seen` (where the roots stood when CMD
+        started), one whose directory, or which itself, is not the one the run started with
+        (_moved) is refused, nothing of the copy uploaded; one absent then is carried only if CMD
+        made a plain file or directory there, and left out, with why, otherwise."""
         session_id, shown = self.manifest.session_id, shown_root(name)
-        path = where = _where(name, cwd)
-        parent: int | None = None
-        if absent and name in absent:
-            parent, why = _created(name, path, absent[name])
-            if parent is None:
-                self.skipped.append(why or f"--carry {shown}: CMD did not create it; not carried")
-                return
-            where = os.path.basename(path)
+        path = _where(name, cwd)
+        base = os.path.basename(path)
+        start = None if seen is None else seen.get(name)
+        absent = seen is not None and (start is None or start.root is None)
+
+        def refused(why: str) -> None:
+            if not absent:
+                raise failed(f"--carry {shown}: {why}; nothing of this copy was kept (the last good copy "
+                             "stands)", session_id)
+            self.skipped.append(f"--carry {shown}: {why}; not carried")
+
+        try:
+            holder = _holder(path)
+        except OSError as exc:
+            refused(f"its directory cannot be opened ({_why(exc)})")
+            return
         index = len(self.manifest.roots)
         try:
             try:
-                st = os.stat(where, dir_fd=parent, follow_symlinks=False)
+                st = os.stat(base, dir_fd=holder, follow_symlinks=False)
             except FileNotFoundError:
+                if absent:
+                    self.skipped.append(f"--carry {shown}: CMD did not create it; not carried")
+                    return
                 raise failed(f"--carry {shown}: no such file or directory here (in {shown_root(cwd)})",
                              session_id) from None
+            if start is not None:
+                why = _moved(start, holder, os.path.dirname(path), st)
+            else:
+                why = None if seen is None else "its directory did not exist when the run started"
+            if why is None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                why = NOT_A_ROOT
+            if why is not None:
+                refused(why)
+                return
             if stat.S_ISREG(st.st_mode):
                 self.manifest.roots.add(path=name, kind="file")
-                data, st = self.read(where, shown, st, parent)
+                data, st = self.read(base, shown, st, holder)  # open_listed: that very file, or refused
                 self.add(index, Entry("", "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
                 return
-            if not stat.S_ISDIR(st.st_mode):
-                raise failed(f"--carry {shown}: {NOT_A_ROOT}", session_id)
-            top = os.open(where, OPEN_DIR, dir_fd=parent)  # the root itself swapped for a link is refused
+            top = os.open(base, OPEN_DIR, dir_fd=holder)  # the root itself swapped for a link is refused
+            if _identity(os.fstat(top)) != _identity(st):
+                os.close(top)
+                raise failed(f"--carry {shown} was replaced by another directory while it was read; nothing "
+                             "of this copy was kept (the last good copy stands)", session_id)
         finally:
-            if parent is not None:
-                os.close(parent)
+            os.close(holder)
         self.manifest.roots.add(path=name, kind="dir")
         self.add(index, Entry("", "dir", stat.S_IMODE(st.st_mode) & 0o777))
         try:
@@ -386,17 +443,19 @@ class _Packing:
         return Packed(manifest, chunks, self.skipped)
 
 
-def pack(names: list[str], cwd: str, session_id: str, absent: Absent | None = None,
+def pack(names: list[str], cwd: str, session_id: str, seen: Seen | None = None,
          cap: int = MAX_SESSION_CAP) -> Packed:
     """The named roots as one copy: files in walk order, a stream cut into chunks; a copy the
     rules of restore would refuse is refused here, before anything is uploaded, and one over the
     per-session `cap` (the coordinator's, as GetCarry said it) before more than `cap` bytes are read
-    (CARRY_TOO_LARGE). A root in `absent` is carried only if CMD created it (`_created`), and left
-    out otherwise."""
+    (CARRY_TOO_LARGE). Each root is reached through the directory holding it, never through a link
+    another user made or could swap (_holder); with `seen`, where the roots stood when CMD started,
+    one that is not where and what it was is refused, and one absent then carried only if CMD made
+    it (_Packing.root)."""
     packing = _Packing(pb.CarryManifest(session_id=session_id), cap)
     try:
         for name in names:
-            packing.root(name, cwd, absent)
+            packing.root(name, cwd, seen)
     except OSError as exc:
         # A file CMD removes while a checkpoint reads it: the owner catches ClientError only, so an
         # OSError here ended its checkpoints, or its release.
@@ -460,12 +519,12 @@ async def download(client: Client, grant: Grant) -> tuple[pb.CarryManifest, byte
 # --- a run's carried state: checked at its start, restored between commit and exec ----------------
 async def check_at_start(
     client: Client, session_id: str, paths: list[str], cwd: str
-) -> tuple[list[str], int, Absent]:
-    """The --carry roots as the manifest names them, the coordinator's per-session cap, and the
-    roots that exist neither here nor in the session's last copy (each with its directory, resolved
-    now: CMD may create the root there), checked before anything is asked of the session's owner:
-    each root's directory exists, and what this run would carry (the copy's roots restored, the
-    rest as they are here) fits the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
+) -> tuple[list[str], int, Seen]:
+    """The --carry roots as the manifest names them, the coordinator's per-session cap, and where
+    the roots not in the session's last copy stand now (measure), checked before anything is
+    asked of the session's owner: each root's directory exists, is reached through no link another
+    user made or could swap, and what this run would carry (the copy's roots restored, the rest as
+    they are here) fits the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
     try:
         names = list(dict.fromkeys(root_name(path) for path in paths))
     except CarryRefused as exc:
@@ -475,23 +534,16 @@ async def check_at_start(
     carried = await client.get_carry(session_id)
     in_copy = {path: size for path, _, size in root_sizes(carried.manifest)} if carried.found else {}
     names = as_the_copy_names(names, list(in_copy), cwd)
-    here = await asyncio.to_thread(local_size, [n for n in names if n not in in_copy], cwd)
-    absent: Absent = {}
-    for name in (n for n, size in here.items() if size is None):
-        directory = os.path.dirname(_where(name, cwd))
-        try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            st = os.fstat(fd)
-            os.close(fd)
-        except OSError as exc:
-            raise ClientError(
-                Reason.INVALID_ARGUMENT,
-                f"--carry {shown_root(name)}: no such file or directory here, nor in the session's copy, "
-                f"and its directory {shown_root(directory)} cannot be used ({exc.strerror}); create it "
-                "first. Nothing was asked of the session's owner",
-                session_id,
-            ) from None
-        absent[name] = (st.st_dev, st.st_ino)
+    here, seen = await asyncio.to_thread(measure, [n for n in names if n not in in_copy], cwd, session_id,
+                                         "nothing was asked of the session's owner")
+    for name in (n for n in here if n not in seen):
+        raise ClientError(
+            Reason.INVALID_ARGUMENT,
+            f"--carry {shown_root(name)}: no such file or directory here, nor in the session's copy, and "
+            f"its directory {shown_root(os.path.dirname(_where(name, cwd)))} cannot be used (it does not "
+            "exist, or is not a directory); create it first. Nothing was asked of the session's owner",
+            session_id,
+        )
     total = sum(in_copy.get(n, 0) for n in names) + sum(size or 0 for size in here.values())
     try:
         check_cap(total, carried.session_cap_bytes)
@@ -499,25 +551,37 @@ async def check_at_start(
         raise ClientError(
             Reason.CARRY_TOO_LARGE, f"{exc}; nothing was asked of the session's owner", session_id
         ) from None
-    return names, carried.session_cap_bytes, absent
+    return names, carried.session_cap_bytes, seen
 
 
-async def restore_before_exec(
-    client: Client, grant: Grant, names: list[str], cwd: str, cap: int, say: Callable[[str], None]
-) -> None:
+async def restore_before_exec(client: Client, grant: Grant, names: list[str], cwd: str, cap: int,
+                              say: Callable[[str], None], start: Seen) -> Seen:
     """Between commit and exec: the session's last copy of the named roots put in place, then what
-    CMD would start with checked against the cap once more (the copy may have changed since)."""
+    CMD would start with checked against the cap once more (the copy may have changed since), and
+    where each root stands now, which its uploads will require (pack). A root check_at_start saw
+    (`start`) must still be where it was — and, unless restored, what it was: nothing of this run
+    has changed it yet, so another was put there (CARRY_FAILED, CMD does not run)."""
+    session_id = grant.session_id
     found = await download(client, grant)
     if found is None:
-        say(f"no carried state for {grant.session_id} yet: CMD starts with "
-            f"{', '.join(map(shown_root, names))} as here")
+        say(f"no carried state for {session_id} yet: CMD starts with {', '.join(map(shown_root, names))} "
+            "as here")
     else:
         for line in await asyncio.to_thread(restore, *found, names, cwd):
             say(line)
-    sizes = await asyncio.to_thread(local_size, names, cwd)
+    restored = {root.path for root in found[0].roots} if found else set()
+    sizes, seen = await asyncio.to_thread(measure, names, cwd, session_id, "CMD did not run")
+    for name, place in seen.items():
+        first = start.get(name)
+        if first is not None and (first.directory, first.root) != (
+            place.directory, place.root if name not in restored else first.root
+        ):
+            raise failed(f"--carry {shown_root(name)}: it or its directory is not the one it was when the "
+                         "run started (another was put there); CMD did not run", session_id)
     for name in (n for n, size in sizes.items() if size is None):
         say(f"--carry {shown_root(name)}: neither here nor in the session's copy; CMD starts without it")
     try:
         check_cap(sum(size or 0 for size in sizes.values()), cap)
     except CarryRefused as exc:
-        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; CMD did not run", grant.session_id) from None
+        raise ClientError(Reason.CARRY_TOO_LARGE, f"{exc}; CMD did not run", session_id) from None
+    return seen

@@ -158,11 +158,11 @@ class Owner:
 
     def __init__(self, client: Client, spec: RunSpec, grant: Grant, gate: Gate, tree: Tree,
                  rundir: grantdir.RunDir, record: pb.SessionRecord, say: Say, terminal: int | None = None,
-                 carried: Sequence[str] = (), absent: carry.Absent | None = None, cap: int = 0) -> None:
+                 carried: Sequence[str] = (), seen: carry.Seen | None = None, cap: int = 0) -> None:
         self.client, self.spec, self.grant, self.gate, self.tree = client, spec, grant, gate, tree
         self.rundir, self.record, self.say, self.terminal = rundir, record, say, terminal
         self.carried = list(carried)  # --carry roots, as the manifest names them
-        self.absent = absent or {}  # those that existed nowhere at the start: carried if CMD made them
+        self.seen = seen or {}  # where each root stood when CMD started: its uploads require it there
         self.cap = cap  # the coordinator's per-session cap for them, as GetCarry said it at the start
         self.ended_by = ""   # "", "handoff" or "lost"
         self.carry_error: ClientError | None = None  # the last upload's failure, if it failed
@@ -170,7 +170,7 @@ class Owner:
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
-        carried: tuple[list[str], int, carry.Absent] = ([], 0, {})
+        carried: tuple[list[str], int, carry.Seen] = ([], 0, {})
         if spec.carry:
             from holdfast.client import carry  # packing and restoring: ~1.6 ms of a start without --carry
 
@@ -216,7 +216,7 @@ class Owner:
 
     @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
-                     carried: tuple[list[str], int, carry.Absent]) -> Owner:
+                     carried: tuple[list[str], int, carry.Seen]) -> Owner:
         rundir, held = grantdir.make()  # mode 0700, held open; a dead run's is removed by the next one
         grant_file = os.path.join(rundir.path, GRANT_FILE)
         secret = spawn_tokens.mint_spawn_secret()
@@ -254,11 +254,12 @@ class Owner:
             grant.write(held, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
-            names, cap, _ = carried
+            names, cap, seen = carried
             if names:
                 from holdfast.client import carry  # loaded by start already: names come from --carry
 
-                await carry.restore_before_exec(client, grant, names, spec.cwd or os.getcwd(), cap, say)
+                cwd = spec.cwd or os.getcwd()
+                seen = await carry.restore_before_exec(client, grant, names, cwd, cap, say, seen)
         except BaseException:
             if gate is not None:
                 gate.abort()
@@ -279,8 +280,7 @@ class Owner:
         if not owner.cgroup.path:
             say(f"no session cgroup on host {owner.host_id} ({owner.tree_proof_reason}): the tree's end "
                 "is proven by its spawn token alone, and a process that drops it is not found")
-        return cls(client, spec, grant, gate, tree, rundir, record, say, terminal, carried[0], carried[2],
-                   carried[1])
+        return cls(client, spec, grant, gate, tree, rundir, record, say, terminal, names, seen, cap)
 
     async def _watch(self) -> None:
         """Returns once the record asks this owner to end: a handoff request, or the fence lost. An
@@ -401,7 +401,7 @@ class Owner:
         cwd = self.spec.cwd or os.getcwd()
         try:
             packed = await asyncio.to_thread(carry.pack, self.carried, cwd, self.grant.session_id,
-                                             self.absent, self.cap)
+                                             self.seen, self.cap)
             for line in packed.skipped:
                 self.say(f"not carried: {line}")
             if not packed.manifest.roots:  # none existed at the start and CMD made none

@@ -9,8 +9,10 @@ segment or NUL), named once, and its parent is a directory entry declared before
 lies beneath a carried symlink; files and directories carry permission bits only; every symlink's
 target is relative and, resolved the way the kernel would resolve it in that very tree (each of
 the tree's own links followed, at most MAX_LINK_HOPS of them), never leaves the root. A component
-the tree does not hold is taken as a plain directory, as it would be if CMD later made one. No I/O
-here.
+the tree does not hold is taken as a plain directory, as it would be if CMD later made one.
+`moved_because` lets a root be uploaded only from the very directory (device and inode) that held
+it when the run started, and, where another user may change that directory or one above it, only
+as the very file or directory it was then. No I/O here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from holdfast.common.identifiers import HOST_ID
 from holdfast.common.link_rules import MAX_LINK_HOPS, LinkEnds
@@ -293,6 +296,34 @@ def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
             files[entry.root] += 1
             size[entry.root] += entry.size
     return [(root.path, files[i], size[i]) for i, root in enumerate(manifest.roots)]
+
+
+Identity = tuple[int, int]  # a file's (st_dev, st_ino)
+
+
+class Place(NamedTuple):
+    """Where a --carry root stood when CMD started: the directory holding it and the root itself
+    (None when it was absent), each by its Identity."""
+
+    directory: Identity
+    root: Identity | None
+
+
+def moved_because(start: Place, directory: Identity, root: Identity, swappable: str | None) -> str | None:
+    """Why the root found now (`root`, in `directory`) is not one a `run` may upload as the root it
+    started with (`start`); None when it may. Another directory at its directory's name is never
+    the run's: one other users may change above it lets them rename a directory of root's there, or
+    their own holding what they choose. A root that is another file or directory than at the start
+    is taken as CMD's own only when no other user may change its directory or one above it
+    (`swappable`: why one may, else None) — CMD replacing its file by a rename stays carried, where
+    another user renaming one of root's other entries to its name would have root's uploaded. A root
+    absent at the start is CMD's to create."""
+    if directory != start.directory:
+        return "its directory is not the one it was when the run started"
+    if start.root is None or root == start.root or swappable is None:
+        return None
+    return ("it is not the file or directory it was when the run started, and another user may change "
+            f"the directory holding it ({swappable}): they could have put it there")
 
 
 def shown_root(path: str) -> str:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from holdfast.coordinator import records
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration import unprivileged
 from tests.integration.coordinator_fixtures import Coordinator
-from tests.integration.run_fixtures import Cluster
+from tests.integration.run_fixtures import Cluster, until
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [
@@ -269,3 +270,105 @@ def test_a_copy_names_the_host_its_owner_was_attested_on_not_the_uploaders_claim
     run = cluster.run(b, sid, "--carry", "notes", cmd=["true"], cwd=home)
     assert run.wait(30) == 0, run.err()
     assert "from host host-a on release" in run.err() and "forged-host" not in run.err(), run.err()
+
+
+SECRET = b"ROOT-SECRET\n"
+NOTES = b"nobody's notes\n"
+NOBODY = unprivileged.NOBODY
+# What another user does to a root `run`'s carried root, or the path above it, while its CMD runs:
+# put a link to root's own directory in the place of the directory holding the root, or rename
+# there one of root's directories kept beside it (a rename within one directory needs no write on
+# the one moved), or rename one of root's kept beside the root to the root's own name.
+SWAPS = {
+    "a link": "mv {base}/sub {base}/sub.old && ln -s {vault} {base}/sub",
+    "another directory": "mv {base}/sub {base}/sub.old && mv {base}/vault {base}/sub",
+    "another root": "mv {base}/sub/data {base}/sub/data.old && mv {base}/sub/vault {base}/sub/data",
+}
+REFUSED = {
+    "a link": "is a link of uid 65534, neither yours nor root's: not followed",
+    "another directory": "its directory is not the one it was when the run started",
+    "another root": ("it is not the file or directory it was when the run started, and another user may "
+                     "change"),
+}
+
+
+def nobodys_tree(cluster: Cluster, tmp_path: Path) -> tuple[Path, Path]:
+    """`base/sub/data/a.txt`, all nobody's; and root's 0700 `vault/data/a.txt` holding the secret,
+    beside `sub` in `base` and in a root-only directory elsewhere, and `vault/a.txt` beside `data`
+    in `sub`: (base, the elsewhere vault)."""
+    base = unprivileged.shared_dir("holdfast-carry-swap-")
+    cluster.shared.append(base)
+    (base / "sub" / "data").mkdir(parents=True)
+    (base / "sub" / "data" / "a.txt").write_bytes(NOTES)
+    for path in (base, base / "sub", base / "sub" / "data", base / "sub" / "data" / "a.txt"):
+        os.chown(path, NOBODY, NOBODY)
+    os.chmod(base, 0o755)
+    elsewhere = tmp_path / "root-only"
+    for vault, below in ((base / "vault", "data"), (elsewhere, "data"), (base / "sub" / "vault", "")):
+        (vault / below).mkdir(parents=True)
+        (vault / below / "a.txt").write_bytes(SECRET)
+        os.chmod(vault, 0o700)
+    return base, elsewhere
+
+
+def swap_as_nobody(swap: str, base: Path, elsewhere: Path) -> None:
+    vault = elsewhere if swap == "a link" else base / "vault"
+    subprocess.run([*unprivileged.DROP, "sh", "-c", SWAPS[swap].format(base=base, vault=vault)], check=True)
+
+
+def shas(cluster: Cluster, sid: str) -> list[str]:
+    got = cluster.stub.GetCarry(pb.GetCarryRequest(session_id=sid), timeout=10)
+    return [e.sha256 for e in got.manifest.entries if e.kind == "file"] if got.found else []
+
+
+def waiting_cmd(tmp_path: Path) -> tuple[list[str], Path, Path]:
+    """CMD that says it runs (`up`), then waits until the test writes its FIFO."""
+    up, go = tmp_path / "up", tmp_path / "go"
+    os.mkfifo(go)
+    return ["sh", "-c", f"touch {up}; read line < {go}"], up, go
+
+
+@pytest.mark.parametrize("swap", sorted(SWAPS))
+def test_a_root_run_does_not_upload_what_another_user_put_above_its_root(
+    cluster: Cluster, tmp_path: Path, swap: str
+) -> None:
+    """Root carries nobody's `base/sub/data`; while CMD runs nobody puts root's own directory where
+    `sub` or `data` was. Packing followed the path: `run` said 'carried … (12 bytes)', root's secret, which
+    nobody then restored with a run of their own. The root is refused, nothing uploaded."""
+    a = cluster.host("host-a")
+    base, elsewhere = nobodys_tree(cluster, tmp_path)
+    cmd, up, go = waiting_cmd(tmp_path)
+    sid = "sess-carry-swapped-above"
+    run = cluster.run(a, sid, "--carry", str(base / "sub" / "data"), cmd=cmd, cwd=tmp_path)
+    until("CMD running", up.exists)
+    swap_as_nobody(swap, base, elsewhere)
+    go.write_text("go\n")
+    assert run.wait(30) == 0, run.err()
+    assert "carried state not uploaded (CARRY_FAILED)" in run.err(), run.err()
+    assert REFUSED[swap] in run.err(), run.err()
+    assert shas(cluster, sid) == [], "nothing was uploaded"
+
+
+def test_a_checkpoint_does_not_upload_what_another_user_put_above_its_root(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """--carry-every packs as the end does: a checkpoint after nobody's swap is refused, and the
+    session keeps the checkpoint taken before it."""
+    a = cluster.host("host-a")
+    base, elsewhere = nobodys_tree(cluster, tmp_path)
+    cmd, up, go = waiting_cmd(tmp_path)
+    sid = "sess-carry-swapped-checkpoint"
+    run = cluster.run(a, sid, "--carry", str(base / "sub" / "data"), "--carry-every", "0.2", cmd=cmd,
+                      cwd=tmp_path)
+    until("CMD running", up.exists)
+    notes, secret = hashlib.sha256(NOTES).hexdigest(), hashlib.sha256(SECRET).hexdigest()
+    until("a checkpoint of nobody's notes", lambda: shas(cluster, sid) == [notes])
+    swap_as_nobody("a link", base, elsewhere)
+    until("a checkpoint after the swap",
+          lambda: "carried state not uploaded" in run.err() or secret in shas(cluster, sid))
+    assert shas(cluster, sid) == [notes], "the checkpoint before the swap stands"
+    assert "carried state not uploaded (CARRY_FAILED)" in run.err(), run.err()
+    assert REFUSED["a link"] in run.err(), run.err()
+    go.write_text("go\n")
+    assert run.wait(30) == 0, run.err()
+    assert shas(cluster, sid) == [notes], "nor did the end upload root's secret"

@@ -24,12 +24,14 @@ from holdfast.common.carry_rules import (
     CHUNK_BYTES,
     MAX_ENTRIES,
     CarryRefused,
+    Place,
     check_cap,
     check_entry,
     check_manifest,
     check_tree,
     chunked,
     describe,
+    moved_because,
     root_name,
 )
 from holdfast.common.reasons import Reason
@@ -340,7 +342,7 @@ def test_a_deep_local_tree_is_measured_and_packed(deep_tmp: Path) -> None:
     """os.walk recurses once per level: a restored copy 1,100 levels deep (a valid one) made every
     later measure and pack of it raise RecursionError, so its owner could never upload again."""
     restore(deep_copy(DEEP, hashlib.sha256(b"x").hexdigest()), b"x", ["notes"], str(deep_tmp))
-    assert carry.local_size(["notes"], str(deep_tmp)) == {"notes": 1}
+    assert carry.measure(["notes"], str(deep_tmp), "sess-unit-deep", "")[0] == {"notes": 1}
     assert len(carry.pack(["notes"], str(deep_tmp), "sess-unit-deep").manifest.entries) == DEEP + 2
 
 
@@ -763,3 +765,35 @@ def test_names_from_a_copy_are_said_quoted_when_the_next_owner_packs(tmp_path: P
     assert len(skipped) == 2, skipped
     assert not any("\n" in line or "\x1b" in line for line in skipped), skipped
     assert all(line.startswith(repr(f"state/{name}/")[:-1]) for line in skipped), skipped
+
+
+def test_a_root_is_uploaded_only_from_where_and_as_what_the_run_started_with() -> None:
+    start = Place((1, 10), (1, 20))
+    assert moved_because(start, (1, 10), (1, 20), "shared") is None
+    assert moved_because(start, (1, 11), (1, 20), None) == (
+        "its directory is not the one it was when the run started")
+    # Another root where no other user may change its directory is CMD's own (a rename over it).
+    assert moved_because(start, (1, 10), (1, 21), None) is None
+    assert "another user may change the directory holding it (shared)" in str(
+        moved_because(start, (1, 10), (1, 21), "shared"))
+    assert moved_because(Place((1, 10), None), (1, 10), (1, 21), "shared") is None, "CMD made it"
+
+
+def test_pack_refuses_a_root_whose_directory_was_replaced_and_keeps_one_cmd_replaced(tmp_path: Path) -> None:
+    (tmp_path / "home" / "notes").mkdir(parents=True)
+    (tmp_path / "home" / "state.json").write_text("v1")
+    (tmp_path / "home" / "notes" / "a").write_text("a")
+    names = ["state.json", "notes"]
+    _, seen = carry.measure(names, str(tmp_path / "home"), "sess-unit-seen", "")
+    # CMD writes its file by a rename over it, in a directory no other user may change: carried.
+    (tmp_path / "home" / "state.json.new").write_text("v2")
+    os.rename(tmp_path / "home" / "state.json.new", tmp_path / "home" / "state.json")
+    packed = carry.pack(names, str(tmp_path / "home"), "sess-unit-seen", seen)
+    assert [r.path for r in packed.manifest.roots] == names and b"".join(packed.chunks) == b"v2a"
+    # Another directory put where the one holding the roots was: nothing of the copy is uploaded.
+    os.rename(tmp_path / "home", tmp_path / "home.old")
+    shutil.copytree(tmp_path / "home.old", tmp_path / "home")
+    with pytest.raises(ClientError, match=r"state\.json: its directory is not the one it was") as refused:
+        carry.pack(names, str(tmp_path / "home"), "sess-unit-seen", seen)
+    assert refused.value.reason == Reason.CARRY_FAILED
+    assert "the last good copy stands" in refused.value.message
