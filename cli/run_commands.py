@@ -191,9 +191,17 @@ def _grant_file(args: argparse.Namespace) -> Grant:
         raise ClientError(Reason.INVALID_ARGUMENT, "no grant: `put` and `handle` run inside `holdfast run` "
                           "(HOLDFAST_GRANT_FILE) or takes --grant-file")
     try:
-        return Grant.from_file(path)
+        grant = Grant.from_file(path)
     except (OSError, ValueError, TypeError) as exc:
         raise ClientError(Reason.INVALID_ARGUMENT, f"cannot read the grant file {path}: {exc}") from None
+    session = os.environ.get(env.SESSION)
+    if not args.grant_file and session and grant.session_id != session:
+        # Both were set by the same `run`: a grant of another session found at its path is not
+        # this CMD's (its directory replaced meanwhile), and would write as that session's owner.
+        raise ClientError(Reason.INVALID_ARGUMENT, f"the grant file {path} ($HOLDFAST_GRANT_FILE) holds a "
+                          f"grant of session {grant.session_id!r}, but this CMD runs for session {session!r} "
+                          "($HOLDFAST_SESSION); nothing was written")
+    return grant
 
 
 async def _put(args: argparse.Namespace, client: Client) -> int:

@@ -16,11 +16,11 @@ import contextlib
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from holdfast.client import grantdir
 from holdfast.client.connection import OWNED, Client
 from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
@@ -131,7 +131,7 @@ def _takeover_dirs() -> list[Path]:
     """Where a takeover's operation id is kept: the user's state home, else a private temp dir."""
     state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return [Path(state_home) / "holdfast" / "takeovers",
-            Path(tempfile.gettempdir()) / f"holdfast-{os.getuid()}" / "takeovers"]
+            Path(grantdir.temp_dir()) / f"holdfast-{os.getuid()}" / "takeovers"]
 
 
 def held_hint(spec: RunSpec) -> str:

@@ -2,8 +2,9 @@
 that minted it.
 
 Guarantee: the secret is never printed (not in repr, not in logs); the grant file is mode 0600 and
-created exclusively, in a directory held open, never through a link; a grant answered by another
-holdfast cluster is refused (WRONG_CLUSTER) before anything is done with the answer.
+created exclusively, in a directory held open, never through a link, and read through no link
+another user made or may swap (`from_file`); a grant answered by another holdfast cluster is
+refused (WRONG_CLUSTER) before anything is done with the answer.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from holdfast.client.errors import ClientError
+from holdfast.common import files
 from holdfast.common.reasons import Reason
 
 GRANT_FILE = "grant.json"
@@ -43,8 +45,17 @@ class Grant:
         Raises ValueError unless the file is a regular file of this user's alone, as `run` writes
         it: where another user may rename in the temp directory, they can put a directory of theirs
         where the grant directory was, and the grant in it would send CMD's writes, data and all, to
-        the coordinator it names. Opened without waiting: a FIFO put there is refused, not read."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        the coordinator it names. Its directory is reached as any a user names (files.open_user_dir:
+        a link on the way followed only when this user or root made it where no other user may
+        swap it) and the file opened in it O_NOFOLLOW: another user's link, at the file or on the
+        way, would otherwise lead CMD to another run's grant — this user's own, 0600, accepted.
+        Opened without waiting: a FIFO put there is refused, not read."""
+        directory, _ = files.open_user_dir(os.path.dirname(os.fspath(path)) or ".")
+        try:
+            fd = os.open(os.path.basename(os.fspath(path)), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=directory)
+        finally:
+            os.close(directory)
         with os.fdopen(fd, "rb") as file:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:

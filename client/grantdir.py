@@ -2,23 +2,31 @@
 for the run's process (its pid namespace, pid and start ticks), so that a later run can tell the
 leftovers of a dead one — a run killed -9 cannot remove its own — and remove them.
 
-Guarantee: a directory is removed only when it is this user's, was named in this process's own pid
-namespace, and the process it names is provably not running: its pid is absent, or held by a
-process that started at other ticks. Never a live run's (its CMD reads the grant file from it),
-never one whose process cannot be read, never another namespace's (a simulated host or a
-container sharing the temp directory numbers its pids otherwise). Directories are made in the
-temp directory itself when no other user can rename or replace what is in it (sticky, or written
-by its owner alone, that owner root or this user); else in a 0700 directory of this user's inside
-it (`holdfast-<uid>`: an emptyDir a pod mounts at /tmp is 0777 without the sticky bit). Each is
-made and opened through a descriptor held on that directory, never by a path another user could
-make lead elsewhere, and the grant file is created through the run directory's own descriptor.
-The descriptor on the directory a run's was made in is held to the run's end, and the run's is
-removed by its name through it: never a same-named directory where a link put in place of
-`holdfast-<uid>` meanwhile leads.
+Guarantee: the temp directory (TMPDIR, else /tmp) is opened before anything is asked of the
+coordinator as any directory a user names is (files.open_user_dir): a link on the way is followed
+only when it is this user's or root's and no directory holding it or above may another user
+change, so a link another user planted, at TMPDIR or anywhere on its way, never chooses where a
+run's directory goes. It is refused (INVALID_ARGUMENT, nothing made, no grant asked for) when a
+directory above it may be changed by another user (files.check_ancestors). Directories are made in
+it when it may not be either (sticky, or written by its owner alone, that owner root or this
+user); else in a 0700 directory of this user's inside it (`holdfast-<uid>`: an emptyDir a pod
+mounts at /tmp is 0777 without the sticky bit), refused before the grant when one is there that is
+not this user's alone. Nothing is made, nor any dead run's directory removed, until the run is
+granted: a refused run changes nothing there. Each directory is made and opened through a
+descriptor held on the one it is made in, never by a path another user could make lead
+elsewhere, and the grant file is created through the run directory's own descriptor. CMD is
+given the grant file's path through no link (read back from the descriptor), and the run's own
+directory is removed by its name through the descriptor held on the directory it was made in:
+never a same-named directory where a link put in place of `holdfast-<uid>` meanwhile leads.
+A directory is removed as a dead run's only when it is this user's, was named in this process's
+own pid namespace, and the process it names is provably not running: its pid is absent, or held
+by a process that started at other ticks. Never a live run's (its CMD reads the grant file from
+it), never one whose process cannot be read, never another namespace's (a simulated host or a
+container sharing the temp directory numbers its pids otherwise).
 Not guaranteed where another user may rename in the temp directory: that CMD, reading the grant
-file by its path, finds this run's — another user can put a directory of theirs in its place, and
-`Grant.from_file` then refuses what it finds (not this user's), so CMD reads no grant rather than
-theirs.
+file by its path, finds this run's — another user can rename `holdfast-<uid>` away and put a
+directory of theirs in its place; `Grant.from_file` follows no link they made there and refuses
+a file not this user's alone, so CMD reads no grant rather than theirs, or another run's.
 """
 
 from __future__ import annotations
@@ -86,10 +94,101 @@ class RunDir:
         os.close(self.root)
 
 
-def make() -> tuple[RunDir, int]:
-    """A new 0700 directory for this run's grant file, after removing those of dead runs; and a
-    descriptor on it, held from its making, in which the grant file is created (Grant.write)."""
-    root, root_fd = _root()
+@dataclass(frozen=True)
+class Place:
+    """Where a run's grant directory will be made, chosen and checked before anything is asked:
+    `fd`, a descriptor on the temp directory, and `path`, its path read back from that descriptor
+    (through no link); `private`: made in this user's `holdfast-<uid>` there, not in it itself."""
+
+    path: str
+    fd: int
+    private: bool
+
+    @property
+    def made_in(self) -> str:
+        return os.path.join(self.path, _private_name()) if self.private else self.path
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def temp_dir() -> str:
+    """The temp directory as `tempfile` names it (tempfile.tempdir when set, else TMPDIR, TEMP or
+    TMP, else /tmp), without `tempfile.gettempdir`'s probe: it writes a file there first, following
+    every link on the way."""
+    named = tempfile.tempdir or next((os.environ[name] for name in ("TMPDIR", "TEMP", "TMP")
+                                      if os.environ.get(name)), "/tmp")
+    return os.fspath(named)
+
+
+def _private_name() -> str:
+    return f"holdfast-{os.geteuid()}"
+
+
+def place() -> Place:
+    """The temp directory, opened as a directory a user named (files.open_user_dir: a link on the
+    way followed only when it is this user's or root's and no directory above it may another user
+    change), refused (ClientError INVALID_ARGUMENT, nothing made) when a directory above it may be
+    changed by another user (files.check_ancestors); grant directories are made in it when it may
+    not be either, else in this user's `holdfast-<uid>` in it, refused now when one is there that
+    is not this user's alone. Nothing is made: `make`, once granted, makes them."""
+    named = temp_dir()
+    try:
+        fd, _ = files.open_user_dir(named)
+    except OSError as exc:
+        raise _refused(named, named, exc) from None
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        above = os.open("..", files.OPEN_DIR, dir_fd=fd)
+        try:
+            files.check_ancestors(above, os.path.dirname(path))
+        finally:
+            os.close(above)
+        try:
+            files.check_ancestors(fd, path)  # the temp directory itself: all above it passed
+            return Place(path, fd, private=False)
+        except files.Swappable as exc:
+            if exc.filename != path:
+                raise  # a directory above it, changed since it was judged
+            # Others may rename in it: the run's go in a directory of this user's there.
+        private = os.path.join(path, _private_name())
+        try:
+            os.close(files.open_own_dir(fd, _private_name()))
+        except FileNotFoundError:
+            pass  # made once granted
+        except OSError as exc:
+            raise _refused(named, private, exc) from None
+        return Place(path, fd, private=True)
+    except OSError as exc:
+        os.close(fd)
+        raise _refused(named, exc.filename or named, exc) from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _refused(named: str, where: str, exc: OSError) -> ClientError:
+    return ClientError(Reason.INVALID_ARGUMENT, f"{where} is not a directory this run may use: "
+                       f"{exc.strerror}; nothing was made, nor a grant asked for. The grant file is kept "
+                       f"in the temp directory ({named}: TMPDIR, else /tmp), which must be reached through "
+                       "no link another user made or may swap, with no directory above it that another "
+                       "user may change. Next: set TMPDIR to such a directory (or unset it: /tmp), or "
+                       "remove what another user put there")
+
+
+def make(where: Place) -> tuple[RunDir, int]:
+    """Once granted: a new 0700 directory for this run's grant file where `where` says (making
+    `holdfast-<uid>` if it is missing), after removing those of dead runs there; and a descriptor
+    on it, held from its making, in which the grant file is created (Grant.write). `where` stays
+    the caller's to close. Nothing is made or removed before the grant: a refused run changes
+    nothing in the temp directory."""
+    root = where.made_in
+    if where.private:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(_private_name(), 0o700, dir_fd=where.fd)
+        root_fd = _open_own(where.fd, _private_name(), root)
+    else:
+        root_fd = os.dup(where.fd)
     try:
         namespace = _pid_namespace()
         try:
@@ -115,27 +214,24 @@ def _open_own(parent: int, name: str, shown: str) -> int:
     except OSError as exc:
         raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not a directory this run may use: "
                           f"{exc.strerror}; another user may have made or replaced it: remove it, or set "
-                          "TMPDIR to a directory only you may write; nothing was asked of the "
-                          "coordinator") from None
+                          "TMPDIR to a directory only you may write") from None
 
 
-def _root() -> tuple[str, int]:
-    """The directory grant directories are made in, and a descriptor on it: the temp directory when
-    no other user may rename or replace what is in it, else this user's own `holdfast-<uid>` in it."""
-    base = tempfile.gettempdir()
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    st = os.fstat(fd)
-    others_rename = st.st_uid not in (0, os.getuid(), os.geteuid()) or (
-        st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)
-    if not others_rename:
-        return base, fd
-    private = f"holdfast-{os.geteuid()}"
+def _existing() -> tuple[str, int] | None:
+    """Where this user's grant directories are, and a descriptor on it; None when there is none
+    yet, or the temp directory is refused (place)."""
     try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(private, 0o700, dir_fd=fd)
-        return os.path.join(base, private), _open_own(fd, private, os.path.join(base, private))
+        where = place()
+    except ClientError:
+        return None
+    try:
+        if not where.private:
+            return where.path, os.dup(where.fd)
+        return where.made_in, files.open_own_dir(where.fd, _private_name())
+    except OSError:
+        return None
     finally:
-        os.close(fd)
+        where.close()
 
 
 def sweep(directory: str | None = None) -> list[str]:
@@ -155,11 +251,16 @@ def sweep_ended(namespace: int, ended_at_ticks: int, directory: str | None = Non
 
 
 def _sweep_in(directory: str | None, namespace: int, dead: Callable[[int, int], bool]) -> list[str]:
-    try:
-        root, fd = (directory, os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) \
-            if directory else _root()
-    except (OSError, ClientError):
-        return []
+    if directory is None:
+        found = _existing()
+        if found is None:
+            return []
+        root, fd = found
+    else:
+        try:
+            root, fd = directory, os.open(directory, files.OPEN_DIR)
+        except OSError:
+            return []
     try:
         return [os.path.join(root, name) for name in _sweep(fd, namespace, dead)]
     finally:

@@ -65,12 +65,13 @@ def resume_of(record: pb.SessionRecord) -> dict[str, object]:
                                       for link in record.provider_handle_chain]}
 
 
-def spawn_environment(session_id: str, coordinator: str, token_env: str, token: str, grant_file: str,
+def spawn_environment(session_id: str, coordinator: str, token_env: str, token: str,
                       base: dict[str, str] | None = None, tls_dir: Path | None = None,
                       guarded: Sequence[str] = ()) -> dict[str, str]:
-    """CMD's environment as far as it is known before the grant: the token, the session, where the
-    grant file will be, the guarded stores (one URL a line). What only the grant tells is set
-    empty, so a value inherited from an enclosing run never leaks into this one."""
+    """CMD's environment as far as it is known before the grant: the token, the session, the
+    guarded stores (one URL a line). What only the grant tells — the grant file's path too: its
+    directory is made once granted — is set empty, so a value inherited from an enclosing run
+    never leaks into this one."""
     env = dict(os.environ if base is None else base)
     env["PATH"] = cli_on_path(env.get("PATH", os.defpath))
     if tls_dir is not None:
@@ -79,18 +80,19 @@ def spawn_environment(session_id: str, coordinator: str, token_env: str, token: 
         token_env: token,
         cmd_env.SESSION: session_id,
         cmd_env.COORDINATOR: coordinator,
-        cmd_env.GRANT_FILE: grant_file,
         cmd_env.GUARDS: "\n".join(guarded),
         **grant_environment(None, None),
     })
     return env
 
 
-def grant_environment(grant: Grant | None, record: pb.SessionRecord | None) -> dict[str, str]:
-    """What CMD's environment takes from its grant: the fence, and the provider's newest handle to
-    resume (empty when there is none)."""
+def grant_environment(grant: Grant | None, record: pb.SessionRecord | None,
+                      grant_file: str = "") -> dict[str, str]:
+    """What CMD's environment takes from its grant: the fence, where the grant file is, and the
+    provider's newest handle to resume (empty when there is none)."""
     return {
         cmd_env.FENCE: str(grant.fence) if grant is not None else "",
+        cmd_env.GRANT_FILE: grant_file,
         cmd_env.PROVIDER: record.provider if record is not None else "",
         cmd_env.PROVIDER_HANDLE: record.provider_handle_chain[-1].handle
         if record is not None and record.provider_handle_chain else "",
@@ -177,7 +179,12 @@ class Owner:
             carried = await carry.check_at_start(client, spec.session_id, spec.carry, spec.cwd or os.getcwd())
         guards = await open_guards(spec.guards)  # likewise: an unreachable store asks nothing of anyone
         try:
-            return await cls._start(client, spec, say, guards, carried)
+            # Likewise a temp directory the grant file may not be kept in: refused before any grant.
+            where = grantdir.place()
+            try:
+                return await cls._start(client, spec, say, guards, carried, where)
+            finally:
+                where.close()
         finally:
             for guard in guards:
                 with contextlib.suppress(Exception):
@@ -216,9 +223,9 @@ class Owner:
 
     @classmethod
     async def _start(cls, client: Client, spec: RunSpec, say: Say, guards: list[Guard],
-                     carried: tuple[list[str], int, carry.Seen]) -> Owner:
-        rundir, held = grantdir.make()  # mode 0700, held open; a dead run's is removed by the next one
-        grant_file = os.path.join(rundir.path, GRANT_FILE)
+                     carried: tuple[list[str], int, carry.Seen], where: grantdir.Place) -> Owner:
+        rundir: grantdir.RunDir | None = None
+        held = -1
         secret = spawn_tokens.mint_spawn_secret()
         token, token_env = spawn_tokens.spawn_token_for(secret), spawn_tokens.expected_variable()
         guarded = [guard.url for guard in guards]
@@ -226,7 +233,7 @@ class Owner:
         grant: Grant | None = None
 
         def spawn(variable: str, value: str) -> Gate:
-            env = spawn_environment(spec.session_id, client.address, variable, value, grant_file,
+            env = spawn_environment(spec.session_id, client.address, variable, value,
                                     tls_dir=client.tls_dir, guarded=guarded)
             return Gate(spec.argv, env, cwd=spec.cwd, process_group=0, env_at_release=True)
 
@@ -251,6 +258,9 @@ class Owner:
                     await asyncio.to_thread(gate.process.wait)
                     gate = spawn(grant.spawn_token_env, grant.spawn_token)
                 record = await client.commit(grant, gate.pid, gate.is_process)
+            # Made only once granted (mode 0700, held open; a dead run's is removed by the next one):
+            # a refused run makes nothing and removes nothing.
+            rundir, held = grantdir.make(where)
             grant.write(held, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
@@ -267,13 +277,15 @@ class Owner:
             if grant is not None:
                 with contextlib.suppress(ClientError):
                     await client.release(grant)  # its gate ended unrun: lets the next caller in at once
-            rundir.remove()
+            if rundir is not None:
+                rundir.remove()
             raise
         finally:
-            os.close(held)
+            if held >= 0:
+                os.close(held)
         tree = Tree.of_gate(grant.spawn_token_env, grant.spawn_token, gate.pid)  # before CMD can move
         terminal = hand_terminal(gate.pid)
-        gate.release(grant_environment(grant, granted))
+        gate.release(grant_environment(grant, granted, os.path.join(rundir.path, GRANT_FILE)))
         owner = record.lease.owner
         say(f"session {grant.session_id} fence {grant.fence}: running on host {owner.host_id} "
             f"as pid {owner.pid}")

@@ -10,7 +10,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import grpc
 import pytest
 
 from holdfast.client import grantdir
@@ -19,9 +18,8 @@ from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.common.reasons import Reason
 from holdfast.proc.environ import read_proc_file
 from holdfast.proc.procstat import parse_stat
-from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration import unprivileged
-from tests.integration.run_fixtures import Cluster, until
+from tests.integration.run_fixtures import Cluster
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 
@@ -30,6 +28,15 @@ NAMESPACE = os.stat("/proc/self/ns/pid").st_ino
 
 def ticks(pid: int) -> int:
     return parse_stat(read_proc_file(f"/proc/{pid}/stat")).start_ticks
+
+
+def make_run_dir() -> tuple[grantdir.RunDir, int]:
+    """A run's grant directory, as `run` makes it once granted, where `place` (before) chose."""
+    where = grantdir.place()
+    try:
+        return grantdir.make(where)
+    finally:
+        where.close()
 
 
 def named(base: Path, pid: int, start: int, namespace: int = NAMESPACE) -> Path:
@@ -73,7 +80,7 @@ def test_another_users_directory_is_never_swept(tmp_path: Path) -> None:
 def test_a_run_names_its_directory_so_that_it_survives_sweeps_while_it_lives(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    rundir, held = grantdir.make()
+    rundir, held = make_run_dir()
     os.close(held)
     os.close(rundir.root)
     made = Path(rundir.path)
@@ -92,7 +99,7 @@ def test_the_grant_file_is_never_written_through_a_link_in_tmpdir(
     os.chmod(shared, 0o1777)
     elsewhere.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    rundir, held = grantdir.make()
+    rundir, held = make_run_dir()
     path = rundir.path
     try:
         os.rename(path, f"{path}.moved")
@@ -115,7 +122,7 @@ def test_in_a_tmpdir_others_may_rename_in_grant_dirs_are_made_in_a_directory_of_
     shared.mkdir()
     os.chmod(shared, mode)
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
-    rundir, held = grantdir.make()
+    rundir, held = make_run_dir()
     os.close(held)
     os.close(rundir.root)
     private = shared / f"holdfast-{os.geteuid()}"
@@ -138,7 +145,7 @@ def test_a_directory_another_user_put_where_this_users_goes_is_refused(
     os.chown(theirs, 65534, 65534)
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
     with pytest.raises(ClientError) as refused:
-        grantdir.make()
+        make_run_dir()
     assert refused.value.reason == Reason.INVALID_ARGUMENT
     assert f"{theirs} is not a directory this run may use: not this user's alone (owner uid 65534" \
         in refused.value.message
@@ -158,7 +165,7 @@ def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, priv
         os.chown(tmp, owner, owner)
         os.chmod(tmp, mode)
         python, extra = unprivileged.interpreter()
-        probe = "from holdfast.client import grantdir\nprint(grantdir.make()[0].path)"
+        probe = "from holdfast.client import grantdir\nprint(grantdir.make(grantdir.place())[0].path)"
         done = subprocess.run([*unprivileged.DROP, python, "-c", probe], capture_output=True, text=True,
                               env={**os.environ, **extra, "TMPDIR": str(tmp)}, cwd="/")
         assert done.returncode == 0, done.stderr
@@ -193,6 +200,7 @@ def test_a_run_removes_its_grant_dir_where_it_made_it_never_where_a_link_put_mea
     remove it wherever it was; an unprivileged one wherever it may write)."""
     shared = unprivileged.shared_dir("holdfast-grantdirs-")  # nobody's run must reach it too
     cluster.shared.append(shared)
+    os.chmod(shared, 0o755)  # above TMPDIR: one others may change is refused
     tmpdir, theirs = shared / "tmp", shared / "theirs"
     for made in (tmpdir, theirs):
         made.mkdir()
@@ -236,29 +244,24 @@ def test_an_ended_namespace_loses_the_dirs_of_runs_started_before_its_end(tmp_pa
 @pytest.mark.root
 def test_a_stopped_simulated_host_leaves_no_grant_dir_of_a_run_killed_inside(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A `run` killed (SIGKILL: a SIGTERM it handles, and removes its directory) while it waits for
-    # its grant leaves its directory for the next run of its pid namespace to sweep; a simulated
-    # host's namespace has no next run once stopped.
+    # A `run` killed (SIGKILL: a SIGTERM it handles, and removes its directory) while CMD runs
+    # leaves its directory for the next run of its pid namespace to sweep; a simulated host's
+    # namespace has no next run once stopped.
     monkeypatch.setattr(tempfile, "tempdir", str(cluster.tmp))  # where this cluster's runs keep theirs
     host, sid = cluster.host("host-grantdirs"), "sess-grantdirs-1"
-    owner = cluster.run(host, sid, cmd=["sleep", "600"])
-
-    def live() -> bool:
-        try:
-            return cluster.record(sid).record.lease.claim_status == pb.LIVE
-        except grpc.RpcError:  # no record yet
-            return False
-
-    until("the owner live", live)
-    waiter = cluster.run(host, sid, "--wait", "60")
+    said = cluster.tmp / "said"
+    os.mkfifo(said)
+    tell = 'echo "$HOLDFAST_GRANT_FILE" > "$1"; exec sleep 600'
+    owner = cluster.run(host, sid, cmd=["sh", "-c", tell, "sh", str(said)])
+    with open(said) as f:  # CMD runs: the grant directory is made and in use
+        grant_file = Path(f.read().strip())
 
     def grant_dirs() -> list[Path]:
         return sorted(cluster.tmp.glob(f"{grantdir.PREFIX}*"))
 
-    until("the waiter's grant directory", lambda: len(grant_dirs()) == 2)
-    os.kill(waiter.run_pid, signal.SIGKILL)
-    waiter.wait()
-    assert len(grant_dirs()) == 2, "a SIGKILL's death leaves the waiter's directory"
-    host.stop()
+    assert grant_dirs() == [grant_file.parent]
+    os.kill(owner.run_pid, signal.SIGKILL)
     owner.wait()
+    assert grant_dirs() == [grant_file.parent], "a SIGKILL's death leaves the run's directory"
+    host.stop()
     assert grant_dirs() == []

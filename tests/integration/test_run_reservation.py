@@ -59,7 +59,7 @@ async def main():
     async with Client() as client:
         grant, _ = await client.acquire(session, os.urandom(16).hex())
         env = {**spawn_environment(grant.session_id, grant.coordinator, grant.spawn_token_env,
-                                   grant.spawn_token, "/nonexistent"), **grant_environment(grant, None)}
+                                   grant.spawn_token), **grant_environment(grant, None, "/nonexistent")}
         gate = Gate(["touch", marker], env)
         print(json.dumps({"fence": grant.fence}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)

@@ -50,8 +50,8 @@ def child_environment(grant: Grant, grant_file: str, base: dict[str, str],
                       record: pb.SessionRecord | None = None) -> dict[str, str]:
     """CMD's whole environment once granted: what `run` sets before the grant, then the grant's."""
     return {**spawn_environment(grant.session_id, grant.coordinator, grant.spawn_token_env, grant.spawn_token,
-                                grant_file, base),
-            **grant_environment(grant, record)}
+                                base),
+            **grant_environment(grant, record, grant_file)}
 
 
 def test_child_environment_of_design_section_5() -> None:

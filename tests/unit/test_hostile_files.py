@@ -21,6 +21,7 @@ import pytest
 
 from holdfast.client import acquire, carry, carry_restore
 from holdfast.client.errors import ClientError
+from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.common import files
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -422,3 +423,26 @@ def test_enrolled_credentials_are_written_through_no_link_of_another_user(tmp_pa
     made = tmp_path / "mine" / "agent-tls"
     assert enroll.write(made, "node-1", creds) == made / "agent-node-1.pem"
     assert stat.S_IMODE(made.stat().st_mode) == 0o700 and (made / "agent-node-1.key").read_bytes() == b"KEY"
+
+
+@as_root
+def test_a_grant_file_is_read_through_no_link_of_another_user(tmp_path: Path) -> None:
+    """CMD reads its grant file by its path: another user's link on the way, or one at the file,
+    led it to another run's grant directory, where root's own 0600 file passed — and CMD wrote as
+    that session's owner."""
+    other = tmp_path / "other-run"
+    other.mkdir(mode=0o700)
+    held = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        Grant("sess-hostile-other", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1").write(held)
+    finally:
+        os.close(held)
+    home = another_users_home(tmp_path, {"run": other})
+    with pytest.raises(files.UntrustedLink, match="is a link of uid 65534"):
+        Grant.from_file(home / "run" / GRANT_FILE)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / GRANT_FILE).symlink_to(other / GRANT_FILE)
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):  # O_NOFOLLOW, whoever's
+        Grant.from_file(mine / GRANT_FILE)
+    assert Grant.from_file(other / GRANT_FILE).session_id == "sess-hostile-other"

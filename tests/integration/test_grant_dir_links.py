@@ -1,0 +1,136 @@
+"""A run's grant file against links and directories another user controls, and the run's refusals
+writing nothing: root runs `holdfast run`, nobody (a real process, setpriv) plants what it may.
+The temp directory is reached through no link another user made, refused before anything is
+asked when it cannot be; CMD gets its grant file by a path through no link; the grant directory is
+made, and dead runs' swept, only once granted; `put` takes no other session's grant from its
+environment."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from holdfast.client import grantdir
+from holdfast.client.grant import Grant
+from tests.integration import unprivileged
+from tests.integration.run_fixtures import Cluster
+
+pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
+
+NOWHERE = "127.0.0.1:9"  # nothing listens: a command that asks anything fails UNAVAILABLE (69)
+
+
+def as_nobody(script: str, *args: str) -> None:
+    subprocess.run([*unprivileged.DROP, "sh", "-c", script, "sh", *args], check=True, cwd="/")
+
+
+def cli(*argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """`holdfast ARGV` in an environment of no enclosing run's, with `extra` set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOLDFAST_")}
+    return subprocess.run([sys.executable, "-m", "holdfast.cli", *argv], capture_output=True, text=True,
+                          env={**env, "HOLDFAST_COORDINATOR": NOWHERE, **extra}, timeout=60)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("planted", ["their home's link to /tmp", "their link in /tmp to root's directory"])
+def test_a_tmpdir_through_another_users_link_is_refused_before_anything_is_asked(
+        cluster: Cluster, tmp_path: Path, planted: str) -> None:
+    """Through their link the run made its grant directory where they chose, and told CMD a path
+    through it, which they could later point at another session's grant directory (then CMD wrote
+    as that session's owner: two writers)."""
+    theirs = Path(f"/tmp/holdfast-rvw-{os.urandom(6).hex()}")
+    rootonly = tmp_path / "rootonly"
+    rootonly.mkdir(mode=0o700)
+    if planted.startswith("their home"):
+        as_nobody('mkdir -m 755 "$1" && ln -s /tmp "$1/tmp"', str(theirs))
+        tmpdir = theirs / "tmp"
+    else:
+        as_nobody('ln -s "$2" "$1"', str(theirs), str(rootonly))
+        tmpdir = theirs
+    try:
+        sid = "sess-grantdir-linked"
+        host = cluster.host("host-grantdir-linked")
+        run = cluster.run(host, sid, cmd=["true"], env={"TMPDIR": str(tmpdir)})
+        assert run.wait() == 2, run.err()
+        assert "nothing was made, nor a grant asked for" in run.err() and "set TMPDIR" in run.err()
+        with pytest.raises(grpc.RpcError) as unknown:
+            cluster.record(sid)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert os.listdir(rootonly) == []
+    finally:
+        if theirs.is_symlink():
+            theirs.unlink()
+        else:
+            shutil.rmtree(theirs)
+
+
+@pytest.mark.root
+def test_cmd_is_given_its_grant_file_by_a_path_through_no_link(cluster: Cluster, tmp_path: Path) -> None:
+    """A link of root's own in root's directory is followed; CMD is told the path it led to, which
+    no one else can make lead elsewhere later, and writes with the grant found there."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "via").symlink_to(real)
+    check = 'case "$HOLDFAST_GRANT_FILE" in "$1"/holdfast-run-*/grant.json) shift; exec "$@";; esac; exit 9'
+    put = [sys.executable, "-m", "holdfast.cli", "put", "where", "real"]
+    run = cluster.run(cluster.host("host-grantdir-real"), "sess-grantdir-real",
+                      cmd=["sh", "-c", check, "sh", str(real), *put], env={"TMPDIR": str(tmp_path / "via")})
+    assert run.wait() == 0, run.err()
+
+
+@pytest.mark.root
+def test_a_refused_run_makes_nothing_and_sweeps_nothing_in_its_tmpdir(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """In a TMPDIR others may rename in (0777, no sticky bit) a run keeps its grant directory in
+    `holdfast-0`, which a refused run made and left; and it removed dead runs' directories."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    host, sid, said = cluster.host("host-grantdir-refused"), "sess-grantdir-refused", tmp_path / "said"
+    os.mkfifo(said)
+    owner = cluster.run(host, sid, cmd=["sh", "-c", 'echo up > "$1"; exec sleep 600', "sh", str(said)])
+    with open(said) as f:  # the session is held
+        f.read()
+    refused = cluster.run(host, sid, cmd=["true"], env={"TMPDIR": str(shared)})
+    assert refused.wait() == 75, refused.err()
+    assert os.listdir(shared) == []
+    private = shared / "holdfast-0"
+    private.mkdir(mode=0o700)
+    namespace = os.stat(f"/proc/{owner.run_pid}/ns/pid").st_ino  # the simulated host's: its runs' names
+    dead = private / f"{grantdir.PREFIX}{namespace}-999999-1-x"  # its pid is no process's
+    dead.mkdir(mode=0o700)
+    refused = cluster.run(host, sid, cmd=["true"], env={"TMPDIR": str(shared)})
+    assert refused.wait() == 75, refused.err()
+    assert os.listdir(private) == [dead.name]
+    granted = cluster.run(host, "sess-grantdir-granted", cmd=["true"], env={"TMPDIR": str(shared)})
+    assert granted.wait() == 0, granted.err()
+    assert os.listdir(private) == [], "once granted, a run sweeps what the refused ones left alone"
+
+
+def test_put_takes_no_other_sessions_grant_from_its_environment(tmp_path: Path) -> None:
+    """HOLDFAST_GRANT_FILE and HOLDFAST_SESSION are set by the same `run`: a grant of another
+    session found at that path (its directory replaced meanwhile) is not this CMD's. A grant file
+    named with --grant-file is the caller's own choice, and is used."""
+    directory = tmp_path / "grant"
+    directory.mkdir(mode=0o700)
+    held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        Grant("sess-grantdir-other", 3, "secret", "token", "HOLDFAST_SPAWN_TOKEN", NOWHERE).write(held)
+    finally:
+        os.close(held)
+    path = str(directory / "grant.json")
+    mine = {"HOLDFAST_GRANT_FILE": path, "HOLDFAST_SESSION": "sess-grantdir-mine"}
+    done = cli("put", "k", "v", **mine)
+    assert done.returncode == 2, done.stderr
+    assert "grant of session 'sess-grantdir-other', but this CMD runs for session 'sess-grantdir-mine'" \
+        in done.stderr
+    asked = cli("put", "--grant-file", path, "k", "v", **mine)
+    assert asked.returncode == 69, asked.stderr  # asked: nothing listens there
+    assert cli("put", "k", "v", HOLDFAST_GRANT_FILE=path).returncode == 69  # no session said: asked too
+
