@@ -44,8 +44,17 @@ def coordinator_address(explicit: str | None = None) -> str:
 
 
 def local_host_id(explicit: str | None = None) -> str:
-    """The id this host's agent registered under (`holdfast exec --host N` sets HOLDFAST_HOST_ID)."""
-    return explicit or os.environ.get(env.HOST_ID) or os.uname().nodename
+    """The id this host's agent registered under (`holdfast exec --host N` sets HOLDFAST_HOST_ID),
+    checked where it is read: refused INVALID_ARGUMENT unless it is a host id (letters, digits,
+    '.', '_', '-'), before anything is made with it — a takeover names the file keeping its
+    operation id for it, and one with a '/' failed only after making that file's directory."""
+    source, host_id = next(((said, value) for said, value in (
+        ("--host-id", explicit), (env.HOST_ID, os.environ.get(env.HOST_ID))) if value),
+        ("the node name", os.uname().nodename))
+    try:
+        return identifiers.check_host_id(host_id)
+    except identifiers.InvalidInput as exc:
+        raise ClientError(Reason.INVALID_ARGUMENT, f"{source}: {exc}; nothing was made or asked") from None
 
 
 def client_tls_dir(explicit: str | os.PathLike[str] | None, address: str) -> Path | None:

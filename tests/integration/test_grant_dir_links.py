@@ -3,7 +3,7 @@ writing nothing: root runs `holdfast run`, nobody (a real process, setpriv) plan
 The temp directory is reached through no link another user made, refused before anything is
 asked when it cannot be; CMD gets its grant file by a path through no link; the grant directory is
 made, and dead runs' swept, only once granted; `put` takes no other session's grant from its
-environment."""
+environment; a host id that is none is refused before anything is made."""
 
 from __future__ import annotations
 
@@ -134,3 +134,18 @@ def test_put_takes_no_other_sessions_grant_from_its_environment(tmp_path: Path) 
     assert asked.returncode == 69, asked.stderr  # asked: nothing listens there
     assert cli("put", "k", "v", HOLDFAST_GRANT_FILE=path).returncode == 69  # no session said: asked too
 
+
+@pytest.mark.parametrize("given", [("--host-id", "a/b"), ("HOLDFAST_HOST_ID", "a/b")])
+def test_a_host_id_that_is_no_host_id_is_refused_before_anything_is_made(
+        tmp_path: Path, given: tuple[str, str]) -> None:
+    """A takeover keeps its operation id in a file named for the host id: one with a '/' ended in a
+    traceback (rc 1) after making the directory it was to go in."""
+    (tmp_path / "tmp").mkdir()
+    where, value = given
+    option = [where, value] if where.startswith("--") else []
+    extra = {} if option else {where: value}
+    done = cli("run", "--takeover", *option, "--session", "sess-grantdir-hostid", "--", "true",
+               XDG_STATE_HOME=str(tmp_path / "state"), TMPDIR=str(tmp_path / "tmp"), **extra)
+    assert done.returncode == 2, done.stderr
+    assert f"{where}: host id {value!r} must match" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "state").exists() and os.listdir(tmp_path / "tmp") == []
