@@ -195,12 +195,14 @@ def _why(exc: OSError) -> str:
     return f"{shown_root(str(exc.filename))}: {exc.strerror}" if exc.filename else str(exc.strerror or exc)
 
 
-def measure(names: list[str], cwd: str, session_id: str, after: str) -> tuple[dict[str, int | None], Seen]:
+def measure(names: list[str], cwd: str, session_id: str, after: str,
+            start: Seen | None = None) -> tuple[dict[str, int | None], Seen]:
     """Bytes of regular files under each named root here (None for one absent), and where each
     stands (none for a root whose directory is missing), each reached through the directory
     holding it (_holder) and looked at there without following a link. Raises INVALID_ARGUMENT,
     its message ending with `after`, for a root that is a link or a device, or whose directory is
-    reached through a link another user made or could swap."""
+    reached through a link another user made or could swap; and CARRY_FAILED for one not where,
+    or not what, it was in `start` (_moved)."""
     sizes: dict[str, int | None] = {}
     seen: Seen = {}
     for name in names:
@@ -215,6 +217,10 @@ def measure(names: list[str], cwd: str, session_id: str, after: str) -> tuple[di
                               f"used ({_why(exc)}); {after}", session_id) from None
         try:
             sizes[name], seen[name] = _measured(name, holder, os.path.basename(path), after, session_id)
+            first = (start or {}).get(name)
+            why = None if first is None else _moved(first, holder, os.path.dirname(path), seen[name].root)
+            if why is not None:
+                raise failed(f"--carry {shown_root(name)}: {why}; {after}", session_id)
         finally:
             os.close(holder)
     return sizes, seen
@@ -302,12 +308,12 @@ def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str
     return entries, skipped
 
 
-def _moved(start: Place, holder: int, where: str, st: os.stat_result) -> str | None:
-    """Why root `st`, in the directory open as `holder` (called `where`), is not the one the run
-    started with (carry_rules.moved_because); who else may change that directory is judged only
-    when the root is another than at the start (a walk up to /)."""
-    now, swappable = _identity(st), None
-    if start.root not in (None, now):
+def _moved(start: Place, holder: int, where: str, now: Identity | None) -> str | None:
+    """Why the root found as `now` (None: absent) in the directory open as `holder` (called
+    `where`) is not the one the run started with (carry_rules.moved_because); who else may change
+    that directory is judged only when the root is another than at the start (a walk up to /)."""
+    swappable = None
+    if now is not None and start.root not in (None, now):
         try:
             check_ancestors(holder, where)
         except OSError as exc:  # Swappable, or UnknownOwner: who may change it cannot be told
@@ -383,7 +389,7 @@ class _Packing:
                 raise failed(f"--carry {shown}: no such file or directory here (in {shown_root(cwd)})",
                              session_id) from None
             if start is not None:
-                why = _moved(start, holder, os.path.dirname(path), st)
+                why = _moved(start, holder, os.path.dirname(path), _identity(st))
             else:
                 why = None if seen is None else "its directory did not exist when the run started"
             if why is None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
@@ -559,8 +565,8 @@ async def restore_before_exec(client: Client, grant: Grant, names: list[str], cw
     """Between commit and exec: the session's last copy of the named roots put in place, then what
     CMD would start with checked against the cap once more (the copy may have changed since), and
     where each root stands now, which its uploads will require (pack). A root check_at_start saw
-    (`start`) must still be where it was — and, unless restored, what it was: nothing of this run
-    has changed it yet, so another was put there (CARRY_FAILED, CMD does not run)."""
+    (`start`) must still be in that directory and, unless restored, as _moved judges it then
+    (CARRY_FAILED, CMD does not run)."""
     session_id = grant.session_id
     found = await download(client, grant)
     if found is None:
@@ -570,14 +576,8 @@ async def restore_before_exec(client: Client, grant: Grant, names: list[str], cw
         for line in await asyncio.to_thread(restore, *found, names, cwd):
             say(line)
     restored = {root.path for root in found[0].roots} if found else set()
-    sizes, seen = await asyncio.to_thread(measure, names, cwd, session_id, "CMD did not run")
-    for name, place in seen.items():
-        first = start.get(name)
-        if first is not None and (first.directory, first.root) != (
-            place.directory, place.root if name not in restored else first.root
-        ):
-            raise failed(f"--carry {shown_root(name)}: it or its directory is not the one it was when the "
-                         "run started (another was put there); CMD did not run", session_id)
+    before = {name: place._replace(root=None) if name in restored else place for name, place in start.items()}
+    sizes, seen = await asyncio.to_thread(measure, names, cwd, session_id, "CMD did not run", before)
     for name in (n for n, size in sizes.items() if size is None):
         say(f"--carry {shown_root(name)}: neither here nor in the session's copy; CMD starts without it")
     try:

@@ -309,18 +309,19 @@ class Place(NamedTuple):
     root: Identity | None
 
 
-def moved_because(start: Place, directory: Identity, root: Identity, swappable: str | None) -> str | None:
-    """Why the root found now (`root`, in `directory`) is not one a `run` may upload as the root it
-    started with (`start`); None when it may. Another directory at its directory's name is never
-    the run's: one other users may change above it lets them rename a directory of root's there, or
-    their own holding what they choose. A root that is another file or directory than at the start
-    is taken as CMD's own only when no other user may change its directory or one above it
-    (`swappable`: why one may, else None) — CMD replacing its file by a rename stays carried, where
-    another user renaming one of root's other entries to its name would have root's uploaded. A root
-    absent at the start is CMD's to create."""
+def moved_because(start: Place, directory: Identity, root: Identity | None,
+                  swappable: str | None) -> str | None:
+    """Why the root found now (`root`, None when absent, in `directory`) is not one a `run` may take
+    as the root it started with (`start`); None when it may. Another directory at its directory's
+    name is never the run's: one other users may change above it lets them rename a directory of
+    root's there, or their own holding what they choose. A root that is another file or directory
+    than at the start is taken as CMD's own only when no other user may change its directory or one
+    above it (`swappable`: why one may, else None) — CMD replacing its file by a rename stays
+    carried, where another user renaming one of root's other entries to its name would have root's
+    uploaded. A root absent at the start is CMD's to create; one absent now has nothing to judge."""
     if directory != start.directory:
         return "its directory is not the one it was when the run started"
-    if start.root is None or root == start.root or swappable is None:
+    if None in (start.root, root) or root == start.root or swappable is None:
         return None
     return ("it is not the file or directory it was when the run started, and another user may change "
             f"the directory holding it ({swappable}): they could have put it there")

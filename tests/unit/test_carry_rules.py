@@ -797,3 +797,7 @@ def test_pack_refuses_a_root_whose_directory_was_replaced_and_keeps_one_cmd_repl
         carry.pack(names, str(tmp_path / "home"), "sess-unit-seen", seen)
     assert refused.value.reason == Reason.CARRY_FAILED
     assert "the last good copy stands" in refused.value.message
+    # So too before CMD starts, measured again after the restore: CMD does not run.
+    with pytest.raises(ClientError, match=r"its directory is not the one .*; CMD did not run") as before:
+        carry.measure(names, str(tmp_path / "home"), "sess-unit-seen", "CMD did not run", seen)
+    assert before.value.reason == Reason.CARRY_FAILED
