@@ -27,6 +27,11 @@ READS_PARKED = Gauge("holdfast_agent_reads_parked",
 READS_REFUSED = Counter("holdfast_agent_reads_refused",
                         "Reads of another process's memory not started: its read was pending, or too "
                         "many were")
+READS_WAITING = Gauge("holdfast_agent_reads_waiting",
+                      "Jobs reading other processes' memory waiting for a reader thread (all busy)")
+READS_DROPPED = Counter("holdfast_agent_reads_dropped",
+                        "Jobs dropped before they ran: their caller went away (its deadline passed, or it "
+                        "was cancelled) while every reader thread was busy")
 ATTESTATIONS = Counter("holdfast_agent_attestations", "Trees attested, by the proof their end needs "
                        "(scan_only: no session cgroup could be made)", ["tree_proof"])
 SESSION_CGROUPS_SWEPT = Counter("holdfast_agent_session_cgroups_swept", "Empty session cgroups removed")

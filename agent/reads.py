@@ -7,7 +7,10 @@ given up and run again on another thread, where that process is refused (agent/r
 the answer is as for an unreadable environ. The given-up thread stays parked until its read
 returns, then ends at once (`Abandoned`), so no job ever runs twice at the same time and nothing
 it would have done after the read is done. Reader threads are at most MAX_WORKERS, besides the
-parked ones. Work that may need no environ at all is first tried on the loop with `on_loop` as its
+parked ones. A job waits for a thread when all are busy; one whose caller went away meanwhile (its
+RPC's deadline passed, or the call was cancelled) never runs: a kill or an attestation its caller
+already answered as failed or unknown is not done after the answer. A job a thread has taken runs
+to its end. Work that may need no environ at all is first tried on the loop with `on_loop` as its
 reader, which reads nothing: at its first read it raises `OnLoop`, and the work starts over as a job.
 """
 
@@ -73,14 +76,15 @@ class _Worker:
 
 
 class _Job:
-    __slots__ = ("args", "done", "fn", "loop", "timer", "worker")
+    __slots__ = ("args", "done", "dropped", "fn", "loop", "timer", "worker")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[object, ...],
                  loop: asyncio.AbstractEventLoop) -> None:
         self.fn, self.args, self.loop = fn, args, loop
         self.done: asyncio.Future[Any] = loop.create_future()
-        self.worker: _Worker | None = None
+        self.worker: _Worker | None = None  # the thread that took it (set under `Readers._lock`)
         self.timer: asyncio.TimerHandle | None = None
+        self.dropped = False  # its caller went away before a thread took it (under `Readers._lock`)
 
 
 def _settle(done: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
@@ -112,9 +116,29 @@ class Readers:
                 return await job.done
             except _GivenUp:
                 continue
+            except asyncio.CancelledError:
+                self._drop(job)
+                raise
             finally:
                 if job.timer is not None:
                     job.timer.cancel()
+
+    def _drop(self, job: _Job) -> None:
+        """Its caller went away (the RPC's deadline passed, or it was cancelled) while the job waited:
+        no thread takes it. Else a kill, or an attestation's move of a process into a session
+        cgroup, would land after the caller had answered OWNERSHIP_UNKNOWN or ATTESTATION_FAILED —
+        once for each of its retries. A job already taken runs to its end."""
+        with self._lock:
+            if job.worker is not None:
+                return
+            job.dropped = True
+            with contextlib.suppress(ValueError):  # not in the backlog: handed to a thread not yet at it
+                self._backlog.remove(job)
+            waiting = len(self._backlog)
+            metrics.READS_WAITING.set(waiting)
+        metrics.READS_DROPPED.inc()
+        log.info("a job waiting for a reader thread was dropped: its caller went away before a thread "
+                 "was free", extra={"fields": {"job": getattr(job.fn, "__name__", "?"), "waiting": waiting}})
 
     def _submit(self, job: _Job) -> None:
         job.timer = job.loop.call_later(reads_rules.STUCK_AFTER_S, self._check, job)
@@ -124,6 +148,7 @@ class Readers:
                 return
             if self._live >= self._workers:
                 self._backlog.append(job)
+                metrics.READS_WAITING.set(len(self._backlog))
                 return
             self._live += 1
         worker = _Worker()
@@ -134,7 +159,15 @@ class Readers:
         self._local.worker = worker
         while True:
             job = worker.jobs.get()
-            job.worker, worker.job = worker, job
+            with self._lock:
+                # Taken under the lock `_drop` holds: a job its caller gave up on never starts, and
+                # one started is never dropped.
+                taken = not job.dropped
+                if taken:
+                    job.worker, worker.job = worker, job
+            if not taken:
+                self._next(worker)
+                continue
             try:
                 result, error = job.fn(*job.args), None
             except Abandoned:
@@ -143,13 +176,18 @@ class Readers:
                 result, error = None, exc
             # Idle (or given the next job waiting) before the answer is posted: the loop may hand
             # out its next job the moment it has it, and must find this thread free for it.
-            with self._lock:
-                if self._backlog:
-                    worker.jobs.put(self._backlog.popleft())
-                else:
-                    self._idle.append(worker)
+            self._next(worker)
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits the job
                 job.loop.call_soon_threadsafe(_settle, job.done, result, error)
+
+    def _next(self, worker: _Worker) -> None:
+        """The worker is given the next job waiting, or goes idle."""
+        with self._lock:
+            if self._backlog:
+                worker.jobs.put(self._backlog.popleft())
+            else:
+                self._idle.append(worker)
+            metrics.READS_WAITING.set(len(self._backlog))
 
     def _check(self, job: _Job) -> None:
         """On the loop, every so often while a job runs: time asks whether its read is stuck; a read
