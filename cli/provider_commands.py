@@ -7,9 +7,10 @@ thread and records its handle as soon as it exists, later it resumes the recorde
 only what the CLI needs to resume (Codex `sessions/`, Claude Code `projects/<this directory's
 key>/`). Before anything is asked of the session: a CLI not on PATH exits 127, and a Claude Code
 session recorded for another working directory is refused (2), naming that directory. Before
-anything is made or written: a state directory another user could change, or one reached through
-their directory or link, is refused (2) — with root's HOME another user's (sudo without -H), their
-link would take root's restore anywhere.
+anything is made or written: `run`'s options that do not go together are refused (2); so is a state
+directory another user could change, or one reached through their directory or link — with root's
+HOME another user's (sudo without -H), their link would take root's restore anywhere. The state
+directory is made only once the session is granted: a refused run (HELD) leaves none behind.
 """
 
 from __future__ import annotations
@@ -60,15 +61,16 @@ def _check(args: argparse.Namespace, provider: rules.Provider) -> str:
 
 
 def _carried(args: argparse.Namespace, provider: rules.Provider) -> str:
-    """What is carried, its directory made if missing — where a first run's CLI makes it: `run
-    --carry` needs the directory of a path that does not exist yet, and uploads the path if the CLI
-    made it. That directory must be this user's alone, and neither it nor any directory above it,
-    nor one a link on the way is read from, another user's or one they may change
-    (files.open_private_path, as `up`'s state directory): else ClientError, nothing made."""
+    """What is carried; its directory is made by `run` once granted if missing (RunSpec.made_at_grant)
+    — where a first run's CLI makes it: `run --carry` needs the directory of a path that does not
+    exist yet, and uploads the path if the CLI made it. That directory must be this user's alone,
+    and neither it nor any directory above it, nor one a link on the way is read from, another
+    user's or one they may change (files.open_private_path, as `up`'s state directory): checked
+    now without making anything (files.open_existing_private_path), else ClientError."""
     state = rules.state_dir(provider, os.environ)
     carried = rules.carried_path(provider, state, os.getcwd())
     try:
-        os.close(files.open_private_path(os.path.dirname(carried)))
+        fd = files.open_existing_private_path(os.path.dirname(carried))
     except OSError as exc:
         raise ClientError(
             Reason.INVALID_ARGUMENT,
@@ -76,13 +78,14 @@ def _carried(args: argparse.Namespace, provider: rules.Provider) -> str:
             f"directory {state} must be uid {os.geteuid()}'s alone, in directories no other user may change "
             f"(with sudo, pass -H, or set {provider.state_env}); nothing was made, nor a grant asked for",
             args.session) from None
+    if fd is not None:
+        os.close(fd)
     return carried
 
 
 def _provider_handler(args: argparse.Namespace) -> int:
     provider = rules.PROVIDERS[args.command]
-    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
-        args.parser.error(f"--report {args.report}: no such directory")  # a refusal below writes it
+    run_commands.check_options(args, carries=True)  # a refusal below writes the --report
     try:
         cli = _check(args, provider)
         carried = _carried(args, provider)
@@ -94,6 +97,7 @@ def _provider_handler(args: argparse.Namespace) -> int:
     words = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     args.cmd = [sys.executable, "-m", "holdfast.client.provider", args.command, cli, *words]
     args.carry = [*args.carry, carried]
+    args.made_at_grant = [os.path.dirname(carried)]
     args.provider = args.provider or provider.name
     return int(args.run_handler(args))
 

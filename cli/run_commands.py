@@ -134,7 +134,7 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
     spec = RunSpec(session_id=args.session, argv=args.cmd, provider=args.provider, location=args.location,
                    takeover=args.takeover, force=args.force, handoff_timeout=args.handoff_timeout,
                    wait=args.wait or 0.0, grace=args.grace, guards=args.guard, carry=args.carry,
-                   carry_every=args.carry_every or 0.0)
+                   carry_every=args.carry_every or 0.0, made_at_grant=args.made_at_grant)
     outcome = args.outcome  # what the handler's --report says; filled as far as the run got
     # A session pod's own certificate is renewed for as long as `run` lasts: its wait, CMD, the release.
     renewal = (asyncio.create_task(client.enroller.renew_forever(client.renewed, say_stderr))
@@ -418,17 +418,23 @@ async def _hosts(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _run_handler(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        args.parser.error("run needs a command after --")
+def check_options(args: argparse.Namespace, carries: bool) -> None:
+    """Exits 2 (usage) for `run` options that do not go together, before anything is made or
+    asked: `holdfast codex` and `claude` check them first too (`carries`: they always do)."""
     if args.force and not args.takeover:
         args.parser.error("--force needs --takeover")
-    if args.carry_every and not args.carry:
+    if args.carry_every and not carries:
         args.parser.error("--carry-every needs --carry")
     if args.report and not os.access(os.path.dirname(os.path.abspath(args.report)), os.W_OK):
         # Before any call, like CMD: a caller relying on the report must not be left without one.
         args.parser.error(f"--report {args.report}: its directory does not exist or is not writable")
+
+
+def _run_handler(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        args.parser.error("run needs a command after --")
+    check_options(args, bool(args.carry))
     args.cmd = cmd
     args.outcome = {"error": interrupted()} if getattr(args, "interrupted", False) else {}  # for --report
     code = command(_run)(args)
@@ -497,7 +503,7 @@ def register_run(subparsers: argparse._SubParsersAction) -> None:
                    help="write the outcome as one JSON document to FILE: whether CMD ran, its status, "
                    "and the refusal's reason when it did not (see below)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    p.set_defaults(handler=_run_handler, parser=p)
+    p.set_defaults(handler=_run_handler, parser=p, made_at_grant=[])  # a provider command's sets it
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -26,6 +26,7 @@ from holdfast.client.errors import ClientError
 from holdfast.client.grant import Grant
 from holdfast.common import files, identifiers, reasons, spawn_tokens
 from holdfast.common.reasons import Reason
+from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import coordinator_pb2 as pb
 
 MAX_WAIT_S = 3600.0
@@ -79,6 +80,10 @@ class RunSpec:
     guards: list[str] = field(default_factory=list)  # stores whose fence marker reaches fence N before CMD
     carry: list[str] = field(default_factory=list)   # files and directories that move with the session
     carry_every: float = 0.0                          # seconds between checkpoints of them (0: none)
+    # Directories made (this user's alone: files.open_private_path) once granted, before a carried
+    # copy is restored — a provider CLI's state directory: checked before anything is asked, so a
+    # refused run leaves none behind.
+    made_at_grant: list[str] = field(default_factory=list)
 
 
 def takeover_operation(session_id: str, host_id: str) -> tuple[str, Path | None]:
@@ -239,6 +244,12 @@ async def _obtain(client: Client, spec: RunSpec, operation_id: str, say: Say = s
     finally:
         if changes is not None:
             await changes.aclose()
-    say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it")
+    # The kill's own wait, then this run's --grace for the owner's exit: an answer that proves
+    # neither its end nor its life (its agent slow to answer, its tree still ending) is waited on
+    # rather than refused at once, after the kill was asked.
+    force_wait = min(KILL_WAIT_S + spec.grace, MAX_WAIT_S)
+    say(f"the owner of {spec.session_id} did not let go in {budget:g}s; asking its host's agent to end it "
+        f"(waiting up to {force_wait:g}s for the proof)")
     return await client.acquire(spec.session_id, operation_id, provider=spec.provider,
-                                location=spec.location, takeover=True, force=True, gate=gate, hold=True)
+                                location=spec.location, wait_seconds=force_wait, takeover=True, force=True,
+                                gate=gate, hold=True)

@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -524,13 +524,15 @@ async def download(client: Client, grant: Grant) -> tuple[pb.CarryManifest, byte
 
 # --- a run's carried state: checked at its start, restored between commit and exec ----------------
 async def check_at_start(
-    client: Client, session_id: str, paths: list[str], cwd: str
+    client: Client, session_id: str, paths: list[str], cwd: str, made: Collection[str] = ()
 ) -> tuple[list[str], int, Seen]:
     """The --carry roots as the manifest names them, the coordinator's per-session cap, and where
     the roots not in the session's last copy stand now (measure), checked before anything is
-    asked of the session's owner: each root's directory exists, is reached through no link another
-    user made or could swap, and what this run would carry (the copy's roots restored, the rest as
-    they are here) fits the cap. Raises INVALID_ARGUMENT or CARRY_TOO_LARGE."""
+    asked of the session's owner: each root's directory exists — or is one of `made`, the
+    directories (normalised paths) the run makes once granted, before the restore (RunSpec.
+    made_at_grant) — is reached through no link another user made or could swap, and what this run
+    would carry (the copy's roots restored, the rest as they are here) fits the cap. Raises
+    INVALID_ARGUMENT or CARRY_TOO_LARGE."""
     try:
         names = list(dict.fromkeys(root_name(path) for path in paths))
     except CarryRefused as exc:
@@ -542,7 +544,8 @@ async def check_at_start(
     names = as_the_copy_names(names, list(in_copy), cwd)
     here, seen = await asyncio.to_thread(measure, [n for n in names if n not in in_copy], cwd, session_id,
                                          "nothing was asked of the session's owner")
-    for name in (n for n in here if n not in seen):
+    missing = (n for n in here if n not in seen)  # its directory: missing, or not a directory
+    for name in (n for n in missing if os.path.normpath(os.path.dirname(_where(n, cwd))) not in made):
         raise ClientError(
             Reason.INVALID_ARGUMENT,
             f"--carry {shown_root(name)}: no such file or directory here, nor in the session's copy, and "

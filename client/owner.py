@@ -34,7 +34,7 @@ from holdfast.client.gate import Gate
 from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.tree import Tree, end_tree, left_of
 from holdfast.common import env as cmd_env
-from holdfast.common import spawn_tokens
+from holdfast.common import files, spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -97,6 +97,28 @@ def grant_environment(grant: Grant | None, record: pb.SessionRecord | None,
         cmd_env.PROVIDER_HANDLE: record.provider_handle_chain[-1].handle
         if record is not None and record.provider_handle_chain else "",
     }
+
+
+def _made_dirs(spec: RunSpec) -> list[str]:
+    """RunSpec.made_at_grant, from the run's working directory."""
+    return [os.path.join(spec.cwd or os.getcwd(), directory) for directory in spec.made_at_grant]
+
+
+def private_dirs(directories: Sequence[str], session_id: str, make: bool) -> None:
+    """The directories a run makes once granted (RunSpec.made_at_grant): checked before anything is
+    asked, making nothing (files.open_existing_private_path), then, with `make`, made once granted
+    (files.open_private_path). INVALID_ARGUMENT for one that would not be this user's alone, in
+    directories no other user may change."""
+    for directory in directories:
+        try:
+            fd = files.open_private_path(directory) if make else files.open_existing_private_path(directory)
+        except OSError as exc:
+            then = "CMD did not run" if make else "nothing was made, nor a grant asked for"
+            raise ClientError(Reason.INVALID_ARGUMENT, f"{exc.filename or directory}: {exc.strerror}: "
+                              f"{directory}, which this run makes once granted, must be uid {os.geteuid()}'s "
+                              f"alone, in directories no other user may change; {then}", session_id) from None
+        if fd is not None:
+            os.close(fd)
 
 
 async def open_guards(urls: list[str]) -> list[Guard]:
@@ -172,11 +194,14 @@ class Owner:
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
+        made = _made_dirs(spec)
+        private_dirs(made, spec.session_id, make=False)  # likewise; made only once granted
         carried: tuple[list[str], int, carry.Seen] = ([], 0, {})
         if spec.carry:
             from holdfast.client import carry  # packing and restoring: ~1.6 ms of a start without --carry
 
-            carried = await carry.check_at_start(client, spec.session_id, spec.carry, spec.cwd or os.getcwd())
+            carried = await carry.check_at_start(client, spec.session_id, spec.carry, spec.cwd or os.getcwd(),
+                                                 [os.path.normpath(directory) for directory in made])
         guards = await open_guards(spec.guards)  # likewise: an unreachable store asks nothing of anyone
         try:
             # Likewise a temp directory the grant file may not be kept in: refused before any grant.
@@ -264,6 +289,8 @@ class Owner:
             grant.write(held, resume_of(granted))
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
+            # Made only now, before a carried copy is restored in them: a refused run leaves none.
+            private_dirs(_made_dirs(spec), spec.session_id, make=True)
             names, cap, seen = carried
             if names:
                 from holdfast.client import carry  # loaded by start already: names come from --carry
