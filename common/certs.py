@@ -349,7 +349,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--etcd-serve-on", action="append", default=None, metavar="NAME_OR_IP",
                       help="name or address of an etcd member, for etcd's own certificate (repeatable; "
                            "default: the --serve-on names)")
-    init.set_defaults(handler=_init_command)
+    init.set_defaults(handler=_init_command, parser=init)
     one = actions.add_parser(
         "issue", help="issue one certificate from the CA in DIR: a host or party added after `certs init`",
         description="Issue one certificate from the CA that `holdfast certs init DIR` made, e.g. for a "
@@ -376,6 +376,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _init_command(args: argparse.Namespace) -> int:
+    for host in args.agent_host:  # before anything is written: no agent could present one of another id
+        try:
+            config.host_id(host)
+        except ValueError as exc:
+            args.parser.error(f"--agent-host: {exc}")
     serve_on = args.serve_on or ["127.0.0.1", "localhost"]
     try:
         if args.add_missing and (args.directory / "ca.key").exists():

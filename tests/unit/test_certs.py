@@ -224,3 +224,15 @@ def test_certs_issue_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
         assert main(["certs", "issue", str(tmp_path), "--out", str(tmp_path / "out"), *argv]) == 0
     out = capsys.readouterr()
     assert says in out.out + out.err
+
+
+def test_certs_init_refuses_an_agent_host_id_no_agent_can_have_before_writing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`certs init --agent-host 'bad host'` wrote the CAs and a certificate no agent could present
+    (`certs issue --host` refused it); now it is refused (2) with nothing written."""
+    from holdfast.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["certs", "init", str(tmp_path / "pki"), "--agent-host", "node-1", "--agent-host", "bad host"])
+    assert exited.value.code == 2 and "--agent-host: 'bad host' must match" in capsys.readouterr().err
+    assert not (tmp_path / "pki").exists()
