@@ -34,7 +34,7 @@ from holdfast.client.gate import Gate
 from holdfast.client.grant import GRANT_FILE, Grant
 from holdfast.client.tree import Tree, end_tree, left_of
 from holdfast.common import env as cmd_env
-from holdfast.common import files, spawn_tokens
+from holdfast.common import files, identifiers, spawn_tokens
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -194,6 +194,10 @@ class Owner:
     @classmethod
     async def start(cls, client: Client, spec: RunSpec, say: Say = say_stderr) -> Owner:
         resolve_command(spec.argv, spec.cwd)  # before Acquire or RequestHandoff, never after
+        try:
+            identifiers.check_acquire_texts(spec.provider, spec.location)  # likewise: as the coordinator
+        except identifiers.InvalidInput as wrong:
+            raise ClientError(Reason.INVALID_ARGUMENT, str(wrong), spec.session_id) from None
         made = _made_dirs(spec)
         private_dirs(made, spec.session_id, make=False)  # likewise; made only once granted
         carried: tuple[list[str], int, carry.Seen] = ([], 0, {})

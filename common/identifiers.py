@@ -92,3 +92,10 @@ def check_text(name: str, value: str, limit: int) -> str:
     if len(value) > limit:
         raise InvalidInput(f"{name} is {len(value)} characters; the limit is {limit}")
     return value
+
+
+def check_acquire_texts(provider: str, location: str) -> None:
+    """An Acquire's provider and location, checked by the coordinator and, before anything is made
+    or asked, by `run` (Owner.start): a takeover's kept operation id is written before its Acquire."""
+    check_text("provider", provider, 128)
+    check_text("location", location, 1024)

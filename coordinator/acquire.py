@@ -143,8 +143,7 @@ def check(request: pb.AcquireRequest) -> str:
     sid = identifiers.check_session_id(request.session_id)
     identifiers.check_operation_id(request.operation_id)
     identifiers.check_host_id(request.host_id)
-    identifiers.check_text("provider", request.provider, 128)
-    identifiers.check_text("location", request.location, 1024)
+    identifiers.check_acquire_texts(request.provider, request.location)
     if request.has_expected_fence and request.expected_fence > identifiers.MAX_FENCE:
         raise identifiers.InvalidInput("expected fence out of range")
     if not 0 <= request.wait_seconds <= 3600:

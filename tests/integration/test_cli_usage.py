@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +62,19 @@ def test_no_coordinator_is_exit_69_with_the_next_step() -> None:
     assert done.returncode == 69
     error = json.loads(done.stdout)["error"]
     assert error["reason"] == "UNREACHABLE" and "holdfast up" in error["next_step"]
+
+
+def test_a_provider_name_the_coordinator_refuses_is_refused_before_a_takeover_keeps_anything(
+        tmp_path: Path) -> None:
+    """`run --takeover --provider` with a name longer than an Acquire takes: the takeover's
+    operation id was kept (its state directory made) before the coordinator refused the Acquire,
+    or — as here, with none listening — before the run found no coordinator (69)."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    done = subprocess.run([sys.executable, "-m", "holdfast.cli", "run", "--session", "my-session-01",
+                           "--coordinator", f"127.0.0.1:{free_port()}", "--takeover", "--provider", "p" * 129,
+                           "--", "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "provider is 129 characters; the limit is 128" in done.stderr, done.stderr
+    assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize("argv,wanted", [
