@@ -48,10 +48,16 @@ from holdfast.coordinator.routing import Router
 from holdfast.coordinator.sessions import Sessions, now_ms
 from holdfast.coordinator.store import Entry, Put, Seen, Store
 from holdfast.coordinator.tenancy import Caller, Tenancy
+from holdfast.proc.ending import KILL_WAIT_S
 from holdfast.v1 import agent_pb2 as apb
 from holdfast.v1 import coordinator_pb2 as pb
 
 RACE_RETRIES = 16
+# What a forced Acquire refused after its kill was asked has done, and how it goes on.
+FORCE_STANDS = ("This forced takeover's kill was asked: its force-pending record stands for this operation "
+                "and the owner's agent may have ended the tree. Retrying the same takeover (the same "
+                "operation id, which `run --takeover --force` keeps until granted) continues it: the kill "
+                "is asked again, and the grant follows only the agent's proof that the tree is gone")
 
 
 def caller_of(context: grpc.aio.ServicerContext, host_id: str, caller: Caller) -> str:
@@ -173,8 +179,20 @@ class Acquisition:
         self.last_held: adjudication.Verdict | None = None  # the HELD verdict the last wait began on
         self.exited: Exited | None = None  # the owner whose exit event ended the last wait
         self.races = 0  # passes that read and lost, or decided again; a reservation's wait is none
+        self.killed = False  # a forced Acquire's kill was asked: a refusal says so
+        self.waited_after_kill = False  # the one wait on the owner's exit a kill's unproven answer gets
 
     async def run(self) -> pb.AcquireResponse:
+        """`passes`; a refusal after this call's kill was asked says so (the one refusal of a forced
+        Acquire that has written and signalled, docs/guarantees.md 3)."""
+        try:
+            return await self.passes()
+        except CoordinatorError as err:
+            if not self.killed:
+                raise
+            raise CoordinatorError(err.reason, f"{err.message}. {FORCE_STANDS}") from None
+
+    async def passes(self) -> pb.AcquireResponse:
         """Passes of reading and deciding until one grants or refuses; a pass that lost a race,
         waited, or read what only a grant may rest on ends in `Reread`. At most RACE_RETRIES races:
         a reservation's wait is none (the deadline bounds the waits)."""
@@ -304,6 +322,7 @@ class Acquisition:
         if woken_by is not None and woken_by.result is not None and woken_by.owner == record.lease.owner:
             probe, registration = woken_by.result, woken_by.registration
         else:
+            self.killed = self.killed or self.request.force
             probe, registration = await self.parts.sessions.probe(record.lease.owner, kill=self.request.force)
         reads.append(registration)
         return adjudication.adjudicate(record, self.ask, probe, now_ms())
@@ -317,7 +336,8 @@ class Acquisition:
             record.lease.handoff_stage = pb.MANUAL_RECOVERY
             await parts.sessions.transition(entry, record, "manual-recovery", verdict.detail,
                                             reads=reads)
-            raise CoordinatorError(Reason.MANUAL_RECOVERY, verdict.detail)
+            raise CoordinatorError(Reason.MANUAL_RECOVERY, f"{verdict.detail}; the record was moved to "
+                                   "manual recovery (written: only Recover leaves it)")
         remaining = self.deadline - time.monotonic()
         if verdict.reason is Reason.RESERVED and remaining > 0 and record is not None and entry is not None:
             # --wait: until the record changes (the reservation commits or goes) or this replica
@@ -328,7 +348,20 @@ class Acquisition:
                 await parts.sessions.changed(entry.key, entry.mod_revision, min(pause, remaining))
             self.races -= 1  # a wait is no lost race: the deadline bounds the waits, RACE_RETRIES the races
             raise Reread
-        if verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None:
+        if (self.killed and not self.waited_after_kill and remaining > 0 and record is not None
+                and verdict.action is Action.REFUSE
+                and verdict.reason in (Reason.OWNERSHIP_UNKNOWN, Reason.TREE_ALIVE, Reason.HELD)):
+            # The kill's answer proved no end (none in time, the tree not yet proven gone, the root
+            # still alive): with `wait_seconds` left it is not refused at once. Once, the owner's
+            # exit is waited for (at most a kill's own wait), then the forced pass runs again — its
+            # force-pending transition comparing every precondition afresh, the kill asked again —
+            # and that answer decides. Never a grant without the agent's proof.
+            self.waited_after_kill = True
+            with metrics.ACQUIRES_WAITING.track_inprogress():
+                await parts.sessions.wait_exit(record.lease.owner, min(remaining, KILL_WAIT_S))
+            raise Reread
+        if (verdict.reason is adjudication.Reason.HELD and remaining > 0 and record is not None
+                and not self.request.force):
             self.last_held = verdict
             # --wait: hold the call open on the owner host's exit stream, then adjudicate afresh.
             self.exited = await self.wait_exit(record.lease.owner,

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,8 +19,11 @@ from holdfast.client.connection import Client
 from holdfast.client.errors import BadInput
 from holdfast.common.reasons import reason_of
 from holdfast.coordinator import records
+from holdfast.localstack.simhost import SimulatedHost
 from holdfast.v1 import coordinator_pb2 as pb
-from tests.integration.run_fixtures import Cluster
+from tests.integration.coordinator_fixtures import Coordinator
+from tests.integration.run_fixtures import Cluster, until
+from tests.integration.test_agent_dropped_jobs import sample
 from tests.integration.test_record_size import handle
 from tests.integration.test_run_sessions import child_pids, frozen_owner, gone, started
 
@@ -117,3 +123,87 @@ def test_a_forced_acquire_awaiting_release_is_refused_before_it_kills(cluster: C
         assert not gone(child), "a refused force killed the owner"
         assert cluster.record(sid) == before, "a refused force wrote something"
     first.wait(30)  # A's run wakes to the handoff request standing, and ends its tree
+
+
+def agent_pid(host: SimulatedHost) -> int:
+    """The simulated host's agent: the child of its namespace's reaper that serves."""
+    reaper = host.reaper_pid
+    kids = Path(f"/proc/{reaper}/task/{reaper}/children").read_text().split()
+    return next(int(k) for k in kids if b"serve" in Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0"))
+
+
+def test_a_forced_acquire_whose_kill_is_indeterminate_is_refused_saying_so_and_continued_by_its_retry(
+        cluster: Cluster) -> None:
+    """The owner's agent stopped: the kill authorised by force-pending gets no answer, so nothing
+    proves the tree gone and nothing is granted. The refusal is the documented one that wrote (its
+    force-pending record stands, and the kill may land): it says so, and that the same operation
+    continues it — which, its agent back, has the tree ended and is granted."""
+    a, _ = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-force-unknown"
+    with frozen_owner(cluster, a, sid) as (first, child):
+        operation = secrets.token_hex(16)
+        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
+                                                             host_id="host-b"), timeout=30)
+        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
+                                    force=True, live_on_commit=True)
+        agent = agent_pid(a)
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                cluster.stub.Acquire(request, timeout=60)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        assert reason_of(err.value) == "OWNERSHIP_UNKNOWN", err.value  # type: ignore[arg-type]
+        said = err.value.details()  # type: ignore[attr-defined]
+        assert "kill was asked" in said and "force-pending record stands" in said, said
+        assert "same operation id" in said and "continues it" in said, said
+        lease = cluster.record(sid).record.lease
+        assert lease.fence == 1 and lease.handoff_stage == pb.FORCE_PENDING, lease  # never granted
+        granted = cluster.stub.Acquire(request, timeout=60)
+        assert granted.grant.fence == 2
+        assert gone(child, 10), "granted while the owner's tree lived"
+    first.wait(30)
+
+
+@pytest.fixture
+def measured(etcd, tmp_path: Path, prefix: str) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """A cluster whose coordinator serves /metrics."""
+    coordinator = Coordinator(etcd.url, tmp_path, prefix, args=("--metrics-listen", "127.0.0.1:0")).start()
+    cluster = Cluster(coordinator, tmp_path)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        coordinator.stop()
+
+
+def test_a_forced_acquire_waits_on_the_owners_exit_after_a_kill_that_proved_nothing(
+        measured: Cluster) -> None:
+    """With `wait_seconds` (what `run --takeover --force` sends: the kill's wait and its --grace),
+    a kill that got no answer is not refused at once: the Acquire waits on the owner's exit stream,
+    and is granted on its agent's proof once that agent answers — never before."""
+    cluster = measured
+    a, _ = cluster.host("host-a"), cluster.host("host-b")
+    sid = "sess-force-waits"
+    with frozen_owner(cluster, a, sid) as (first, child):
+        operation = secrets.token_hex(16)
+        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
+                                                             host_id="host-b"), timeout=30)
+        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
+                                    force=True, live_on_commit=True, wait_seconds=60)
+        agent = agent_pid(a)
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            forced = cluster.stub.Acquire.future(request, timeout=90)
+            metrics = cluster.coordinator.metrics
+            until("the forced Acquire waiting on the owner's exit after its unanswered kill",
+                  lambda: forced.done() or sample(metrics, "holdfast_acquires_waiting") == 1)
+            assert not forced.done(), forced.exception()
+            assert not gone(child) and cluster.record(sid).record.lease.fence == 1
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        granted = forced.result(60)
+        assert granted.grant.fence == 2
+        assert gone(child, 10), "granted while the owner's tree lived"
+        assert granted.record.lease.death_evidence.owner_fence == 1
+    first.wait(30)
