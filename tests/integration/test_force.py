@@ -91,6 +91,16 @@ def test_a_takeover_of_a_live_owner_whose_record_is_oversized_leaves_it_running_
     assert first.proc.poll() is None and not cluster.events("stop")
 
 
+def honoured(cluster: Cluster, sid: str, **fields: object) -> pb.AcquireRequest:
+    """host-b's forced takeover of `sid` under an operation whose handoff request the record holds:
+    the force is honoured, and its kill would land."""
+    operation = secrets.token_hex(16)
+    cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
+                                                         host_id="host-b"), timeout=30)
+    return pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
+                             force=True, live_on_commit=True, **fields)  # type: ignore[arg-type]
+
+
 def test_a_forced_acquire_awaiting_release_is_refused_before_it_kills(cluster: Cluster) -> None:
     """`force` has the owner's agent kill its tree, and a killed owner never releases: with
     `await_release` the Acquire could only kill and then be refused RELEASE_PENDING, the session kept
@@ -99,13 +109,8 @@ def test_a_forced_acquire_awaiting_release_is_refused_before_it_kills(cluster: C
     a, _ = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-force-await"
     with frozen_owner(cluster, a, sid) as (first, child):
-        operation = secrets.token_hex(16)
-        # The force is honoured for this operation: without the check, its kill would land.
-        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
-                                                             host_id="host-b"), timeout=30)
+        request = honoured(cluster, sid, await_release=True)  # without the check, its kill would land
         before = cluster.record(sid)
-        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
-                                    force=True, await_release=True, live_on_commit=True)
         with pytest.raises(grpc.RpcError) as err:
             cluster.stub.Acquire(request, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value  # type: ignore[attr-defined]
@@ -114,7 +119,7 @@ def test_a_forced_acquire_awaiting_release_is_refused_before_it_kills(cluster: C
         async def library() -> None:
             client = Client(cluster.coordinator.address, "host-b")
             try:
-                await client.acquire(sid, operation, takeover=True, force=True, await_release=True)
+                await client.acquire(sid, request.operation_id, takeover=True, force=True, await_release=True)
             finally:
                 await client.close()
 
@@ -141,11 +146,7 @@ def test_a_forced_acquire_whose_kill_is_indeterminate_is_refused_saying_so_and_c
     a, _ = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-force-unknown"
     with frozen_owner(cluster, a, sid) as (first, child):
-        operation = secrets.token_hex(16)
-        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
-                                                             host_id="host-b"), timeout=30)
-        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
-                                    force=True, live_on_commit=True)
+        request = honoured(cluster, sid)
         agent = agent_pid(a)
         os.kill(agent, signal.SIGSTOP)
         try:
@@ -186,11 +187,7 @@ def test_a_forced_acquire_waits_on_the_owners_exit_after_a_kill_that_proved_noth
     a, _ = cluster.host("host-a"), cluster.host("host-b")
     sid = "sess-force-waits"
     with frozen_owner(cluster, a, sid) as (first, child):
-        operation = secrets.token_hex(16)
-        cluster.stub.RequestHandoff(pb.RequestHandoffRequest(session_id=sid, operation_id=operation,
-                                                             host_id="host-b"), timeout=30)
-        request = pb.AcquireRequest(session_id=sid, host_id="host-b", operation_id=operation, takeover=True,
-                                    force=True, live_on_commit=True, wait_seconds=60)
+        request = honoured(cluster, sid, wait_seconds=60)
         agent = agent_pid(a)
         os.kill(agent, signal.SIGSTOP)
         try:
