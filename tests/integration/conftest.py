@@ -27,6 +27,18 @@ from holdfast.v1 import agent_pb2, agent_pb2_grpc
 _indexes = itertools.cycle(range(10, 50))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test of a module using stuck_fuse.StuckFuse is marked `stalls_reads`: while it runs, a
+    process's memory nobody can read exists on this machine, so every agent of every other test
+    running beside it (one in this PID namespace reads all of /proc) meets it, parks a reader on it
+    and proves nothing its scan would cross. scripts/test runs those tests alone, after the rest."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "StuckFuse"):
+            item.add_marker(pytest.mark.stalls_reads)
+
+
 def mint_token() -> str:
     return secrets.token_hex(16)
 

@@ -1,6 +1,7 @@
 """scripts/test, run in a copy of the checkout whose set-up, ruff and python are stand-ins that log
-their arguments: with arguments it is exactly `pytest ARGS`; without, both phases run whatever the
-first gives, both are reported, and the exit is non-zero if either failed."""
+their arguments: with arguments it is exactly `pytest ARGS`; without, all three phases (the suite
+on two workers, the `stalls_reads` tests alone, the fault scenarios) run whatever another gives,
+each is reported, and the exit is non-zero if any failed."""
 
 from __future__ import annotations
 
@@ -37,13 +38,15 @@ def calls(root: Path) -> list[list[str]]:
     return [line.split() for line in (root / "calls").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("failing", ["tests/unit", "tests/faults", "none"])
-def test_both_phases_run_and_either_failure_fails_the_run(tmp_path: Path, failing: str) -> None:
+@pytest.mark.parametrize("failing", ["tests/unit", "-m stalls_reads", "tests/faults", "none"])
+def test_every_phase_runs_and_any_failure_fails_the_run(tmp_path: Path, failing: str) -> None:
     root = checkout(tmp_path, failing)
     done = subprocess.run([root / "scripts" / "test"], capture_output=True, text=True, timeout=60)
-    assert [call[-1] for call in calls(root)] == ["tests/deploy", "tests/faults"], "both phases ran"
-    main, faults = int(failing == "tests/unit"), int(failing == "tests/faults")
-    assert f"unit, integration and deploy exit {main}; faults exit {faults}" in done.stdout
+    assert [call[-1] for call in calls(root)] == ["tests/deploy", "tests/integration", "tests/faults"]
+    assert calls(root)[0][len(PYTEST):len(PYTEST) + 4] == ["-n", "2", "-m", "not"], "the rest, not them"
+    main, alone, faults = (int(failing == f) for f in ("tests/unit", "-m stalls_reads", "tests/faults"))
+    said = f"unit, integration and deploy exit {main}; alone exit {alone}; faults exit {faults}"
+    assert said in done.stdout
     assert (done.returncode != 0) == (failing != "none")
 
 
