@@ -25,8 +25,8 @@ from holdfast.v1 import agent_pb2
 from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration import unprivileged
 from tests.integration.run_fixtures import Cluster, until
-from tests.integration.stuck_fuse import CHILD, StuckFuse
-from tests.integration.test_agent_stuck_environ import in_mmap
+from tests.integration.stuck_fuse import StuckFuse
+from tests.integration.test_agent_stuck_environ import unreadable
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
@@ -77,33 +77,21 @@ def test_an_unproven_tree_is_asked_again_by_run_and_released_once_provable(clust
         owner = cluster.run(a, sid, cmd=["sh", "-c", 'echo r > "$0" && read x < "$1"', str(ready), str(end)],
                             as_nobody=True)
         assert ready.read_text() == "r\n", owner.err()
-        ready_r, ready_w = os.pipe()
-        go_r, go_w = os.pipe()
         # An environ of its own (an empty one is read without touching its memory), no token.
-        hostile = a.spawn([PYTHON, "-c", CHILD, str(fuse.file), str(ready_w), str(go_r)],
-                          env={"PATH": os.environ["PATH"]}, pass_fds=(ready_w, go_r))
-        os.close(ready_w)
-        os.close(go_r)
-        try:
-            assert os.read(ready_r, 1) == b"m"
-            assert fuse.read_asked.wait(10), "the hostile process's own read never reached the daemon"
-            os.write(go_w, b"g")
-            hostile_pid = a.outer_pid(hostile)
-            until("the hostile process queued for its mmap lock", lambda: in_mmap(hostile_pid))
-            before = cluster.record(sid)
-            proof = before.record.lease.owner
-            assert proof.tree_proof == agent_pb2.CGROUP_AND_SCAN, proof.tree_proof_reason
-            end.write_text("end\n")  # CMD ends: its tree is gone, but the agent cannot prove it
-            said = "release refused (OWNERSHIP_UNKNOWN): "
-            until("run's release refused as unproven", lambda: said in owner.err())
-            line = next(line for line in owner.err().splitlines() if said in line)
-            assert "not proven gone: 1 process(es) could not be read" in line, line
-            assert "asking again" in line and owner.proc.poll() is None, owner.err()
-            after = cluster.record(sid)  # each refusal wrote nothing
-            assert (after.record, list(after.history)) == (before.record, list(before.history))
-        finally:
-            os.close(ready_r)
-            os.close(go_w)
+        plain = {"PATH": os.environ["PATH"]}
+        hostile = unreadable(fuse, lambda argv, fds: a.spawn(argv, env=plain, pass_fds=fds), PYTHON,
+                             a.outer_pid)
+        before = cluster.record(sid)
+        proof = before.record.lease.owner
+        assert proof.tree_proof == agent_pb2.CGROUP_AND_SCAN, proof.tree_proof_reason
+        end.write_text("end\n")  # CMD ends: its tree is gone, but the agent cannot prove it
+        said = "release refused (OWNERSHIP_UNKNOWN): "
+        until("run's release refused as unproven", lambda: said in owner.err())
+        line = next(line for line in owner.err().splitlines() if said in line)
+        assert "not proven gone: 1 process(es) could not be read" in line, line
+        assert "asking again" in line and owner.proc.poll() is None, owner.err()
+        after = cluster.record(sid)  # each refusal wrote nothing
+        assert (after.record, list(after.history)) == (before.record, list(before.history))
     # The daemon gone, the hostile process's read returns and it ends: the agent proves the tree
     # gone, and the run's next try releases.
     hostile.wait(30)
