@@ -18,9 +18,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from holdfast.agent import hostinfo
+from holdfast.agent import hostinfo, hostinfo_rules
 from holdfast.agent.reads import Readers
 from holdfast.common import reloading, tls
+from holdfast.common.incarnation_rules import machine_id_problem
 from holdfast.common.version import JSON_SCHEMA
 from holdfast.proc import cgroups
 from holdfast.proc.environ import EnvironReader
@@ -77,6 +78,8 @@ class Facts:
     cert_error: str = ""  # why it could not be read
     fenced: str | None = None  # the fence that proved this very incarnation off; "" none; None: not asked
     ptrace_scope: int | None = None  # kernel.yama.ptrace_scope; None: no Yama, or unreadable
+    time_ns: int | None = None  # /proc/self/ns/time's inode; None: no time namespaces in this kernel
+    timens_offsets: str | None = None  # /proc/self/timens_offsets; None: absent
 
 
 @dataclass(frozen=True)
@@ -164,10 +167,21 @@ def check_ptrace_scope(f: Facts) -> Check:
 
 
 def check_boot_id(f: Facts) -> Check:
-    ok = bool(f.boot_id) and bool(f.machine_id)
-    detail = f"boot id {f.boot_id or 'unreadable'}, machine id {f.machine_id or 'unreadable'}"
-    return _result("boot-id", ok, detail, "/proc/sys/kernel/random/boot_id and the node's /etc/machine-id "
-                   "must be readable (mount /etc/machine-id from the node)")
+    """A machine id that names no one machine fails too: the agent refuses to start with it."""
+    bad = machine_id_problem(f.machine_id)
+    detail = f"boot id {f.boot_id or 'unreadable'}, machine id {f.machine_id or 'unreadable'}" + \
+        (f" ({bad})" if bad else "")
+    return _result("boot-id", bool(f.boot_id) and not bad, detail, "/proc/sys/kernel/random/boot_id must "
+                   f"be readable, and /etc/machine-id name this machine: {hostinfo_rules.MACHINE_ID_FIX}")
+
+
+def check_time_ns(f: Facts) -> Check:
+    """Start times read under a time namespace's offsets are not the ones every other agent reads:
+    the agent refuses to start there (agent/hostinfo_rules.py)."""
+    bad = hostinfo_rules.time_namespace_problem(f.time_ns, f.timens_offsets)
+    detail = "no time namespaces in this kernel" if f.time_ns is None and f.timens_offsets is None \
+        else f"the initial time namespace ({f.time_ns}), no offsets"
+    return _result("time-namespace", not bad, bad or detail, hostinfo_rules.TIME_NS_FIX)
 
 
 def check_coordinator(f: Facts) -> Check:
@@ -210,7 +224,7 @@ def check_certificate(f: Facts) -> Check:
 
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
     check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_ptrace_scope, check_boot_id,
-    check_coordinator, check_certificate, check_fenced)
+    check_time_ns, check_coordinator, check_certificate, check_fenced)
 
 
 def run_checks(f: Facts) -> list[Check]:
@@ -340,18 +354,20 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
     readers = Readers()
     read, denied, others, first, unreadable = asyncio.run(readers.run(environ_facts, readers.environ))
     able = cgroups.capability()
+    time_ns, offsets = hostinfo.time_namespace()
     return Facts(
         node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),
         environ_read=read, environ_denied=denied, environ_other_users=others, environ_error=first,
         pidfs=hostinfo.has_pidfs(), cgroup_root=able.root,
         cgroup_problem=f"cannot join the node's cgroup namespace: {cgroup_ns_error}" if cgroup_ns_error
         else able.reason,
-        boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=_read("/etc/machine-id"),
+        boot_id=_read("/proc/sys/kernel/random/boot_id"), machine_id=hostinfo.machine_id(),
         coordinator=coordinator,
         coordinator_error=coordinator_error(coordinator, tls_dir, host_id) if coordinator else "",
         unreadable=unreadable,
         fenced=fenced_here(coordinator, tls_dir, host_id) if coordinator and host_id else None,
         ptrace_scope=cgroups.ptrace_scope(),
+        time_ns=time_ns, timens_offsets=offsets,
         **certificate_facts(tls_dir, host_id),
     )
 

@@ -1,7 +1,8 @@
 """This host's identity as the agent sees it: machine, boot, PID namespace and its PID 1.
 
 A host incarnation (docs/design.md §2) is what "the same host, still up" means; every field comes from
-the kernel, never from configuration, except the host id the operator names.
+the kernel, never from configuration, except the host id the operator names. `refusal` says when
+these facts prove nothing (agent/hostinfo_rules.py): the agent then does not start.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from holdfast.agent import hostinfo_rules
 from holdfast.proc import cgroups
 from holdfast.proc.environ import read_proc_file
 from holdfast.proc.procstat import parse_stat
@@ -31,11 +33,38 @@ class HostFacts:
 
 def current_incarnation() -> agent_pb2.HostIncarnation:
     return agent_pb2.HostIncarnation(
-        machine_id=Path("/etc/machine-id").read_text().strip(),
+        machine_id=machine_id(),
         boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
         pid_ns=os.stat("/proc/self/ns/pid").st_ino,
         ns_init_start_ticks=parse_stat(read_proc_file("/proc/1/stat")).start_ticks,
     )
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def machine_id() -> str:
+    """/etc/machine-id, "" when unreadable."""
+    return (_read("/etc/machine-id") or "").strip()
+
+
+def time_namespace() -> tuple[int | None, str | None]:
+    """This process's time namespace inode and its /proc/self/timens_offsets, each None when absent
+    (a kernel without time namespaces)."""
+    try:
+        inode: int | None = os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        inode = None
+    return inode, _read("/proc/self/timens_offsets")
+
+
+def refusal() -> str:
+    """'' when this agent may serve here, else why not and the fix."""
+    return hostinfo_rules.refusal(machine_id(), *time_namespace())
 
 
 def has_pidfs() -> bool:

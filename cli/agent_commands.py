@@ -86,7 +86,7 @@ def load(settings: list[Setting], args: argparse.Namespace) -> argparse.Namespac
 
 
 def _serve(raw: argparse.Namespace) -> int:
-    from holdfast.agent import doctor, server
+    from holdfast.agent import doctor, hostinfo, server
     from holdfast.common import keepalive, logs, tls
     from holdfast.proc import cgroups
 
@@ -94,6 +94,10 @@ def _serve(raw: argparse.Namespace) -> int:
     keepalive.configure(args.keepalive_seconds)
     tls_dir = tls.tls_dir(args.tls_dir)
     logs.setup(args.log_format, args.log_level)
+    if why := hostinfo.refusal():
+        # Start times read in another clock, or a machine id two machines share, prove live owners dead.
+        logs.fatal(f"holdfast agent serve: refusing to serve probes: {why}")
+        return EX_USAGE
     if args.node and not doctor.in_init_pid_ns():
         # A pod without hostPID numbers pids in its own namespace: its probes would judge strangers.
         logs.fatal("holdfast agent serve: setting node is on but this process is not in the init PID "

@@ -139,6 +139,52 @@ def test_serve_with_node_refuses_outside_the_init_namespace(tmp_path: Path) -> N
         proc.wait(10)
 
 
+def refused(prefix: list[str], tmp_path: Path) -> str:
+    """`agent serve` and `agent doctor` run under `prefix`: the agent must exit 2 without ever taking
+    calls, the doctor 1; the agent's last words. --kill-child in each prefix: an agent that served
+    after all ends with the `unshare` the timeout kills."""
+    ready = tmp_path / "ready.json"
+    serve = [*HOLDFAST, "agent", "serve", "--listen", "127.0.0.1:0", "--host-id", "host-t", "--ready-file",
+             str(ready)]
+    served = subprocess.run([*prefix, *serve], capture_output=True, text=True, timeout=30)
+    assert served.returncode == 2 and not ready.exists(), served.stderr
+    checked = subprocess.run([*prefix, *HOLDFAST, "agent", "doctor", "--json"], capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 1 and json.loads(checked.stdout)["ok"] is False, checked.stderr
+    failed = {c["name"]: c for c in json.loads(checked.stdout)["checks"] if c["status"] == "fail"}
+    return served.stderr + json.dumps(failed)
+
+
+TIME_NS = pytest.mark.skipif(not os.path.exists("/proc/self/ns/time"), reason="this kernel has no time "
+                             "namespaces (CONFIG_TIME_NS): no reader's clock is shifted")
+
+
+@TIME_NS
+def test_serve_refuses_in_a_time_namespace_and_doctor_fails(tmp_path: Path) -> None:
+    """The review's repro: an agent under `unshare --time --boottime 100000` read a live owner's start
+    100000 s later than the agent before it had recorded it, and the next agent, without the offset,
+    proved the owner dead (incarnation "ended", tree gone). Such an agent must not start at all."""
+    said = refused(["unshare", "--time", "--kill-child", "--boottime", "100000"], tmp_path)
+    assert "time namespace with offsets (boottime 100000s 0ns)" in said and "unshare --time" in said
+    assert '"time-namespace"' in said
+    # Zero offsets, but not the initial namespace: a restore would give it offsets under the agent.
+    said = refused(["unshare", "--time", "--kill-child"], tmp_path)
+    assert "not the initial one" in said and '"time-namespace"' in said
+
+
+@pytest.mark.parametrize("machine_id", ["", "uninitialized\n"])
+def test_serve_refuses_a_machine_id_naming_no_one_machine(machine_id: str, tmp_path: Path) -> None:
+    """Two machines without a machine id under one host id would prove each other's owners dead (their
+    boot ids differ). /etc/machine-id replaced by a bind mount in a private mount namespace."""
+    fake = tmp_path / "machine-id"
+    fake.write_text(machine_id)
+    mount = ["unshare", "--mount", "--propagation", "private", "--kill-child", "sh", "-c",
+             'mount --bind "$1" /etc/machine-id && shift && exec "$@"', "sh", str(fake)]
+    said = refused(mount, tmp_path)
+    assert "prove each other's owners dead" in said and "systemd-machine-id-setup" in said
+    assert '"boot-id"' in said
+
+
 @pytest.mark.parametrize("server,toml,setting", [
     ("coordinator", '[coordinator]\netcd = "http://127.0.0.1:2379"\nlisten = "127.0.0.1:0"\n'
                     'log_format = "xml"\n', "log_format"),

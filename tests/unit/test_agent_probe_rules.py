@@ -6,10 +6,12 @@ import pytest
 
 from holdfast.agent import probe_rules
 from holdfast.agent.probe_rules import PROVEN_DEAD, Observation, TreeObservation, tree_verdict
+from holdfast.common.incarnation_rules import incarnation_verdict, machine_id_problem
 from holdfast.v1 import agent_pb2
 
 P = agent_pb2.ProbeOutcome
-INC = agent_pb2.HostIncarnation(machine_id="m", boot_id="b", pid_ns=4026531836, ns_init_start_ticks=10)
+MACHINE = "3d1219c7c4c5404aaa1f6d2a48adfda4"  # one that names a machine: an invalid one proves no end
+INC = agent_pb2.HostIncarnation(machine_id=MACHINE, boot_id="b", pid_ns=4026531836, ns_init_start_ticks=10)
 CG = agent_pb2.CgroupRef(path="/sys/fs/cgroup/s", inode=5)
 TOKEN = "0123456789abcdef0123456789abcdef"
 VAR = "HOLDFAST_SPAWN_TOKEN"
@@ -55,7 +57,7 @@ def test_other_host_is_misrouted_even_when_everything_else_differs() -> None:
         (inc(boot_id="rebooted"), P.IDENTITY_MISMATCH),  # same machine, new boot
         (inc(ns_init_start_ticks=99), P.IDENTITY_MISMATCH),  # same ns inode reused by a new namespace
         (inc(pid_ns=4026532000), P.INDETERMINATE),  # another namespace: the old may still exist
-        (inc(machine_id="replacement", boot_id="x"), P.INDETERMINATE),  # another machine, same name
+        (inc(machine_id="f" * 32, boot_id="x"), P.INDETERMINATE),  # another machine, same name
     ],
 )
 def test_incarnation_rule(current: agent_pb2.HostIncarnation, outcome: int) -> None:
@@ -63,6 +65,24 @@ def test_incarnation_rule(current: agent_pb2.HostIncarnation, outcome: int) -> N
     assert r.outcome == outcome
     if outcome == P.IDENTITY_MISMATCH:
         assert r.mismatch_field == "incarnation"
+
+
+@pytest.mark.parametrize("machine_id", ["", "uninitialized", "0" * 32, "m", "3d1219c7-c4c5-404a-aa1f-6d2a4"])
+def test_a_machine_id_naming_no_one_machine_proves_no_end(machine_id: str) -> None:
+    """Two machines without a machine id (or with the same placeholder) under one host id: their
+    boot ids differ, their namespaces' inits started at different ticks, and neither proves the
+    other's owners dead. Only the very same incarnation is still 'same'."""
+    recorded = inc(machine_id=machine_id)
+    assert machine_id_problem(machine_id)
+    rebooted = inc(machine_id=machine_id, boot_id="x")
+    reused = inc(machine_id=machine_id, ns_init_start_ticks=99)
+    for current in (rebooted, reused, inc(boot_id="x")):
+        verdict, why = incarnation_verdict(recorded, current)
+        assert verdict == "unknown" and "names no one machine" in why
+        r = judge(ident(incarnation=recorded), "h", current, live())
+        assert r.outcome == P.INDETERMINATE and not r.mismatch_field
+    assert incarnation_verdict(recorded, inc(machine_id=machine_id)) == ("same", "")
+    assert machine_id_problem(MACHINE) == machine_id_problem(MACHINE.upper()) == ""
 
 
 def test_order_watched_exit_before_absent_before_error() -> None:

@@ -9,7 +9,7 @@ from holdfast.agent import doctor
 GOOD = doctor.Facts(
     node=True, pid_ns=doctor.INIT_PID_NS, cap_eff=1 << doctor.CAP_SYS_PTRACE, environ_read=40,
     environ_denied=0, environ_other_users=12, environ_error="", pidfs=True, cgroup_root="/sys/fs/cgroup",
-    cgroup_problem="", boot_id="b", machine_id="m", coordinator="c:1", coordinator_error="",
+    cgroup_problem="", boot_id="b", machine_id="0f" * 16, coordinator="c:1", coordinator_error="",
     cert_seconds_left=20 * 3600.0, fenced="", ptrace_scope=1,
 )
 
@@ -32,6 +32,7 @@ def test_each_broken_fact_fails_exactly_its_check_with_a_fix() -> None:
         "pidfs": {"pidfs": False},
         "cgroup-v2": {"cgroup_problem": "/proc/1/cgroup reads '/../..': private cgroup namespace"},
         "boot-id": {"machine_id": ""},
+        "time-namespace": {"time_ns": 4026531834, "timens_offsets": "monotonic 0 0\nboottime 100000 0\n"},
         "coordinator": {"coordinator_error": "unreachable (UNAVAILABLE)"},
         "certificate": {"cert_seconds_left": 5 * 3600.0},
         "fenced": {"fenced": "this incarnation was proven off by /usr/sbin/fence_ipmilan"},
@@ -103,3 +104,21 @@ def test_an_expired_or_unreadable_certificate_fails_naming_how_to_get_one() -> N
 
 def test_the_fenced_check_is_skipped_when_the_coordinator_was_not_asked() -> None:
     assert statuses(dataclasses.replace(GOOD, fenced=None))["fenced"] == "skip"
+
+
+def test_a_machine_id_naming_no_one_machine_or_a_shifted_clock_fails_with_its_fix() -> None:
+    """What `agent serve` refuses to start on, the readiness probe fails on too."""
+    for machine_id in ("uninitialized", "0" * 32, "not-hex"):
+        [check] = [c for c in doctor.run_checks(dataclasses.replace(GOOD, machine_id=machine_id))
+                   if c.name == "boot-id"]
+        assert check.status == "fail" and machine_id in check.detail and "machine-id" in check.fix
+    zero = "monotonic           0         0\nboottime            0         0\n"
+    shifted = "monotonic           0         0\nboottime       100000         0\n"
+    cases = ((None, None, "pass"), (4026531834, zero, "pass"), (4026532174, zero, "fail"),
+             (4026532174, shifted, "fail"))
+    for time_ns, offsets, status in cases:
+        facts = dataclasses.replace(GOOD, time_ns=time_ns, timens_offsets=offsets)
+        [check] = [c for c in doctor.run_checks(facts) if c.name == "time-namespace"]
+        assert check.status == status, check
+        assert (check.fix != "") is (status == "fail")
+    assert "boottime 100000s" in check.detail and "unshare --time" in check.fix

@@ -157,8 +157,12 @@ def test_an_on_answer_is_reported_as_on() -> None:
         Answer.ON, "status after off reports the host ON")
 
 
+# Two machine ids that each name one machine (machine-id(5)): an invalid one proves no end.
+MACHINE, OTHER_MACHINE = "0f" * 16, "a1" * 16
+
+
 def inc(boot: str = "b1") -> apb.HostIncarnation:
-    return apb.HostIncarnation(machine_id="m", boot_id=boot, pid_ns=4026531836, ns_init_start_ticks=5)
+    return apb.HostIncarnation(machine_id=MACHINE, boot_id=boot, pid_ns=4026531836, ns_init_start_ticks=5)
 
 
 def owned(host: str, claim: int = pb.LIVE, boot: str = "b1", stage: int = pb.NONE) -> pb.SessionRecord:
@@ -252,7 +256,7 @@ def test_registration_refused_while_pending_and_for_the_fenced_incarnation_only(
     assert "lied" in fence_rules.registration_refused(inc(), False, fenced)
     assert fence_rules.registration_refused(inc("b2"), False, fenced) == ""
     assert fence_rules.registration_refused(inc(), False, None) == ""
-    for field, other in (("machine_id", "m2"), ("pid_ns", 1), ("ns_init_start_ticks", 6)):
+    for field, other in (("machine_id", OTHER_MACHINE), ("pid_ns", 1), ("ns_init_start_ticks", 6)):
         moved = inc()
         setattr(moved, field, other)
         assert not fence_rules.same_incarnation(moved, inc())
@@ -269,7 +273,7 @@ def test_the_proof_frees_the_fenced_incarnation_earlier_ended_ones_and_earlier_r
     # An earlier incarnation the fenced one does not prove ended: another machine, or another
     # PID namespace of the same boot (it may still exist beside the one fenced).
     elsewhere, beside = owned("h1"), owned("h1")
-    elsewhere.lease.owner.incarnation.machine_id = "m2"
+    elsewhere.lease.owner.incarnation.machine_id = OTHER_MACHINE
     beside.lease.owner.incarnation.pid_ns = 4026532000
     assert not fence_rules.recoverable(elsewhere, "h1", fenced, 10, 20)
     assert not fence_rules.recoverable(beside, "h1", fenced, 10, 20)
