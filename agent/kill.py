@@ -7,13 +7,14 @@ never hit (without pidfs an inode of 0 says nothing: the check is start ticks th
 The session cgroup is ended with `cgroup.kill`, which the kernel applies to forks racing it. A
 token carrier outside the cgroup is first stopped, every carrier until a stable scan finds no new
 one, and only then killed: a tree that keeps forking cannot outrun a kill that stops it first.
+A signal the kernel refuses (EPERM) is never read as the process's exit: it is reported refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
+from dataclasses import dataclass
 
 from holdfast.agent.observe import pidfd_exited
 from holdfast.proc import cgroups
@@ -63,18 +64,32 @@ def _open_carrier(pid: int, variable: bytes, token: bytes, environ: EnvironReade
     return fd
 
 
-def _send(fd: int, sig: int) -> bool:
+@dataclass(frozen=True)
+class Killed:
+    sent: int  # SIGKILLs delivered (and a cgroup.kill written)
+    refused: tuple[str, ...]  # each signal the kernel refused: "pid N (SIGSTOP): why"
+
+
+def _send(fd: int, pid: int, sig: int, refused: set[str]) -> bool:
+    """Whether `sig` went through the checked pidfd. ESRCH: the process exited since it was checked.
+    Any other failure (EPERM: another uid's process and no CAP_KILL, or an LSM's denial) says
+    nothing of its end — it is no exit, and it is kept in `refused` to be said."""
     try:
         signal.pidfd_send_signal(fd, sig)
-        return True
-    except OSError:
-        return False  # exited since it was checked
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        refused.add(f"pid {pid} ({signal.Signals(sig).name}): {exc.strerror}")
+        return False
+    return True
 
 
-def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, skip: int = 0) -> dict[int, int]:
+def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, refused: set[str],
+                  skip: int = 0) -> dict[int, int]:
     """SIGSTOP every carrier of the token until a stable scan shows none that is not stopped;
     returns the pidfds of the stopped ones (the caller kills and closes them). Every environ is read
-    through `environ`: one that cannot be read is no carrier proven, and is not signalled."""
+    through `environ`: one that cannot be read is no carrier proven, and is not signalled. A stop
+    the kernel refused is added to `refused`."""
     stopped: dict[int, int] = {}
 
     def carriers() -> tuple[list[int], bool]:
@@ -84,7 +99,7 @@ def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, skip: i
     def stop(new: set[int]) -> list[int]:
         for pid in new:
             fd = _open_carrier(pid, variable, token, environ)
-            if fd is not None and _send(fd, signal.SIGSTOP):
+            if fd is not None and _send(fd, pid, signal.SIGSTOP, refused):
                 stopped[pid] = fd
             elif fd is not None:
                 os.close(fd)
@@ -101,23 +116,25 @@ def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, skip: i
 
 
 def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched: bool,
-              cap: cgroups.Capability, environ: EnvironReader) -> int:
-    """Signals sent. The root is signalled only when just judged IDENTITY_MATCHED and re-checked
-    through its pidfd; the cgroup and the carriers whenever the root is matched or proven dead,
-    since descendants outlive their root."""
+              cap: cgroups.Capability, environ: EnvironReader) -> Killed:
+    """The signals sent, and those refused. The root is signalled only when just judged
+    IDENTITY_MATCHED and re-checked through its pidfd; the cgroup and the carriers whenever the root
+    is matched or proven dead, since descendants outlive their root."""
     sent = 0
+    refused: set[str] = set()
     if root_matched and (fd := _open_root(identity)) is not None:
         try:
-            sent += _send(fd, signal.SIGKILL)
+            sent += _send(fd, identity.pid, signal.SIGKILL, refused)
         finally:
             os.close(fd)
     if identity.cgroup.path:
         sent += cgroups.kill(identity.cgroup, cap)
     if identity.spawn_token:
         skip = identity.pid if root_matched else 0
-        stopped = stop_carriers(variable, identity.spawn_token.encode(), environ, skip)
-        for fd in stopped.values():
-            with contextlib.suppress(OSError):
-                sent += _send(fd, signal.SIGKILL)
+        stopped = stop_carriers(variable, identity.spawn_token.encode(), environ, refused, skip)
+        for pid, fd in stopped.items():
+            try:
+                sent += _send(fd, pid, signal.SIGKILL, refused)
+            finally:
                 os.close(fd)
-    return sent
+    return Killed(sent, tuple(sorted(refused)))

@@ -439,9 +439,12 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
             return agent_pb2.KillOwnerResponse(result=await self.reading(self.probe_tree, owner, before))
         (watch,) = await self.watch([owner])
-        sent = await self.readers.run(kill_tree, owner, self.variable, matched, self.cgroups, self.environ)
+        killed = await self.readers.run(kill_tree, owner, self.variable, matched, self.cgroups, self.environ)
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
-                                                        "signalled": sent}})
+                                                        "signalled": killed.sent}})
+        if killed.refused:
+            log.warning("signals refused: the tree may live on", extra={"fields": {
+                "host": self.host_id, "pid": owner.pid, "refused": list(killed.refused)}})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(watch), timeout=request.wait_seconds or KILL_WAIT_S)
         # Signalled carriers take a moment to leave the process table; wait_seconds 0 means KILL_WAIT_S.
@@ -449,5 +452,9 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
         while True:
             result = await self.reading(self.probe_tree, owner, before)
             if result.tree_state == agent_pb2.TREE_GONE or time.monotonic() > deadline:
-                return agent_pb2.KillOwnerResponse(result=result, signalled=sent)
+                if killed.refused:
+                    # Said beside whatever the probe found: a refused signal ended nothing.
+                    result.reason = (f"{result.reason}; the kernel refused {len(killed.refused)} signal(s) "
+                                     f"({killed.refused[0]}): the agent needs CAP_KILL, and no LSM denial")
+                return agent_pb2.KillOwnerResponse(result=result, signalled=killed.sent)
             await asyncio.sleep(0.01)

@@ -2,7 +2,7 @@
 
 Every overlay renders with `kubectl kustomize`; every core object validates against the Kubernetes
 schemas; CRD objects (cert-manager, PrometheusRule) are shape-checked here; yamllint is clean; the
-agent has hostPID and SYS_PTRACE and nothing more; the coordinator is non-root; probes name real
+agent has hostPID and its systemd unit's capabilities, no more; the coordinator is non-root; probes name real
 container ports and the agent's readiness is its doctor; metrics ports are declared; the ConfigMap
 holds only settings a server reads; the NetworkPolicies admit only coordinators to the agents, and
 only scrapers to the agents' and coordinators' metrics; every link is mTLS from mounted secrets,
@@ -103,7 +103,13 @@ def test_agent_sees_the_node_with_sys_ptrace_and_its_cgroups_with_sys_admin() ->
     (container,) = spec["containers"]
     sc = container["securityContext"]
     # SYS_ADMIN is for the setns into the node's cgroup namespace (--node-cgroup-namespace) alone.
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH", "SYS_ADMIN"]}
+    assert sc["capabilities"] == {"drop": ["ALL"],
+                                  "add": ["SYS_PTRACE", "DAC_READ_SEARCH", "KILL", "SYS_ADMIN"]}
+    # One vocabulary: the pod's agent may do exactly what the systemd unit's may. A capability one
+    # lacks is work the other refuses (without KILL every kill of another user's session is EPERM).
+    unit = (DEPLOY / "systemd" / "holdfast-agent.service").read_text()
+    (bounding,) = re.findall(r"^CapabilityBoundingSet=(.*)$", unit, re.MULTILINE)
+    assert {f"CAP_{c}" for c in sc["capabilities"]["add"]} == set(bounding.split())
     assert "--node-cgroup-namespace" in container["args"]
     assert sc.get("privileged") is not True
     assert sc["allowPrivilegeEscalation"] is False
