@@ -23,9 +23,10 @@ from holdfast.agent.reads import Readers
 from holdfast.common import reloading, tls
 from holdfast.common.incarnation_rules import machine_id_problem
 from holdfast.common.version import JSON_SCHEMA
-from holdfast.proc import cgroups
+from holdfast.proc import cgroups, listing_rules
 from holdfast.proc.environ import EnvironReader
 from holdfast.proc.procstat import StatParseError, parse_stat
+from holdfast.proc.scan import listing_hidden
 from holdfast.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 INIT_PID_NS = 4026531836  # PROC_PID_INIT_INO: the inode of every init PID namespace
@@ -78,6 +79,7 @@ class Facts:
     cert_error: str = ""  # why it could not be read
     fenced: str | None = None  # the fence that proved this very incarnation off; "" none; None: not asked
     ptrace_scope: int | None = None  # kernel.yama.ptrace_scope; None: no Yama, or unreadable
+    proc_hidden: str = ""  # why the agent's /proc listing may leave processes out; "" none
     time_ns: int | None = None  # /proc/self/ns/time's inode; None: no time namespaces in this kernel
     timens_offsets: str | None = None  # /proc/self/timens_offsets; None: absent
 
@@ -132,6 +134,16 @@ def check_environ(f: Facts) -> Check:
     return Check("environ-readable", "fail", detail,
                  "scans stay incomplete until every environ is readable: CAP_SYS_PTRACE, and an AppArmor "
                  "profile that allows ptrace reads (appArmorProfile: Unconfined)")
+
+
+def check_proc_listing(f: Facts) -> Check:
+    """A /proc that hides processes from the agent (hidepid=invisible/ptraceable, subset=pid) leaves
+    every scan incomplete: no tree proven gone by one, not even the processes environ-readable counts
+    (a hidden one is not seen to be unreadable). A failure, as check_environ's: on such a host every
+    session whose tree's end needs a scan (any without a session cgroup that holds its tree) is
+    stuck at TREE_UNPROVEN, its release and takeover waiting on the operator."""
+    return _result("proc-listing", not f.proc_hidden, f.proc_hidden or "/proc lists every process to this "
+                   "agent", listing_rules.FIX)
 
 
 def check_pidfs(f: Facts) -> Check:
@@ -223,7 +235,8 @@ def check_certificate(f: Facts) -> Check:
 
 
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
-    check_pid_ns, check_ptrace, check_environ, check_pidfs, check_cgroup, check_ptrace_scope, check_boot_id,
+    check_pid_ns, check_ptrace, check_proc_listing, check_environ, check_pidfs, check_cgroup,
+    check_ptrace_scope, check_boot_id,
     check_time_ns, check_coordinator, check_certificate, check_fenced)
 
 
@@ -367,6 +380,7 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
         unreadable=unreadable,
         fenced=fenced_here(coordinator, tls_dir, host_id) if coordinator and host_id else None,
         ptrace_scope=cgroups.ptrace_scope(),
+        proc_hidden=listing_hidden("/proc"),
         time_ns=time_ns, timens_offsets=offsets,
         **certificate_facts(tls_dir, host_id),
     )

@@ -1,7 +1,9 @@
 """The I/O behind a probe: look at one pid through a fresh pidfd and /proc, and at one token's tree.
 
 The pidfd is opened before /proc is read, and polled after, so a pid reused in between is caught:
-a readable pidfd means the process it names has exited, whatever /proc now shows.
+a readable pidfd means the process it names has exited, whatever /proc now shows. A /proc/<pid>
+missing after the open is the process's end only when the pidfd says so: a /proc mounted with
+hidepid hides a live process the same way (`probe_rules.missing_from_proc`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import errno
 import os
 import select
 
-from holdfast.agent.probe_rules import Observation, TreeObservation, token_decides
+from holdfast.agent.probe_rules import Observation, TreeObservation, missing_from_proc, token_decides
 from holdfast.proc import cgroups
 from holdfast.proc.environ import EnvironReader, read_proc_file, value_in_block
 from holdfast.proc.procstat import StatParseError, parse_stat
@@ -44,7 +46,7 @@ def observe(identity: agent_pb2.ProcessIdentity, variable: bytes, exit_watched: 
             stat = parse_stat(read_proc_file(f"/proc/{pid}/stat"))
         except OSError as exc:
             if exc.errno in _GONE:
-                return Observation(exit_watched=exit_watched, absent=True)
+                return missing_from_proc(pid, exit_watched, pidfd_exited(fd))
             return Observation(exit_watched=exit_watched, error=f"/proc/{pid}/stat: {exc.strerror}")
         except StatParseError as exc:
             return Observation(exit_watched=exit_watched, error=f"/proc/{pid}/stat unparsable: {exc}")
@@ -75,4 +77,5 @@ def observe_tree(identity: agent_pb2.ProcessIdentity, scan: Scan, cap: cgroups.C
         cgroup_populated=cgroups.populated(identity.cgroup, cap) if identity.cgroup.path else None,
         stable=scan.stable,
         passes=scan.passes,
+        hidden=scan.hidden,
     )

@@ -19,13 +19,24 @@ class Observation:
     """What the agent saw of one pid; `error` set means it could not look (EPERM, EIO, parse)."""
 
     exit_watched: bool = False  # a pidfd held for this exact identity polled readable
-    absent: bool = False  # /proc/<pid> gone with ENOENT/ESRCH
+    absent: bool = False  # no such pid, or /proc/<pid> gone and its pidfd reporting the exit
     error: str = ""
     state: str = ""
     start_ticks: int = 0
     pidfd_ino: int = 0  # 0: no pidfs inode could be taken
     pidfd_exited: bool = False  # the pidfd opened at this probe polled readable
     token_matched: bool | None = None  # None: no token recorded, or environ unreadable
+
+
+def missing_from_proc(pid: int, exit_watched: bool, pidfd_exited: bool) -> Observation:
+    """/proc/<pid> missing (ENOENT/ESRCH) after a pidfd for the pid was opened: absent only when that
+    pidfd reports the exit. A /proc mounted hidepid=invisible or ptraceable shows a live process the
+    reader may not ptrace-read in the very same way (proc/listing_rules.py)."""
+    if pidfd_exited:
+        return Observation(exit_watched=exit_watched, absent=True)
+    return Observation(exit_watched=exit_watched, error=f"/proc hides a live pid: /proc/{pid} is missing "
+                       "while its pidfd reports no exit (/proc mounted hidepid=invisible or ptraceable, "
+                       "and this agent may not ptrace-read it)")
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class TreeObservation:
     cgroup_populated: bool | None  # None: no cgroup recorded, or nothing known of it
     stable: bool = True  # the scan settled (every listed pid read) within its bound of passes
     passes: int = 1
+    hidden: str = ""  # why the scan's listing may leave live processes out (not enumerable)
 
 
 def token_decides(identity: agent_pb2.ProcessIdentity, pidfd_ino: int) -> bool:
@@ -139,7 +151,8 @@ def tree_verdict(identity: agent_pb2.ProcessIdentity, tree: TreeObservation,
     if not identity.spawn_token:
         return T.TREE_UNPROVEN, "identity records no spawn token; the tree cannot be checked"
     if not tree.enumerable:
-        return T.TREE_UNPROVEN, "this host cannot enumerate processes"
+        why = f": {tree.hidden}" if tree.hidden else ""
+        return T.TREE_UNPROVEN, f"this host cannot enumerate processes{why}"
     if not tree.stable:
         return T.TREE_UNPROVEN, (f"the scan did not settle in {tree.passes} passes (processes kept exiting "
                                  "before they could be read); absence is unproven")

@@ -22,6 +22,8 @@ from holdfast.common import serving as serving_
 from holdfast.common import tls
 from holdfast.common.authorization import RoleGate
 from holdfast.common.reloading import ReloadingCredentials
+from holdfast.proc import listing_rules
+from holdfast.proc.scan import listing_hidden
 from holdfast.v1 import agent_pb2, agent_pb2_grpc
 
 DRAIN_SECONDS = 5.0
@@ -58,6 +60,10 @@ async def serve(listen: str, host_id: str, spawn_token_env: str, ready_file: str
                                                 "pid_ns": service.facts.incarnation.pid_ns,
                                                 "tls": tls_dir is not None,
                                                 "session_cgroups": service.cgroups.reason or "yes"}})
+    if hidden := listing_hidden("/proc"):
+        # Every scan reads as incomplete (each is checked afresh): said once here, with the fix.
+        log.warning("scans cannot prove a tree gone: /proc hides processes from this agent",
+                    extra={"fields": {"why": hidden, "fix": listing_rules.FIX}})
     serving_.announce(ready_file, serving, metrics)
     if bound is not None:
         bound.set_result(serving.address)

@@ -40,6 +40,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from holdfast.proc import listing_rules
 from holdfast.proc.ages import ProcessAges
 from holdfast.proc.environ import EnvironReader, plain_environ, read_proc_file, value_in_block
 from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
@@ -67,7 +68,7 @@ class Carrier:
 
 @dataclass
 class Scan:
-    enumerable: bool
+    enumerable: bool  # the listing holds every process (see `hidden`)
     stable: bool = False  # the last pass was settled: every listed pid accounted for
     passes: int = 0
     scanned: int = 0
@@ -78,6 +79,7 @@ class Scan:
     # Start ticks of each unreadable process, None where its stat could not be read either.
     unreadable_started: list[int | None] = field(default_factory=list)
     init_unreadable: bool = False  # pid 1 of the namespace read is among the unreadable
+    hidden: str = ""  # why the listing may leave live processes out; "" when it leaves none out
 
     @property
     def complete(self) -> bool:
@@ -162,6 +164,19 @@ def pids_ascended(before: int | None, after: int | None) -> bool:
     small pid_max was declared gone that way in 17 of 3,335 scans). A counter that could not be read
     proves nothing either way, so it is taken as a wrap."""
     return before is not None and after is not None and after >= before
+
+
+def listing_hidden(proc: str) -> str:
+    """Why a listing of `proc` may leave out processes this process may not see
+    (`listing_rules.hidden`, over this mount namespace's mounts); "" when it leaves none out. Read
+    at every scan: a remount takes effect at the next one."""
+    try:
+        device = os.stat(proc).st_dev
+        mountinfo = read_proc_file("/proc/self/mountinfo").decode(errors="replace")
+    except OSError as exc:
+        return f"cannot tell whether {proc} hides processes: {exc.strerror}"
+    groups = {os.getegid(), *os.getgroups()}
+    return listing_rules.hidden(mountinfo, (os.major(device), os.minor(device)), groups)
 
 
 def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:
@@ -305,6 +320,7 @@ def passes(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc:
     deadline = time.monotonic() + max_seconds
     before: _Seen = {}
     count = 0
+    hidden = listing_hidden(proc)
     while True:
         listed_at = _boot_ticks()
         first = last_pid(proc)
@@ -320,6 +336,7 @@ def passes(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc:
                                    ages, known, dead or {}, environ)
         result.stable = result.stable and not wrapped
         result.passes, result.listed = count, len(entries)
+        result.enumerable, result.hidden = not hidden, hidden
         yield result
         if result.stable or count >= max_passes or time.monotonic() >= deadline:
             return

@@ -227,3 +227,20 @@ def test_the_token_is_read_only_where_it_can_change_the_outcome(recorded: int, s
         assert len(outcomes) == 1
     assert probe_rules.token_decides(identity, seen_ino) == (not (recorded and seen_ino))
     assert not probe_rules.token_decides(ident(spawn_token=""), 0)
+
+
+def test_a_pid_missing_from_proc_is_absent_only_when_its_pidfd_reports_the_exit() -> None:
+    """/proc mounted hidepid=invisible shows a live process the agent may not ptrace-read as
+    ENOENT, as if it had ended: only its pidfd (opened before the read) tells them apart."""
+    hidden = probe_rules.missing_from_proc(42, exit_watched=False, pidfd_exited=False)
+    assert not hidden.absent and "hides a live pid" in hidden.error
+    r = judge(ident(), "h", INC, hidden)
+    assert r.outcome == P.INDETERMINATE and "hides a live pid" in r.reason
+    ended = probe_rules.missing_from_proc(42, exit_watched=False, pidfd_exited=True)
+    assert ended.absent and judge(ident(), "h", INC, ended).outcome == P.PID_ABSENT
+
+
+def test_a_scan_of_a_listing_that_hides_processes_proves_no_tree_gone() -> None:
+    why = "/proc is mounted hidepid=invisible"
+    state, reason = tree_verdict(ident(), tree(enumerable=False, complete=False, hidden=why), VAR)
+    assert state == UNPROVEN and why in reason

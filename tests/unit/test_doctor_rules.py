@@ -122,3 +122,13 @@ def test_a_machine_id_naming_no_one_machine_or_a_shifted_clock_fails_with_its_fi
         assert check.status == status, check
         assert (check.fix != "") is (status == "fail")
     assert "boottime 100000s" in check.detail and "unshare --time" in check.fix
+
+
+def test_a_proc_that_hides_processes_fails_with_its_fix() -> None:
+    """A hidden process is not even seen to be unreadable (environ-readable passes): no scan proves a
+    tree gone, so every session whose end needs one would wait: a failure, as environ-readable's."""
+    why = "/proc is mounted hidepid=invisible and this agent is not in its gid= group (none set)"
+    checks = doctor.run_checks(dataclasses.replace(GOOD, proc_hidden=why))
+    [check] = [c for c in checks if c.status != "pass"]
+    assert (check.name, check.status, check.detail) == ("proc-listing", "fail", why)
+    assert "without hidepid" in check.fix and "gid=" in check.fix and not doctor.healthy(checks)
