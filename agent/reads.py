@@ -10,8 +10,10 @@ it would have done after the read is done. Reader threads are at most MAX_WORKER
 parked ones. A job waits for a thread when all are busy; one whose caller went away meanwhile (its
 RPC's deadline passed, or the call was cancelled) never runs: a kill or an attestation its caller
 already answered as failed or unknown is not done after the answer. A job a thread has taken runs
-to its end. Work that may need no environ at all is first tried on the loop with `on_loop` as its
-reader, which reads nothing: at its first read it raises `OnLoop`, and the work starts over as a job.
+to its end whether or not its caller still waits, every run of it again after a give-up included:
+that run finishes what the one given up started (a kill kills the carriers it stopped). Work that
+may need no environ at all is first tried on the loop with `on_loop` as its reader, which reads
+nothing: at its first read it raises `OnLoop`, and the work starts over as a job.
 """
 
 from __future__ import annotations
@@ -107,30 +109,42 @@ class Readers:
         self._local = threading.local()
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)` on a reader thread; run again on another while its thread is stuck in a read."""
+        """`fn(*args)` on a reader thread; run again on another while its thread is stuck in a read.
+        Its caller going away drops it only while no thread has taken it."""
         loop = asyncio.get_running_loop()
-        while True:
-            job = _Job(fn, args, loop)
-            self._submit(job)
-            try:
-                return await job.done
-            except _GivenUp:
-                continue
-            except asyncio.CancelledError:
-                self._drop(job)
-                raise
-            finally:
-                if job.timer is not None:
-                    job.timer.cancel()
+        first = _Job(fn, args, loop)
+        self._submit(first)
+        through = loop.create_task(self._through(first))
+        try:
+            return await asyncio.shield(through)
+        except asyncio.CancelledError:
+            if self._drop(first):
+                first.done.cancel()  # `through` ends, and with it the stuck-checks of a job never run
+            raise
 
-    def _drop(self, job: _Job) -> None:
-        """Its caller went away (the RPC's deadline passed, or it was cancelled) while the job waited:
-        no thread takes it. Else a kill, or an attestation's move of a process into a session
-        cgroup, would land after the caller had answered OWNERSHIP_UNKNOWN or ATTESTATION_FAILED —
-        once for each of its retries. A job already taken runs to its end."""
+    async def _through(self, job: _Job) -> Any:
+        """The job's answer, run again as a new job each time it is given up, until one run ends. A
+        run again is never dropped, whether or not the caller still waits: the run given up may have
+        started what only it finishes (a kill that stopped carriers, with SIGKILL still to send)."""
+        try:
+            while True:
+                try:
+                    return await job.done
+                except _GivenUp:
+                    job = _Job(job.fn, job.args, job.loop)
+                    self._submit(job)
+        finally:
+            if job.timer is not None:
+                job.timer.cancel()
+
+    def _drop(self, job: _Job) -> bool:
+        """Whether the job is dropped: its caller went away (the RPC's deadline passed, or it was
+        cancelled) while it waited, and no thread takes it. Else a kill, or an attestation's move of
+        a process into a session cgroup, would land after the caller had answered OWNERSHIP_UNKNOWN
+        or ATTESTATION_FAILED. A job already taken runs to its end."""
         with self._lock:
             if job.worker is not None:
-                return
+                return False
             job.dropped = True
             with contextlib.suppress(ValueError):  # not in the backlog: handed to a thread not yet at it
                 self._backlog.remove(job)
@@ -139,6 +153,7 @@ class Readers:
         metrics.READS_DROPPED.inc()
         log.info("a job waiting for a reader thread was dropped: its caller went away before a thread "
                  "was free", extra={"fields": {"job": getattr(job.fn, "__name__", "?"), "waiting": waiting}})
+        return True
 
     def _submit(self, job: _Job) -> None:
         job.timer = job.loop.call_later(reads_rules.STUCK_AFTER_S, self._check, job)

@@ -5,20 +5,30 @@ land when a thread frees up (nor an attestation's move, nor any job of a call th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
-from holdfast.agent.reads import MAX_WORKERS
+from holdfast.agent.kill import kill_tree
+from holdfast.agent.reads import MAX_WORKERS, Readers
+from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
 from tests.integration.conftest import AgentProcess, attest, mint_token, probe
+from tests.integration.coordinator_fixtures import run_async
 from tests.integration.run_fixtures import until
 from tests.integration.stuck_fuse import CHILD, StuckFuse
 from tests.integration.test_run_sessions import gone
@@ -65,9 +75,18 @@ def reading_environ(agent_pid: int, pids: list[int]) -> int:
 
 
 def stuck_child(children: list, fuse: StuckFuse, token: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    """A process every read of whose environ waits forever (stuck_fuse.CHILD): its own read of the
-    page (pread64, 17) waits on the daemon, or behind the read of the page already waiting there;
-    then its main thread waits in mmap (9) for its memory's lock, behind that read."""
+    """A process every read of whose environ waits forever (`stuck_when_told`, told at once)."""
+    child, stick = stuck_when_told(children, fuse, token)
+    stick()
+    return child
+
+
+def stuck_when_told(children: list, fuse: StuckFuse,  # type: ignore[type-arg]
+                    token: str) -> tuple[subprocess.Popen, Callable[[], None]]:  # type: ignore[type-arg]
+    """A process (stuck_fuse.CHILD) whose environ reads well until `stick()`, and never returns
+    after it: its own read of the page (pread64, 17) waits on the daemon, or behind the read of the
+    page already waiting there; told, its main thread waits in mmap (9) for its memory's lock,
+    behind that read."""
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(fuse.file), str(ready_w), str(go_r)],
@@ -77,13 +96,16 @@ def stuck_child(children: list, fuse: StuckFuse, token: str) -> subprocess.Popen
     os.close(ready_w)
     os.close(go_r)
     assert os.read(ready_r, 1) == b"m"
+    os.close(ready_r)
     until("its own read of the mapped page to wait", lambda: ["17"] in [c[:1] for c in syscalls(child.pid)])
-    os.write(go_w, b"g")
-    until("it to queue for its mmap lock",
-          lambda: Path(f"/proc/{child.pid}/task/{child.pid}/syscall").read_text().split()[0] == "9")
-    for fd in (ready_r, go_w):
-        os.close(fd)
-    return child
+
+    def stick() -> None:
+        os.write(go_w, b"g")
+        os.close(go_w)
+        until("it to queue for its mmap lock",
+              lambda: Path(f"/proc/{child.pid}/task/{child.pid}/syscall").read_text().split()[0] == "9")
+
+    return child, stick
 
 
 def mountpoint(tmp_path: Path, i: int) -> Path:
@@ -136,3 +158,75 @@ def test_a_kill_whose_deadline_passed_while_it_waited_for_a_reader_is_never_done
             h.wait(10)
     finally:
         agent.stop()
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"T"
+
+
+@run_async
+async def test_a_kill_given_up_on_a_stuck_read_is_run_again_to_its_end_though_its_caller_went_away(
+        tmp_path: Path, children: list) -> None:  # type: ignore[type-arg]
+    """The kill stops a carrier, then its next scan is stuck on a read and given up; the thread
+    that frees is taken by another job first, so the kill's run again waits for one, and its caller
+    goes away meanwhile. That run is the rest of a kill already under way: it must run, and kill
+    the carrier the run given up left stopped (dropped, it would stay stopped for good)."""
+    token = mint_token()
+    carrier = subprocess.Popen(["sleep", "300"],
+                               env={"PATH": os.environ["PATH"], "HOLDFAST_SPAWN_TOKEN": token})
+    children.append(carrier)
+    readers = Readers(workers=1)
+    loop = asyncio.get_running_loop()
+    taken, release = threading.Event(), threading.Event()
+
+    def other_job() -> None:
+        taken.set()
+        release.wait(30)
+
+    others: list[asyncio.Task[None]] = []
+
+    class TakeTheFreedThread(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            # Said on the loop as the kill's run is given up, before its run again is submitted: a
+            # task made now starts first, and its job takes the thread the give-up freed.
+            if record.levelno == logging.WARNING and not others:
+                others.append(loop.create_task(readers.run(other_job)))
+
+    handler = TakeTheFreedThread()
+    logging.getLogger("holdfast.agent.reads").addHandler(handler)
+    try:
+        with StuckFuse(mountpoint(tmp_path, 0)) as fuse:
+            stuck, stick = stuck_when_told(children, fuse, mint_token())
+            stuck_now = threading.Event()
+
+            def environ(pid: int | str, start_ticks: int | None, proc: str) -> bytes | None:
+                if int(pid) not in (carrier.pid, stuck.pid):
+                    # Other processes on this host (another test's stuck one among them) are left out.
+                    raise PermissionError(errno.EACCES, "none of this test's processes")
+                if int(pid) == stuck.pid and stopped(carrier.pid) and not stuck_now.is_set():
+                    stick()  # the carrier stopped: the scan after it is stuck on this read
+                    stuck_now.set()
+                return readers.environ(pid, start_ticks, proc)
+
+            owner = agent_pb2.ProcessIdentity(pid=carrier.pid, spawn_token=token)
+            no_cgroups = cgroups.Capability("", 0, False, "this test makes none")
+            dropped = REGISTRY.get_sample_value("holdfast_agent_reads_dropped_total") or 0.0
+            kill = loop.create_task(readers.run(kill_tree, owner, b"HOLDFAST_SPAWN_TOKEN", False, no_cgroups,
+                                                environ))
+            assert await asyncio.to_thread(taken.wait, 30), "the kill's run was never given up"
+            assert stuck_now.is_set() and stopped(carrier.pid)
+            waiting = REGISTRY.get_sample_value("holdfast_agent_reads_waiting")
+            assert waiting == 1, "the kill's run again found a thread free"
+            kill.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await kill
+            release.set()
+            await others[0]
+            try:
+                code = await asyncio.to_thread(carrier.wait, 20)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the carrier the kill stopped stays stopped: the kill's run again was dropped")
+            assert code == -signal.SIGKILL
+            assert (REGISTRY.get_sample_value("holdfast_agent_reads_dropped_total") or 0.0) == dropped
+    finally:
+        logging.getLogger("holdfast.agent.reads").removeHandler(handler)
