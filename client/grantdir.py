@@ -32,6 +32,7 @@ a file not this user's alone, so CMD reads no grant rather than theirs, or anoth
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -128,10 +129,13 @@ def _private_name() -> str:
 def place() -> Place:
     """The temp directory, opened as a directory a user named (files.open_user_dir: a link on the
     way followed only when it is this user's or root's and no directory above it may another user
-    change), refused (ClientError INVALID_ARGUMENT, nothing made) when a directory above it may be
-    changed by another user (files.check_ancestors); grant directories are made in it when it may
-    not be either, else in this user's `holdfast-<uid>` in it, refused now when one is there that
-    is not this user's alone. Nothing is made: `make`, once granted, makes them."""
+    change); grant directories are made in it when no other user may rename in it
+    (files.swappable_because), else in this user's `holdfast-<uid>` in it, refused now when one is
+    there that is not this user's alone. Refused too (ClientError INVALID_ARGUMENT, nothing made,
+    nothing asked) unless this user may write and search where `make` will make a directory: that
+    `holdfast-<uid>` when it is there, else the temp directory — a TMPDIR the run may not write, or
+    a read-only /tmp, is said now, never after the grant (and a takeover's handoff) was taken.
+    Nothing is made: `make`, once granted, makes them."""
     named = temp_dir()
     try:
         fd, _ = files.open_user_dir(named)
@@ -139,25 +143,22 @@ def place() -> Place:
         raise _refused(named, named, exc) from None
     try:
         path = os.readlink(f"/proc/self/fd/{fd}")
-        above = os.open("..", files.OPEN_DIR, dir_fd=fd)
-        try:
-            files.check_ancestors(above, os.path.dirname(path))
-        finally:
-            os.close(above)
-        try:
-            files.check_ancestors(fd, path)  # the temp directory itself: all above it passed
+        if files.swappable_because(fd, path) is None:
+            _check_writable(fd, path)
             return Place(path, fd, private=False)
-        except files.Swappable as exc:
-            if exc.filename != path:
-                raise  # a directory above it, changed since it was judged
-            # Others may rename in it: the run's go in a directory of this user's there.
+        # Others may rename in it: the run's go in a directory of this user's there.
         private = os.path.join(path, _private_name())
         try:
-            os.close(files.open_own_dir(fd, _private_name()))
+            own = files.open_own_dir(fd, _private_name())
         except FileNotFoundError:
-            pass  # made once granted
+            _check_writable(fd, path)  # made there once granted
+            return Place(path, fd, private=True)
         except OSError as exc:
-            raise _refused(named, private, exc) from None
+            raise OSError(exc.errno, exc.strerror, private) from None
+        try:
+            _check_writable(own, private)
+        finally:
+            os.close(own)
         return Place(path, fd, private=True)
     except OSError as exc:
         os.close(fd)
@@ -167,13 +168,33 @@ def place() -> Place:
         raise
 
 
+def _check_writable(fd: int, where: str) -> None:
+    """OSError naming `where` unless this process, by its effective ids, may make a directory in
+    the one open as `fd`: write and search permission, on a file system mounted read-write."""
+    if os.access(".", os.W_OK | os.X_OK, dir_fd=fd, effective_ids=True):
+        return
+    if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, "its file system is read-only", where)
+    raise OSError(errno.EACCES, f"uid {os.geteuid()} may not write and search it", where)
+
+
 def _refused(named: str, where: str, exc: OSError) -> ClientError:
     return ClientError(Reason.INVALID_ARGUMENT, f"{where} is not a directory this run may use: "
                        f"{exc.strerror}; nothing was made, nor a grant asked for. The grant file is kept "
-                       f"in the temp directory ({named}: TMPDIR, else /tmp), which must be reached through "
-                       "no link another user made or may swap, with no directory above it that another "
-                       "user may change. Next: set TMPDIR to such a directory (or unset it: /tmp), or "
-                       "remove what another user put there")
+                       f"in the temp directory ({named}: TMPDIR, else /tmp), which this user must be able "
+                       "to write, reached through no link another user made or may swap. Next: set TMPDIR "
+                       "to such a directory (or unset it: /tmp), or remove what another user put there")
+
+
+def unmade(where: Place, exc: OSError, fence: int, session: str) -> ClientError:
+    """What a failure to make the grant directory once granted (`make`, or the grant file in it) is:
+    what `place` checked before the grant held then, so this is what it cannot foresee — a full
+    file system, one remounted read-only, another user's `holdfast-<uid>` made meanwhile."""
+    err = ClientError(Reason.GRANT_DIR_FAILED, f"fence {fence} was granted, but its grant file could not be "
+                      f"made in {where.made_in}: {exc.filename or where.made_in}: {exc.strerror}; CMD did "
+                      "not run", session)
+    err.fence = fence
+    return err
 
 
 def make(where: Place) -> tuple[RunDir, int]:
@@ -181,7 +202,7 @@ def make(where: Place) -> tuple[RunDir, int]:
     `holdfast-<uid>` if it is missing), after removing those of dead runs there; and a descriptor
     on it, held from its making, in which the grant file is created (Grant.write). `where` stays
     the caller's to close. Nothing is made or removed before the grant: a refused run changes
-    nothing in the temp directory."""
+    nothing in the temp directory. OSError when what `place` checked no longer holds (`unmade`)."""
     root = where.made_in
     if where.private:
         with contextlib.suppress(FileExistsError):
@@ -208,13 +229,12 @@ def make(where: Place) -> tuple[RunDir, int]:
 
 
 def _open_own(parent: int, name: str, shown: str) -> int:
-    """A descriptor on directory `name` in `parent`, refused unless it is this user's alone."""
+    """A descriptor on directory `name` in `parent`; OSError naming `shown` unless it is this user's
+    alone (another user made or replaced it since `place`)."""
     try:
         return files.open_own_dir(parent, name)
     except OSError as exc:
-        raise ClientError(Reason.INVALID_ARGUMENT, f"{shown} is not a directory this run may use: "
-                          f"{exc.strerror}; another user may have made or replaced it: remove it, or set "
-                          "TMPDIR to a directory only you may write") from None
+        raise OSError(exc.errno, exc.strerror, shown) from None
 
 
 def _existing() -> tuple[str, int] | None:

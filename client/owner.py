@@ -288,9 +288,13 @@ class Owner:
                     gate = spawn(grant.spawn_token_env, grant.spawn_token)
                 record = await client.commit(grant, gate.pid, gate.is_process)
             # Made only once granted (mode 0700, held open; a dead run's is removed by the next one):
-            # a refused run makes nothing and removes nothing.
-            rundir, held = grantdir.make(where)
-            grant.write(held, resume_of(granted))
+            # a refused run makes nothing and removes nothing. What place() checked may fail since
+            # (a full or remounted file system): said as such, the grant released, no traceback.
+            try:
+                rundir, held = grantdir.make(where)
+                grant.write(held, resume_of(granted))
+            except OSError as exc:
+                raise grantdir.unmade(where, exc, grant.fence, spec.session_id) from None
             # The new fence reaches every guarded store before CMD can write anything.
             await bump_guards(guards, grant)
             # Made only now, before a carried copy is restored in them: a refused run leaves none.
@@ -301,15 +305,24 @@ class Owner:
 
                 cwd = spec.cwd or os.getcwd()
                 seen = await carry.restore_before_exec(client, grant, names, cwd, cap, say, seen)
-        except BaseException:
+        except BaseException as exc:
             if gate is not None:
                 gate.abort()
                 await asyncio.to_thread(gate.process.wait)
+            released = "was released"
             if grant is not None:
-                with contextlib.suppress(ClientError):
+                try:
                     await client.release(grant)  # its gate ended unrun: lets the next caller in at once
+                except ClientError as err:
+                    released = f"could not be released: {err.reason}: {err.message}"
             if rundir is not None:
                 rundir.remove()
+            if isinstance(exc, ClientError) and exc.reason == Reason.GRANT_DIR_FAILED:
+                exc.message += f"; fence {exc.fence} {released}"
+                if spec.takeover:
+                    # The handoff is the takeover's committed first step: the grant came after it.
+                    exc.message += ("; this takeover's handoff, its first step, had already ended the "
+                                    "session's previous owner, if it had one: that is not undone")
             raise
         finally:
             if held >= 0:

@@ -198,6 +198,23 @@ def _group_private(gid: int) -> bool:
     return dir_rules.group_private(gid, members, name, users, os.geteuid())
 
 
+def swappable_because(fd: int, where: str) -> str | None:
+    """Why a user other than this one or root could rename what is in the directory open as `fd`
+    (called `where`) — that directory alone, not those above it — by its owner, its mode, an ACL
+    or a group with another member (dir_rules.swappable_because); None when none could."""
+    me = own_id("uid", where)
+    st = os.fstat(fd)
+    # Group-writable for this user's own group is this user's only when the group holds nobody
+    # else (a user-private group, umask 002's) and no ACL's mask stands for the bits. Judged only
+    # without the sticky bit, and refused (own_id) when the group's owner cannot be told: the
+    # overflow gid.
+    judged = st.st_mode & 0o020 and not st.st_mode & stat.S_ISVTX
+    ours = bool(judged) and st.st_gid == own_id("gid", where)
+    return dir_rules.swappable_because(
+        where, st.st_mode, st.st_uid, st.st_gid, euid=me, egid=os.getegid(),
+        acl=bool(st.st_mode & 0o020) and _has_acl(fd), group_private=ours and _group_private(st.st_gid))
+
+
 def check_ancestors(fd: int, where: str) -> None:
     """Raises Swappable naming the first of the directory open as `fd` (called `where`) and those
     above it that a user other than this one or root owns, or that others may write without its
@@ -205,22 +222,12 @@ def check_ancestors(fd: int, where: str) -> None:
     at its name, so that a path through it — one handed to a child, which cannot be given a
     descriptor — leads where they choose. Each is judged by a descriptor opened from the one
     below, so the one judged is the one above."""
-    me = own_id("uid", where)
     here = os.dup(fd)
     path = os.path.abspath(where)
     try:
         while True:
             st = os.fstat(here)
-            # Group-writable for this user's own group is this user's only when the group holds
-            # nobody else (a user-private group, umask 002's) and no ACL's mask stands for the bits.
-            # Judged only without the sticky bit, and refused (own_id) when the group's owner cannot
-            # be told: the overflow gid.
-            judged = st.st_mode & 0o020 and not st.st_mode & stat.S_ISVTX
-            ours = bool(judged) and st.st_gid == own_id("gid", path)
-            why = dir_rules.swappable_because(
-                path, st.st_mode, st.st_uid, st.st_gid, euid=me, egid=os.getegid(),
-                acl=bool(st.st_mode & 0o020) and _has_acl(here),
-                group_private=ours and _group_private(st.st_gid))
+            why = swappable_because(here, path)
             if why is not None:
                 raise Swappable(errno.EPERM, why, path)
             above = os.open("..", OPEN_DIR, dir_fd=here)

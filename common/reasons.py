@@ -79,6 +79,7 @@ class Reason(StrEnum):
     GUARD_UNREACHABLE = "GUARD_UNREACHABLE"    # a --guard store failed before any call: nothing was asked
     GUARD_FAILED = "GUARD_FAILED"              # a store's marker could not take the grant's fence: released
     CARRY_FAILED = "CARRY_FAILED"              # carried state could not be packed or restored here
+    GRANT_DIR_FAILED = "GRANT_DIR_FAILED"      # the grant file could not be made once granted: released
     INTERRUPTED = "INTERRUPTED"                # Ctrl-C (SIGINT) before the command finished
     TERMINATED = "TERMINATED"                  # `run` stopped (SIGTERM) before CMD ran
     # Carried state (`run --carry`), refused by the coordinator: nothing of the new copy is kept.
@@ -275,6 +276,11 @@ TABLE: dict[Reason, Meaning] = {
         "CMD did not run and the grant was released: a guarded store could not take fence {fence} (it "
         "is down, or has seen a newer fence — another holdfast cluster or a restored etcd); check it, "
         "then retry"),
+    Reason.GRANT_DIR_FAILED: Meaning(
+        None, EX_TEMPFAIL,
+        "CMD did not run; the message says whether fence {fence} was released. The temp directory was "
+        "checked before the grant, so it changed since: free space on its file system, remount it "
+        "read-write, or set TMPDIR to a directory only you may write, then retry"),
     Reason.RELEASE_PENDING: Meaning(
         F, EX_TEMPFAIL,
         "the owner's CMD has ended and its `run` has not released yet (it may be uploading carried "

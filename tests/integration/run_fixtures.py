@@ -89,10 +89,11 @@ class Cluster:
 
     def run(self, host: SimulatedHost, session: str, *options: str, cmd: list[str] | None = None,
             as_nobody: bool = False, env: dict[str, str] | None = None, cwd: Path | None = None,
-            drop: Sequence[str] = unprivileged.DROP, command: str = "run") -> Run:
+            drop: Sequence[str] = unprivileged.DROP, command: str = "run", wrap: Sequence[str] = ()) -> Run:
         """`holdfast run --session S OPTIONS -- CMD` on `host` (CMD defaults to the overlap child),
         as root or, with `as_nobody`, as an unprivileged user: with no capabilities, or as `drop`
-        (a setpriv to nobody) leaves it; `command` another that takes run's options (`codex`)."""
+        (a setpriv to nobody) leaves it; `command` another that takes run's options (`codex`);
+        `wrap` a command that execs the rest (an `unshare -m` that mounts first)."""
         cmd = cmd or self.child()
         stderr = self.tmp / f"run-{len(self.runs)}.err"
         python, run_env = sys.executable, {**self.env(host), **(env or {})}
@@ -105,7 +106,7 @@ class Cluster:
             run_env.update(extra, HOME=str(home), TMPDIR=(env or {}).get("TMPDIR", str(home)),
                            XDG_STATE_HOME=str(home))
             prefix = list(drop)
-        argv = [*prefix, python, "-m", "holdfast.cli", command, "--session", session, *options,
+        argv = [*wrap, *prefix, python, "-m", "holdfast.cli", command, "--session", session, *options,
                 "--", *cmd]
         with open(stderr, "wb") as err:
             proc = host.spawn(argv, env=run_env, stdout=subprocess.DEVNULL, stderr=err, cwd=str(cwd or "/"))

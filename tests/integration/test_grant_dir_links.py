@@ -18,8 +18,9 @@ import pytest
 
 from holdfast.client import grantdir
 from holdfast.client.grant import Grant
+from holdfast.v1 import coordinator_pb2 as pb
 from tests.integration import unprivileged
-from tests.integration.run_fixtures import Cluster
+from tests.integration.run_fixtures import Cluster, Run
 
 pytest_plugins = ["tests.integration.coordinator_fixtures", "tests.integration.run_fixtures"]
 
@@ -111,6 +112,95 @@ def test_a_refused_run_makes_nothing_and_sweeps_nothing_in_its_tmpdir(
     granted = cluster.run(host, "sess-grantdir-granted", cmd=["true"], env={"TMPDIR": str(shared)})
     assert granted.wait() == 0, granted.err()
     assert os.listdir(private) == [], "once granted, a run sweeps what the refused ones left alone"
+
+
+# An `unshare -m` whose /tmp is the same directory, read-only: a pod's readOnlyRootFilesystem.
+READ_ONLY_TMP = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 'mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && exec "$@"', "sh"]
+
+
+def refused_before_asking(run: Run, named: str) -> None:
+    assert run.wait() == 2, run.err()
+    said = run.err()
+    assert f"in the temp directory ({named}: TMPDIR, else /tmp)" in said, said
+    assert "nothing was made, nor a grant asked for" in said and "Traceback" not in said
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("where", ["/usr, as nobody", "a read-only /tmp, TMPDIR unset"])
+def test_a_tmpdir_the_run_may_not_write_is_refused_before_anything_is_asked(
+        cluster: Cluster, where: str) -> None:
+    """The run was granted first, then failed making its grant directory (a traceback, rc 1): a
+    grant taken, and released, for a run that could never start."""
+    sid, host = "sess-grantdir-unwritable", cluster.host("host-grantdir-unwritable")
+    if where.startswith("/usr"):
+        run = cluster.run(host, sid, cmd=["true"], as_nobody=True, env={"TMPDIR": "/usr"})
+        refused_before_asking(run, "/usr")
+        assert "uid 65534 may not write and search it" in run.err()
+    else:
+        unset = {"TMPDIR": "", "TEMP": "", "TMP": ""}
+        run = cluster.run(host, sid, cmd=["true"], env=unset, wrap=READ_ONLY_TMP)
+        refused_before_asking(run, "/tmp")
+        assert "its file system is read-only" in run.err()
+    with pytest.raises(grpc.RpcError) as unknown:
+        cluster.record(sid)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.root
+def test_a_takeover_whose_tmpdir_it_may_not_write_ends_no_owner(cluster: Cluster, tmp_path: Path) -> None:
+    """The takeover's handoff ended the owner's CMD, and only then did making its grant directory
+    fail: an owner ended for a run that could never start."""
+    sid, said = "sess-grantdir-takeover-unwritable", tmp_path / "said"
+    os.mkfifo(said)
+    owner = cluster.run(cluster.host("host-grantdir-owner"), sid,
+                        cmd=["sh", "-c", 'echo up > "$1"; exec sleep 600', "sh", str(said)])
+    with open(said) as f:  # CMD runs
+        f.read()
+    before = cluster.record(sid).record.lease
+    taker = cluster.run(cluster.host("host-grantdir-taker"), sid, "--takeover", "--handoff-timeout", "60",
+                        cmd=["true"], as_nobody=True, env={"TMPDIR": "/usr"})
+    refused_before_asking(taker, "/usr")
+    after = cluster.record(sid).record.lease
+    assert (after.fence, after.claim_status, after.handoff_stage) == \
+        (before.fence, before.claim_status, before.handoff_stage)
+    assert after.fence == 1 and after.handoff_stage not in (pb.HANDOFF_REQUESTED, pb.FORCE_PENDING)
+    assert owner.proc.poll() is None and "handoff requested" not in owner.err(), owner.err()
+
+
+@pytest.mark.root
+def test_a_grant_dir_that_cannot_be_made_once_granted_is_said_and_released(cluster: Cluster) -> None:
+    """What place() checked can change before the grant: here another user makes `holdfast-0` in a
+    TMPDIR anyone may write (no sticky bit) while the takeover waits for the owner to end. It was a
+    ClientError of another kind (or an OSError's traceback) saying nothing of the grant taken."""
+    shared = unprivileged.shared_dir("holdfast-grantdir-raced-")  # 0777, no sticky bit
+    cluster.shared.append(shared)
+    said, go = shared / "said", shared / "go"
+    for fifo in (said, go):
+        os.mkfifo(fifo, 0o600)
+    sid = "sess-grantdir-raced"
+    ending = 'trap \'echo ending > "$1"; read -r _ < "$2"; exit 0\' TERM; echo up > "$1"; sleep 600 & wait $!'
+    owner = cluster.run(cluster.host("host-grantdir-raced-a"), sid,
+                        cmd=["sh", "-c", ending, "sh", str(said), str(go)])
+    with open(said) as f:  # CMD runs
+        f.read()
+    taker = cluster.run(cluster.host("host-grantdir-raced-b"), sid, "--takeover", "--handoff-timeout", "60",
+                        cmd=["true"], env={"TMPDIR": str(shared)})
+    with open(said) as f:  # the handoff is asked: the taker's place() found no holdfast-0 there
+        assert f.read().strip() == "ending"
+    as_nobody('mkdir -m 700 "$1"', str(shared / "holdfast-0"))
+    with open(go, "w") as f:
+        f.write("end\n")
+    owner.wait()
+    assert taker.wait() == 75, taker.err()
+    err = taker.err()
+    assert "GRANT_DIR_FAILED" in err and "Traceback" not in err, err
+    assert "fence 2 was granted, but its grant file could not be made" in err
+    assert "not this user's alone (owner uid 65534" in err
+    assert "fence 2 was released" in err and "had already ended the session's previous owner" in err
+    lease = cluster.record(sid).record.lease
+    assert (lease.fence, lease.claim_status) == (2, pb.RELEASED)
+    assert os.listdir(shared / "holdfast-0") == []
 
 
 def test_put_takes_no_other_sessions_grant_from_its_environment(tmp_path: Path) -> None:

@@ -178,6 +178,52 @@ def test_an_unprivileged_runs_tmpdir_is_judged_alike(mode: int, owner: int, priv
 
 
 @pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of group 50's (staff) is made by root")
+@pytest.mark.parametrize("below", [False, True])
+def test_a_tmpdir_in_or_below_a_directory_others_may_change_is_judged_alike(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, below: bool) -> None:
+    """Root's TMPDIR in a root:staff 2775 directory g (staff's members may rename in it) was refused,
+    while g itself was used: CMD's path passes through g either way. Both are used: what another
+    user can do in g — put a directory of theirs where one of root's was — leaves CMD no grant
+    (Grant.from_file), never theirs; the run's own writes go through descriptors."""
+    group = tmp_path / "g"
+    group.mkdir()
+    os.chown(group, 0, 50)
+    os.chmod(group, 0o2775)
+    tmpdir = group / "rootsub" if below else group
+    if below:
+        tmpdir.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+    rundir, held = make_run_dir()
+    os.close(held)
+    try:
+        assert Path(rundir.path).parent == (tmpdir if below else group / "holdfast-0")
+    finally:
+        rundir.remove()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to nobody needs root")
+def test_an_unprivileged_runs_tmpdir_in_a_home_its_group_may_write_is_used() -> None:
+    """nobody's `$HOME/tmp` (its own, 0700) in a 0775 home of group 100 (users: shared) was
+    refused; it is used as it is, as a home's own temp directory always was."""
+    home = unprivileged.shared_dir("holdfast-home-")
+    try:
+        os.chown(home, unprivileged.NOBODY, 100)
+        os.chmod(home, 0o775)
+        (home / "tmp").mkdir(mode=0o700)
+        os.chown(home / "tmp", unprivileged.NOBODY, unprivileged.NOBODY)
+        python, extra = unprivileged.interpreter()
+        probe = "from holdfast.client import grantdir\nprint(grantdir.make(grantdir.place())[0].path)"
+        done = subprocess.run([*unprivileged.DROP, python, "-c", probe], capture_output=True, text=True,
+                              env={**os.environ, **extra, "TMPDIR": str(home / "tmp")}, cwd="/")
+        assert done.returncode == 0, done.stderr
+        assert Path(done.stdout.strip()).parent == home / "tmp"
+    finally:
+        shutil.rmtree(home)
+
+
+@pytest.mark.root
 def test_a_run_in_a_tmpdir_without_the_sticky_bit_keeps_its_grant_dir_apart(
         cluster: Cluster, tmp_path: Path) -> None:
     shared = tmp_path / "shared"
@@ -200,7 +246,7 @@ def test_a_run_removes_its_grant_dir_where_it_made_it_never_where_a_link_put_mea
     remove it wherever it was; an unprivileged one wherever it may write)."""
     shared = unprivileged.shared_dir("holdfast-grantdirs-")  # nobody's run must reach it too
     cluster.shared.append(shared)
-    os.chmod(shared, 0o755)  # above TMPDIR: one others may change is refused
+    os.chmod(shared, 0o755)  # nobody's run reaches it; only root may rename in it
     tmpdir, theirs = shared / "tmp", shared / "theirs"
     for made in (tmpdir, theirs):
         made.mkdir()

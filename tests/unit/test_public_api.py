@@ -69,7 +69,7 @@ def test_every_refusal_a_caller_branches_on_has_a_family() -> None:
     assert none == {Reason.FREE, Reason.OWNER_DEAD, Reason.RESERVATION_SUPERSEDED, Reason.CHAIN_FULL,
                     Reason.HOST_LIVE, Reason.HOST_FENCED, Reason.GUARD_FAILED, Reason.CARRY_FAILED,
                     Reason.INTERRUPTED, Reason.TERMINATED, Reason.CARRY_BUDGET_EXHAUSTED,
-                    Reason.CARRY_CORRUPT, Reason.RECORD_TOO_LARGE}
+                    Reason.CARRY_CORRUPT, Reason.RECORD_TOO_LARGE, Reason.GRANT_DIR_FAILED}
 
 
 def test_committing_the_callers_own_pid_is_refused_naming_it() -> None:
