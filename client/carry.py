@@ -11,11 +11,13 @@ while it was read; the coordinator keeps the last committed copy until a whole n
 Measuring and packing reach each root as the restore does: through the directory holding it,
 opened one component at a time with a link followed only when this user or root made it where no
 other user may change it (files.open_user_dir), then the root's name beneath that descriptor
-without following a link. Each upload (the end's and every checkpoint) requires that directory to
-be the one (device and inode) that held the root when CMD started, and, where another user may
-change it or a directory above it, the root to be the file or directory it was then
-(carry_rules.moved_because); else nothing of the copy is uploaded: a root `run` never uploads what
-another user put on the path, which that user could then restore with a run of their own.
+without following a link. Each upload (the end's and every checkpoint) takes a root that is another
+file or directory than when CMD started (one absent then included), or in another directory, only
+where no other user may have put it there: none may change its directory or one above it
+(files.check_ancestors), and it is the running user's (carry_rules.moved_because); else nothing of
+the copy is uploaded: a root `run` never uploads what another user put on the path — root's own
+file renamed to the root's name, which that user could then restore with a run of their own, or
+that user's file, carried as root's.
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ Seen = dict[str, Place]
 
 
 def _identity(st: os.stat_result) -> Identity:
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, st.st_uid
 
 
 def _holder(path: str) -> int:
@@ -310,15 +312,17 @@ def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str
 
 def _moved(start: Place, holder: int, where: str, now: Identity | None) -> str | None:
     """Why the root found as `now` (None: absent) in the directory open as `holder` (called
-    `where`) is not the one the run started with (carry_rules.moved_because); who else may change
-    that directory is judged only when the root is another than at the start (a walk up to /)."""
+    `where`) is not one the run may take for the root it started with (carry_rules.moved_because);
+    who else may change that directory is judged only when it or the root is another than at the
+    start (a walk up to /)."""
+    directory = _identity(os.fstat(holder))
     swappable = None
-    if now is not None and start.root not in (None, now):
+    if (directory, now) != start:
         try:
             check_ancestors(holder, where)
         except OSError as exc:  # Swappable, or UnknownOwner: who may change it cannot be told
             swappable = _why(exc)
-    return moved_because(start, _identity(os.fstat(holder)), now, swappable)
+    return moved_because(start, directory, now, swappable, os.geteuid())
 
 
 @dataclass
@@ -358,19 +362,23 @@ class _Packing:
     def root(self, name: str, cwd: str, seen: Seen | None) -> None:
         """Root `name` and everything below it, reached through the directory holding it (_holder)
         and opened there without following a link. With `seen` (where the roots stood when CMD
-        started), one whose directory, or which itself, is not the one the run started with
-        (_moved) is refused, nothing of the copy uploaded; one absent then is carried only if CMD
-        made a plain file or directory there, and left out, with why, otherwise."""
+        started), one whose directory, or which itself, is another than the run started with, where
+        another user may have put it there (_moved), is refused, nothing of the copy uploaded; one
+        absent then is carried only if CMD made a plain file or directory there, and left out, with
+        why, otherwise."""
         session_id, shown = self.manifest.session_id, shown_root(name)
         path = _where(name, cwd)
         base = os.path.basename(path)
         start = None if seen is None else seen.get(name)
         absent = seen is not None and (start is None or start.root is None)
 
+        def fail(why: str) -> ClientError:
+            return failed(f"--carry {shown}: {why}; nothing of this copy was kept (the last good copy "
+                          "stands)", session_id)
+
         def refused(why: str) -> None:
             if not absent:
-                raise failed(f"--carry {shown}: {why}; nothing of this copy was kept (the last good copy "
-                             "stands)", session_id)
+                raise fail(why)
             self.skipped.append(f"--carry {shown}: {why}; not carried")
 
         try:
@@ -388,10 +396,13 @@ class _Packing:
                     return
                 raise failed(f"--carry {shown}: no such file or directory here (in {shown_root(cwd)})",
                              session_id) from None
-            if start is not None:
-                why = _moved(start, holder, os.path.dirname(path), _identity(st))
-            else:
-                why = None if seen is None else "its directory did not exist when the run started"
+            # Refused, never left out, even for a root absent at the start: what another user may
+            # have put at its name is said as such, and the last good copy stands.
+            if start is not None and (why := _moved(start, holder, os.path.dirname(path),
+                                                    _identity(st))) is not None:
+                raise fail(why)
+            why = (None if start is not None or seen is None
+                   else "its directory did not exist when the run started")
             if why is None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
                 why = NOT_A_ROOT
             if why is not None:

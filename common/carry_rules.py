@@ -10,9 +10,11 @@ lies beneath a carried symlink; files and directories carry permission bits only
 target is relative and, resolved the way the kernel would resolve it in that very tree (each of
 the tree's own links followed, at most MAX_LINK_HOPS of them), never leaves the root. A component
 the tree does not hold is taken as a plain directory, as it would be if CMD later made one.
-`moved_because` lets a root be uploaded only from the very directory (device and inode) that held
-it when the run started, and, where another user may change that directory or one above it, only
-as the very file or directory it was then. No I/O here.
+`moved_because` lets a root be uploaded as another file or directory than at the run's start, or
+from another directory than the one (device and inode) that held it then — a root absent then and
+present now, or deleted and made again, included — only where no other user may have put it
+there: no other user may change its directory or any above it, and the root is the running
+user's own. No I/O here.
 """
 
 from __future__ import annotations
@@ -298,7 +300,9 @@ def root_sizes(manifest: pb.CarryManifest) -> list[tuple[str, int, int]]:
     return [(root.path, files[i], size[i]) for i, root in enumerate(manifest.roots)]
 
 
-Identity = tuple[int, int]  # a file's (st_dev, st_ino)
+# A file's (st_dev, st_ino, st_uid). The owner too: CMD deletes root's file, another user makes one
+# at its name (a sticky directory lets them) and the kernel may give it the freed inode number.
+Identity = tuple[int, int, int]
 
 
 class Place(NamedTuple):
@@ -309,22 +313,31 @@ class Place(NamedTuple):
     root: Identity | None
 
 
-def moved_because(start: Place, directory: Identity, root: Identity | None,
-                  swappable: str | None) -> str | None:
-    """Why the root found now (`root`, None when absent, in `directory`) is not one a `run` may take
-    as the root it started with (`start`); None when it may. Another directory at its directory's
-    name is never the run's: one other users may change above it lets them rename a directory of
-    root's there, or their own holding what they choose. A root that is another file or directory
-    than at the start is taken as CMD's own only when no other user may change its directory or one
-    above it (`swappable`: why one may, else None) — CMD replacing its file by a rename stays
-    carried, where another user renaming one of root's other entries to its name would have root's
-    uploaded. A root absent at the start is CMD's to create; one absent now has nothing to judge."""
+def moved_because(start: Place, directory: Identity, root: Identity | None, swappable: str | None,
+                  euid: int) -> str | None:
+    """Why the root found now (`root`, None when absent, in `directory`) is not one a `run` as
+    `euid` may upload for the root it started with (`start`); None when it may.
+    A root, or its directory, that is another than at the start — absent then and present now, or
+    deleted and made again, included — is taken as CMD's own only when no other user may have put
+    it there: none may change its directory or one above it (`swappable`: why one may, else None),
+    and it is this user's. Otherwise another user renames one of root's files to its name in a
+    directory they own (root's secret uploaded, for them to restore), or, where they may only
+    create names (a sticky directory), makes it themselves (their content carried as root's). An
+    unchanged root, and one absent now (nothing to upload) in an unchanged directory, are taken."""
     if directory != start.directory:
-        return "its directory is not the one it was when the run started"
-    if None in (start.root, root) or root == start.root or swappable is None:
+        what = "its directory is not the one it was when the run started"
+    elif root is None or root == start.root:
         return None
-    return ("it is not the file or directory it was when the run started, and another user may change "
-            f"the directory holding it ({swappable}): they could have put it there")
+    elif start.root is None:
+        what = "it did not exist when the run started"
+    else:
+        what = "it is not the file or directory it was when the run started"
+    if swappable is not None:
+        return (f"{what}, and another user may change the directory holding it or one above it "
+                f"({swappable}): they could have put it there")
+    if root is not None and root[2] != euid:
+        return f"{what}, and uid {root[2]} owns it, not uid {euid} that runs this: another user put it there"
+    return None
 
 
 def shown_root(path: str) -> str:

@@ -372,3 +372,74 @@ def test_a_checkpoint_does_not_upload_what_another_user_put_above_its_root(
     go.write_text("go\n")
     assert run.wait(30) == 0, run.err()
     assert shas(cluster, sid) == [notes], "nor did the end upload root's secret"
+
+
+# What another user does at a root's name while a root `run`'s CMD runs, in a directory of their
+# own (nobody's, 0755: they may rename what is in it) or a sticky one (1777: they may only create
+# names there): the root absent when CMD started, or deleted by CMD.
+AT_THE_NAME = {
+    "root's secret renamed to it in nobody's directory": (
+        0o755, "", "mv {base}/secret.key {base}/out.txt",
+        "out.txt: it did not exist when the run started, and another user may change the directory "
+        "holding it"),
+    "nobody's file made at it in a sticky directory": (
+        0o1777, "", "printf 'nobody' > {base}/out.txt",
+        "out.txt: it did not exist when the run started, and uid 65534 owns it"),
+    "nobody's file made at it once CMD deleted it": (
+        0o1777, "rm out.txt; ", "printf 'nobody' > {base}/out.txt",
+        "out.txt: it is not the file or directory it was when the run started, and uid 65534 owns it"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AT_THE_NAME))
+def test_a_root_run_does_not_upload_what_another_user_put_at_its_roots_name(
+    cluster: Cluster, tmp_path: Path, case: str
+) -> None:
+    """A root absent when CMD started (or deleted by CMD) took whatever stood at its name at the
+    end: nobody renamed root's 0600 secret there and `run` said 'carried out.txt (12 bytes)', for
+    nobody to restore; or nobody's own file was carried as root's. Each is refused CARRY_FAILED,
+    naming the root and why, and nothing is stored."""
+    mode, cmd_first, act, why = AT_THE_NAME[case]
+    a = cluster.host("host-a")
+    base = unprivileged.shared_dir("holdfast-carry-name-")
+    cluster.shared.append(base)
+    (base / "secret.key").write_bytes(SECRET)
+    os.chmod(base / "secret.key", 0o600)
+    if cmd_first:
+        (base / "out.txt").write_text("root's own")
+    if mode == 0o755:
+        os.chown(base, NOBODY, NOBODY)
+    os.chmod(base, mode)
+    up, go = tmp_path / "up", tmp_path / "go"
+    os.mkfifo(go)
+    sid = "sess-carry-at-the-name"
+    cmd = ["sh", "-c", f"{cmd_first}touch {up}; read line < {go}"]
+    run = cluster.run(a, sid, "--carry", "out.txt", cmd=cmd, cwd=base)
+    until("CMD running", up.exists)
+    subprocess.run([*unprivileged.DROP, "sh", "-c", act.format(base=base)], check=True)
+    go.write_text("go\n")
+    assert run.wait(30) == 0, run.err()
+    assert "carried state not uploaded (CARRY_FAILED)" in run.err(), run.err()
+    assert why in run.err(), run.err()
+    assert shas(cluster, sid) == [], "nothing was uploaded"
+
+
+def test_cmd_replacing_its_roots_directory_by_a_rename_in_a_root_only_place_is_carried(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """CMD writes a new `out` beside the old and renames it into place: the root's directory is
+    another than at the start, where no other user may change anything. That is CMD's own work:
+    carried, and the next host restores the new content (refused before, the stale copy kept)."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = tmp_path / "home-a", tmp_path / "home-b"
+    (home_a / "out").mkdir(parents=True)
+    home_b.mkdir()
+    (home_a / "out" / "state.json").write_text("v2\n")
+    sid = "sess-carry-cmd-renamed-dir"
+    rewrite = "mkdir out.new && echo v3 > out.new/state.json && rm -rf out && mv out.new out"
+    first = cluster.run(a, sid, "--carry", "out/state.json", cmd=["sh", "-c", rewrite], cwd=home_a)
+    assert first.wait(30) == 0, first.err()
+    assert "CARRY_FAILED" not in first.err(), first.err()
+    second = cluster.run(b, sid, "--carry", "out/state.json", cmd=["true"], cwd=home_b)
+    assert second.wait(30) == 0, second.err()
+    assert (home_b / "out" / "state.json").read_text() == "v3\n"

@@ -214,7 +214,8 @@ def test_a_sparse_file_over_the_cap_is_refused_unread_and_the_session_released(
 
 def test_a_path_that_does_not_exist_yet_is_carried_if_cmd_makes_it(cluster: Cluster, tmp_path: Path) -> None:
     """On a first run there is nothing to restore; at the end the root is uploaded only if CMD made
-    a plain file or directory there, in the directory it had at the start."""
+    a plain file or directory there, in the directory it had at the start or one CMD put in its place
+    where no other user may change anything (test_carry_hostile: where one may)."""
     a, b = cluster.host("host-a"), cluster.host("host-b")
     home_a, home_b, home_c, home_d = homes(tmp_path, "home-a", "home-b", "home-c", "home-d")
     nothing = cluster.run(a, "sess-carry-new-0", "--carry", "state", cmd=["true"], cwd=home_a)
@@ -233,13 +234,14 @@ def test_a_path_that_does_not_exist_yet_is_carried_if_cmd_makes_it(cluster: Clus
     assert linked.wait(30) == 0, linked.err()
     assert "state: not a regular file or a directory" in linked.err()
     assert not carry_of(cluster, "sess-carry-new-2").found
-    # CMD swaps the directory for another, and makes the root in the new one.
+    # CMD swaps the directory for another, and makes the root in the new one: its own, in root's place.
     swap = "mv ../home-d ../home-d.old && mkdir ../home-d ../home-d/state && touch ../home-d/state/f"
     swapped = cluster.run(a, "sess-carry-new-3", "--carry", str(home_d / "state"), cmd=["sh", "-c", swap],
                           cwd=home_d)
     assert swapped.wait(30) == 0, swapped.err()
-    assert "state: its directory is not the one it was when the run started" in swapped.err()
-    assert not carry_of(cluster, "sess-carry-new-3").found
+    assert "carried state not uploaded" not in swapped.err(), swapped.err()
+    assert [(e.path, e.kind) for e in carry_of(cluster, "sess-carry-new-3").manifest.entries] == [
+        ("", "dir"), ("f", "file")]
 
 
 def test_a_corrupt_chunk_is_refused_and_the_local_files_are_kept(cluster: Cluster, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from holdfast.common.carry_rules import (
     CHUNK_BYTES,
     MAX_ENTRIES,
     CarryRefused,
+    Identity,
     Place,
     check_cap,
     check_entry,
@@ -767,19 +768,54 @@ def test_names_from_a_copy_are_said_quoted_when_the_next_owner_packs(tmp_path: P
     assert all(line.startswith(repr(f"state/{name}/")[:-1]) for line in skipped), skipped
 
 
-def test_a_root_is_uploaded_only_from_where_and_as_what_the_run_started_with() -> None:
-    start = Place((1, 10), (1, 20))
-    assert moved_because(start, (1, 10), (1, 20), "shared") is None
-    assert moved_because(start, (1, 11), (1, 20), None) == (
-        "its directory is not the one it was when the run started")
-    # Another root where no other user may change its directory is CMD's own (a rename over it).
-    assert moved_because(start, (1, 10), (1, 21), None) is None
-    assert "another user may change the directory holding it (shared)" in str(
-        moved_because(start, (1, 10), (1, 21), "shared"))
-    assert moved_because(Place((1, 10), None), (1, 10), (1, 21), "shared") is None, "CMD made it"
+ME, NOBODY = 0, 65534
+OTHERS_MAY = "shared"  # check_ancestors' reason: another user may change the directory or one above
+ANOTHER_DIR = "its directory is not the one it was when the run started"
+ANOTHER_ROOT = "it is not the file or directory it was when the run started"
+DIR, DIR2, FILE, FILE2 = (1, 10, ME), (1, 11, ME), (1, 20, ME), (1, 21, ME)
 
 
-def test_pack_refuses_a_root_whose_directory_was_replaced_and_keeps_one_cmd_replaced(tmp_path: Path) -> None:
+def test_an_unchanged_root_is_uploaded_wherever_it_stands_and_whoever_owns_it() -> None:
+    start = Place(DIR, (1, 20, NOBODY))
+    assert moved_because(start, DIR, (1, 20, NOBODY), OTHERS_MAY, ME) is None
+    assert moved_because(Place(DIR, None), DIR, None, OTHERS_MAY, ME) is None, "still absent"
+    assert moved_because(start, DIR, None, OTHERS_MAY, ME) is None, "absent now: nothing to upload"
+
+
+@pytest.mark.parametrize(("start", "directory", "root", "what"), [
+    (Place(DIR, None), DIR, FILE2, "it did not exist when the run started"),
+    (Place(DIR, FILE), DIR, FILE2, ANOTHER_ROOT),
+    (Place(DIR, FILE), DIR2, FILE2, ANOTHER_DIR),
+    (Place(DIR, FILE), DIR2, FILE, ANOTHER_DIR),
+    (Place(DIR, None), DIR2, None, ANOTHER_DIR),
+], ids=["absent then", "deleted and made again", "its directory replaced", "its directory moved",
+        "its directory replaced, the root still absent"])
+def test_a_changed_root_is_uploaded_only_where_no_other_user_may_have_put_it(
+    start: Place, directory: Identity, root: Identity | None, what: str
+) -> None:
+    """Another file, directory or holding directory than at the start — a root absent then
+    included — is CMD's own (a rename over it, a directory replaced by a rename) only where no other
+    user may change its directory or one above it, and it is the running user's. Else another user
+    renamed root's secret to its name in their directory, or made it themselves in a sticky one."""
+    assert moved_because(start, directory, root, None, ME) is None, "CMD's own"
+    assert moved_because(start, directory, root, OTHERS_MAY, ME) == (
+        f"{what}, and another user may change the directory holding it or one above it (shared): they "
+        "could have put it there")
+    if root is not None:  # in a sticky directory other users may create names: theirs is not CMD's
+        assert moved_because(start, directory, (root[0], root[1], NOBODY), None, ME) == (
+            f"{what}, and uid 65534 owns it, not uid 0 that runs this: another user put it there")
+
+
+def test_a_freed_inode_number_given_to_another_users_file_is_another_root() -> None:
+    """CMD deletes root's file and another user makes one at its name: the kernel may give it the
+    freed inode number, so the owner is part of what is compared."""
+    assert moved_because(Place(DIR, FILE), DIR, (1, 20, NOBODY), None, ME) == (
+        f"{ANOTHER_ROOT}, and uid 65534 owns it, not uid 0 that runs this: another user put it there")
+
+
+def test_pack_refuses_a_root_whose_directory_was_replaced_where_others_may_and_keeps_cmds_own(
+    tmp_path: Path
+) -> None:
     (tmp_path / "home" / "notes").mkdir(parents=True)
     (tmp_path / "home" / "state.json").write_text("v1")
     (tmp_path / "home" / "notes" / "a").write_text("a")
@@ -790,10 +826,23 @@ def test_pack_refuses_a_root_whose_directory_was_replaced_and_keeps_one_cmd_repl
     os.rename(tmp_path / "home" / "state.json.new", tmp_path / "home" / "state.json")
     packed = carry.pack(names, str(tmp_path / "home"), "sess-unit-seen", seen)
     assert [r.path for r in packed.manifest.roots] == names and b"".join(packed.chunks) == b"v2a"
-    # Another directory put where the one holding the roots was: nothing of the copy is uploaded.
-    os.rename(tmp_path / "home", tmp_path / "home.old")
-    shutil.copytree(tmp_path / "home.old", tmp_path / "home")
-    with pytest.raises(ClientError, match=r"state\.json: its directory is not the one it was") as refused:
+
+    def replace_home(state: str) -> None:
+        os.rename(tmp_path / "home", tmp_path / "home.old")
+        shutil.copytree(tmp_path / "home.old", tmp_path / "home")
+        shutil.rmtree(tmp_path / "home.old")
+        (tmp_path / "home" / "state.json").write_text(state)
+
+    # CMD replaces the directory holding the roots by a rename, where no other user may: carried.
+    replace_home("v3")
+    packed = carry.pack(names, str(tmp_path / "home"), "sess-unit-seen", seen)
+    assert b"".join(packed.chunks) == b"v3a"
+    # Where another user may change a directory above it, another directory is never the run's.
+    _, seen = carry.measure(names, str(tmp_path / "home"), "sess-unit-seen", "")
+    os.chmod(tmp_path, 0o777)
+    replace_home("v4")
+    with pytest.raises(ClientError, match=r"state\.json: its directory is not the one it was .*another "
+                       r"user may change") as refused:
         carry.pack(names, str(tmp_path / "home"), "sess-unit-seen", seen)
     assert refused.value.reason == Reason.CARRY_FAILED
     assert "the last good copy stands" in refused.value.message
@@ -801,3 +850,18 @@ def test_pack_refuses_a_root_whose_directory_was_replaced_and_keeps_one_cmd_repl
     with pytest.raises(ClientError, match=r"its directory is not the one .*; CMD did not run") as before:
         carry.measure(names, str(tmp_path / "home"), "sess-unit-seen", "CMD did not run", seen)
     assert before.value.reason == Reason.CARRY_FAILED
+
+
+def test_pack_refuses_a_root_absent_at_the_start_that_another_user_may_have_put_there(tmp_path: Path) -> None:
+    """A root absent when CMD started is refused (CARRY_FAILED, not left out) when another user may
+    change its directory, or when it is not this user's; carried when CMD made it in its own."""
+    home = tmp_path / "home"
+    home.mkdir()
+    _, seen = carry.measure(["out"], str(home), "sess-unit-absent", "")
+    (home / "out").write_text("made by CMD")
+    assert b"".join(carry.pack(["out"], str(home), "sess-unit-absent", seen).chunks) == b"made by CMD"
+    os.chmod(home, 0o777)
+    with pytest.raises(ClientError, match=r"out: it did not exist when the run started, and another user "
+                       "may change") as refused:
+        carry.pack(["out"], str(home), "sess-unit-absent", seen)
+    assert refused.value.reason == Reason.CARRY_FAILED
