@@ -1,32 +1,38 @@
-"""Where a run keeps its grant file: a 0700 directory of its own under the temp directory, named
-for the run's process (its pid namespace, pid and start ticks), so that a later run can tell the
+"""Where a run keeps its grant file: a 0700 directory of its own under the temp directory, named for
+the run's process (its pid namespace, pid and start ticks), so that a later run can tell the
 leftovers of a dead one — a run killed -9 cannot remove its own — and remove them.
 
 Guarantee: the temp directory (TMPDIR, else /tmp) is opened before anything is asked of the
 coordinator as any directory a user names is (files.open_user_dir): a link on the way is followed
-only when it is this user's or root's and no directory holding it or above may another user
-change, so a link another user planted, at TMPDIR or anywhere on its way, never chooses where a
-run's directory goes. It is refused (INVALID_ARGUMENT, nothing made, no grant asked for) when a
-directory above it may be changed by another user (files.check_ancestors). Directories are made in
-it when it may not be either (sticky, or written by its owner alone, that owner root or this
-user); else in a 0700 directory of this user's inside it (`holdfast-<uid>`: an emptyDir a pod
-mounts at /tmp is 0777 without the sticky bit), refused before the grant when one is there that is
-not this user's alone. Nothing is made, nor any dead run's directory removed, until the run is
-granted: a refused run changes nothing there. Each directory is made and opened through a
-descriptor held on the one it is made in, never by a path another user could make lead
-elsewhere, and the grant file is created through the run directory's own descriptor. CMD is
+only when it is this user's or root's and no directory holding it or above may another user change,
+so a link another user planted, at TMPDIR or anywhere on its way, never chooses where a run's
+directory goes. Directories are made in it when no other user may rename in it (sticky, or written
+by its owner alone, that owner root or this user, its group counted as others' only with another
+member: files.swappable_because); else in a 0700 directory of this user's inside it
+(`holdfast-<uid>`: an emptyDir a pod mounts at /tmp is 0777 without the sticky bit). Directories
+above it that others may change are accepted alike: in either, another user can put a directory of
+theirs on CMD's path, which leaves CMD no grant (below), never theirs. Refused before anything is
+asked (INVALID_ARGUMENT, nothing made, no grant asked for, so no takeover's handoff) when a
+`holdfast-<uid>` is there that is not this user's alone, or this user may not write and search where
+the run's directory would be made (a read-only /tmp, TMPDIR=/usr for a user). Nothing is made, nor
+any dead run's directory removed, until the run is granted: a refused run changes nothing there;
+what still fails then (a full file system, one remounted read-only, another user's `holdfast-<uid>`
+made meanwhile) is GRANT_DIR_FAILED, the grant released (`unmade`). Each directory is made and
+opened through a descriptor held on the one it is made in, never by a path another user could make
+lead elsewhere, and the grant file is created through the run directory's own descriptor. CMD is
 given the grant file's path through no link (read back from the descriptor), and the run's own
-directory is removed by its name through the descriptor held on the directory it was made in:
-never a same-named directory where a link put in place of `holdfast-<uid>` meanwhile leads.
-A directory is removed as a dead run's only when it is this user's, was named in this process's
-own pid namespace, and the process it names is provably not running: its pid is absent, or held
-by a process that started at other ticks. Never a live run's (its CMD reads the grant file from
-it), never one whose process cannot be read, never another namespace's (a simulated host or a
-container sharing the temp directory numbers its pids otherwise).
-Not guaranteed where another user may rename in the temp directory: that CMD, reading the grant
-file by its path, finds this run's — another user can rename `holdfast-<uid>` away and put a
-directory of theirs in its place; `Grant.from_file` follows no link they made there and refuses
-a file not this user's alone, so CMD reads no grant rather than theirs, or another run's.
+directory is removed by its name through the descriptor held on the directory it was made in: never
+a same-named directory where a link put in place of `holdfast-<uid>` meanwhile leads. A directory is
+removed as a dead run's only when it is this user's, was named in this process's own pid namespace,
+and the process it names is provably not running: its pid is absent, or held by a process that
+started at other ticks. Never a live run's (its CMD reads the grant file from it), never one whose
+process cannot be read, never another namespace's (a simulated host or a container sharing the temp
+directory numbers its pids otherwise).
+Not guaranteed where another user may rename in the temp directory or a directory above it: that
+CMD, reading the grant file by its path, finds this run's — another user can rename `holdfast-<uid>`
+(or the directory on the way) away and put a directory of theirs in its place; `Grant.from_file`
+follows no link they made there and refuses a file not this user's alone, so CMD reads no grant
+rather than theirs, or another run's.
 """
 
 from __future__ import annotations
