@@ -49,18 +49,27 @@ class Grant:
         a link on the way followed only when this user or root made it where no other user may
         swap it) and the file opened in it O_NOFOLLOW: another user's link, at the file or on the
         way, would otherwise lead CMD to another run's grant — this user's own, 0600, accepted.
-        Opened without waiting: a FIFO put there is refused, not read."""
+        Opened without waiting: a FIFO put there is refused, not read. The directory must be this
+        user's alone too, and the file have no other name: another user's directory put on the
+        way, holding a hard link to another run's grant file (where links to others' files are not
+        protected), would pass every other check."""
         directory, _ = files.open_user_dir(os.path.dirname(os.fspath(path)) or ".")
         try:
+            held = os.fstat(directory)
             fd = os.open(os.path.basename(os.fspath(path)), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
                          | os.O_CLOEXEC, dir_fd=directory)
         finally:
             os.close(directory)
         with os.fdopen(fd, "rb") as file:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            me = os.geteuid()
+            if held.st_uid != me or held.st_mode & 0o022:
+                raise ValueError(f"{os.fspath(path)} is not in a directory of this user's alone (owner uid "
+                                 f"{held.st_uid}, mode {stat.S_IMODE(held.st_mode):o}; `run` makes it 0700)")
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_mode & 0o077 or st.st_nlink != 1:
                 raise ValueError(f"{os.fspath(path)} is not a grant file of this user's alone (owner uid "
-                                 f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}; `run` writes it 0600)")
+                                 f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}, {st.st_nlink} names; "
+                                 "`run` writes it 0600, once)")
             found = json.loads(file.read())
         return cls(**{f.name: found[f.name] for f in fields(cls) if f.name in found})
 

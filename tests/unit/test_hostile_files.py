@@ -446,3 +446,28 @@ def test_a_grant_file_is_read_through_no_link_of_another_user(tmp_path: Path) ->
     with pytest.raises(OSError, match="Too many levels of symbolic links"):  # O_NOFOLLOW, whoever's
         Grant.from_file(mine / GRANT_FILE)
     assert Grant.from_file(other / GRANT_FILE).session_id == "sess-hostile-other"
+
+
+@as_root
+def test_a_grant_file_is_read_only_from_a_directory_of_this_users_alone_and_by_its_only_name(
+        tmp_path: Path) -> None:
+    """Another user's directory put where the grant directory was, holding a hard link to another
+    run's grant file (root's own 0600 file, where links to others' files are not protected), passed
+    every check of the file itself."""
+    other = tmp_path / "other-run"
+    other.mkdir(mode=0o700)
+    held = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        Grant("sess-hostile-other", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1").write(held)
+    finally:
+        os.close(held)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.link(other / GRANT_FILE, theirs / GRANT_FILE)
+    with pytest.raises(ValueError, match="2 names"):
+        Grant.from_file(theirs / GRANT_FILE)
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(ValueError, match="not in a directory of this user's alone"):
+        Grant.from_file(theirs / GRANT_FILE)
+    os.unlink(theirs / GRANT_FILE)
+    assert Grant.from_file(other / GRANT_FILE).session_id == "sess-hostile-other"
