@@ -7,7 +7,10 @@ never hit (without pidfs an inode of 0 says nothing: the check is start ticks th
 The session cgroup is ended with `cgroup.kill`, which the kernel applies to forks racing it. A
 token carrier outside the cgroup is first stopped, every carrier until a stable scan finds no new
 one, and only then killed: a tree that keeps forking cannot outrun a kill that stops it first.
-A signal the kernel refuses (EPERM) is never read as the process's exit: it is reported refused.
+Every carrier a kill stopped is killed by the run of it that ends (`Stopped`): one given up on a
+stuck read leaves them to its next run, which kills them without reading them again, and one that
+fails kills them on its way out. A signal the kernel refuses (EPERM) is never read as the
+process's exit: it is reported refused.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 from dataclasses import dataclass
 
 from holdfast.agent.observe import pidfd_exited
+from holdfast.agent.reads import Abandoned
 from holdfast.proc import cgroups
 from holdfast.proc.ending import stop_until_stable
 from holdfast.proc.environ import EnvironReader, read_proc_file, read_value
@@ -84,13 +88,45 @@ def _send(fd: int, pid: int, sig: int, refused: set[str]) -> bool:
     return True
 
 
+class Stopped:
+    """The carriers one kill has stopped, by pid, with their checked pidfds, across its runs. A run
+    given up on a stuck read (agent/reads.py) leaves them here for the kill's next run, which kills
+    them without reading them again: a stopped carrier whose environ can no longer be read (refused
+    while reads are stuck) is killed all the same, never left stopped. One run at a time uses it: a
+    run given up does nothing more once its read returns (`Abandoned`)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+
+    def holds(self, pid: int) -> bool:
+        """Whether `pid` is a process this kill stopped, and still the same one (not exited)."""
+        fd = self._fds.get(pid)
+        if fd is not None and pidfd_exited(fd):
+            os.close(self._fds.pop(pid))  # exited: its pid may name a new carrier, not stopped
+            return False
+        return fd is not None
+
+    def add(self, pid: int, fd: int) -> None:
+        self._fds[pid] = fd
+
+    def kill(self, refused: set[str]) -> int:
+        """SIGKILLs delivered to every process stopped, each through its pidfd, then closed."""
+        sent = 0
+        while self._fds:
+            pid, fd = self._fds.popitem()
+            try:
+                sent += _send(fd, pid, signal.SIGKILL, refused)
+            finally:
+                os.close(fd)
+        return sent
+
+
 def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, refused: set[str],
-                  skip: int = 0) -> dict[int, int]:
-    """SIGSTOP every carrier of the token until a stable scan shows none that is not stopped;
-    returns the pidfds of the stopped ones (the caller kills and closes them). Every environ is read
-    through `environ`: one that cannot be read is no carrier proven, and is not signalled. A stop
-    the kernel refused is added to `refused`."""
-    stopped: dict[int, int] = {}
+                  stopped: Stopped, skip: int = 0) -> None:
+    """SIGSTOP every carrier of the token until a stable scan shows none that is not stopped, each
+    kept in `stopped` (the caller kills them). Every environ is read through `environ`: one that
+    cannot be read is no carrier proven, and is not signalled. A stop the kernel refused is added
+    to `refused`."""
 
     def carriers() -> tuple[list[int], bool]:
         found = scan(variable, token, environ=environ)
@@ -98,28 +134,24 @@ def stop_carriers(variable: bytes, token: bytes, environ: EnvironReader, refused
 
     def stop(new: set[int]) -> list[int]:
         for pid in new:
+            if stopped.holds(pid):
+                continue  # stopped by this kill's run given up
             fd = _open_carrier(pid, variable, token, environ)
             if fd is not None and _send(fd, pid, signal.SIGSTOP, refused):
-                stopped[pid] = fd
+                stopped.add(pid, fd)
             elif fd is not None:
                 os.close(fd)
-        return [pid for pid in new if pid in stopped]  # one not stopped is looked at again
+        return [pid for pid in new if stopped.holds(pid)]  # one not stopped is looked at again
 
-    try:
-        stop_until_stable(carriers, stop, STOP_SECONDS)
-    except BaseException:
-        # Given up while stuck on a read (agent/reads.py): the kill runs again, and stops them again.
-        for fd in stopped.values():
-            os.close(fd)
-        raise
-    return stopped
+    stop_until_stable(carriers, stop, STOP_SECONDS)
 
 
 def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched: bool,
-              cap: cgroups.Capability, environ: EnvironReader) -> Killed:
+              cap: cgroups.Capability, environ: EnvironReader, stopped: Stopped) -> Killed:
     """The signals sent, and those refused. The root is signalled only when just judged
     IDENTITY_MATCHED and re-checked through its pidfd; the cgroup and the carriers whenever the root
-    is matched or proven dead, since descendants outlive their root."""
+    is matched or proven dead, since descendants outlive their root. `stopped`: one for the kill,
+    passed to each of its runs."""
     sent = 0
     refused: set[str] = set()
     if root_matched and (fd := _open_root(identity)) is not None:
@@ -131,10 +163,13 @@ def kill_tree(identity: agent_pb2.ProcessIdentity, variable: bytes, root_matched
         sent += cgroups.kill(identity.cgroup, cap)
     if identity.spawn_token:
         skip = identity.pid if root_matched else 0
-        stopped = stop_carriers(variable, identity.spawn_token.encode(), environ, refused, skip)
-        for pid, fd in stopped.items():
-            try:
-                sent += _send(fd, pid, signal.SIGKILL, refused)
-            finally:
-                os.close(fd)
+        given_up = False
+        try:
+            stop_carriers(variable, identity.spawn_token.encode(), environ, refused, stopped, skip)
+        except Abandoned:
+            given_up = True  # the kill's next run, under way since, holds what this one stopped
+            raise
+        finally:
+            if not given_up:  # and on a failure too: a carrier left stopped would stay stopped for good
+                sent += stopped.kill(refused)
     return Killed(sent, tuple(sorted(refused)))

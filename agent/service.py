@@ -25,7 +25,7 @@ import grpc
 from holdfast.agent import metrics, probe_rules, requests
 from holdfast.agent.exit_watch import Armed, ExitWatcher
 from holdfast.agent.hostinfo import HostFacts
-from holdfast.agent.kill import kill_tree
+from holdfast.agent.kill import Stopped, kill_tree
 from holdfast.agent.observe import observe, observe_tree, pidfd_exited
 from holdfast.agent.reads import OnLoop, Readers, on_loop
 from holdfast.common import identifiers, reasons
@@ -439,7 +439,8 @@ class HostAgentService(agent_pb2_grpc.HostAgentServicer):
             # Indeterminate: nothing here is proven to be this owner's, so nothing is signalled.
             return agent_pb2.KillOwnerResponse(result=await self.reading(self.probe_tree, owner, before))
         (watch,) = await self.watch([owner])
-        killed = await self.readers.run(kill_tree, owner, self.variable, matched, self.cgroups, self.environ)
+        killed = await self.readers.run(kill_tree, owner, self.variable, matched, self.cgroups, self.environ,
+                                        Stopped())
         log.info("killed owner tree", extra={"fields": {"host": self.host_id, "pid": owner.pid,
                                                         "signalled": killed.sent}})
         if killed.refused:

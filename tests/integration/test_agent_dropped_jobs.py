@@ -23,8 +23,9 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from holdfast.agent.kill import kill_tree
+from holdfast.agent.kill import Stopped, kill_tree
 from holdfast.agent.reads import MAX_WORKERS, Readers
+from holdfast.agent.reads_rules import MAX_PARKED
 from holdfast.proc import cgroups
 from holdfast.v1 import agent_pb2
 from tests.integration.conftest import AgentProcess, attest, mint_token, probe
@@ -164,9 +165,12 @@ def stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"T"
 
 
+# MAX_PARKED: the run again reads the stopped carrier again. 1: the stuck read parked, no read starts
+# at all, and the run again kills what the run given up stopped without reading it.
+@pytest.mark.parametrize("parked_limit", [MAX_PARKED, 1], ids=["read-again", "no-read-again"])
 @run_async
 async def test_a_kill_given_up_on_a_stuck_read_is_run_again_to_its_end_though_its_caller_went_away(
-        tmp_path: Path, children: list) -> None:  # type: ignore[type-arg]
+        tmp_path: Path, children: list, parked_limit: int) -> None:  # type: ignore[type-arg]
     """The kill stops a carrier, then its next scan is stuck on a read and given up; the thread
     that frees is taken by another job first, so the kill's run again waits for one, and its caller
     goes away meanwhile. That run is the rest of a kill already under way: it must run, and kill
@@ -175,7 +179,7 @@ async def test_a_kill_given_up_on_a_stuck_read_is_run_again_to_its_end_though_it
     carrier = subprocess.Popen(["sleep", "300"],
                                env={"PATH": os.environ["PATH"], "HOLDFAST_SPAWN_TOKEN": token})
     children.append(carrier)
-    readers = Readers(workers=1)
+    readers = Readers(workers=1, parked_limit=parked_limit)
     loop = asyncio.get_running_loop()
     taken, release = threading.Event(), threading.Event()
 
@@ -197,14 +201,18 @@ async def test_a_kill_given_up_on_a_stuck_read_is_run_again_to_its_end_though_it
     try:
         with StuckFuse(mountpoint(tmp_path, 0)) as fuse:
             stuck, stick = stuck_when_told(children, fuse, mint_token())
-            stuck_now = threading.Event()
+            stopping, stuck_now = threading.Event(), threading.Event()
 
             def environ(pid: int | str, start_ticks: int | None, proc: str) -> bytes | None:
                 if int(pid) not in (carrier.pid, stuck.pid):
                     # Other processes on this host (another test's stuck one among them) are left out.
                     raise PermissionError(errno.EACCES, "none of this test's processes")
-                if int(pid) == stuck.pid and stopped(carrier.pid) and not stuck_now.is_set():
-                    stick()  # the carrier stopped: the scan after it is stuck on this read
+                if int(pid) == carrier.pid and start_ticks is None:
+                    stopping.set()  # the check of a carrier just before its SIGSTOP (a scan's has ticks)
+                if int(pid) == stuck.pid and stopping.is_set() and not stuck_now.is_set():
+                    # The scan after the stop: stuck on this read.
+                    until("the carrier stopped", lambda: stopped(carrier.pid))
+                    stick()
                     stuck_now.set()
                 return readers.environ(pid, start_ticks, proc)
 
@@ -212,7 +220,7 @@ async def test_a_kill_given_up_on_a_stuck_read_is_run_again_to_its_end_though_it
             no_cgroups = cgroups.Capability("", 0, False, "this test makes none")
             dropped = REGISTRY.get_sample_value("holdfast_agent_reads_dropped_total") or 0.0
             kill = loop.create_task(readers.run(kill_tree, owner, b"HOLDFAST_SPAWN_TOKEN", False, no_cgroups,
-                                                environ))
+                                                environ, Stopped()))
             assert await asyncio.to_thread(taken.wait, 30), "the kill's run was never given up"
             assert stuck_now.is_set() and stopped(carrier.pid)
             waiting = REGISTRY.get_sample_value("holdfast_agent_reads_waiting")
@@ -225,7 +233,8 @@ async def test_a_kill_given_up_on_a_stuck_read_is_run_again_to_its_end_though_it
             try:
                 code = await asyncio.to_thread(carrier.wait, 20)
             except subprocess.TimeoutExpired:
-                pytest.fail("the carrier the kill stopped stays stopped: the kill's run again was dropped")
+                pytest.fail("the carrier the kill stopped stays stopped: its run again was dropped, or "
+                            "killed only what it could read")
             assert code == -signal.SIGKILL
             assert (REGISTRY.get_sample_value("holdfast_agent_reads_dropped_total") or 0.0) == dropped
     finally:

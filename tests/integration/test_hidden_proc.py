@@ -25,7 +25,7 @@ NOBODY = 65534
 PRELUDE = r"""
 import ctypes, json, os, subprocess, sys
 from holdfast.agent import probe_rules
-from holdfast.agent.kill import kill_tree
+from holdfast.agent.kill import Stopped, kill_tree
 from holdfast.agent.observe import observe, observe_tree
 from holdfast.proc import cgroups
 from holdfast.proc.environ import plain_environ
@@ -87,7 +87,7 @@ KILL = PRELUDE + r"""
 
 
 def look():
-    killed = kill_tree(identity, VAR.encode(), True, CAP, plain_environ)
+    killed = kill_tree(identity, VAR.encode(), True, CAP, plain_environ, Stopped())
     return {"sent": killed.sent, "refused": list(killed.refused)}
 
 
