@@ -92,16 +92,6 @@ def open_enrolled_dir(directory: Path) -> int:
     return fd
 
 
-def _exists(directory: int, name: str) -> bool:
-    """Whether anything — a link too, dangling or not — is at `name` in the directory open as
-    `directory`."""
-    try:
-        os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def _write_pair(directory: int, stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
     """`<stem>.key` (0600) and `<stem>.pem` (0644) in the directory open as `directory`, each whole."""
     files.write_whole(directory, f"{stem}.key", _key_pem(key), 0o600)
@@ -133,7 +123,7 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
 def init_ca(directory: Path, stem: str = "ca", common_name: str = "holdfast local CA") -> None:
     """Creates <stem>.pem / <stem>.key in `directory`, refusing to overwrite an existing CA."""
     with _opened(directory) as fd:
-        if _exists(fd, f"{stem}.key"):
+        if files.exists_at(fd, f"{stem}.key"):
             raise FileExistsError(f"{directory / (stem + '.key')} exists; use another directory or delete it")
         _write_pair(fd, stem, *_new_ca(common_name))
 
@@ -268,9 +258,9 @@ def issue_one(directory: Path, role: Role, serve_on: list[str], out: Path | None
                                 f"{directory}` first")
     target = out or directory
     with _opened(target, 0o700) as fd:
-        if _exists(fd, f"{role.file_stem}.pem"):
+        if files.exists_at(fd, f"{role.file_stem}.pem"):
             raise FileExistsError(f"{target / (role.file_stem + '.pem')} exists; remove it to issue it again")
-        if out is not None and not _exists(fd, "ca.pem"):
+        if out is not None and not files.exists_at(fd, "ca.pem"):
             files.write_whole(fd, "ca.pem", (directory / "ca.pem").read_bytes(), 0o644)
         _issue(fd, directory, role, serve_on)
     return target / f"{role.file_stem}.pem"

@@ -11,8 +11,8 @@ it so (or a link, or a default ACL letting others write what is made there), `ch
 one in a directory another user may change (who could swap it for a link) — by its mode, an ACL
 naming them, or a group they are in (dir_rules) — and `open_private_file` a file so, before it
 is written or truncated. `open_private_path` makes a directory so checked, making nothing in a
-directory that fails `check_ancestors`; `open_existing_private_path` refuses what it would refuse
-and makes nothing at all.
+directory that fails `check_ancestors` or whose default ACL lets others write what is made there;
+`open_existing_private_path` refuses what it would refuse and makes nothing at all.
 `remove_tree` removes a tree from a directory it is given open, following no link and holding no
 Python frame per level; `copy_tree` copies one directory's contents into another the same way,
 so a directory swapped for a link on either side meanwhile is refused, never read or written
@@ -239,24 +239,46 @@ def check_ancestors(fd: int, where: str) -> None:
         os.close(here)
 
 
+def exists_at(directory: int, name: str) -> bool:
+    """Whether anything — a link too, dangling or not — is at `name` in the directory open as
+    `directory`."""
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _may_make_in(fd: int, where: str) -> None:
+    """Raises what a directory made in the one open as `fd` (called `where`) would be refused for,
+    before it is made: that one may be swapped (check_ancestors), or its default ACL would let
+    others write what is made there. Made first and removed on refusal, it is there meanwhile — a
+    refusal that writes, seen by whoever watches, and told to remove an ACL from what is gone."""
+    check_ancestors(fd, where)
+    _check_default_acl(fd, where)
+
+
 def open_private_path(path: str | os.PathLike[str], make: bool = True, mode: int = 0o755) -> int:
     """A descriptor on the directory `path`, made (`mode` less group and other write, whatever the
     umask; its missing parents 0o755 so) when missing:
     this user's, nobody else may write it, and no directory above it — nor any a link on the way
     is read from (open_user_dir) — may another user change (check_ancestors), nor write what is
-    made in it by a default ACL. Nothing is made in a directory that fails that check — not
-    through another user's directory, such as a home that is not this user's (root's `su`
-    without `-`) — and what was made is removed when the directory is refused. Without `make`,
+    made in it by a default ACL. Nothing is made in a directory that fails that check, or whose
+    default ACL would pass others' write on to what is made there (refused naming it, before
+    anything is made) — not through another user's directory, such as a home that is not this
+    user's (root's `su` without `-`) — and what was made is removed when the directory is
+    refused all the same. Without `make`,
     nothing is made: FileNotFoundError when it is missing. DotDot for a path naming `..`: the
     path is followed as the kernel follows it, never collapsed as text."""
     path = _plain_path(path)
     made: list[str] = []
     try:
-        parent, made = open_user_dir(os.path.dirname(path), make=make, before_make=check_ancestors)
+        parent, made = open_user_dir(os.path.dirname(path), make=make, before_make=_may_make_in)
         try:
             check_ancestors(parent, os.path.dirname(path))
-            with contextlib.suppress(FileExistsError):
-                if make:
+            if make and not exists_at(parent, os.path.basename(path)):
+                _check_default_acl(parent, os.path.dirname(path))
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(os.path.basename(path), dir_rules.made_mode(mode), dir_fd=parent)
                     made.append(path)
             try:

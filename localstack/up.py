@@ -282,7 +282,7 @@ class Stack:
         finally:
             os.close(log)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _exists(self.dir_fd, ready):
+        while not files.exists_at(self.dir_fd, ready):
             if proc.poll() is not None or time.monotonic() > deadline:
                 stop_process(proc)
                 why, log = _last_line(self.state_dir / f"{name}.log"), self.state_dir / f"{name}.log"
@@ -431,14 +431,6 @@ async def _revoke(etcd_url: str, leases: list[int], etcd_tls_dir: Path | None) -
                 await store.revoke_lease(lease)
     finally:
         await store.close()
-
-
-def _exists(directory: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _last_line(log: Path) -> str:

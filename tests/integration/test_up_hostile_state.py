@@ -35,12 +35,14 @@ def as_nobody(*argv: str) -> None:
 
 
 def snapshot(path: Path) -> object:
-    """What is at `path` (not following a link there): a file's bytes, a directory's every entry."""
+    """What is at `path` (not following a link there): a file's bytes, a directory's every entry
+    and its mtime — which an entry made and removed again, between two looks, changes."""
     if path.is_symlink():
         return ("link", os.readlink(path))
     if path.is_dir():
-        return sorted((str(p.relative_to(path)), p.read_bytes() if p.is_file() else b"")
-                      for p in path.rglob("*"))
+        entries = sorted((str(p.relative_to(path)), p.read_bytes() if p.is_file() else b"")
+                         for p in path.rglob("*"))
+        return path.stat().st_mtime_ns, entries
     return path.read_bytes() if path.exists() else None
 
 
@@ -132,10 +134,12 @@ def acl_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
 def default_acl_parent(planter: Path, victim: Path) -> tuple[Path, Path]:
     """A root:root 0o755 directory whose default ACL lets nobody write what is made in it
     (`setfacl -d -m u:nobody:rwx`): a state directory made there would pass that on to etcd's
-    files, the logs and the certificates, whatever `up`'s umask. None is made."""
+    files, the logs and the certificates, whatever `up`'s umask. None is made, not even for a
+    moment: its mtime, set in the past, says so."""
     shared = planter / "shared"
     shared.mkdir(mode=0o755)
     grant(shared, NOBODY, default=True)
+    os.utime(shared, ns=(1, 1))
     return shared / "state", shared
 
 

@@ -232,24 +232,26 @@ def test_point_makes_the_default_state_directory_and_unpoint_removes_its_word(
 def test_a_private_path_is_not_made_where_it_would_inherit_a_default_acl_for_others(tmp_path: Path) -> None:
     """What is made in a directory with a default ACL naming uid 1002 gets its entries: a
     directory on the way (made 0o755: the mask r-x, so 1002 may not write it) takes the default
-    on, and the last one has it for what is made in it."""
-    (tmp_path / "shared").mkdir(mode=0o755)
-    grant(tmp_path / "shared", 1002, default=True)
-    with pytest.raises(files.NotPrivate, match="default ACL") as refused:
-        files.open_private_path(tmp_path / "shared" / "a" / "state")
-    assert refused.value.filename == str(tmp_path / "shared" / "a" / "state")
-    assert list((tmp_path / "shared").iterdir()) == [], "what was made on the way is removed"
-    with pytest.raises(files.NotPrivate, match="default ACL") as refused:
-        files.open_private_path(tmp_path / "shared" / "state")
-    assert refused.value.filename == str(tmp_path / "shared" / "state")
-    assert list((tmp_path / "shared").iterdir()) == []
-    os.removexattr(tmp_path / "shared", dir_rules.ACL_DEFAULT)
+    on, and the last one has it for what is made in it. Refused naming that directory, before
+    anything is made in it: its mtime (set in the past) shows a directory made and removed again,
+    which a watcher of it sees meanwhile."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    grant(shared, 1002, default=True)
+    os.utime(shared, ns=(1, 1))
+    for path in (shared / "a" / "state", shared / "state"):
+        with pytest.raises(files.NotPrivate, match="default ACL") as refused:
+            files.open_private_path(path)
+        assert refused.value.filename == str(shared)
+        assert list(shared.iterdir()) == []
+        assert shared.stat().st_mtime_ns == 1, f"{path}: nothing made in it, not even for a moment"
+    os.removexattr(shared, dir_rules.ACL_DEFAULT)
     os.close(files.open_private_path(tmp_path / "shared" / "a" / "state"))
 
 
 def test_a_private_path_is_checked_as_it_would_be_made_without_making_anything(tmp_path: Path) -> None:
-    """What open_private_path would refuse only after making directories — one inheriting a default
-    ACL for others, one in a directory others may change — is refused without making any, and one
+    """What open_private_path would refuse — a path in a directory with a default ACL for others,
+    one in a directory others may change — is refused without making anything, and one
     it may make is not made: a run checks before its Acquire what it makes only once granted."""
     (tmp_path / "shared").mkdir(mode=0o755)
     grant(tmp_path / "shared", 1002, default=True)
