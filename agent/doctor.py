@@ -20,8 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from holdfast.agent import hostinfo, hostinfo_rules
 from holdfast.agent.reads import Readers
-from holdfast.common import reloading, tls
+from holdfast.common import reloading, timens, tls
 from holdfast.common.incarnation_rules import machine_id_problem
+from holdfast.common.timens_rules import time_namespace_problem
 from holdfast.common.version import JSON_SCHEMA
 from holdfast.proc import cgroups, listing_rules
 from holdfast.proc.environ import EnvironReader
@@ -190,7 +191,7 @@ def check_boot_id(f: Facts) -> Check:
 def check_time_ns(f: Facts) -> Check:
     """Start times read under a time namespace's offsets are not the ones every other agent reads:
     the agent refuses to start there (agent/hostinfo_rules.py)."""
-    bad = hostinfo_rules.time_namespace_problem(f.time_ns, f.timens_offsets)
+    bad = time_namespace_problem(f.time_ns, f.timens_offsets)
     detail = "no time namespaces in this kernel" if f.time_ns is None and f.timens_offsets is None \
         else f"the initial time namespace ({f.time_ns}), no offsets"
     return _result("time-namespace", not bad, bad or detail, hostinfo_rules.TIME_NS_FIX)
@@ -367,7 +368,7 @@ def gather(node: bool, coordinator: str, tls_dir: Path | None = None, host_id: s
     readers = Readers()
     read, denied, others, first, unreadable = asyncio.run(readers.run(environ_facts, readers.environ))
     able = cgroups.capability()
-    time_ns, offsets = hostinfo.time_namespace()
+    time_ns, offsets = timens.time_namespace()
     return Facts(
         node=node, pid_ns=os.stat("/proc/self/ns/pid").st_ino, cap_eff=cap_eff(),
         environ_read=read, environ_denied=denied, environ_other_users=others, environ_error=first,

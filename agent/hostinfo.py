@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holdfast.agent import hostinfo_rules
+from holdfast.common import timens
 from holdfast.proc import cgroups
 from holdfast.proc.environ import read_proc_file
 from holdfast.proc.procstat import parse_stat
@@ -52,19 +53,9 @@ def machine_id() -> str:
     return (_read("/etc/machine-id") or "").strip()
 
 
-def time_namespace() -> tuple[int | None, str | None]:
-    """This process's time namespace inode and its /proc/self/timens_offsets, each None when absent
-    (a kernel without time namespaces)."""
-    try:
-        inode: int | None = os.stat("/proc/self/ns/time").st_ino
-    except OSError:
-        inode = None
-    return inode, _read("/proc/self/timens_offsets")
-
-
 def refusal() -> str:
     """'' when this agent may serve here, else why not and the fix."""
-    return hostinfo_rules.refusal(machine_id(), *time_namespace())
+    return hostinfo_rules.refusal(machine_id(), *timens.time_namespace())
 
 
 def has_pidfs() -> bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from holdfast.agent import hostinfo_rules
-from holdfast.agent.hostinfo_rules import INIT_TIME_NS, parse_offsets, refusal, time_namespace_problem
+from holdfast.agent.hostinfo_rules import refusal
+from holdfast.common.timens_rules import INIT_TIME_NS, parse_offsets, time_namespace_problem
 
 MACHINE = "3d1219c7c4c5404aaa1f6d2a48adfda4"
 # As the kernel prints them ("%-10s %10lld %9ld"), one line per clock.
