@@ -75,17 +75,18 @@ async def enroll(target: str, server_ca_pem: bytes, node: str, token: str,
 
 def write(directory: Path, node: str, creds: Credentials) -> Path:
     """Installs the credentials as `agent-<node>.key/.pem` and ca.pem, through one descriptor on
-    `directory` (certs.open_enrolled_dir); returns the certificate path."""
+    `directory` (certs.open_enrolled_dir: its `holdfast-<uid>` where others may write it); returns
+    the certificate path."""
     stem = Role("agent", node).file_stem
     installed = ((f"{stem}.key", creds.key_pem, 0o600), (f"{stem}.pem", creds.cert_pem, 0o644),
                  ("ca.pem", creds.bundle_pem, 0o644))  # the key first
-    fd = certs.open_enrolled_dir(directory)
+    fd, where = certs.open_enrolled_dir(directory)
     try:
         for name, data, mode in installed:
             files.write_whole(fd, name, data, mode, durable=True)
     finally:
         os.close(fd)
-    return directory / f"{stem}.pem"
+    return where / f"{stem}.pem"
 
 
 def renew_after(cert_pem: bytes, now: datetime.datetime | None = None) -> float:

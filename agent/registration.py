@@ -63,7 +63,7 @@ def _cert_stamp(tls_dir: Path | None, host_id: str) -> tuple[int, int]:
     if tls_dir is None:
         return (0, 0)
     try:
-        st = (tls_dir / f"{tls.Role('agent', host_id).file_stem}.pem").stat()
+        st = (tls.files_dir(tls_dir) / f"{tls.Role('agent', host_id).file_stem}.pem").stat()
     except FileNotFoundError:
         return (0, 0)
     return (st.st_ino, st.st_mtime_ns)

@@ -20,6 +20,7 @@ from cryptography import x509
 from prometheus_client import Counter
 
 from holdfast.agent import enroll
+from holdfast.common import tls
 from holdfast.common.reloading import ReloadingCredentials
 from holdfast.common.tls import Role
 
@@ -47,11 +48,11 @@ class Enroller:
 
     @property
     def cert_path(self) -> Path:
-        return self.tls_dir / f"{Role('agent', self.node).file_stem}.pem"
+        return tls.files_dir(self.tls_dir) / f"{Role('agent', self.node).file_stem}.pem"
 
     async def enroll_once(self) -> Path:
         token = self.token_file.read_text().strip()
-        creds = await enroll.enroll(self.target, self.server_ca.read_bytes(), self.node, token,
+        creds = await enroll.enroll(self.target, tls.read_file(self.server_ca), self.node, token,
                                     self.server_name)
         path = enroll.write(self.tls_dir, self.node, creds)
         log.info("certificate enrolled", extra={"fields": {"node": self.node, "issuer": self.target}})
@@ -61,7 +62,7 @@ class Enroller:
 def due_in(cert_path: Path) -> float | None:
     """Seconds until renewal is due, or None when there is no usable certificate at all."""
     try:
-        pem = cert_path.read_bytes()
+        pem = tls.read_file(cert_path)
         cert = x509.load_pem_x509_certificate(pem)
     except (OSError, ValueError):
         return None

@@ -183,6 +183,9 @@ class Client:
             return tls.open_channel(self.address, self.tls_dir, self.role)
         except FileNotFoundError as missing:  # its message names the file and how to make it
             raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
+        except OSError as refused:  # another user's file, link or FIFO (files.read_tls_file): never read
+            raise ClientError(Reason.TLS_FILE_MISSING, f"{refused.filename}: {refused.strerror}; not read "
+                              "(fix it, or point --tls-dir / HOLDFAST_TLS_DIR elsewhere)") from None
         except ValueError as wrong:  # HOLDFAST_KEEPALIVE_SECONDS, named in the message
             raise ClientError(Reason.INVALID_ARGUMENT, str(wrong)) from None
 

@@ -126,7 +126,7 @@ class Enroller:
         # Every file written through one descriptor on the directory (certs.open_enrolled_dir); the
         # lock another user left there, or a link at its name, is refused, never opened.
         try:
-            directory = certs.open_enrolled_dir(self.tls_dir)
+            directory, _ = certs.open_enrolled_dir(self.tls_dir)
         except OSError as exc:
             raise self._unwritable(exc) from None
         try:
@@ -152,7 +152,7 @@ class Enroller:
     async def _enroll(self, directory: int) -> None:
         try:
             token = self.token_file.read_text().strip()
-            server_ca = self.server_ca.read_bytes()
+            server_ca = tls.read_file(self.server_ca)
         except OSError as exc:
             raise ClientError(Reason.TLS_FILE_MISSING, f"cannot read what enrollment needs: {exc} (the "
                               f"token: {env.TOKEN_FILE}, the issuer's CA: {env.ENROLL_CA})") from None

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from holdfast.common import config, files
+from holdfast.common import config, files, tls
 from holdfast.common.identifiers import AGENT_NAMESPACE, agent_server_name
 from holdfast.common.tls import (
     AGENT_CA_NAME,
@@ -75,21 +75,16 @@ def _opened(directory: Path, mode: int = 0o755) -> Iterator[int]:
         os.close(fd)
 
 
-def open_enrolled_dir(directory: Path) -> int:
-    """A descriptor on the TLS directory an enrolled key and certificates are written into, made
-    (0700) if missing, its parents too: reached through no link another user made or could swap
-    (files.open_user_dir) and written only through this descriptor (files.write_whole,
-    files.open_private_file), so another user's link on the way — a sticky /tmp's, or one in
-    their own directory — never takes a root agent's key elsewhere. Not required to be private:
-    a pod's memory-backed emptyDir, where the key is made, is 0777 (root's) or 2777 (fsGroup's)."""
-    fd, made = files.open_user_dir(directory, make=True)
-    try:
-        if made:  # the directory itself, made now 0777 less the umask
-            os.fchmod(fd, 0o700)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def open_enrolled_dir(directory: Path) -> tuple[int, Path]:
+    """A descriptor on the directory an enrolled key and certificates are written into, and its
+    path (files.open_tls_dir): `directory`, made 0700 if missing (its parents too, never in a
+    directory another user may change), reached through no link another user made or could swap;
+    or, where others may write `directory` without the sticky bit — a pod's memory-backed emptyDir,
+    0777 (root's) or 2777 (fsGroup's) — its subdirectory `holdfast-<uid>`, made 0700, where no other
+    user can rename their ca.pem over ours. Written only through this descriptor (files.write_whole,
+    files.open_private_file), and read back only as tls.read_files reads."""
+    fd, where = files.open_tls_dir(directory, make=True)
+    return fd, Path(where)
 
 
 def _write_pair(directory: int, stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
@@ -157,10 +152,11 @@ def init_session_ca(directory: Path) -> None:
 
 
 def load_ca(directory: Path, stem: str = "ca") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = serialization.load_pem_private_key((directory / f"{stem}.key").read_bytes(), password=None)
+    key = serialization.load_pem_private_key(tls.read_file(directory / f"{stem}.key", secret=True),
+                                             password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{directory / (stem + '.key')} is not an EC key made by `holdfast certs init`")
-    return key, x509.load_pem_x509_certificate((directory / f"{stem}.pem").read_bytes())
+    return key, x509.load_pem_x509_certificate(tls.read_file(directory / f"{stem}.pem"))
 
 
 def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, subject: str,
@@ -261,7 +257,7 @@ def issue_one(directory: Path, role: Role, serve_on: list[str], out: Path | None
         if files.exists_at(fd, f"{role.file_stem}.pem"):
             raise FileExistsError(f"{target / (role.file_stem + '.pem')} exists; remove it to issue it again")
         if out is not None and not files.exists_at(fd, "ca.pem"):
-            files.write_whole(fd, "ca.pem", (directory / "ca.pem").read_bytes(), 0o644)
+            files.write_whole(fd, "ca.pem", tls.read_file(directory / "ca.pem"), 0o644)
         _issue(fd, directory, role, serve_on)
     return target / f"{role.file_stem}.pem"
 
@@ -313,7 +309,7 @@ def _current(directory: Path, role: Role) -> bool:
     if role.kind != "agent":
         return True
     try:
-        sans = x509.load_pem_x509_certificate(path.read_bytes()).extensions.get_extension_for_class(
+        sans = x509.load_pem_x509_certificate(tls.read_file(path)).extensions.get_extension_for_class(
             x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return False

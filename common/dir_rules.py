@@ -11,7 +11,9 @@ cannot be told apart from this process — it runs as the overflow id in a user 
 every unmapped owner reads as. `made_mode` is what a directory holdfast makes may be: never
 group- or other-writable, whatever the umask, so it never refuses what it made.
 `acl_lets_others_write` answers whether an ACL's entries (a default ACL's, which what is made in
-the directory inherits) let anyone but its owner write. No I/O here: files.py reads the modes,
+the directory inherits) let anyone but its owner write. `tls_file_refused_because` answers None only
+for a regular file of this user's or root's that no one else may write, and for a private key
+no one outside its owner and group may read. No I/O here: files.py reads the modes,
 groups, ID maps and ACLs.
 """
 
@@ -70,6 +72,24 @@ def link_untrusted_because(uid: int, nlink: int, *, euid: int) -> str | None:
     if nlink > 1:
         return (f"is a link with {nlink} names (hard-linked): whoever linked it chose where it stands, not "
                 "its owner; not followed")
+    return None
+
+
+def tls_file_refused_because(mode: int, uid: int, *, euid: int, secret: bool) -> str | None:
+    """Why a key, certificate or CA bundle (its `mode`, owner `uid`), opened without following a
+    link, is not read by user `euid`: not a regular file (a FIFO would have blocked its read for
+    ever), another user's (their ca.pem makes the client trust their coordinator), writable by
+    others, or — `secret`, a private key — readable by others. A group may read a key: a pod's
+    fsGroup is how a container of another uid than root reads a Secret's. None when it is read."""
+    bits = f"mode {stat.S_IMODE(mode):o}"
+    if not stat.S_ISREG(mode):
+        return f"is not a regular file (type {stat.S_IFMT(mode):o}): never read as TLS material"
+    if uid not in (0, euid):
+        return f"is uid {uid}'s, neither yours nor root's: never trusted as TLS material"
+    if mode & 0o022:
+        return f"others may write it ({bits}): never trusted as TLS material"
+    if secret and mode & 0o004:
+        return f"is a private key others may read ({bits}): `chmod o-r` it (or the Secret's defaultMode)"
     return None
 
 

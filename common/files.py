@@ -31,6 +31,14 @@ most whatever the umask, so none is refused next; and no owner is judged where i
 (`own_id`: the overflow uid in a user namespace, as which every unmapped owner reads).
 `open_private_path` takes no `..`: after a link the kernel climbs from the link's target, not
 back along the path as written.
+`open_tls_dir` opens a TLS directory (keys, certificates, CA bundles) reached as `open_user_dir`
+reaches one, no directory above it another user may change; one that others may write without
+its sticky bit (a pod's 0777 emptyDir) stands for its subdirectory `holdfast-<uid>`, this user's
+alone. `read_tls_file` reads one of its files through one descriptor: a link followed only as
+`open_user_dir` follows one (a Kubernetes Secret's `..data` links are root's), the file opened
+O_NOFOLLOW | O_NONBLOCK and read only if it is a regular file of this user's or root's that no one
+else may write, and, for a private key, read (dir_rules.tls_file_refused_because) — another
+user's ca.pem, FIFO or link is refused (UntrustedFile), never trusted or waited on.
 """
 
 from __future__ import annotations
@@ -352,6 +360,100 @@ def open_private_file(directory: int | None, name: str, flags: int, mode: int = 
                          f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})", name)
     os.set_blocking(fd, True)
     return fd
+
+
+class UntrustedFile(NotPrivate):
+    """A TLS file another user put or may change, or one that is no regular file."""
+
+
+def private_subdir_name() -> str:
+    """The subdirectory of this user's alone in a directory others may write: `holdfast-<uid>`."""
+    return f"holdfast-{os.geteuid()}"
+
+
+def open_tls_dir(directory: str | os.PathLike[str], make: bool = False) -> tuple[int, str]:
+    """A descriptor on the directory a TLS directory's files are read from and written to, and its
+    path: `directory` itself when neither it nor any directory above it may another user change
+    (check_ancestors); when only it may be — this user's or root's, but others may write it without
+    the sticky bit, as a pod's emptyDir (0777, or 2777 with an fsGroup) — its subdirectory
+    `holdfast-<uid>`, this user's alone (no link, no one else may write it), made 0700 with `make`:
+    in the directory itself another user could rename a file of theirs over ca.pem. With `make`,
+    missing directories are made (0700 the last; nothing made in a directory that fails
+    check_ancestors); else FileNotFoundError when one is missing. Refused (Swappable, NotPrivate,
+    UntrustedLink) otherwise."""
+    where = os.fspath(directory)
+    fd, made = open_user_dir(where, make=make, before_make=check_ancestors)
+    try:
+        if made:  # the directory itself, made now 0o755
+            os.fchmod(fd, 0o700)
+        st = os.fstat(fd)
+        if swappable_because(fd, where) is None or st.st_uid not in (0, own_id("uid", where)):
+            check_ancestors(fd, where)
+            return fd, where
+        above = os.open("..", OPEN_DIR, dir_fd=fd)
+        try:
+            check_ancestors(above, os.path.dirname(os.path.abspath(where)))
+        finally:
+            os.close(above)
+        name = private_subdir_name()
+        if make:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+        try:
+            private = open_private_dir(name, dir_fd=fd)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "others may write this TLS directory: its files are read "
+                                    f"only from its subdirectory {name}, which is missing", where) from None
+        except NotPrivate as exc:
+            raise NotPrivate(exc.errno, exc.strerror, os.path.join(where, name)) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return private, os.path.join(where, name)
+
+
+def read_tls_file(directory: int, where: str, name: str, secret: bool = False) -> bytes:
+    """The bytes of the TLS file `name` in the directory open as `directory` (called `where`, from
+    open_tls_dir). A link there is followed only if this user or root made it where no other user
+    may change (_check_link), its target reached as open_user_dir reaches a directory: a Kubernetes
+    Secret's `ca.pem -> ..data/ca.pem`. The file is opened O_NOFOLLOW | O_NONBLOCK — a FIFO is
+    refused, never waited on — and read only when dir_rules.tls_file_refused_because is None
+    (`secret`: a private key); else UntrustedFile. FileNotFoundError when it is missing."""
+    parent = os.dup(directory)
+    hops = 0
+    try:
+        while True:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+            _check_link(parent, where, name, os.stat(name, dir_fd=parent, follow_symlinks=False))
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise OSError(errno.ELOOP, f"more than {MAX_LINK_HOPS} links", os.path.join(where, name))
+            target = os.path.join(where, os.readlink(name, dir_fd=parent))
+            os.close(parent)
+            parent = -1
+            where, name = os.path.dirname(target), os.path.basename(target)
+            parent, _ = open_user_dir(where)
+            check_ancestors(parent, where)
+    finally:
+        if parent >= 0:
+            os.close(parent)
+    try:
+        st = os.fstat(fd)
+        why = dir_rules.tls_file_refused_because(st.st_mode, st.st_uid, euid=own_id("uid", where),
+                                                 secret=secret)
+        if why is not None:
+            raise UntrustedFile(errno.EPERM, why, os.path.join(where, name))
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def open_user_dir(path: str | os.PathLike[str], make: bool = False,

@@ -9,7 +9,9 @@ swap fails no call. `channel_credentials()` gives the newest pair for a new outg
 The files are watched by a stat of their (inode, mtime, size) at most every POLL_SECONDS, done
 from gRPC's handshake hook: no inotify thread to keep alive, works on the symlink swaps of a
 Kubernetes secret volume (inotify on those is notoriously fragile), and costs three stats per
-poll. `reload()` makes a change visible at once (the agent calls it after renewing).
+poll. `reload()` makes a change visible at once (the agent calls it after renewing). Every read is
+tls.read_files's: another user's file, link or FIFO in the directory is refused (the last good
+pair and bundle stay), never trusted nor waited on.
 """
 
 from __future__ import annotations
@@ -42,19 +44,22 @@ class Material:
 
 
 def role_files(directory: Path, role: tls.Role) -> list[Path]:
-    """The files a role's TLS credentials are read from: key, certificate, and the trust bundle's."""
-    return [directory / f"{role.file_stem}.key", directory / f"{role.file_stem}.pem",
-            directory / "ca.pem", directory / f"{tls.AGENT_CA_STEM}.pem",
-            directory / f"{tls.SESSION_CA_STEM}.pem"]
+    """The files a role's TLS credentials are read from: key, certificate, and the trust bundle's, in
+    the directory they are in (tls.files_dir)."""
+    where = tls.files_dir(directory)
+    return [where / f"{role.file_stem}.key", where / f"{role.file_stem}.pem", where / "ca.pem",
+            where / f"{tls.AGENT_CA_STEM}.pem", where / f"{tls.SESSION_CA_STEM}.pem"]
 
 
 def files_stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:
-    """(inode, mtime, size) of each file, zeros for a missing one: changes whenever one is replaced."""
+    """(inode, mtime, size) of each file, zeros for a missing one: changes whenever one is replaced.
+    A stat by path only tells when to read again, never what is taken: read_material refuses what
+    another user could have put there."""
     out = []
     for path in paths:
         try:
             st = path.stat()
-        except FileNotFoundError:
+        except OSError:
             out.append((0, 0, 0))
             continue
         out.append((st.st_ino, st.st_mtime_ns, st.st_size))
@@ -62,16 +67,16 @@ def files_stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:
 
 
 def read_material(directory: Path, role: tls.Role) -> Material:
-    """The files as they are now; ValueError when the key is not the certificate's."""
-    key_pem = (directory / f"{role.file_stem}.key").read_bytes()
-    cert_pem = (directory / f"{role.file_stem}.pem").read_bytes()
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    key = serialization.load_pem_private_key(key_pem, password=None)
+    """The files as they are now (tls.read_files: none another user could have put or changed);
+    ValueError when the key is not the certificate's."""
+    read = tls.read_files(directory, role)
+    cert = x509.load_pem_x509_certificate(read.cert_pem)
+    key = serialization.load_pem_private_key(read.key_pem, password=None)
     public = serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(serialization.Encoding.DER, public) != \
             cert.public_key().public_bytes(serialization.Encoding.DER, public):
         raise ValueError(f"{directory / (role.file_stem + '.key')} is not the key of its certificate")
-    return Material(key_pem, cert_pem, tls.trust_bundle(directory), cert.not_valid_after_utc.timestamp())
+    return Material(read.key_pem, read.cert_pem, read.trust_pem, cert.not_valid_after_utc.timestamp())
 
 
 class ReloadingCredentials:
@@ -136,5 +141,5 @@ class ReloadingCredentials:
 
 def seconds_left(directory: Path, role: tls.Role) -> float:
     """For `doctor`: seconds until the role's certificate expires (negative: expired)."""
-    cert = x509.load_pem_x509_certificate((directory / f"{role.file_stem}.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate(tls.read_files(directory, role).cert_pem)
     return cert.not_valid_after_utc.timestamp() - time.time()

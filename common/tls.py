@@ -6,10 +6,15 @@ most one tenant as another, `holdfast-tenant://<tenant>` (`holdfast-tenant://*`:
 an operator alone; docs/tenants.md). A server reads both from the verified peer certificate in the
 gRPC auth context, never from a request: without TLS there is no role at all, and an ambiguous
 certificate (two roles, two tenants, a malformed tenant, all tenants on a runtime's) has none.
+
+Guarantee: a key, certificate or CA bundle is read only through files.open_tls_dir and
+files.read_tls_file: never another user's file, link or FIFO, nor from a directory another user may
+change (one others may write without its sticky bit stands for its private `holdfast-<uid>`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from holdfast.common import env, keepalive
+from holdfast.common import env, files, keepalive
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -187,36 +192,83 @@ def peer_node_uid(context: grpc.aio.ServicerContext) -> str:
     return uids[0] if len(uids) == 1 and NODE_UID.fullmatch(uids[0]) else ""
 
 
-def _read(directory: Path, name: str) -> bytes:
-    path = directory / name
+@dataclass(frozen=True)
+class Files:
+    """A role's key, certificate and trust bundle as read at once from one TLS directory."""
+
+    key_pem: bytes
+    cert_pem: bytes
+    trust_pem: bytes
+
+
+def _read(directory: int, where: str, name: str, secret: bool = False) -> bytes:
     try:
-        return path.read_bytes()
+        return files.read_tls_file(directory, where, name, secret)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing; make it with `holdfast certs init`") from None
+        missing = os.path.join(where, name)
+        raise FileNotFoundError(f"{missing} is missing; make it with `holdfast certs init`") from None
+
+
+def _bundle(directory: int, where: str) -> bytes:
+    """ca.pem, plus agent-ca.pem and session-ca.pem where they are (read as `_read` reads)."""
+    extra = b""
+    for stem in (AGENT_CA_STEM, SESSION_CA_STEM):
+        with contextlib.suppress(FileNotFoundError):
+            extra += files.read_tls_file(directory, where, f"{stem}.pem")
+    return _read(directory, where, "ca.pem") + extra
+
+
+def read_files(directory: Path, role: Role | None = None) -> Files:
+    """`role`'s key and certificate (none without one) and the trust bundle, each read from the
+    directory open_tls_dir opens (through no link another user made or may swap; another user's
+    file, a FIFO, a key others may read is refused: files.read_tls_file)."""
+    fd, where = files.open_tls_dir(directory)
+    try:
+        key = _read(fd, where, f"{role.file_stem}.key", secret=True) if role is not None else b""
+        cert = _read(fd, where, f"{role.file_stem}.pem") if role is not None else b""
+        return Files(key, cert, _bundle(fd, where))
+    finally:
+        os.close(fd)
+
+
+def read_file(path: Path, secret: bool = False) -> bytes:
+    """One TLS file named by its path (HOLDFAST_ENROLL_CA), read as read_files reads the files of
+    its directory."""
+    fd, where = files.open_tls_dir(path.parent)
+    try:
+        return files.read_tls_file(fd, where, path.name, secret)
+    finally:
+        os.close(fd)
+
+
+def files_dir(directory: Path) -> Path:
+    """The directory `directory`'s TLS files are in (files.open_tls_dir: itself, or its private
+    `holdfast-<uid>` where others may write it), or `directory` when it cannot be opened now."""
+    try:
+        fd, where = files.open_tls_dir(directory)
+    except OSError:
+        return directory
+    os.close(fd)
+    return Path(where)
 
 
 def trust_bundle(directory: Path) -> bytes:
     """ca.pem, plus agent-ca.pem and session-ca.pem where they are: enrolled agents' and session
     pods' certificates come from those."""
-    extra = [directory / f"{stem}.pem" for stem in (AGENT_CA_STEM, SESSION_CA_STEM)]
-    return _read(directory, "ca.pem") + b"".join(path.read_bytes() for path in extra if path.exists())
+    return read_files(directory).trust_pem
 
 
 def server_credentials(directory: Path, role: Role) -> grpc.ServerCredentials:
     """Serves with `role`'s certificate and requires every client to present one from a trusted CA."""
-    return grpc.ssl_server_credentials(
-        [(_read(directory, f"{role.file_stem}.key"), _read(directory, f"{role.file_stem}.pem"))],
-        root_certificates=trust_bundle(directory),
-        require_client_auth=True,
-    )
+    read = read_files(directory, role)
+    return grpc.ssl_server_credentials([(read.key_pem, read.cert_pem)], root_certificates=read.trust_pem,
+                                       require_client_auth=True)
 
 
 def channel_credentials(directory: Path, role: Role) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(
-        root_certificates=trust_bundle(directory),
-        private_key=_read(directory, f"{role.file_stem}.key"),
-        certificate_chain=_read(directory, f"{role.file_stem}.pem"),
-    )
+    read = read_files(directory, role)
+    return grpc.ssl_channel_credentials(root_certificates=read.trust_pem, private_key=read.key_pem,
+                                        certificate_chain=read.cert_pem)
 
 
 def tls_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:

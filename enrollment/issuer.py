@@ -268,10 +268,8 @@ def namespace_default() -> str:
 def server_auth_credentials(tls_dir: Path) -> grpc.ServerCredentials:
     """The coordinator's certificate, and no client certificate asked for: an enrolling agent has
     none yet, and a token plus a CSR is all it can show."""
-    stem = tls.Role("coordinator").file_stem
-    return grpc.ssl_server_credentials([((tls_dir / f"{stem}.key").read_bytes(),
-                                         (tls_dir / f"{stem}.pem").read_bytes())],
-                                       require_client_auth=False)
+    read = tls.read_files(tls_dir, tls.Role("coordinator"))
+    return grpc.ssl_server_credentials([(read.key_pem, read.cert_pem)], require_client_auth=False)
 
 
 async def start(listen: str, tls_dir: Path, issuer: Issuer) -> serving_.Serving:

@@ -471,3 +471,120 @@ def test_a_grant_file_is_read_only_from_a_directory_of_this_users_alone_and_by_i
         Grant.from_file(theirs / GRANT_FILE)
     os.unlink(theirs / GRANT_FILE)
     assert Grant.from_file(other / GRANT_FILE).session_id == "sess-hostile-other"
+
+
+def a_tls_dir(tmp_path: Path, mode: int) -> tuple[Path, Path]:
+    """(a directory of `mode` holding root's client key, certificate and ca.pem, as `certs init`
+    writes them; another CA's ca.pem, a rogue coordinator's, that a user other than root holds)."""
+    from holdfast.common import certs
+
+    made, rogue = tmp_path / "made", tmp_path / "rogue"
+    certs.init_local(made, [], ["127.0.0.1"])
+    certs.init_ca(rogue)
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir()
+    tls_dir.chmod(mode)
+    for name in ("client.key", "client.pem", "ca.pem"):
+        (tls_dir / name).write_bytes((made / name).read_bytes())
+        (tls_dir / name).chmod(0o600 if name.endswith(".key") else 0o644)
+    return tls_dir, rogue / "ca.pem"
+
+
+def theirs(path: Path, data: bytes) -> None:
+    """`data` at `path` as uid 65534 writes it: made beside it and renamed over it."""
+    temp = path.with_name(".theirs")
+    temp.write_bytes(data)
+    os.chown(temp, NOBODY, NOBODY)
+    temp.replace(path)
+
+
+@as_root
+def test_tls_material_another_user_put_in_its_directory_is_never_trusted(tmp_path: Path) -> None:
+    """A sticky TLS directory others may add to: their CA bundle (agent-ca.pem), a link of theirs to
+    it, a FIFO at session-ca.pem, were read by their paths — the client trusted their coordinator,
+    or waited on the FIFO for ever. Refused, each naming the file; root's own link (a Kubernetes
+    Secret's `..data`) is followed; a private key others may read is refused too."""
+    from holdfast.common import reloading, tls
+
+    tls_dir, rogue = a_tls_dir(tmp_path, 0o1777)
+    role = tls.Role("client")
+    good = tls.trust_bundle(tls_dir)
+    theirs(tls_dir / "agent-ca.pem", rogue.read_bytes())
+    with pytest.raises(files.UntrustedFile, match="uid 65534's, neither yours nor root's"):
+        tls.trust_bundle(tls_dir)
+    (tls_dir / "agent-ca.pem").unlink()
+    (tls_dir / "agent-ca.pem").symlink_to(rogue)
+    os.lchown(tls_dir / "agent-ca.pem", NOBODY, NOBODY)
+    with pytest.raises(files.UntrustedLink, match="neither yours nor root's"):
+        tls.channel_credentials(tls_dir, role)
+    (tls_dir / "agent-ca.pem").unlink()
+    os.mkfifo(tls_dir / "session-ca.pem")
+    os.chown(tls_dir / "session-ca.pem", NOBODY, NOBODY)
+    raised = finishes(lambda: tls.trust_bundle(tls_dir), tls_dir / "session-ca.pem")
+    assert [type(exc) for exc in raised] == [files.UntrustedFile], raised
+    (tls_dir / "session-ca.pem").unlink()
+    data = tls_dir / "..data"  # a Secret volume's: root's links, in a directory only root writes
+    data.mkdir()
+    (data / "ca.pem").write_bytes((tls_dir / "ca.pem").read_bytes())
+    (tls_dir / "ca.pem").unlink()
+    (tls_dir / "ca.pem").symlink_to("..data/ca.pem")
+    assert tls.trust_bundle(tls_dir) == good
+    (tls_dir / "client.key").chmod(0o644)
+    with pytest.raises(files.UntrustedFile, match="private key others may read"):
+        reloading.read_material(tls_dir, role)
+
+
+@as_root
+def test_a_reload_keeps_its_credentials_when_another_user_adds_to_the_directory(tmp_path: Path) -> None:
+    """The agent's and coordinator's reload read the directory by path: another user's CA bundle
+    there was trusted from the next handshake on, their FIFO blocked the reload for ever."""
+    from holdfast.common import reloading, tls
+
+    tls_dir, rogue = a_tls_dir(tmp_path, 0o1777)
+    live = reloading.ReloadingCredentials(tls_dir, tls.Role("client"))
+    before = live.material
+    theirs(tls_dir / "session-ca.pem", rogue.read_bytes())
+    assert not live.reload() and live.material == before
+    (tls_dir / "session-ca.pem").unlink()
+    os.mkfifo(tls_dir / "agent-ca.pem")
+    os.chown(tls_dir / "agent-ca.pem", NOBODY, NOBODY)
+    assert finishes(lambda: live.reload(), tls_dir / "agent-ca.pem") == []
+    assert live.material == before
+
+
+@as_root
+def test_a_tls_directory_others_may_write_is_used_only_through_a_private_subdirectory(tmp_path: Path) -> None:
+    """A 0777 TLS directory (a pod's emptyDir): another user may rename their ca.pem over root's
+    there. What is in it is never read; an enrollment writes into `holdfast-0` (0700), read from
+    there; one another user made at that name is refused."""
+    from holdfast.agent import enroll
+    from holdfast.common import reloading, tls
+
+    tls_dir, rogue = a_tls_dir(tmp_path, 0o777)
+    with pytest.raises(FileNotFoundError, match="subdirectory holdfast-0"):
+        reloading.read_material(tls_dir, tls.Role("client"))
+    key, cert, ca = ((tls_dir / name).read_bytes() for name in ("client.key", "client.pem", "ca.pem"))
+    path = enroll.write(tls_dir, "node-1", enroll.Credentials(key, cert, ca))
+    private = tls_dir / "holdfast-0"
+    assert path == private / "agent-node-1.pem" and stat.S_IMODE(private.stat().st_mode) == 0o700
+    theirs(tls_dir / "ca.pem", rogue.read_bytes())
+    assert reloading.read_material(tls_dir, tls.Role("agent", "node-1")).trust_pem == ca
+    for name in os.listdir(private):
+        (private / name).unlink()
+    private.rmdir()
+    private.mkdir(mode=0o700)
+    os.chown(private, NOBODY, NOBODY)
+    with pytest.raises(files.NotPrivate, match="holdfast-0"):
+        enroll.write(tls_dir, "node-1", enroll.Credentials(key, cert, ca))
+
+
+@as_root
+def test_an_enrolled_directory_is_made_in_no_directory_another_user_may_change(tmp_path: Path) -> None:
+    """`open_enrolled_dir` made the missing directories of a TLS directory's path in another user's
+    directory, where they could rename it away and put their own in its place. Refused; nothing made."""
+    from holdfast.common import certs
+
+    home = another_users_home(tmp_path, {})
+    with pytest.raises(files.Swappable, match="uid 65534 owns it"):
+        certs.open_enrolled_dir(home / "agent" / "tls")
+    assert list(home.iterdir()) == []
