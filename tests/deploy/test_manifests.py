@@ -284,6 +284,25 @@ def _tls_volume(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
     return volume["secret"]
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize(("kind", "name"), [("Deployment", "holdfast-coordinator"),
+                                            ("CronJob", "holdfast-purge-archives")])
+def test_secrets_holding_keys_are_readable_by_the_pods_group_alone(overlay: str, kind: str,
+                                                                   name: str) -> None:
+    """A Secret's files are root's, 0644 unless defaultMode says otherwise: a key others may read is
+    refused (files.read_tls_file), so a non-root server mounts its Secrets 0440 in its fsGroup."""
+    obj = one(render(overlay), kind, name)["spec"]
+    spec = (obj["jobTemplate"]["spec"] if kind == "CronJob" else obj)["template"]["spec"]
+    secrets = [v for v in spec["volumes"]
+               if "secret" in v or any("secret" in s for s in v.get("projected", {}).get("sources", []))]
+    assert secrets
+    for volume in secrets:
+        mode = (volume.get("secret") or volume["projected"]).get("defaultMode", 0o644)
+        assert not mode & 0o007, (volume["name"], oct(mode))
+    context = spec["securityContext"]
+    assert context["fsGroup"] == context["runAsGroup"] and context["runAsUser"] != 0
+
+
 def test_tls_secrets_are_referenced_never_embedded() -> None:
     for overlay in OVERLAYS:
         assert not [o for o in render(overlay) if o["kind"] == "Secret"], overlay
