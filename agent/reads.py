@@ -4,14 +4,16 @@ Guarantee: every read of another process's environ the agent makes goes through 
 on a reader thread, in a job `Readers.run` awaits, so the event loop (heartbeats, exit watches,
 every other call) never waits on one. A job whose thread has been in one read for STUCK_AFTER_S is
 given up and run again on another thread, where that process is refused (agent/reads_rules.py):
-the answer is as for an unreadable environ. The given-up thread stays parked until its read
-returns, then ends at once (`Abandoned`), so no job ever runs twice at the same time and nothing
-it would have done after the read is done. Reader threads are at most MAX_WORKERS, besides the
-parked ones. A job waits for a thread when all are busy; one whose caller went away meanwhile (its
-RPC's deadline passed, or the call was cancelled) never runs: a kill or an attestation its caller
-already answered as failed or unknown is not done after the answer. A job a thread has taken runs
-to its end whether or not its caller still waits, every run of it again after a give-up included:
-that run finishes what the one given up started (a kill kills the carriers it stopped). Work that
+the answer is as for an unreadable environ. A job is run again at most MAX_GIVE_UPS times
+(agent/reads_rules.py): that last run is refused every read, so it ends, answered as unreadable.
+The given-up thread stays parked until its read returns, then ends at once (`Abandoned`), so no
+job ever runs twice at the same time and nothing it would have done after the read is done.
+Reader threads are at most MAX_WORKERS, besides the parked ones. A job waits for a thread when
+all are busy; one whose caller went away meanwhile (its RPC's deadline passed, or the call was
+cancelled) never runs: a kill or an attestation its caller already answered as failed or unknown
+is not done after the answer. A job a thread has taken runs to its end whether or not its caller
+still waits, every run of it again after a give-up included: that run finishes what the one given
+up started (a kill kills the carriers it stopped, its last run without reading them). Work that
 may need no environ at all is first tried on the loop with `on_loop` as its reader, which reads
 nothing: at its first read it raises `OnLoop`, and the work starts over as a job.
 """
@@ -78,11 +80,12 @@ class _Worker:
 
 
 class _Job:
-    __slots__ = ("args", "done", "dropped", "fn", "loop", "timer", "worker")
+    __slots__ = ("args", "done", "dropped", "fn", "given_up", "loop", "timer", "worker")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[object, ...],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, given_up: int = 0) -> None:
         self.fn, self.args, self.loop = fn, args, loop
+        self.given_up = given_up  # runs of this job given up before this one
         self.done: asyncio.Future[Any] = loop.create_future()
         self.worker: _Worker | None = None  # the thread that took it (set under `Readers._lock`)
         self.timer: asyncio.TimerHandle | None = None
@@ -131,7 +134,7 @@ class Readers:
                 try:
                     return await job.done
                 except _GivenUp:
-                    job = _Job(job.fn, job.args, job.loop)
+                    job = _Job(job.fn, job.args, job.loop, job.given_up + 1)
                     self._submit(job)
         finally:
             if job.timer is not None:
@@ -241,7 +244,7 @@ class Readers:
         who = (int(pid), start_ticks)
         worker: _Worker = self._local.worker
         with self._lock:
-            why = self._parked.refusal(who)
+            why = self._parked.refusal(who, worker.job.given_up if worker.job is not None else 0)
             if not why:
                 worker.current = (who, time.monotonic())
         if why:

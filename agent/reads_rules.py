@@ -5,7 +5,8 @@ forever: a file of a FUSE daemon that never answers, mapped over its environ. No
 read but an answer (or the FUSE connection's abort): its thread stays in the kernel. So a read
 that has run STUCK_AFTER_S is given up, its thread *parked* until the read returns, and its
 process — by pid and start ticks, since a pid is reused — is refused while that read is pending,
-never read a second time. Past MAX_PARKED parked threads no read starts at all.
+never read a second time. Past MAX_PARKED parked threads no read starts at all. A job given up
+MAX_GIVE_UPS times reads nothing more: its last run is refused every read.
 
 Guarantee: repeated reads of a process whose read is pending park no further thread; at most
 MAX_PARKED threads are parked, plus the reads already under way when the last was parked (one per
@@ -22,6 +23,12 @@ from dataclasses import dataclass, field
 # read that is merely slow, and a probe waiting on a stuck one answers that much later.
 STUCK_AFTER_S = 0.5
 MAX_PARKED = 32
+# A process whose environ reads stick for STUCK_AFTER_S and then return is not refused once its
+# read returned, so a job's run again could be given up on it again, and again, for ever: a few
+# KillOwner calls (a coordinator's retries) against such a tree would hold every reader thread, and
+# every other session's job would be dropped at its deadline. After this many give-ups the job's
+# last run reads nothing (as unreadable), and ends: a kill then kills what it stopped unread.
+MAX_GIVE_UPS = 3
 
 # A process: (pid, start ticks).
 Identity = tuple[int, int]
@@ -46,8 +53,10 @@ class Parked:
     reads: collections.Counter[Identity] = field(default_factory=collections.Counter)
     total: int = 0
 
-    def refusal(self, who: Identity) -> str:
-        """Why a read of `who` must not start; "" when it may."""
+    def refusal(self, who: Identity, given_up: int = 0) -> str:
+        """Why a read of `who` must not start, in a job given up `given_up` times; "" when it may."""
+        if given_up >= MAX_GIVE_UPS:
+            return f"this job was given up {given_up} times on stuck reads: its last run reads nothing"
         if who in self.reads:
             return f"a read of pid {who[0]}'s memory is stuck and still pending"
         if self.total >= self.limit:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from holdfast.agent.reads_rules import STUCK_AFTER_S, Parked, recheck_in, stuck
+from holdfast.agent.reads_rules import MAX_GIVE_UPS, STUCK_AFTER_S, Parked, recheck_in, stuck
 
 
 def test_a_process_whose_read_is_pending_is_refused_until_it_returns() -> None:
@@ -48,3 +48,11 @@ def test_the_question_is_asked_again_when_the_read_under_way_would_be_stuck() ->
     assert recheck_in(None, 100.0) == STUCK_AFTER_S
     assert recheck_in(100.0, 100.0 + STUCK_AFTER_S / 4) == STUCK_AFTER_S * 3 / 4
     assert recheck_in(100.0, 100.0 + 2 * STUCK_AFTER_S) == 0.0
+
+
+def test_a_job_given_up_the_most_times_reads_nothing_more() -> None:
+    """A process whose reads stick and then return is not refused once they returned: without the
+    count, a job's runs again could each be given up on it, for ever."""
+    parked = Parked(limit=4)
+    assert parked.refusal((10, 500), given_up=MAX_GIVE_UPS - 1) == ""
+    assert f"given up {MAX_GIVE_UPS} times" in parked.refusal((10, 500), given_up=MAX_GIVE_UPS)
