@@ -17,7 +17,11 @@ where no other user may have put it there: none may change its directory or one 
 (files.check_ancestors), and it is the running user's (carry_rules.moved_because); else nothing of
 the copy is uploaded: a root `run` never uploads what another user put on the path — root's own
 file renamed to the root's name, which that user could then restore with a run of their own, or
-that user's file, carried as root's.
+that user's file, carried as root's. Nor what another user put in it: every entry packed — the
+root, and each file, directory and link below a directory root — must be the running user's, no
+directory in the root one another user may make names in, and a file root with more than one name
+stand where no other user may have made that name (carry_rules.not_carried_because); else, too,
+nothing of the copy is uploaded.
 """
 
 from __future__ import annotations
@@ -49,12 +53,21 @@ from holdfast.common.carry_rules import (
     chunked,
     escaping_links,
     moved_because,
+    names_open_because,
+    not_carried_because,
     over_cap,
     root_name,
     root_sizes,
     shown_root,
 )
-from holdfast.common.files import Replaced, check_ancestors, open_beneath, open_listed, open_user_dir
+from holdfast.common.files import (
+    Replaced,
+    check_ancestors,
+    open_beneath,
+    open_listed,
+    open_user_dir,
+    swappable_because,
+)
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
@@ -267,26 +280,48 @@ class Entry(NamedTuple):
 Reader = Callable[[str, str, os.stat_result, int], tuple[bytes, os.stat_result]]
 
 
+def _names_open(fd: int, where: str) -> str | None:
+    """Why another user may make a name in the directory open as `fd`, called `where`
+    (carry_rules.names_open_because)."""
+    return names_open_because(os.fstat(fd).st_mode, swappable_because(fd, where))
+
+
+def _check(kind: str, st: os.stat_result, names_open: str | None = None, shown: str = "") -> None:
+    """Raises CarryRefused, naming `shown` (if given) and why, for an entry as carry_rules.
+    not_carried_because refuses it: another user's, or one they may have put there."""
+    why = not_carried_because(kind, st.st_uid, st.st_nlink, os.geteuid(), names_open)
+    if why is not None:
+        raise CarryRefused(f"{shown}: {why}" if shown else why)
+
+
 def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str]]:
     """A directory root's entries below it (open as `top`) in walk order, each parent before its
     children, files read with `read` as they are met; and what is left out, with why. Each name is
     said as shown_root says it: the tree may be a copy another user uploaded, and a name holding a
-    line break or an escape sequence, printed as it is, faked holdfast's lines or drove the terminal."""
+    line break or an escape sequence, printed as it is, faked holdfast's lines or drove the terminal.
+    Raises CarryRefused for the first entry carry_rules.not_carried_because refuses — the root
+    itself included, each directory judged through its descriptor before anything in it — as
+    another user's or one they may have put there: the whole copy is refused."""
     entries: list[Entry] = []
     skipped: list[str] = []
     unread: list[tuple[str, str]] = []
     for where, fd, listed in _tree(top, unread):
+        here = os.path.join(name, where) if where else name
+        _check("dir", os.fstat(fd), _names_open(fd, here), shown_root(here) if where else "")
         for entry, s in listed:
             rel = f"{where}/{entry}" if where else entry
             shown = shown_root(os.path.join(name, rel))
             if not _utf8(rel):
                 skipped.append(f"{shown}: its name is not UTF-8; not carried")
             elif stat.S_ISDIR(s.st_mode):
+                _check("dir", s, shown=shown)  # who may make names in it: judged when it is entered
                 entries.append(Entry(rel, "dir", stat.S_IMODE(s.st_mode) & 0o777))
             elif stat.S_ISREG(s.st_mode):
+                _check("file", s, shown=shown)  # its directories judged: a name it has there is this user's
                 data, st = read(entry, shown, s, fd)
                 entries.append(Entry(rel, "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
             elif stat.S_ISLNK(s.st_mode):
+                _check("symlink", s, shown=shown)
                 target = os.readlink(entry, dir_fd=fd)
                 if not _utf8(target):  # a manifest holds UTF-8 only: it would not encode
                     skipped.append(f"{shown}: its link's target is not UTF-8; not carried")
@@ -409,6 +444,11 @@ class _Packing:
                 refused(why)
                 return
             if stat.S_ISREG(st.st_mode):
+                try:
+                    where = os.path.dirname(path)
+                    _check("file", st, _names_open(holder, where) if st.st_nlink > 1 else None)
+                except CarryRefused as exc:
+                    raise fail(str(exc)) from None
                 self.manifest.roots.add(path=name, kind="file")
                 data, st = self.read(base, shown, st, holder)  # open_listed: that very file, or refused
                 self.add(index, Entry("", "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
@@ -424,6 +464,8 @@ class _Packing:
         self.add(index, Entry("", "dir", stat.S_IMODE(st.st_mode) & 0o777))
         try:
             entries, left_out = _walk_root(top, name, self.read)
+        except CarryRefused as exc:
+            raise fail(str(exc)) from None
         finally:
             os.close(top)
         self.skipped += left_out

@@ -14,13 +14,17 @@ the tree does not hold is taken as a plain directory, as it would be if CMD late
 from another directory than the one (device and inode) that held it then — a root absent then and
 present now, or deleted and made again, included — only where no other user may have put it
 there: no other user may change its directory or any above it, and the root is the running
-user's own. No I/O here.
+user's own. `not_carried_because` lets an upload carry an entry — a root, or anything below a
+directory root — only when it is the running user's, no directory in the root is one another user
+may make names in, and a file root with more than one name stands where no other user may have
+made one. No I/O here.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -337,6 +341,43 @@ def moved_because(start: Place, directory: Identity, root: Identity | None, swap
                 f"({swappable}): they could have put it there")
     if root is not None and root[2] != euid:
         return f"{what}, and uid {root[2]} owns it, not uid {euid} that runs this: another user put it there"
+    return None
+
+
+def names_open_because(mode: int, swappable: str | None) -> str | None:
+    """Why a user other than this one (or root) may make a name in a directory (its st_mode;
+    `swappable`: why one may rename what is in it, files.swappable_because's answer); None when
+    none may. A sticky directory others may write (/tmp's 1777) is open too: they cannot rename
+    this user's entries there, but they make names in it, a hard link to this user's file among them."""
+    if swappable is not None:
+        return swappable
+    if mode & stat.S_ISVTX and mode & 0o022:
+        return f"it is sticky and others may write it (mode {stat.S_IMODE(mode):o}): they make names in it"
+    return None
+
+
+def not_carried_because(kind: str, uid: int, nlink: int, euid: int, names_open: str | None) -> str | None:
+    """Why an entry met while packing a root as user `euid` — the root itself, or anything below a
+    directory root: a `kind` ("file", "dir", "symlink") owned by `uid`, with `nlink` names — is
+    not carried (the whole copy is then refused); None when it is. `names_open` is why another
+    user may make a name (names_open_because) in the directory itself, for a directory; in the
+    one holding it, for a file root; None for a file below a directory root, every directory on
+    its way having been judged, as an entry, before it.
+    Each entry must be `euid`'s: another user's file, directory or link made in root's tree while
+    CMD ran was uploaded and restored as root's (a CMD that drops privileges writes such files:
+    carry as the user who owns them). No directory may be open to another user: they would put a
+    hard link there to one of this user's files from elsewhere (where fs.protected_hardlinks is
+    0), which passes as this user's — root's secret uploaded for them to restore. So a regular
+    file with more than one name is carried only where no other user may have made that name."""
+    if uid != euid:
+        return (f"uid {uid} owns it, not uid {euid} that runs this: another user's {kind} would be carried, "
+                "and restored, as yours (carry as the user who owns the files)")
+    if kind == "dir" and names_open is not None:
+        return (f"another user may make names in it ({names_open}): their files, or hard links to yours, "
+                "would be carried as yours")
+    if kind == "file" and nlink > 1 and names_open is not None:
+        return (f"it has {nlink} names (hard-linked), and another user may make names in the directory "
+                f"holding it ({names_open}): it may be a file of yours from elsewhere, linked there by them")
     return None
 
 

@@ -33,6 +33,8 @@ from holdfast.common.carry_rules import (
     chunked,
     describe,
     moved_because,
+    names_open_because,
+    not_carried_because,
     root_name,
 )
 from holdfast.common.reasons import Reason
@@ -865,3 +867,108 @@ def test_pack_refuses_a_root_absent_at_the_start_that_another_user_may_have_put_
                        "may change") as refused:
         carry.pack(["out"], str(home), "sess-unit-absent", seen)
     assert refused.value.reason == Reason.CARRY_FAILED
+
+
+OPEN = "others may write it"  # files.swappable_because's answer for a directory others may change
+NOT_YOURS = "uid 65534 owns it, not uid 0 that runs this"
+
+
+@pytest.mark.parametrize(("mode", "swappable", "why"), [
+    (0o40755, None, None),
+    (0o40775, None, None),  # group write that swappable_because found this user's alone
+    (0o41755, None, None),  # sticky, yet none but its owner may write it
+    (0o40777, OPEN, OPEN),
+    (0o41777, None, "it is sticky and others may write it (mode 1777): they make names in it"),
+    (0o41775, None, "it is sticky and others may write it (mode 1775): they make names in it"),
+])
+def test_a_directory_is_open_where_another_user_may_make_a_name_in_it(
+    mode: int, swappable: str | None, why: str | None
+) -> None:
+    """Sticky stops others renaming this user's entries, not making names: a hard link among them."""
+    assert names_open_because(mode, swappable) == why
+
+
+@pytest.mark.parametrize(("kind", "uid", "nlink", "names_open", "why"), [
+    ("file", ME, 1, OPEN, None),  # one name: not linked in by another
+    ("file", ME, 2, None, None),  # CMD's own hard link, where no other user may make names
+    ("dir", ME, 2, None, None),
+    ("symlink", ME, 1, None, None),
+    ("file", NOBODY, 1, None, f"{NOT_YOURS}: another user's file would be carried"),
+    ("dir", NOBODY, 2, None, f"{NOT_YOURS}: another user's dir would be carried"),
+    ("symlink", NOBODY, 1, None, f"{NOT_YOURS}: another user's symlink would be carried"),
+    ("file", ME, 2, OPEN, "it has 2 names (hard-linked), and another user may make names in the directory "
+                          f"holding it ({OPEN}): it may be a file of yours from elsewhere"),
+    ("dir", ME, 2, OPEN, f"another user may make names in it ({OPEN}): their files, or hard links to yours"),
+])
+def test_an_entry_is_carried_only_if_it_is_the_users_and_no_other_user_may_have_put_it_there(
+    kind: str, uid: int, nlink: int, names_open: str | None, why: str | None
+) -> None:
+    got = not_carried_because(kind, uid, nlink, ME, names_open)
+    assert got == why if why is None else (got or "").startswith(why), got
+
+
+def refused_pack(names: list[str], cwd: Path, match: str) -> None:
+    with pytest.raises(ClientError, match=match) as refused:
+        carry.pack(names, str(cwd), "sess-unit-entries")
+    assert refused.value.reason == Reason.CARRY_FAILED
+    assert "nothing of this copy was kept (the last good copy stands)" in refused.value.message
+
+
+@pytest.mark.parametrize(("made", "kind"), [("drop", "dir"), ("sub/config", "file"), ("sub/link", "symlink")])
+def test_pack_refuses_another_users_entry_anywhere_in_a_directory_root(
+    tmp_path: Path, made: str, kind: str
+) -> None:
+    """Root's `out` held nobody's `drop/` (or file, or link): what nobody wrote there was carried
+    and restored on the next host as root's. The whole copy is refused, naming the entry."""
+    (tmp_path / "out" / "sub").mkdir(parents=True)
+    (tmp_path / "out" / "sub" / "kept").write_text("root's")
+    assert carry.pack(["out"], str(tmp_path), "sess-unit-entries").manifest.total_bytes == 6
+    path = tmp_path / "out" / made
+    if kind == "dir":
+        path.mkdir()
+    elif kind == "symlink":
+        os.symlink("kept", path)
+    else:
+        path.write_text("nobody-planted")
+    os.lchown(path, NOBODY, NOBODY)
+    refused_pack(["out"], tmp_path, f"--carry out: out/{made}: {NOT_YOURS}: another user's {kind}")
+    path.rmdir() if kind == "dir" else path.unlink()
+    os.chown(tmp_path / "out", NOBODY, NOBODY)
+    refused_pack(["out"], tmp_path, f"--carry out: {NOT_YOURS}")
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777])
+def test_pack_refuses_a_directory_in_a_root_that_another_user_may_make_names_in(
+    tmp_path: Path, mode: int
+) -> None:
+    """Nobody could put a hard link to root's secret in it (fs.protected_hardlinks 0): root's own
+    file, one name more, carried for them to restore. Refused whether or not anything is there yet."""
+    (tmp_path / "out" / "pub").mkdir(parents=True)
+    os.chmod(tmp_path / "out" / "pub", mode)
+    refused_pack(["out"], tmp_path, r"--carry out: out/pub: another user may make names in it")
+    os.chmod(tmp_path / "out" / "pub", 0o755)
+    os.chmod(tmp_path / "out", mode)
+    refused_pack(["out"], tmp_path, r"--carry out: another user may make names in it")
+
+
+def test_pack_carries_cmds_own_hard_links_where_no_other_user_may_make_names(tmp_path: Path) -> None:
+    (tmp_path / "out" / "a").mkdir(parents=True)
+    (tmp_path / "out" / "a" / "f").write_text("one")
+    os.link(tmp_path / "out" / "a" / "f", tmp_path / "out" / "g")
+    os.link(tmp_path / "out" / "a" / "f", tmp_path / "alone")
+    packed = carry.pack(["out", "alone"], str(tmp_path), "sess-unit-entries")
+    assert b"".join(packed.chunks) == b"oneoneone"
+
+
+def test_pack_refuses_a_file_root_with_another_name_where_another_user_may_make_one(tmp_path: Path) -> None:
+    """A hard link to root's secret at a root's name in a sticky directory: root's file, refused
+    by its names (where nobody may make a link, carried: see above)."""
+    (tmp_path / "secret.key").write_text("root's secret")
+    (tmp_path / "sticky").mkdir()
+    os.chmod(tmp_path / "sticky", 0o1777)
+    os.link(tmp_path / "secret.key", tmp_path / "sticky" / "out.txt")
+    refused_pack(["out.txt"], tmp_path / "sticky", r"--carry out.txt: it has 2 names \(hard-linked\), and "
+                 "another user may make names in the directory holding it")
+    os.unlink(tmp_path / "secret.key")
+    assert b"".join(carry.pack(["out.txt"], str(tmp_path / "sticky"), "sess-unit-entries").chunks) == (
+        b"root's secret"), "one name: not linked there by another"
