@@ -25,9 +25,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -52,6 +55,7 @@ from holdfast.v1 import coordinator_pb2 as cpb
 from holdfast.v1 import coordinator_pb2_grpc
 from holdfast.v1 import enrollment_pb2 as pb
 from holdfast.v1 import enrollment_pb2_grpc as pb_grpc
+from tests.integration import unprivileged
 from tests.integration.conftest import AgentProcess
 from tests.integration.coordinator_fixtures import Coordinator, run_async, snapshot
 from tests.integration.k8s_standin import KubeStandIn
@@ -398,3 +402,62 @@ def test_run_enrolls_renews_and_keeps_its_grant_across_an_expired_first_certific
         if agent is not None:
             agent.stop()
         coordinator.stop()
+
+
+SWAP_CMD = textwrap.dedent("""
+    import os, subprocess, sys
+    tls, rogue, drop = os.environ["HOLDFAST_TLS_DIR"], sys.argv[1], sys.argv[2:]
+    # Another user in the pod: their CA renamed over ca.pem in the emptyDir, a FIFO beside it.
+    swap = 'cp "$1" "$2/.theirs" && mv -f "$2/.theirs" "$2/ca.pem" && mkfifo "$2/session-ca.pem"'
+    subprocess.run([*drop, "/bin/sh", "-c", swap, "sh", rogue, tls], check=True)
+    subprocess.run([sys.executable, "-m", "holdfast.cli", "put", "after-swap", "1"], check=True, timeout=30)
+""")
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="agents read other processes' environments")
+def test_an_enrolled_run_in_a_0777_emptydir_trusts_nothing_another_user_puts_there(
+        tls_etcd: EtcdServer, tmp_path: Path, prefix: str, pki: Path, kube: KubeStandIn) -> None:
+    """The pod's TLS directory is an emptyDir, 0777: root's run enrolled into it, and nobody, mid-
+    CMD, renamed their CA over its ca.pem and put a FIFO at session-ca.pem: CMD's `holdfast put`
+    trusted their CA (a rogue coordinator would get its grant and data) or waited on the FIFO for
+    ever. Now everything is in the run's own 0700 holdfast-0 there, and the put is fenced."""
+    coordinator = Coordinator(tls_etcd.url, tmp_path, prefix, args=(
+        "--tls-dir", str(pki), "--enroll-listen", "127.0.0.1:0", "--enroll-api-server", kube.url,
+        "--enroll-api-ca", str(kube.ca_file), "--enroll-api-token-file", str(kube.issuer_token_file),
+        "--enroll-namespace", "holdfast", "--session-namespaces", "team-a")).start()
+    agent = None
+    shared = Path(tempfile.mkdtemp(prefix="holdfast-emptydir-"))  # nobody reaches it (pytest's tmp: no)
+    try:
+        shared.chmod(0o755)
+        pod_tls = shared / "tls"
+        pod_tls.mkdir()
+        pod_tls.chmod(0o777)  # as kubelet makes an emptyDir
+        certs.init_ca(shared / "rogue")
+        (shared / "rogue").chmod(0o755)
+        (shared / "rogue" / "ca.pem").chmod(0o644)
+        agent = AgentProcess(tmp_path, "node-1", args=["--tls-dir", str(pki), "--coordinator",
+                                                       coordinator.address])
+        kube.add_node("node-1")
+        pod = kube.add_pod("team-a", "session-emptydir", "node-1", owner=("Job", "review"),
+                           service_account="runner")
+        token = tmp_path / "token"
+        token.write_text(kube.token(pod, with_node=True))
+        script = tmp_path / "cmd.py"
+        script.write_text(SWAP_CMD)
+        env = {**os.environ, "HOLDFAST_ENROLL": coordinator.enroll, "HOLDFAST_ENROLL_CA": str(pki / "ca.pem"),
+               "HOLDFAST_TOKEN_FILE": str(token), "HOLDFAST_TLS_DIR": str(pod_tls),
+               "HOLDFAST_HOST_ID": "node-1", "HOLDFAST_COORDINATOR": coordinator.address}
+        cmd = [sys.executable, str(script), str(shared / "rogue" / "ca.pem"), *unprivileged.DROP]
+        done = subprocess.run([sys.executable, "-m", "holdfast.cli", "run", "--session", SESSION, "--", *cmd],
+                              env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=90)
+        assert done.returncode == 0, done.stderr
+        assert fenced(coordinator, pki, "after-swap") == b"1"
+        private = pod_tls / "holdfast-0"
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700 and (private / "client.pem").is_file()
+        assert (pod_tls / "ca.pem").stat().st_uid == unprivileged.NOBODY  # theirs, never read
+    finally:
+        if agent is not None:
+            agent.stop()
+        coordinator.stop()
+        shutil.rmtree(shared, ignore_errors=True)
