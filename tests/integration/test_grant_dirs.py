@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -129,6 +130,56 @@ def test_in_a_tmpdir_others_may_rename_in_grant_dirs_are_made_in_a_directory_of_
     assert Path(rundir.path).parent == private and os.listdir(shared) == [private.name]
     assert private.stat().st_uid == os.geteuid() and private.stat().st_mode & 0o777 == 0o700
     assert grantdir.sweep() == [] and Path(rundir.path).exists()  # a live run's: found and kept
+
+
+def test_dead_runs_are_swept_from_this_users_own_named_private_dirs_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that found another user's directory where it was to make `holdfast-<uid>` once granted
+    makes a `holdfast-<uid>-<random>` instead: runs killed -9 there are found and swept, by the next
+    run and by `sweep`, as in `holdfast-<uid>`."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_ticks = ticks(dead.pid)
+    dead.kill()
+    dead.wait()
+    other = shared / f"holdfast-{os.geteuid()}-{os.urandom(6).hex()}"
+    other.mkdir(mode=0o700)
+    first = named(other, dead.pid, dead_ticks)
+    rundir, held = make_run_dir()
+    os.close(held)
+    os.close(rundir.root)
+    assert not first.exists() and Path(rundir.path).exists()
+    second = named(other, dead.pid, dead_ticks)
+    assert grantdir.sweep() == [str(second)] and Path(rundir.path).exists()
+
+
+TIME_NS = pytest.mark.skipif(not os.path.exists("/proc/self/ns/time"), reason="this kernel has no time "
+                             "namespaces (CONFIG_TIME_NS): no reader's clock is shifted")
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare --time needs root")
+@TIME_NS
+def test_under_time_namespace_offsets_no_run_is_judged_by_its_start_ticks(tmp_path: Path) -> None:
+    """The review's repro: `sweep` under `unshare --time --boottime 100000` read a live run's start
+    100000 s later than its directory's name said, and removed it (its CMD then finds no grant
+    file). Under offsets nothing is swept, and a run names its directory for no later run to judge:
+    named with shifted ticks, a run without them would find it another process's and remove it."""
+    me = os.getpid()
+    alive = named(tmp_path, me, ticks(me))
+    shifted = ["unshare", "--time", "--kill-child", "--boottime", "100000", sys.executable, "-c"]
+    swept = "import sys\nfrom holdfast.client import grantdir\nprint(grantdir.sweep(sys.argv[1]))"
+    done = subprocess.run([*shifted, swept, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]" and alive.exists()
+    made = "from holdfast.client import grantdir\nprint(grantdir.make(grantdir.place())[0].path)"
+    (tmp_path / "tmp").mkdir(mode=0o700)
+    done = subprocess.run([*shifted, made], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    name = Path(done.stdout.strip()).name
+    assert name.startswith("holdfast-") and not name.startswith(grantdir.PREFIX), name
 
 
 @pytest.mark.root
