@@ -347,6 +347,18 @@ def fenced(coordinator: Coordinator, pki: Path, key: str) -> bytes:
     return found.value if found.found else b""
 
 
+def pod_run_env(kube: KubeStandIn, coordinator: Coordinator, pki: Path, tmp_path: Path, pod_name: str,
+                pod_tls: Path) -> dict[str, str]:
+    """A session pod on node-1 and the environment its `holdfast run` enrolls with into `pod_tls`."""
+    kube.add_node("node-1")
+    pod = kube.add_pod("team-a", pod_name, "node-1", owner=("Job", "review"), service_account="runner")
+    token = tmp_path / "token"
+    token.write_text(kube.token(pod, with_node=True))
+    return {**os.environ, "HOLDFAST_ENROLL": coordinator.enroll, "HOLDFAST_ENROLL_CA": str(pki / "ca.pem"),
+            "HOLDFAST_TOKEN_FILE": str(token), "HOLDFAST_TLS_DIR": str(pod_tls),
+            "HOLDFAST_HOST_ID": "node-1", "HOLDFAST_COORDINATOR": coordinator.address}
+
+
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="agents read other processes' environments")
 def test_run_enrolls_renews_and_keeps_its_grant_across_an_expired_first_certificate(
@@ -363,17 +375,10 @@ def test_run_enrolls_renews_and_keeps_its_grant_across_an_expired_first_certific
     try:
         agent = AgentProcess(tmp_path, "node-1", args=["--tls-dir", str(pki), "--coordinator",
                                                        coordinator.address])
-        kube.add_node("node-1")
-        pod = kube.add_pod("team-a", "session-review", "node-1", owner=("Job", "review"),
-                           service_account="runner")
-        token = tmp_path / "token"
-        token.write_text(kube.token(pod, with_node=True))
         pod_tls = tmp_path / "pod-tls"  # empty: no secret mounted
+        env = pod_run_env(kube, coordinator, pki, tmp_path, "session-review", pod_tls)
         script, renewed, go = tmp_path / "cmd.py", tmp_path / "renewed", tmp_path / "go"
         script.write_text(CMD)
-        env = {**os.environ, "HOLDFAST_ENROLL": coordinator.enroll, "HOLDFAST_ENROLL_CA": str(pki / "ca.pem"),
-               "HOLDFAST_TOKEN_FILE": str(token), "HOLDFAST_TLS_DIR": str(pod_tls),
-               "HOLDFAST_HOST_ID": "node-1", "HOLDFAST_COORDINATOR": coordinator.address}
         stderr = tmp_path / "run.stderr"
         with open(stderr, "wb") as err:
             run = subprocess.Popen([sys.executable, "-m", "holdfast.cli", "run", "--session", SESSION, "--",
@@ -438,16 +443,9 @@ def test_an_enrolled_run_in_a_0777_emptydir_trusts_nothing_another_user_puts_the
         (shared / "rogue" / "ca.pem").chmod(0o644)
         agent = AgentProcess(tmp_path, "node-1", args=["--tls-dir", str(pki), "--coordinator",
                                                        coordinator.address])
-        kube.add_node("node-1")
-        pod = kube.add_pod("team-a", "session-emptydir", "node-1", owner=("Job", "review"),
-                           service_account="runner")
-        token = tmp_path / "token"
-        token.write_text(kube.token(pod, with_node=True))
+        env = pod_run_env(kube, coordinator, pki, tmp_path, "session-emptydir", pod_tls)
         script = tmp_path / "cmd.py"
         script.write_text(SWAP_CMD)
-        env = {**os.environ, "HOLDFAST_ENROLL": coordinator.enroll, "HOLDFAST_ENROLL_CA": str(pki / "ca.pem"),
-               "HOLDFAST_TOKEN_FILE": str(token), "HOLDFAST_TLS_DIR": str(pod_tls),
-               "HOLDFAST_HOST_ID": "node-1", "HOLDFAST_COORDINATOR": coordinator.address}
         cmd = [sys.executable, str(script), str(shared / "rogue" / "ca.pem"), *unprivileged.DROP]
         done = subprocess.run([sys.executable, "-m", "holdfast.cli", "run", "--session", SESSION, "--", *cmd],
                               env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=90)
