@@ -145,14 +145,24 @@ def _dead_before_listing(pid: int, start_ticks: int, dead: Dead) -> bool:
         os.close(fd)
 
 
-def last_pid(proc: str) -> int | None:
+def last_pid(proc: str, device: int) -> int | None:
     """The pid most recently handed out in the reader's pid namespace (the last field of
     /proc/loadavg, on every kernel; ns_last_pid needs CONFIG_CHECKPOINT_RESTORE); None when
-    unreadable."""
+    unreadable, or when the file read is not on `device`, the st_dev of the `proc` listed: a file
+    mounted over it (LXCFS's loadavg: another namespace's counter, or a cached value) would hide a
+    wrap, and a procfs's own file is on its device (whether `proc` is a procfs is `listing_hidden`'s)."""
     try:
-        return int(read_proc_file(f"{proc}/loadavg").split()[-1])
+        fd = os.open(f"{proc}/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_dev != device:
+            return None
+        return int(os.read(fd, 4096).split()[-1])
     except (OSError, ValueError, IndexError):
         return None
+    finally:
+        os.close(fd)
 
 
 def pids_ascended(before: int | None, after: int | None) -> bool:
@@ -167,16 +177,17 @@ def pids_ascended(before: int | None, after: int | None) -> bool:
 
 
 def listing_hidden(proc: str) -> str:
-    """Why a listing of `proc` may leave out processes this process may not see
-    (`listing_rules.hidden`, over this mount namespace's mounts); "" when it leaves none out. Read
-    at every scan: a remount takes effect at the next one."""
+    """Why a listing of `proc` may leave out processes this process may not see, or what a scan
+    reads under it may not be the procfs's own (`listing_rules.hidden`, over this mount namespace's
+    mounts); "" when neither. Read at every scan: a remount or a mount takes effect at the next one."""
     try:
         device = os.stat(proc).st_dev
         mountinfo = read_proc_file("/proc/self/mountinfo").decode(errors="replace")
     except OSError as exc:
         return f"cannot tell whether {proc} hides processes: {exc.strerror}"
     groups = {os.getegid(), *os.getgroups()}
-    return listing_rules.hidden(mountinfo, (os.major(device), os.minor(device)), groups)
+    listed = os.path.realpath(proc)  # as mountinfo names it: a mount over what is read under it counts
+    return listing_rules.hidden(mountinfo, (os.major(device), os.minor(device)), groups, listed)
 
 
 def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:
@@ -323,13 +334,14 @@ def passes(variable: bytes, token: bytes | frozenset[bytes] | None = None, proc:
     hidden = listing_hidden(proc)
     while True:
         listed_at = _boot_ticks()
-        first = last_pid(proc)
         try:
+            device = os.stat(proc).st_dev
+            first = last_pid(proc, device)
             entries = os.listdir(proc)
         except OSError:
             yield Scan(enumerable=False, passes=count)
             return
-        wrapped = not pids_ascended(first, last_pid(proc))
+        wrapped = not pids_ascended(first, last_pid(proc, device))
         count += 1
         known = ages.alive() if ages is not None and born_since > 0 else {}  # after the listing
         result, before = _one_pass(variable, wanted, proc, entries, listed_at, before, born_since,

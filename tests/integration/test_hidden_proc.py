@@ -83,6 +83,27 @@ print(json.dumps({**as_nobody(look), "alive": carrier.poll() is None}))
 carrier.kill()
 """
 
+# Root, in the namespace, mounts a file of its own over one the scan reads (argv[1], {pid}: the
+# carrier's): a pid counter that never moves over /proc/loadavg (as LXCFS's cached one), or an
+# environ without the token over the live carrier's. The tree judged is argv[2]'s token's.
+OVERMOUNT = PRELUDE + r"""
+import tempfile
+from holdfast.proc.scan import last_pid, listing_hidden
+
+target = sys.argv[1].format(pid=carrier.pid)
+with tempfile.NamedTemporaryFile(delete=False) as fake:
+    fake.write(b"0.00 0.00 0.00 1/1 999999\n" if target.endswith("loadavg") else b"PATH=/bin\0")
+subprocess.run(["mount", "--bind", fake.name, target], check=True)
+identity.spawn_token = sys.argv[2]
+found = scan(VAR.encode(), sys.argv[2].encode(), born_since=ticks)
+state, why = probe_rules.tree_verdict(identity, observe_tree(identity, found, CAP), VAR)
+print(json.dumps({"tree": agent_pb2.TreeState.Name(state), "tree_reason": why, "target": target,
+                  "hidden": listing_hidden("/proc"), "last_pid": last_pid("/proc", os.stat("/proc").st_dev),
+                  "alive": carrier.poll() is None}))
+carrier.kill()
+os.unlink(fake.name)
+"""
+
 KILL = PRELUDE + r"""
 
 
@@ -107,10 +128,13 @@ def _run(script: str, *args: str, namespaces: tuple[str, ...] = ()) -> dict[str,
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+PRIVATE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc")
+
+
 def _in_namespace(option: str) -> dict[str, object]:
     if os.geteuid() != 0:
         pytest.skip("remounting /proc in a private pid and mount namespace needs root")
-    return _run(OBSERVE, option, namespaces=("unshare", "--mount", "--pid", "--fork", "--mount-proc"))
+    return _run(OBSERVE, option, namespaces=PRIVATE)
 
 
 @pytest.mark.parametrize("option", ["hidepid=invisible", "hidepid=ptraceable"])
@@ -134,6 +158,22 @@ def test_a_listing_that_holds_the_owner_counts_it_unreadable(option: str, outcom
     assert seen["alive"] and seen["outcome"] == outcome and seen["enumerable"] is True
     assert seen["hidden"] == "" and seen["tree"] == "TREE_UNPROVEN"
     assert "could not be read" in str(seen["tree_reason"])
+
+
+# Over /proc/loadavg: a tree none is seen to carry, as one a pid wrap under the listing hid.
+@pytest.mark.parametrize(("target", "token"), [("/proc/loadavg", "w" * 32),
+                                               ("/proc/{pid}/environ", "h" * 32)])
+def test_a_mount_over_what_a_scan_reads_never_proves_a_tree_gone(target: str, token: str) -> None:
+    """Over /proc/loadavg the pid counter never moved, so no wrap could be seen, and the scan was
+    complete; over the carrier's environ the carrier read as none: both were TREE_GONE."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting over /proc files in a private pid and mount namespace needs root")
+    seen = _run(OVERMOUNT, target, token, namespaces=PRIVATE)
+    assert seen["alive"] and seen["tree"] == "TREE_UNPROVEN"
+    said = f"{seen['target']} is mounted over what a scan reads in /proc"
+    assert said in str(seen["hidden"]) and said in str(seen["tree_reason"])
+    if target.endswith("loadavg"):
+        assert seen["last_pid"] is None  # not the procfs's own counter: taken as a wrap
 
 
 def test_a_kill_the_kernel_refuses_is_no_exit() -> None:

@@ -53,3 +53,37 @@ def test_a_directory_on_no_procfs_hides_nothing_and_an_unknown_device_is_not_who
 def test_an_escaped_mount_point_is_named_as_the_kernel_means_it() -> None:
     why = hidden(proc_line("rw,hidepid=invisible", point="/my\\040proc"), DEVICE, set())
     assert why.startswith("/my proc is mounted hidepid=invisible")
+
+
+def over(point: str, source: str = "254:0 /tmp/fake", kind: str = "ext4 /dev/vda rw") -> str:
+    return f"40 22 {source} {point} rw,relatime - {kind}\n"
+
+
+LXCFS = "0:50 /proc/loadavg"
+
+
+@pytest.mark.parametrize("point", ["/proc/loadavg", "/proc/1234/environ", "/proc/1234",
+                                   "/proc/1234/task/1235/stat"])
+def test_a_mount_over_what_a_scan_reads_makes_the_listing_untrustworthy(point: str) -> None:
+    """Over /proc/loadavg (LXCFS's) a pid wrap goes unseen; over /proc/<pid>, its stat and environ
+    are the mounted file's, a live carrier read as none."""
+    mounts = ROOT + proc_line("rw") + over(point, source=LXCFS, kind="fuse.lxcfs lxcfs rw")
+    why = hidden(mounts, DEVICE, set())
+    assert why.startswith(f"{point} is mounted over what a scan reads in /proc")
+
+
+def test_mounts_over_what_a_scan_does_not_read_leave_the_listing_whole() -> None:
+    """A container runtime's masks and read-only binds (/proc/kcore, /proc/sys, ...), and a mount
+    beside /proc whose name only begins like it."""
+    mounts = ROOT + proc_line("rw") + over("/proc/kcore", "0:5 /null", "devtmpfs udev rw") + \
+        over("/proc/sys", "0:21 /sys", "proc proc rw") + over("/proc/acpi", "0:60 /", "tmpfs tmpfs ro") + \
+        over("/proc2/loadavg") + over("/proc/1234x/environ")
+    assert hidden(mounts, DEVICE, set()) == ""
+
+
+def test_an_overmount_counts_under_the_procfs_listed_only() -> None:
+    """A procfs bound a second time (at an escaped point): the mounts under the path listed count."""
+    host = "/host\\040proc"
+    mounts = ROOT + proc_line("rw") + proc_line("rw", point=host) + over(f"{host}/7/environ")
+    assert hidden(mounts, DEVICE, set(), listed="/proc") == ""
+    assert hidden(mounts, DEVICE, set(), listed="/host proc").startswith("/host proc/7/environ is mounted")
