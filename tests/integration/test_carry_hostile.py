@@ -273,7 +273,7 @@ def test_a_copy_names_the_host_its_owner_was_attested_on_not_the_uploaders_claim
 
 
 SECRET = b"ROOT-SECRET\n"
-NOTES = b"nobody's notes\n"
+NOTES = b"root's notes\n"
 NOBODY = unprivileged.NOBODY
 # What another user does to a root `run`'s carried root, or the path above it, while its CMD runs:
 # put a link to root's own directory in the place of the directory holding the root, or rename
@@ -293,14 +293,15 @@ REFUSED = {
 
 
 def nobodys_tree(cluster: Cluster, tmp_path: Path) -> tuple[Path, Path]:
-    """`base/sub/data/a.txt`, all nobody's; and root's 0700 `vault/data/a.txt` holding the secret,
-    beside `sub` in `base` and in a root-only directory elsewhere, and `vault/a.txt` beside `data`
-    in `sub`: (base, the elsewhere vault)."""
+    """`base/sub/data/a.txt`, `base` and `sub` nobody's, root's `data` (an upload carries only the
+    running user's entries); and root's 0700 `vault/data/a.txt` holding the secret, beside `sub` in
+    `base` and in a root-only directory elsewhere, and `vault/a.txt` beside `data` in `sub`: (base,
+    the elsewhere vault)."""
     base = unprivileged.shared_dir("holdfast-carry-swap-")
     cluster.shared.append(base)
     (base / "sub" / "data").mkdir(parents=True)
     (base / "sub" / "data" / "a.txt").write_bytes(NOTES)
-    for path in (base, base / "sub", base / "sub" / "data", base / "sub" / "data" / "a.txt"):
+    for path in (base, base / "sub"):
         os.chown(path, NOBODY, NOBODY)
     os.chmod(base, 0o755)
     elsewhere = tmp_path / "root-only"
@@ -332,9 +333,10 @@ def waiting_cmd(tmp_path: Path) -> tuple[list[str], Path, Path]:
 def test_a_root_run_does_not_upload_what_another_user_put_above_its_root(
     cluster: Cluster, tmp_path: Path, swap: str
 ) -> None:
-    """Root carries nobody's `base/sub/data`; while CMD runs nobody puts root's own directory where
-    `sub` or `data` was. Packing followed the path: `run` said 'carried … (12 bytes)', root's secret, which
-    nobody then restored with a run of their own. The root is refused, nothing uploaded."""
+    """Root carries its `base/sub/data` in nobody's `sub`; while CMD runs nobody puts root's own
+    directory where `sub` or `data` was. Packing followed the path: `run` said 'carried … (12
+    bytes)', root's secret, which nobody then restored with a run of their own. The root is
+    refused, nothing uploaded."""
     a = cluster.host("host-a")
     base, elsewhere = nobodys_tree(cluster, tmp_path)
     cmd, up, go = waiting_cmd(tmp_path)
@@ -362,7 +364,7 @@ def test_a_checkpoint_does_not_upload_what_another_user_put_above_its_root(
                       cwd=tmp_path)
     until("CMD running", up.exists)
     notes, secret = hashlib.sha256(NOTES).hexdigest(), hashlib.sha256(SECRET).hexdigest()
-    until("a checkpoint of nobody's notes", lambda: shas(cluster, sid) == [notes])
+    until("a checkpoint of root's notes", lambda: shas(cluster, sid) == [notes])
     swap_as_nobody("a link", base, elsewhere)
     until("a checkpoint after the swap",
           lambda: "carried state not uploaded" in run.err() or secret in shas(cluster, sid))
@@ -376,18 +378,24 @@ def test_a_checkpoint_does_not_upload_what_another_user_put_above_its_root(
 
 # What another user does at a root's name while a root `run`'s CMD runs, in a directory of their
 # own (nobody's, 0755: they may rename what is in it) or a sticky one (1777: they may only create
-# names there): the root absent when CMD started, or deleted by CMD.
+# names there): the root absent when CMD started, or deleted by CMD. Root makes the hard link,
+# standing in for nobody where fs.protected_hardlinks is 0 (not changed host-wide here): where it
+# is 1, nobody may not link a file of root's they cannot read.
+AS_NOBODY, AS_ROOT = unprivileged.DROP, []
 AT_THE_NAME = {
     "root's secret renamed to it in nobody's directory": (
-        0o755, "", "mv {base}/secret.key {base}/out.txt",
+        0o755, "", AS_NOBODY, "mv {base}/secret.key {base}/out.txt",
         "out.txt: it did not exist when the run started, and another user may change the directory "
         "holding it"),
     "nobody's file made at it in a sticky directory": (
-        0o1777, "", "printf 'nobody' > {base}/out.txt",
+        0o1777, "", AS_NOBODY, "printf 'nobody' > {base}/out.txt",
         "out.txt: it did not exist when the run started, and uid 65534 owns it"),
     "nobody's file made at it once CMD deleted it": (
-        0o1777, "rm out.txt; ", "printf 'nobody' > {base}/out.txt",
+        0o1777, "rm out.txt; ", AS_NOBODY, "printf 'nobody' > {base}/out.txt",
         "out.txt: it is not the file or directory it was when the run started, and uid 65534 owns it"),
+    "a hard link to root's secret made at it in a sticky directory": (
+        0o1777, "", AS_ROOT, "ln {base}/secret.key {base}/out.txt",
+        "out.txt: it has 2 names (hard-linked), and another user may make names in the directory holding it"),
 }
 
 
@@ -396,10 +404,10 @@ def test_a_root_run_does_not_upload_what_another_user_put_at_its_roots_name(
     cluster: Cluster, tmp_path: Path, case: str
 ) -> None:
     """A root absent when CMD started (or deleted by CMD) took whatever stood at its name at the
-    end: nobody renamed root's 0600 secret there and `run` said 'carried out.txt (12 bytes)', for
-    nobody to restore; or nobody's own file was carried as root's. Each is refused CARRY_FAILED,
-    naming the root and why, and nothing is stored."""
-    mode, cmd_first, act, why = AT_THE_NAME[case]
+    end: nobody renamed root's 0600 secret there, or hard-linked it there, and `run` said 'carried
+    out.txt (12 bytes)', for nobody to restore; or nobody's own file was carried as root's. Each is
+    refused CARRY_FAILED, naming the root and why, and nothing is stored."""
+    mode, cmd_first, who, act, why = AT_THE_NAME[case]
     a = cluster.host("host-a")
     base = unprivileged.shared_dir("holdfast-carry-name-")
     cluster.shared.append(base)
@@ -416,7 +424,44 @@ def test_a_root_run_does_not_upload_what_another_user_put_at_its_roots_name(
     cmd = ["sh", "-c", f"{cmd_first}touch {up}; read line < {go}"]
     run = cluster.run(a, sid, "--carry", "out.txt", cmd=cmd, cwd=base)
     until("CMD running", up.exists)
-    subprocess.run([*unprivileged.DROP, "sh", "-c", act.format(base=base)], check=True)
+    subprocess.run([*who, "sh", "-c", act.format(base=base)], check=True)
+    go.write_text("go\n")
+    assert run.wait(30) == 0, run.err()
+    assert "carried state not uploaded (CARRY_FAILED)" in run.err(), run.err()
+    assert why in run.err(), run.err()
+    assert shas(cluster, sid) == [], "nothing was uploaded"
+
+
+# Inside root's directory root `out` (in root's 0755 base): a directory of nobody's, or one of
+# root's that others may write (sticky or not), where nobody writes while CMD runs.
+IN_THE_ROOT = {
+    "nobody's directory": (0o755, NOBODY, "out/drop: uid 65534 owns it, not uid 0 that runs this"),
+    "root's sticky directory others may write": (0o1777, 0, "out/drop: another user may make names in it"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_THE_ROOT))
+def test_a_root_run_does_not_upload_what_another_user_put_in_its_root(
+    cluster: Cluster, tmp_path: Path, case: str
+) -> None:
+    """Root carries `out`, its own, which holds `drop/`; while CMD runs nobody writes `drop/config`.
+    Packing judged no entry below the root: `run` carried nobody's file, and the next host restored
+    it as root's (uid 0, 0644). The copy is refused CARRY_FAILED naming the entry, nothing stored."""
+    mode, owner, why = IN_THE_ROOT[case]
+    a = cluster.host("host-a")
+    base = unprivileged.shared_dir("holdfast-carry-inside-")
+    cluster.shared.append(base)
+    os.chmod(base, 0o755)
+    (base / "out" / "drop").mkdir(parents=True)
+    (base / "out" / "state").write_text("root's own")
+    os.chown(base / "out" / "drop", owner, owner)
+    os.chmod(base / "out" / "drop", mode)
+    cmd, up, go = waiting_cmd(tmp_path)
+    sid = "sess-carry-inside"
+    run = cluster.run(a, sid, "--carry", "out", cmd=cmd, cwd=base)
+    until("CMD running", up.exists)
+    subprocess.run([*unprivileged.DROP, "sh", "-c", f"printf nobody-planted > {base}/out/drop/config"],
+                   check=True)
     go.write_text("go\n")
     assert run.wait(30) == 0, run.err()
     assert "carried state not uploaded (CARRY_FAILED)" in run.err(), run.err()

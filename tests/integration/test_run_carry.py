@@ -335,8 +335,8 @@ def test_an_unprivileged_user_carries_state_between_hosts(cluster: Cluster) -> N
     for home in (home_a, home_b):
         home.mkdir(mode=0o777)
         os.chmod(home, 0o777)
-    (home_a / "state").mkdir(mode=0o777)
-    os.chmod(home_a / "state", 0o777)
+    (home_a / "state").mkdir()  # nobody's: an upload carries only the running user's entries
+    os.chown(home_a / "state", unprivileged.NOBODY, unprivileged.NOBODY)
     sid = "sess-carry-08"
     first = cluster.run(
         a, sid, "--carry", "state", cmd=["sh", "-c", "id -u > state/who"], cwd=home_a, as_nobody=True
