@@ -402,8 +402,10 @@ def open_tls_dir(directory: str | os.PathLike[str], make: bool = False) -> tuple
         try:
             private = open_private_dir(name, dir_fd=fd)
         except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "others may write this TLS directory: its files are read "
-                                    f"only from its subdirectory {name}, which is missing", where) from None
+            raise FileNotFoundError(errno.ENOENT, "others may write this TLS directory, not sticky: "
+                                    f"its files are read only from its subdirectory {name}, which is missing "
+                                    "(a Kubernetes configMap volume is 0777: mount it as a projected volume)",
+                                    where) from None
         except NotPrivate as exc:
             raise NotPrivate(exc.errno, exc.strerror, os.path.join(where, name)) from None
     except BaseException:

@@ -331,11 +331,13 @@ def test_agents_enroll_with_a_projected_token_at_the_coordinators_issuer(overlay
     assert volumes["tls"]["emptyDir"]["medium"] == "Memory"
     assert not [m for m in container["volumeMounts"] if m["name"] == "tls" and m.get("readOnly")]
     # The token: audience holdfast, the shortest expiry Kubernetes allows, where --token-file says.
-    ((source,),) = [v["projected"]["sources"] for v in agent["volumes"] if "projected" in v]
+    (source,) = volumes["enroll-token"]["projected"]["sources"]
     token = source["serviceAccountToken"]
     assert token["audience"] == "holdfast" and token["expirationSeconds"] <= 600
     assert args["--token-file"] == f"{mounts['enroll-token']}/{token['path']}"
     assert args["--enroll-ca"].startswith(mounts["ca"] + "/")
+    # Not a bare configMap volume, a 0777 directory (files.open_tls_dir would look in its holdfast-<uid>).
+    assert volumes["ca"]["projected"]["sources"][0]["configMap"]["name"] == "holdfast-ca"
     # --enroll reaches the coordinator Service's enroll port, which is the issuer's listener.
     host, port = args["--enroll"].rsplit(":", 1)
     assert host.split(".")[0] == "holdfast-coordinator"
@@ -629,12 +631,13 @@ def test_example_sessions_mount_no_secret_and_enroll_for_their_own_certificate(p
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert env["HOLDFAST_TLS_DIR"] == mounts["tls"] and volumes["tls"]["emptyDir"]["medium"] == "Memory"
     assert not [m for m in container["volumeMounts"] if m["name"] == "tls" and m.get("readOnly")]
-    ((source,),) = [v["projected"]["sources"] for v in spec["volumes"] if "projected" in v]
+    (source,) = volumes["enroll-token"]["projected"]["sources"]
     token = source["serviceAccountToken"]
     assert token["audience"] == "holdfast" and token["expirationSeconds"] <= 3600
     assert env["HOLDFAST_TOKEN_FILE"] == f"{mounts['enroll-token']}/{token['path']}"
     assert env["HOLDFAST_ENROLL_CA"].startswith(mounts["ca"] + "/")
-    assert volumes["ca"]["configMap"]["name"] == "holdfast-ca"
+    # A bare configMap volume is 0777 (files.open_tls_dir would look for holdfast-<uid> in it).
+    assert volumes["ca"]["projected"]["sources"][0]["configMap"]["name"] == "holdfast-ca"
     host, port = env["HOLDFAST_ENROLL"].rsplit(":", 1)
     service = one(render("external-etcd"), "Service", "holdfast-coordinator")
     assert host == "holdfast-coordinator.holdfast.svc"
