@@ -425,11 +425,8 @@ def test_enrolled_credentials_are_written_through_no_link_of_another_user(tmp_pa
     assert stat.S_IMODE(made.stat().st_mode) == 0o700 and (made / "agent-node-1.key").read_bytes() == b"KEY"
 
 
-@as_root
-def test_a_grant_file_is_read_through_no_link_of_another_user(tmp_path: Path) -> None:
-    """CMD reads its grant file by its path: another user's link on the way, or one at the file,
-    led it to another run's grant directory, where root's own 0600 file passed — and CMD wrote as
-    that session's owner."""
+def another_runs_grant_dir(tmp_path: Path) -> Path:
+    """Another run's grant directory, root's 0700, holding its 0600 grant file as `run` writes it."""
     other = tmp_path / "other-run"
     other.mkdir(mode=0o700)
     held = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
@@ -437,6 +434,15 @@ def test_a_grant_file_is_read_through_no_link_of_another_user(tmp_path: Path) ->
         Grant("sess-hostile-other", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1").write(held)
     finally:
         os.close(held)
+    return other
+
+
+@as_root
+def test_a_grant_file_is_read_through_no_link_of_another_user(tmp_path: Path) -> None:
+    """CMD reads its grant file by its path: another user's link on the way, or one at the file,
+    led it to another run's grant directory, where root's own 0600 file passed — and CMD wrote as
+    that session's owner."""
+    other = another_runs_grant_dir(tmp_path)
     home = another_users_home(tmp_path, {"run": other})
     with pytest.raises(files.UntrustedLink, match="is a link of uid 65534"):
         Grant.from_file(home / "run" / GRANT_FILE)
@@ -454,13 +460,7 @@ def test_a_grant_file_is_read_only_from_a_directory_of_this_users_alone_and_by_i
     """Another user's directory put where the grant directory was, holding a hard link to another
     run's grant file (root's own 0600 file, where links to others' files are not protected), passed
     every check of the file itself."""
-    other = tmp_path / "other-run"
-    other.mkdir(mode=0o700)
-    held = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        Grant("sess-hostile-other", 1, "secret", "token", "HOLDFAST_SPAWN_TOKEN", "127.0.0.1:1").write(held)
-    finally:
-        os.close(held)
+    other = another_runs_grant_dir(tmp_path)
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     os.link(other / GRANT_FILE, theirs / GRANT_FILE)
