@@ -12,13 +12,15 @@ every unmapped owner reads as. `made_mode` is what a directory holdfast makes ma
 group- or other-writable, whatever the umask, so it never refuses what it made.
 `acl_lets_others_write` answers whether an ACL's entries (a default ACL's, which what is made in
 the directory inherits) let anyone but its owner write. `tls_file_refused_because` answers None only
-for a regular file of this user's or root's that no one else may write, and for a private key
-no one outside its owner and group may read. No I/O here: files.py reads the modes,
+for a regular file of this user's or root's under one name that no one else may write, and for a
+private key no one outside its owner and group may read; `tls_file_unreadable_because` says what
+mode and group one the reading user was denied needs. No I/O here: files.py reads the modes,
 groups, ID maps and ACLs.
 """
 
 from __future__ import annotations
 
+import errno
 import stat
 import struct
 
@@ -75,10 +77,13 @@ def link_untrusted_because(uid: int, nlink: int, *, euid: int) -> str | None:
     return None
 
 
-def tls_file_refused_because(mode: int, uid: int, *, euid: int, secret: bool) -> str | None:
-    """Why a key, certificate or CA bundle (its `mode`, owner `uid`), opened without following a
-    link, is not read by user `euid`: not a regular file (a FIFO would have blocked its read for
-    ever), another user's (their ca.pem makes the client trust their coordinator), writable by
+def tls_file_refused_because(mode: int, uid: int, nlink: int, *, euid: int, secret: bool) -> str | None:
+    """Why a key, certificate or CA bundle (its `mode`, owner `uid`, `nlink` names), opened without
+    following a link, is not read by user `euid`: not a regular file (a FIFO would have blocked its
+    read for ever), another user's (their ca.pem makes the client trust their coordinator), under
+    another name too (where fs.protected_hardlinks is 0 any user may hard-link root's 0644 PEM —
+    another CA — into a sticky TLS directory as agent-ca.pem: its owner never chose that name;
+    `certs init`, a Secret's files and the systemd layout give each file one name), writable by
     others, or — `secret`, a private key — readable by others. A group may read a key: a pod's
     fsGroup is how a container of another uid than root reads a Secret's. None when it is read."""
     bits = f"mode {stat.S_IMODE(mode):o}"
@@ -86,11 +91,28 @@ def tls_file_refused_because(mode: int, uid: int, *, euid: int, secret: bool) ->
         return f"is not a regular file (type {stat.S_IFMT(mode):o}): never read as TLS material"
     if uid not in (0, euid):
         return f"is uid {uid}'s, neither yours nor root's: never trusted as TLS material"
+    if nlink != 1:
+        return (f"has {nlink} names (hard-linked: whoever may make a name here could have put it here), "
+                "never trusted as TLS material: another name links to it: copy it to its own file")
     if mode & 0o022:
         return f"others may write it ({bits}): never trusted as TLS material"
     if secret and mode & 0o004:
-        return f"is a private key others may read ({bits}): `chmod o-r` it (or the Secret's defaultMode)"
+        return (f"is a private key others may read ({bits}): `chmod 0640` it and `chgrp` it to the group of "
+                "the service that reads it (or set the Secret's defaultMode 0440 and the pod's fsGroup)")
     return None
+
+
+def tls_file_unreadable_because(err: int, strerror: str, *, euid: int, egid: int, secret: bool) -> str:
+    """Why user `euid` (group `egid`) could not read a key, certificate or CA bundle (`err`, errno's
+    `strerror`), and the next step: without it the service stops on a bare `PermissionError:
+    'coordinator.key'`, naming neither the directory nor the mode it needs."""
+    if err != errno.EACCES:
+        return f"cannot be read ({strerror}): no TLS material read"
+    who = f"uid {euid} (gid {egid}) may not read it"
+    if secret:
+        return (f"{who}: make the key root:<group> 0640 with uid {euid} in <group> (`chgrp <group>` and "
+                f"`chmod 0640` it; the service's group, or the pod's fsGroup), or uid {euid}'s own 0600")
+    return f"{who}: make it 0644 (root's or uid {euid}'s)"
 
 
 def swappable_because(path: str, mode: int, uid: int, gid: int, *, euid: int, egid: int, acl: bool,
@@ -107,7 +129,7 @@ def swappable_because(path: str, mode: int, uid: int, gid: int, *, euid: int, eg
     bits = f"mode {stat.S_IMODE(mode):o}"
     swap = "and it is not sticky: they could swap what is in it for a link"
     if mode & 0o002:
-        return f"others may write it ({bits}), {swap} (`chmod o-w {path}` closes that)"
+        return f"others may write it ({bits}), {swap} (`chmod go-w {path}` closes that)"
     if not mode & 0o020:
         return None
     # With an ACL the group bits are its mask: they let users its entries name write, whatever

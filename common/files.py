@@ -36,9 +36,11 @@ reaches one, no directory above it another user may change; one that others may 
 its sticky bit (a pod's 0777 emptyDir) stands for its subdirectory `holdfast-<uid>`, this user's
 alone. `read_tls_file` reads one of its files through one descriptor: a link followed only as
 `open_user_dir` follows one (a Kubernetes Secret's `..data` links are root's), the file opened
-O_NOFOLLOW | O_NONBLOCK and read only if it is a regular file of this user's or root's that no one
-else may write, and, for a private key, read (dir_rules.tls_file_refused_because) — another
-user's ca.pem, FIFO or link is refused (UntrustedFile), never trusted or waited on.
+O_NOFOLLOW | O_NONBLOCK and read only if it is a regular file of this user's or root's under one
+name that no one else may write, and, for a private key, read (dir_rules.tls_file_refused_because)
+— another user's ca.pem, FIFO or link, a hard link to root's PEM, is refused (UntrustedFile), never
+trusted or waited on; one this user cannot read is UntrustedFile too, naming its path and the mode
+it needs.
 """
 
 from __future__ import annotations
@@ -363,7 +365,8 @@ def open_private_file(directory: int | None, name: str, flags: int, mode: int = 
 
 
 class UntrustedFile(NotPrivate):
-    """A TLS file another user put or may change, or one that is no regular file."""
+    """A TLS file not read: another user put it or may change it, another name links to it, it is no
+    regular file, or this user cannot read it."""
 
 
 def private_subdir_name() -> str:
@@ -421,7 +424,8 @@ def read_tls_file(directory: int, where: str, name: str, secret: bool = False) -
     may change (_check_link), its target reached as open_user_dir reaches a directory: a Kubernetes
     Secret's `ca.pem -> ..data/ca.pem`. The file is opened O_NOFOLLOW | O_NONBLOCK — a FIFO is
     refused, never waited on — and read only when dir_rules.tls_file_refused_because is None
-    (`secret`: a private key); else UntrustedFile. FileNotFoundError when it is missing."""
+    (`secret`: a private key); else UntrustedFile, as when it cannot be read (naming its path and the
+    mode it needs). FileNotFoundError when it is missing."""
     parent = os.dup(directory)
     hops = 0
     try:
@@ -429,9 +433,11 @@ def read_tls_file(directory: int, where: str, name: str, secret: bool = False) -
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
                 break
+            except FileNotFoundError:  # missing, not refused: its caller says how to make it
+                raise
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
-                    raise
+                    raise _unreadable(exc, os.path.join(where, name), secret) from None
             _check_link(parent, where, name, os.stat(name, dir_fd=parent, follow_symlinks=False))
             hops += 1
             if hops > MAX_LINK_HOPS:
@@ -447,15 +453,26 @@ def read_tls_file(directory: int, where: str, name: str, secret: bool = False) -
             os.close(parent)
     try:
         st = os.fstat(fd)
-        why = dir_rules.tls_file_refused_because(st.st_mode, st.st_uid, euid=own_id("uid", where),
-                                                 secret=secret)
+        why = dir_rules.tls_file_refused_because(st.st_mode, st.st_uid, st.st_nlink,
+                                                 euid=own_id("uid", where), secret=secret)
         if why is not None:
             raise UntrustedFile(errno.EPERM, why, os.path.join(where, name))
         os.set_blocking(fd, True)
         with open(fd, "rb", closefd=False) as f:
             return f.read()
+    except NotPrivate:  # refused above, or whose it is cannot be told (own_id)
+        raise
+    except OSError as exc:
+        raise _unreadable(exc, os.path.join(where, name), secret) from None
     finally:
         os.close(fd)
+
+
+def _unreadable(exc: OSError, path: str, secret: bool) -> UntrustedFile:
+    """The TLS file at `path` this user could not read (`exc`), named with the mode and group it
+    needs (dir_rules.tls_file_unreadable_because)."""
+    return UntrustedFile(exc.errno, dir_rules.tls_file_unreadable_because(
+        exc.errno, exc.strerror, euid=os.geteuid(), egid=os.getegid(), secret=secret), path)
 
 
 def open_user_dir(path: str | os.PathLike[str], make: bool = False,

@@ -48,3 +48,23 @@ def test_a_directory_holdfast_makes_is_never_group_or_other_writable() -> None:
     assert dir_rules.made_mode(0o775) == 0o755
     assert dir_rules.made_mode(0o700) == 0o700
     assert dir_rules.made_mode(0o755) == 0o755
+
+
+def test_tls_material_is_read_only_under_one_name_and_a_denied_read_says_what_it_needs() -> None:
+    """A hard link (fs.protected_hardlinks=0) puts root's PEM — another CA's — at a name its owner
+    never chose; a key others may read is closed by 0640 to the service's group, not `o-r` alone
+    (root's group would then shut the service out); a denied read names the mode it needs."""
+    def refused(mode: int, nlink: int = 1, secret: bool = False) -> str | None:
+        return dir_rules.tls_file_refused_because(mode, 0, nlink, euid=1000, secret=secret)
+    assert refused(0o100644) is None
+    assert refused(0o100640, secret=True) is None
+    assert "another name links to it: copy it to its own file" in str(refused(0o100644, nlink=2))
+    assert "2 names" in str(refused(0o100600, nlink=2, secret=True))
+    why = str(refused(0o100644, secret=True))
+    assert "`chmod 0640`" in why and "`chgrp`" in why
+    key = dir_rules.tls_file_unreadable_because(13, "Permission denied", euid=999, egid=999, secret=True)
+    assert "uid 999 (gid 999) may not read it" in key and "root:<group> 0640 with uid 999 in <group>" in key
+    assert "0644" in dir_rules.tls_file_unreadable_because(13, "Permission denied", euid=999, egid=999,
+                                                           secret=False)
+    assert "Input/output error" in dir_rules.tls_file_unreadable_because(5, "Input/output error", euid=999,
+                                                                         egid=999, secret=True)

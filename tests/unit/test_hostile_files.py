@@ -9,6 +9,7 @@ import asyncio
 import grp
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
@@ -532,6 +533,43 @@ def test_tls_material_another_user_put_in_its_directory_is_never_trusted(tmp_pat
     (tls_dir / "client.key").chmod(0o644)
     with pytest.raises(files.UntrustedFile, match="private key others may read"):
         reloading.read_material(tls_dir, role)
+
+
+@as_root
+def test_a_hard_link_to_roots_pem_in_a_tls_directory_is_never_trusted(tmp_path: Path) -> None:
+    """Where fs.protected_hardlinks is 0 any user may hard-link root's 0644 PEM — another CA's — into
+    a sticky TLS directory as agent-ca.pem: root's file, no one else may write it, and it was trusted.
+    Made here by root standing in for that user; refused, naming the file and the fix."""
+    from holdfast.common import tls
+
+    tls_dir, rogue = a_tls_dir(tmp_path, 0o1777)
+    os.link(rogue, tls_dir / "agent-ca.pem")
+    with pytest.raises(files.UntrustedFile, match="another name links to it: copy it to its own file") as got:
+        tls.trust_bundle(tls_dir)
+    assert got.value.filename == str(tls_dir / "agent-ca.pem")
+
+
+@as_root
+def test_a_key_its_reader_may_not_read_names_its_path_and_the_mode_it_needs() -> None:
+    """Root's 0600 coordinator key read as uid 65534 (a service user) stopped the server on a bare
+    `PermissionError: 'client.key'`, naming neither its directory nor what to change."""
+    from holdfast.common import tls
+    from tests.unit.test_carry_rules import as_nobody
+
+    box = Path(tempfile.mkdtemp(prefix="holdfast-tls-key-"))  # not tmp_path: nobody may not reach it
+    try:
+        box.chmod(0o755)
+        tls_dir, _ = a_tls_dir(box, 0o755)
+        key = tls_dir / "client.key"
+
+        def read_key() -> None:
+            needs = "root:<group> 0640 with uid 65534 in <group>"
+            with pytest.raises(files.UntrustedFile, match=needs) as got:
+                tls.read_files(tls_dir, tls.Role("client"))
+            assert got.value.filename == str(key) and not isinstance(got.value, PermissionError)
+        as_nobody(read_key)
+    finally:
+        shutil.rmtree(box)
 
 
 @as_root
