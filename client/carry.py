@@ -18,10 +18,12 @@ where no other user may have put it there: none may change its directory or one 
 the copy is uploaded: a root `run` never uploads what another user put on the path — root's own
 file renamed to the root's name, which that user could then restore with a run of their own, or
 that user's file, carried as root's. Nor what another user put in it: every entry packed — the
-root, and each file, directory and link below a directory root — must be the running user's, no
-directory in the root one another user may make names in, and a file root with more than one name
-stand where no other user may have made that name (carry_rules.not_carried_because); else, too,
-nothing of the copy is uploaded.
+root, and each file, directory and link below a directory root — must be the running user's (or,
+for a run not as root, root's), no directory in the root one another user may make names in
+(carry_rules.not_carried_because), and no regular file may have a name outside the root
+(carry_rules.linked_outside_because: a hard link planted while a directory was open stays once
+it is closed); else, too, nothing of the copy is uploaded. Files are read as the running user: one
+it cannot read refuses the copy (CARRY_FAILED).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import contextlib
 import hashlib
 import os
 import stat
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -52,6 +55,7 @@ from holdfast.common.carry_rules import (
     check_manifest,
     chunked,
     escaping_links,
+    linked_outside_because,
     moved_because,
     names_open_because,
     not_carried_because,
@@ -286,12 +290,22 @@ def _names_open(fd: int, where: str) -> str | None:
     return names_open_because(os.fstat(fd).st_mode, swappable_because(fd, where))
 
 
-def _check(kind: str, st: os.stat_result, names_open: str | None = None, shown: str = "") -> None:
-    """Raises CarryRefused, naming `shown` (if given) and why, for an entry as carry_rules.
-    not_carried_because refuses it: another user's, or one they may have put there."""
-    why = not_carried_because(kind, st.st_uid, st.st_nlink, os.geteuid(), names_open)
+def _check(kind: str, st: os.stat_result, root: str, names_open: str | None = None, shown: str = "") -> None:
+    """Raises CarryRefused, naming `shown` (if given) and why, for an entry of the root `root` as
+    carry_rules.not_carried_because refuses it: another user's, or a directory they may make names in."""
+    why = not_carried_because(kind, st.st_uid, os.geteuid(), names_open, root)
     if why is not None:
         raise CarryRefused(f"{shown}: {why}" if shown else why)
+
+
+def _check_names(files: list[tuple[str, os.stat_result]]) -> None:
+    """Raises CarryRefused, naming the first of `files` (each as said to a person, with its fstat)
+    that has names outside them (carry_rules.linked_outside_because): each (st_dev, st_ino) is
+    counted once per name it has among `files`, all of one root."""
+    inside = Counter((st.st_dev, st.st_ino) for _, st in files)
+    for shown, st in files:
+        if (why := linked_outside_because(st.st_nlink, inside[st.st_dev, st.st_ino])) is not None:
+            raise CarryRefused(f"{shown}: {why}" if shown else why)
 
 
 def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str]]:
@@ -301,27 +315,32 @@ def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str
     line break or an escape sequence, printed as it is, faked holdfast's lines or drove the terminal.
     Raises CarryRefused for the first entry carry_rules.not_carried_because refuses — the root
     itself included, each directory judged through its descriptor before anything in it — as
-    another user's or one they may have put there: the whole copy is refused."""
+    another user's or one they may have put there, and then for a file with a name outside the
+    root (_check_names; one in a directory not read, or not UTF-8, counts as outside): the whole
+    copy is refused."""
     entries: list[Entry] = []
+    files: list[tuple[str, os.stat_result]] = []
+    root = shown_root(name)
     skipped: list[str] = []
     unread: list[tuple[str, str]] = []
     for where, fd, listed in _tree(top, unread):
         here = os.path.join(name, where) if where else name
-        _check("dir", os.fstat(fd), _names_open(fd, here), shown_root(here) if where else "")
+        _check("dir", os.fstat(fd), root, _names_open(fd, here), shown_root(here) if where else "")
         for entry, s in listed:
             rel = f"{where}/{entry}" if where else entry
             shown = shown_root(os.path.join(name, rel))
             if not _utf8(rel):
                 skipped.append(f"{shown}: its name is not UTF-8; not carried")
             elif stat.S_ISDIR(s.st_mode):
-                _check("dir", s, shown=shown)  # who may make names in it: judged when it is entered
+                _check("dir", s, root, shown=shown)  # who may make names in it: judged when it is entered
                 entries.append(Entry(rel, "dir", stat.S_IMODE(s.st_mode) & 0o777))
             elif stat.S_ISREG(s.st_mode):
-                _check("file", s, shown=shown)  # its directories judged: a name it has there is this user's
+                _check("file", s, root, shown=shown)  # its names: judged once the walk has counted them
                 data, st = read(entry, shown, s, fd)
+                files.append((shown, st))
                 entries.append(Entry(rel, "file", stat.S_IMODE(st.st_mode) & 0o777, data=data))
             elif stat.S_ISLNK(s.st_mode):
-                _check("symlink", s, shown=shown)
+                _check("symlink", s, root, shown=shown)
                 target = os.readlink(entry, dir_fd=fd)
                 if not _utf8(target):  # a manifest holds UTF-8 only: it would not encode
                     skipped.append(f"{shown}: its link's target is not UTF-8; not carried")
@@ -336,6 +355,7 @@ def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str
                 skipped.append(f"{shown}: not a file, directory or symlink; not carried")
     skipped += [f"{shown_root(os.path.join(name, what))}: its contents could not be read ({why}); not "
                 "carried" for what, why in unread]
+    _check_names(files)
     # A link that leaves the directory once the tree's other links are followed is left out; each
     # one left out changes where others lead, so this repeats until none leaves.
     while escaping := escaping_links({e.path: e.target for e in entries if e.kind == "symlink"}):
@@ -445,8 +465,8 @@ class _Packing:
                 return
             if stat.S_ISREG(st.st_mode):
                 try:
-                    where = os.path.dirname(path)
-                    _check("file", st, _names_open(holder, where) if st.st_nlink > 1 else None)
+                    _check("file", st, shown)
+                    _check_names([("", st)])  # any other name it has is outside the root
                 except CarryRefused as exc:
                     raise fail(str(exc)) from None
                 self.manifest.roots.add(path=name, kind="file")

@@ -15,9 +15,9 @@ from another directory than the one (device and inode) that held it then — a r
 present now, or deleted and made again, included — only where no other user may have put it
 there: no other user may change its directory or any above it, and the root is the running
 user's own. `not_carried_because` lets an upload carry an entry — a root, or anything below a
-directory root — only when it is the running user's, no directory in the root is one another user
-may make names in, and a file root with more than one name stands where no other user may have
-made one. No I/O here.
+directory root — only when it is the running user's (or, for a run not as root, root's), and no
+directory in the root is one another user may make names in; `linked_outside_because` a regular
+file only when all its names are in the root. No I/O here.
 """
 
 from __future__ import annotations
@@ -356,29 +356,41 @@ def names_open_because(mode: int, swappable: str | None) -> str | None:
     return None
 
 
-def not_carried_because(kind: str, uid: int, nlink: int, euid: int, names_open: str | None) -> str | None:
-    """Why an entry met while packing a root as user `euid` — the root itself, or anything below a
-    directory root: a `kind` ("file", "dir", "symlink") owned by `uid`, with `nlink` names — is
-    not carried (the whole copy is then refused); None when it is. `names_open` is why another
-    user may make a name (names_open_because) in the directory itself, for a directory; in the
-    one holding it, for a file root; None for a file below a directory root, every directory on
-    its way having been judged, as an entry, before it.
-    Each entry must be `euid`'s: another user's file, directory or link made in root's tree while
-    CMD ran was uploaded and restored as root's (a CMD that drops privileges writes such files:
-    carry as the user who owns them). No directory may be open to another user: they would put a
-    hard link there to one of this user's files from elsewhere (where fs.protected_hardlinks is
-    0), which passes as this user's — root's secret uploaded for them to restore. So a regular
-    file with more than one name is carried only where no other user may have made that name."""
-    if uid != euid:
+def not_carried_because(kind: str, uid: int, euid: int, names_open: str | None, root: str) -> str | None:
+    """Why an entry met while packing the root `root` (as said to a person) as user `euid` — the
+    root itself, or anything below a directory root: a `kind` ("file", "dir", "symlink") owned by
+    `uid` — is not carried (the whole copy is then refused); None when it is. `names_open` is why
+    another user may make a name (names_open_because) in the directory itself, for a directory;
+    None otherwise.
+    Each entry must be `euid`'s, or, for a run not as root, root's (trusted, as link and TLS rules
+    trust it; its file is read as `euid`, so nothing `euid` cannot read is uploaded): another
+    user's file, directory or link made in root's tree while CMD ran was uploaded and restored as
+    root's (a CMD that drops privileges writes such files). No directory may be open to another
+    user: they would put their files, or hard links to this user's, there. A hard link put there
+    while it was open and left once it is closed is linked_outside_because's."""
+    if uid != euid and (euid == 0 or uid != 0):
+        chown = f"`chown -R {euid} {root}`" + ("" if euid == 0 else ", run as root,")
         return (f"uid {uid} owns it, not uid {euid} that runs this: another user's {kind} would be carried, "
-                "and restored, as yours (carry as the user who owns the files)")
+                f"and restored, as yours ({chown} makes the files yours)")
     if kind == "dir" and names_open is not None:
         return (f"another user may make names in it ({names_open}): their files, or hard links to yours, "
                 "would be carried as yours")
-    if kind == "file" and nlink > 1 and names_open is not None:
-        return (f"it has {nlink} names (hard-linked), and another user may make names in the directory "
-                f"holding it ({names_open}): it may be a file of yours from elsewhere, linked there by them")
     return None
+
+
+def linked_outside_because(nlink: int, inside: int) -> str | None:
+    """Why a regular file in a root, with `nlink` names of which `inside` are in the root (1 for a
+    file root: its other names are outside it), is not carried (the whole copy is then refused);
+    None when it is. A name outside the root is one no judgement of the root's directories covers:
+    another user, while they could make names in a directory of the root, linked a file of this
+    user's from elsewhere into it (where fs.protected_hardlinks is 0) — root's secret — and the link
+    stays once the directory is closed (`chmod go-w`), uploaded for them to restore. CMD's own
+    links within the root are carried."""
+    if nlink <= inside:
+        return None
+    return (f"it has {nlink} names (hard-linked), {nlink - inside} outside the carried root: it may be a "
+            "file from elsewhere that another user linked in, whatever the directory modes are now (remove "
+            "that name; a file linked in on purpose: carry a copy of it instead)")
 
 
 def shown_root(path: str) -> str:

@@ -395,7 +395,7 @@ AT_THE_NAME = {
         "out.txt: it is not the file or directory it was when the run started, and uid 65534 owns it"),
     "a hard link to root's secret made at it in a sticky directory": (
         0o1777, "", AS_ROOT, "ln {base}/secret.key {base}/out.txt",
-        "out.txt: it has 2 names (hard-linked), and another user may make names in the directory holding it"),
+        "out.txt: it has 2 names (hard-linked), 1 outside the carried root"),
 }
 
 
@@ -467,6 +467,76 @@ def test_a_root_run_does_not_upload_what_another_user_put_in_its_root(
     assert "carried state not uploaded (CARRY_FAILED)" in run.err(), run.err()
     assert why in run.err(), run.err()
     assert shas(cluster, sid) == [], "nothing was uploaded"
+
+
+def test_a_hard_link_planted_while_a_directory_was_open_is_refused_once_it_is_closed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Root's `out/drop` is 0777; a hard link to root's 0600 secret, outside `out`, is made in it
+    (root stands in for nobody where fs.protected_hardlinks is 0). The run is refused; root closes
+    `drop` as the refusal advises, and the next run carried the link: TOPSECRET, for nobody to
+    restore. A file with a name outside the root is refused whatever the modes now."""
+    a = cluster.host("host-a")
+    base = unprivileged.shared_dir("holdfast-carry-planted-")
+    cluster.shared.append(base)
+    os.chmod(base, 0o755)
+    (base / "out" / "drop").mkdir(parents=True)
+    os.chmod(base / "out" / "drop", 0o777)
+    (base / "secret").write_bytes(b"TOPSECRET\n")
+    os.chmod(base / "secret", 0o600)
+    os.link(base / "secret", base / "out" / "drop" / "loot")
+    sid = "sess-carry-planted-link"
+    open_run = cluster.run(a, sid, "--carry", "out", cmd=["true"], cwd=base)
+    assert open_run.wait(30) == 0, open_run.err()
+    assert "carried state not uploaded (CARRY_FAILED)" in open_run.err(), open_run.err()
+    assert "out/drop: another user may make names in it" in open_run.err(), open_run.err()
+    assert "(`chmod go-w out/drop` closes that)" in open_run.err(), open_run.err()
+    os.chmod(base / "out" / "drop", 0o755)
+    closed = cluster.run(a, sid, "--carry", "out", cmd=["true"], cwd=base)
+    assert closed.wait(30) == 0, closed.err()
+    assert "carried state not uploaded (CARRY_FAILED)" in closed.err(), closed.err()
+    why = "out/drop/loot: it has 2 names (hard-linked), 1 outside the carried root"
+    assert why in closed.err(), closed.err()
+    assert shas(cluster, sid) == [], "nothing was uploaded"
+
+
+def test_a_run_not_as_root_carries_a_root_owned_file_in_its_tree_and_refuses_one_it_cannot_read(
+    cluster: Cluster,
+) -> None:
+    """Nobody's ~/.codex holds a root-owned 0644 file a sudo left: refused as 'uid 0 owns it', with
+    advice to carry as the owner — as root, who would then refuse nobody's files. Root is trusted
+    and the file is read as nobody: carried, and restored on the next host. Made 0600, nobody
+    cannot read it: CARRY_FAILED naming it, nothing uploaded."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    homes = unprivileged.shared_dir("holdfast-carry-sudo-left-")
+    cluster.shared.append(homes)
+    home_a, home_b = homes / "a", homes / "b"
+    (home_a / ".codex").mkdir(parents=True)
+    home_b.mkdir()
+    (home_a / ".codex" / "config.toml").write_text("nobody's\n")
+    (home_a / ".codex" / "by-sudo.json").write_text("root's\n")
+    os.chmod(home_a / ".codex" / "by-sudo.json", 0o644)
+    for path in (home_a, home_a / ".codex", home_a / ".codex" / "config.toml", home_b):
+        os.chown(path, NOBODY, NOBODY)
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    os.chmod(home_a / ".codex" / "by-sudo.json", 0o600)
+    unreadable = cluster.run(a, "sess-carry-sudo-unreadable", "--carry", ".codex", cmd=["true"], cwd=home_a,
+                             as_nobody=True)
+    assert unreadable.wait(30) == 0, unreadable.err()
+    assert "carried state not uploaded (CARRY_FAILED)" in unreadable.err(), unreadable.err()
+    assert ".codex/by-sudo.json: Permission denied" in unreadable.err(), unreadable.err()
+    assert "Traceback" not in unreadable.err(), unreadable.err()
+    assert shas(cluster, "sess-carry-sudo-unreadable") == [], "nothing was uploaded"
+    os.chmod(home_a / ".codex" / "by-sudo.json", 0o644)
+    sid = "sess-carry-sudo-left"
+    first = cluster.run(a, sid, "--carry", ".codex", cmd=["true"], cwd=home_a, as_nobody=True)
+    assert first.wait(30) == 0, first.err()
+    assert "CARRY_FAILED" not in first.err(), first.err()
+    assert len(shas(cluster, sid)) == 2, first.err()
+    second = cluster.run(b, sid, "--carry", ".codex", cmd=["true"], cwd=home_b, as_nobody=True)
+    assert second.wait(30) == 0, second.err()
+    assert (home_b / ".codex" / "by-sudo.json").read_text() == "root's\n"
+    assert (home_b / ".codex" / "config.toml").read_text() == "nobody's\n"
 
 
 def test_cmd_replacing_its_roots_directory_by_a_rename_in_a_root_only_place_is_carried(

@@ -32,6 +32,7 @@ from holdfast.common.carry_rules import (
     check_tree,
     chunked,
     describe,
+    linked_outside_because,
     moved_because,
     names_open_because,
     not_carried_because,
@@ -888,22 +889,47 @@ def test_a_directory_is_open_where_another_user_may_make_a_name_in_it(
     assert names_open_because(mode, swappable) == why
 
 
-@pytest.mark.parametrize(("kind", "uid", "nlink", "names_open", "why"), [
-    ("file", ME, 1, OPEN, None),  # one name: not linked in by another
-    ("file", ME, 2, None, None),  # CMD's own hard link, where no other user may make names
-    ("dir", ME, 2, None, None),
-    ("symlink", ME, 1, None, None),
-    ("file", NOBODY, 1, None, f"{NOT_YOURS}: another user's file would be carried"),
-    ("dir", NOBODY, 2, None, f"{NOT_YOURS}: another user's dir would be carried"),
-    ("symlink", NOBODY, 1, None, f"{NOT_YOURS}: another user's symlink would be carried"),
-    ("file", ME, 2, OPEN, "it has 2 names (hard-linked), and another user may make names in the directory "
-                          f"holding it ({OPEN}): it may be a file of yours from elsewhere"),
-    ("dir", ME, 2, OPEN, f"another user may make names in it ({OPEN}): their files, or hard links to yours"),
+USER = 1000  # a run not as root
+
+
+@pytest.mark.parametrize(("kind", "uid", "euid", "names_open", "why"), [
+    ("file", ME, ME, OPEN, None),  # a file's names: linked_outside_because's
+    ("dir", ME, ME, None, None),
+    ("symlink", ME, ME, None, None),
+    ("file", NOBODY, ME, None, f"{NOT_YOURS}: another user's file would be carried, and restored, as yours "
+                                "(`chown -R 0 out` makes the files yours)"),
+    ("dir", NOBODY, ME, None, f"{NOT_YOURS}: another user's dir would be carried"),
+    ("symlink", NOBODY, ME, None, f"{NOT_YOURS}: another user's symlink would be carried"),
+    ("dir", ME, ME, OPEN, f"another user may make names in it ({OPEN}): their files, or hard links to yours"),
+    # A run not as root takes root's entries (a file a sudo left in ~/.codex): root is trusted, and
+    # its file is read as this user. Another user's are refused with a chown that works: as root.
+    ("file", 0, USER, None, None),
+    ("dir", 0, USER, None, None),
+    ("symlink", 0, USER, None, None),
+    ("dir", 0, USER, OPEN, f"another user may make names in it ({OPEN})"),
+    ("file", NOBODY, USER, None, "uid 65534 owns it, not uid 1000 that runs this: another user's file "
+                                 "would be carried, and restored, as yours (`chown -R 1000 out`, run as "
+                                 "root, makes the files yours)"),
 ])
-def test_an_entry_is_carried_only_if_it_is_the_users_and_no_other_user_may_have_put_it_there(
-    kind: str, uid: int, nlink: int, names_open: str | None, why: str | None
+def test_an_entry_is_carried_only_if_it_is_the_users_or_roots_and_no_other_user_may_make_names_in_it(
+    kind: str, uid: int, euid: int, names_open: str | None, why: str | None
 ) -> None:
-    got = not_carried_because(kind, uid, nlink, ME, names_open)
+    got = not_carried_because(kind, uid, euid, names_open, "out")
+    assert got == why if why is None else (got or "").startswith(why), got
+
+
+@pytest.mark.parametrize(("nlink", "inside", "why"), [
+    (1, 1, None),
+    (2, 2, None),  # CMD's own link within the root
+    (2, 1, "it has 2 names (hard-linked), 1 outside the carried root: it may be a file from elsewhere that "
+           "another user linked in, whatever the directory modes are now"),
+    (3, 2, "it has 3 names (hard-linked), 1 outside the carried root"),
+])
+def test_a_file_is_carried_only_if_every_name_it_has_is_in_the_root(
+    nlink: int, inside: int, why: str | None
+) -> None:
+    """A link planted while a directory was open outlives its closing: only the count tells."""
+    got = linked_outside_because(nlink, inside)
     assert got == why if why is None else (got or "").startswith(why), got
 
 
@@ -951,24 +977,26 @@ def test_pack_refuses_a_directory_in_a_root_that_another_user_may_make_names_in(
     refused_pack(["out"], tmp_path, r"--carry out: another user may make names in it")
 
 
-def test_pack_carries_cmds_own_hard_links_where_no_other_user_may_make_names(tmp_path: Path) -> None:
+def test_pack_carries_cmds_own_hard_links_within_the_root(tmp_path: Path) -> None:
     (tmp_path / "out" / "a").mkdir(parents=True)
     (tmp_path / "out" / "a" / "f").write_text("one")
     os.link(tmp_path / "out" / "a" / "f", tmp_path / "out" / "g")
-    os.link(tmp_path / "out" / "a" / "f", tmp_path / "alone")
-    packed = carry.pack(["out", "alone"], str(tmp_path), "sess-unit-entries")
-    assert b"".join(packed.chunks) == b"oneoneone"
+    assert b"".join(carry.pack(["out"], str(tmp_path), "sess-unit-entries").chunks) == b"oneone"
 
 
-def test_pack_refuses_a_file_root_with_another_name_where_another_user_may_make_one(tmp_path: Path) -> None:
-    """A hard link to root's secret at a root's name in a sticky directory: root's file, refused
-    by its names (where nobody may make a link, carried: see above)."""
-    (tmp_path / "secret.key").write_text("root's secret")
-    (tmp_path / "sticky").mkdir()
-    os.chmod(tmp_path / "sticky", 0o1777)
-    os.link(tmp_path / "secret.key", tmp_path / "sticky" / "out.txt")
-    refused_pack(["out.txt"], tmp_path / "sticky", r"--carry out.txt: it has 2 names \(hard-linked\), and "
-                 "another user may make names in the directory holding it")
-    os.unlink(tmp_path / "secret.key")
-    assert b"".join(carry.pack(["out.txt"], str(tmp_path / "sticky"), "sess-unit-entries").chunks) == (
-        b"root's secret"), "one name: not linked there by another"
+def test_pack_refuses_a_file_with_a_name_outside_the_root_whatever_the_modes_now(tmp_path: Path) -> None:
+    """Nobody linked root's secret into `out/drop` while it was 0777 (fs.protected_hardlinks 0);
+    root closed `drop` as the refusal advised, and the link, left there, was carried. A name
+    outside the root refuses it, in a closed directory, and for a file root wherever it stands."""
+    (tmp_path / "secret").write_text("TOPSECRET")
+    (tmp_path / "out" / "drop").mkdir(parents=True)
+    os.link(tmp_path / "secret", tmp_path / "out" / "drop" / "loot")
+    refused_pack(["out"], tmp_path, r"--carry out: out/drop/loot: it has 2 names \(hard-linked\), 1 outside "
+                 "the carried root")
+    os.link(tmp_path / "secret", tmp_path / "out" / "also")
+    refused_pack(["out"], tmp_path, r"--carry out: out/also: it has 3 names \(hard-linked\), 1 outside")
+    refused_pack(["secret"], tmp_path, r"--carry secret: it has 3 names \(hard-linked\), 2 outside")
+    os.unlink(tmp_path / "secret")
+    assert b"".join(carry.pack(["out"], str(tmp_path), "sess-unit-entries").chunks) == b"TOPSECRET" * 2
+    os.unlink(tmp_path / "out" / "also")
+    assert b"".join(carry.pack(["out/drop/loot"], str(tmp_path), "sess-unit-entries").chunks) == b"TOPSECRET"

@@ -125,7 +125,7 @@ def test_only_a_group_that_holds_nobody_else_and_no_acl_makes_group_write_this_u
     assert swappable(0o755, uid=0, gid=0) is None  # root's
     assert swappable(0o775) is None  # this user's private group: umask 002's
     assert "uid 1001 owns it" in str(swappable(0o755, uid=1001))
-    assert "`chmod o-w /d`" in str(swappable(0o777))
+    assert "`chmod go-w /d`" in str(swappable(0o777))
     assert swappable(0o1777, uid=0, gid=0) is None  # sticky, as /tmp
     # The group bits are an ACL's mask: a named user may write, whoever the group is.
     assert "`setfacl -b /d` or `chmod g-w /d`" in str(swappable(0o775, acl=True))
