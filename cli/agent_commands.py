@@ -135,14 +135,22 @@ def _serve(raw: argparse.Namespace) -> int:
         return server.serve(args.listen, args.host_id, args.spawn_token_env, args.ready_file, tls_dir,
                             args.metrics_listen, args.health_listen, enroller, bound)
 
-    if args.coordinator:
-        from holdfast.agent import registration
+    from holdfast.common import files
 
-        asyncio.run(registration.serve_registered(
-            serve, args.coordinator, args.host_id, args.spawn_token_env, tls_dir, args.advertise,
-            args.registration_ttl))
-        return 0
-    asyncio.run(serve())
+    try:
+        if args.coordinator:
+            from holdfast.agent import registration
+
+            asyncio.run(registration.serve_registered(
+                serve, args.coordinator, args.host_id, args.spawn_token_env, tls_dir, args.advertise,
+                args.registration_ttl))
+        else:
+            asyncio.run(serve())
+    except (files.NotPrivate, files.UntrustedLink) as exc:
+        # A key or certificate refused at start (another's, others may read it, a link): one line
+        # naming it and the fix, not a traceback a service manager restarts into a loop.
+        logs.fatal(f"holdfast agent serve: {exc}")
+        return EX_USAGE
     return 0
 
 

@@ -148,7 +148,7 @@ SETTINGS = [
 
 
 def _serve(raw: argparse.Namespace) -> int:
-    from holdfast.common import logs
+    from holdfast.common import files, logs
     from holdfast.coordinator import fencers, server
     from holdfast.coordinator.host_fencing import FencingSettings
 
@@ -174,8 +174,10 @@ def _serve(raw: argparse.Namespace) -> int:
                                  args.default_tenant,
                                  call_limits.CallLimits(args.calls_per_caller_max, args.calls_per_tenant_max),
                                  args.watch_unread_budget_bytes))
-    except (ValueError, FileNotFoundError) as exc:
-        logs.fatal(f"holdfast coordinator: {exc}")  # its log is set up: JSON by default
+    except (ValueError, FileNotFoundError, files.NotPrivate, files.UntrustedLink) as exc:
+        # A TLS file refused at start too: one line naming it and the fix, not a traceback a service
+        # manager restarts into a loop. Its log is set up: JSON by default.
+        logs.fatal(f"holdfast coordinator: {exc}")
         return EX_USAGE
     return 0
 

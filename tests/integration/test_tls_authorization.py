@@ -425,3 +425,29 @@ def test_a_missing_certificate_file_is_one_line_and_json_stays_json(
     as_json = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60)
     assert as_json.returncode == 77
     assert json.loads(as_json.stdout)["error"]["reason"] == "TLS_FILE_MISSING"
+
+
+@pytest.mark.parametrize("server", ["coordinator", "agent"])
+def test_a_server_whose_key_others_may_read_stops_on_one_line_naming_it(
+        server: str, tls_etcd: EtcdServer, tmp_path: Path, pki: Path) -> None:
+    """A key others may read is refused at start: the server said so only as a traceback's last line,
+    and under a service manager's Restart=always that is a crash loop with the fix buried. One
+    fatal line naming the key and the fix, exit 2."""
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir(mode=0o700)
+    for name in ("ca.pem", "coordinator.pem", "coordinator.key", "agent-host-a.pem", "agent-host-a.key"):
+        (tls_dir / name).write_bytes((pki / "ours" / name).read_bytes())
+        (tls_dir / name).chmod(0o644)
+    (tls_dir / "etcd").mkdir(mode=0o700)  # the coordinator's etcd client files, as certs init lays them
+    for name in ("ca.pem", "coordinator.pem", "coordinator.key"):
+        (tls_dir / "etcd" / name).write_bytes((pki / "ours" / "etcd" / name).read_bytes())
+        (tls_dir / "etcd" / name).chmod(0o600)
+    key = tls_dir / f"{'coordinator' if server == 'coordinator' else 'agent-host-a'}.key"
+    argv = (["coordinator", "serve", "--etcd", tls_etcd.url] if server == "coordinator"
+            else ["agent", "serve", "--host-id", "host-a"])
+    done = subprocess.run([sys.executable, "-m", "holdfast.cli", *argv, "--listen", "127.0.0.1:0",
+                           "--tls-dir", str(tls_dir)], capture_output=True, text=True, timeout=60)
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2, said
+    assert len(said) == 1 and "Traceback" not in said[0] and str(key) in said[0], said
+    assert "chmod 0640" in said[0], said
