@@ -205,11 +205,13 @@ def _check_writable(fd: int, where: str) -> None:
 
 
 def _refused(named: str, where: str, exc: OSError) -> ClientError:
-    return ClientError(Reason.INVALID_ARGUMENT, f"{where} is not a directory this run may use: "
-                       f"{exc.strerror}; nothing was made, nor a grant asked for. The grant file is kept "
-                       f"in the temp directory ({named}: TMPDIR, else /tmp), which this user must be able "
-                       "to write, reached through no link another user made or may swap. Next: set TMPDIR "
-                       "to such a directory (or unset it: /tmp), or remove what another user put there")
+    refused = ClientError(Reason.INVALID_ARGUMENT, f"{where} is not a directory this run may use: "
+                          f"{exc.strerror}; nothing was made, nor a grant asked for. The grant file is kept "
+                          f"in the temp directory ({named}: TMPDIR, else /tmp), which this user must be able "
+                          "to write, reached through no link another user made or may swap")
+    refused.hint = ("set TMPDIR to such a directory (or unset it: /tmp), or remove what another user put "
+                    "there")
+    return refused
 
 
 def unmade(where: Place, exc: OSError, fence: int, session: str) -> ClientError:

@@ -60,6 +60,7 @@ def test_a_tmpdir_through_another_users_link_is_refused_before_anything_is_asked
         run = cluster.run(host, sid, cmd=["true"], env={"TMPDIR": str(tmpdir)})
         assert run.wait() == 2, run.err()
         assert "nothing was made, nor a grant asked for" in run.err() and "set TMPDIR" in run.err()
+        assert run.err().count("Next:") == 1, run.err()  # the fix, not the generic one after it
         with pytest.raises(grpc.RpcError) as unknown:
             cluster.record(sid)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
