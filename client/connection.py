@@ -184,8 +184,11 @@ class Client:
         except FileNotFoundError as missing:  # its message names the file and how to make it
             raise ClientError(Reason.TLS_FILE_MISSING, str(missing)) from None
         except OSError as refused:  # another user's file, link or FIFO (files.read_tls_file): never read
-            raise ClientError(Reason.TLS_FILE_MISSING, f"{refused.filename}: {refused.strerror}; not read "
-                              "(fix it, or point --tls-dir / HOLDFAST_TLS_DIR elsewhere)") from None
+            error = ClientError(Reason.TLS_FILE_MISSING, f"{refused.filename}: {refused.strerror}; not read")
+            # The file is there: making another with `certs init` (the table's step) would mint a new CA.
+            error.hint = ("fix that file as said (its owner, mode, names or link), or point --tls-dir / "
+                          "HOLDFAST_TLS_DIR at a directory of this user's")
+            raise error from None
         except ValueError as wrong:  # HOLDFAST_KEEPALIVE_SECONDS, named in the message
             raise ClientError(Reason.INVALID_ARGUMENT, str(wrong)) from None
 

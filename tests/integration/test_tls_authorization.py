@@ -427,6 +427,23 @@ def test_a_missing_certificate_file_is_one_line_and_json_stays_json(
     assert json.loads(as_json.stdout)["error"]["reason"] == "TLS_FILE_MISSING"
 
 
+
+def test_a_refused_client_key_is_told_to_be_fixed_not_made_again(
+        coordinator_tls: Coordinator, pki: Path, tmp_path: Path) -> None:
+    """A client key others may read is there but refused: the next step said to make it with `certs
+    init`, which would mint a new CA; it says to fix that file."""
+    loose = tmp_path / "loose-tls"
+    loose.mkdir(mode=0o700)
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (loose / name).write_bytes((pki / "ours" / name).read_bytes())
+    (loose / "client.key").chmod(0o644)
+    done = subprocess.run([sys.executable, "-m", "holdfast.cli", "status", "--coordinator",
+                           coordinator_tls.address, "--tls-dir", str(loose)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 77, done.stderr
+    assert str(loose / "client.key") in done.stderr and "Next: fix that file as said" in done.stderr
+    assert "certs init" not in done.stderr.split("Next:")[-1], done.stderr
+
 @pytest.mark.parametrize("server", ["coordinator", "agent"])
 def test_a_server_whose_key_others_may_read_stops_on_one_line_naming_it(
         server: str, tls_etcd: EtcdServer, tmp_path: Path, pki: Path) -> None:
