@@ -20,7 +20,8 @@ file renamed to the root's name, which that user could then restore with a run o
 that user's file, carried as root's. Nor what another user put in it: every entry packed — the
 root, and each file, directory and link below a directory root — must be the running user's (or,
 for a run not as root, root's), no directory in the root one another user may make names in
-(carry_rules.not_carried_because), and no regular file may have a name outside the root
+(carry_rules.not_carried_because), and, where hard links are not protected (fs.protected_hardlinks,
+read once a pack), no regular file may have a name outside the root
 (carry_rules.linked_outside_because: a hard link planted while a directory was open stays once
 it is closed); else, too, nothing of the copy is uploaded. Files are read as the running user: one
 it cannot read refuses the copy (CARRY_FAILED).
@@ -55,6 +56,7 @@ from holdfast.common.carry_rules import (
     check_manifest,
     chunked,
     escaping_links,
+    hardlinks_protected,
     linked_outside_because,
     moved_because,
     names_open_because,
@@ -75,6 +77,7 @@ from holdfast.common.files import (
 from holdfast.common.reasons import Reason
 from holdfast.v1 import coordinator_pb2 as pb
 
+PROTECTED_HARDLINKS = "/proc/sys/fs/protected_hardlinks"
 NOT_A_ROOT = "not a regular file or a directory (name the file or directory itself, not a link or a device)"
 
 
@@ -298,17 +301,29 @@ def _check(kind: str, st: os.stat_result, root: str, names_open: str | None = No
         raise CarryRefused(f"{shown}: {why}" if shown else why)
 
 
-def _check_names(files: list[tuple[str, os.stat_result]]) -> None:
+def _links_protected() -> bool:
+    """Whether this host's kernel protects hard links (carry_rules.hardlinks_protected); a sysctl
+    that cannot be read is taken as unprotected."""
+    try:
+        with open(PROTECTED_HARDLINKS, encoding="ascii") as sysctl:
+            return hardlinks_protected(sysctl.read(16))
+    except (OSError, ValueError):
+        return hardlinks_protected(None)
+
+
+def _check_names(files: list[tuple[str, os.stat_result]], links_protected: bool) -> None:
     """Raises CarryRefused, naming the first of `files` (each as said to a person, with its fstat)
-    that has names outside them (carry_rules.linked_outside_because): each (st_dev, st_ino) is
-    counted once per name it has among `files`, all of one root."""
+    that has names outside them where hard links are not protected
+    (carry_rules.linked_outside_because): each (st_dev, st_ino) is counted once per name it has
+    among `files`, all of one root."""
     inside = Counter((st.st_dev, st.st_ino) for _, st in files)
     for shown, st in files:
-        if (why := linked_outside_because(st.st_nlink, inside[st.st_dev, st.st_ino])) is not None:
+        if (why := linked_outside_because(st.st_nlink, inside[st.st_dev, st.st_ino],
+                                          links_protected)) is not None:
             raise CarryRefused(f"{shown}: {why}" if shown else why)
 
 
-def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str]]:
+def _walk_root(top: int, name: str, read: Reader, links_protected: bool) -> tuple[list[Entry], list[str]]:
     """A directory root's entries below it (open as `top`) in walk order, each parent before its
     children, files read with `read` as they are met; and what is left out, with why. Each name is
     said as shown_root says it: the tree may be a copy another user uploaded, and a name holding a
@@ -355,7 +370,7 @@ def _walk_root(top: int, name: str, read: Reader) -> tuple[list[Entry], list[str
                 skipped.append(f"{shown}: not a file, directory or symlink; not carried")
     skipped += [f"{shown_root(os.path.join(name, what))}: its contents could not be read ({why}); not "
                 "carried" for what, why in unread]
-    _check_names(files)
+    _check_names(files, links_protected)
     # A link that leaves the directory once the tree's other links are followed is left out; each
     # one left out changes where others lead, so this repeats until none leaves.
     while escaping := escaping_links({e.path: e.target for e in entries if e.kind == "symlink"}):
@@ -387,6 +402,7 @@ class _Packing:
 
     manifest: pb.CarryManifest
     cap: int
+    links_protected: bool  # fs.protected_hardlinks, read once a pack (_links_protected)
     stream: list[bytes] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     size: int = 0
@@ -466,7 +482,7 @@ class _Packing:
             if stat.S_ISREG(st.st_mode):
                 try:
                     _check("file", st, shown)
-                    _check_names([("", st)])  # any other name it has is outside the root
+                    _check_names([("", st)], self.links_protected)  # any other name is outside the root
                 except CarryRefused as exc:
                     raise fail(str(exc)) from None
                 self.manifest.roots.add(path=name, kind="file")
@@ -483,7 +499,7 @@ class _Packing:
         self.manifest.roots.add(path=name, kind="dir")
         self.add(index, Entry("", "dir", stat.S_IMODE(st.st_mode) & 0o777))
         try:
-            entries, left_out = _walk_root(top, name, self.read)
+            entries, left_out = _walk_root(top, name, self.read, self.links_protected)
         except CarryRefused as exc:
             raise fail(str(exc)) from None
         finally:
@@ -531,7 +547,7 @@ def pack(names: list[str], cwd: str, session_id: str, seen: Seen | None = None,
     another user made or could swap (_holder); with `seen`, where the roots stood when CMD started,
     one that is not where and what it was is refused, and one absent then carried only if CMD made
     it (_Packing.root)."""
-    packing = _Packing(pb.CarryManifest(session_id=session_id), cap)
+    packing = _Packing(pb.CarryManifest(session_id=session_id), cap, _links_protected())
     try:
         for name in names:
             packing.root(name, cwd, seen)

@@ -17,7 +17,8 @@ there: no other user may change its directory or any above it, and the root is t
 user's own. `not_carried_because` lets an upload carry an entry — a root, or anything below a
 directory root — only when it is the running user's (or, for a run not as root, root's), and no
 directory in the root is one another user may make names in; `linked_outside_because` a regular
-file only when all its names are in the root. No I/O here.
+file only when all its names are in the root, where hard links are not protected
+(`hardlinks_protected`). No I/O here.
 """
 
 from __future__ import annotations
@@ -378,19 +379,32 @@ def not_carried_because(kind: str, uid: int, euid: int, names_open: str | None, 
     return None
 
 
-def linked_outside_because(nlink: int, inside: int) -> str | None:
+def hardlinks_protected(setting: str | None) -> bool:
+    """Whether the kernel protects hard links, from fs.protected_hardlinks as read (None: it could
+    not be read). Only "1" protects: then a user may link only a file they own or may both read and
+    write, so a link another user made into a root is to a file that leaks nothing to them (their
+    own files are refused by owner). Anything else, or nothing read, is taken as unprotected: a
+    sysctl this process cannot see is no proof that others cannot link root's secret."""
+    return setting is not None and setting.strip() == "1"
+
+
+def linked_outside_because(nlink: int, inside: int, links_protected: bool) -> str | None:
     """Why a regular file in a root, with `nlink` names of which `inside` are in the root (1 for a
     file root: its other names are outside it), is not carried (the whole copy is then refused);
     None when it is. A name outside the root is one no judgement of the root's directories covers:
-    another user, while they could make names in a directory of the root, linked a file of this
-    user's from elsewhere into it (where fs.protected_hardlinks is 0) — root's secret — and the link
-    stays once the directory is closed (`chmod go-w`), uploaded for them to restore. CMD's own
-    links within the root are carried."""
-    if nlink <= inside:
+    where hard links are not protected (`links_protected` False: hardlinks_protected), another
+    user, while they could make names in a directory of the root, linked a file of this user's from
+    elsewhere into it — root's secret — and the link stays once the directory is closed (`chmod
+    go-w`), uploaded for them to restore. Where they are protected no other user may have linked in
+    a file they could not read and write already, and names outside are carried: a local `git
+    clone`, a uv, conda or pnpm install hard-link from elsewhere. CMD's own links within the root are
+    carried."""
+    if links_protected or nlink <= inside:
         return None
-    return (f"it has {nlink} names (hard-linked), {nlink - inside} outside the carried root: it may be a "
-            "file from elsewhere that another user linked in, whatever the directory modes are now (remove "
-            "that name; a file linked in on purpose: carry a copy of it instead)")
+    return (f"it has {nlink} names (hard-linked), {nlink - inside} outside the carried root, and hard links "
+            "are not protected on this host (fs.protected_hardlinks is not 1): it may be a file from "
+            "elsewhere that another user linked in, whatever the directory modes are now (remove that name; "
+            "a file linked in on purpose: carry a copy of it instead, or set fs.protected_hardlinks = 1)")
 
 
 def shown_root(path: str) -> str:

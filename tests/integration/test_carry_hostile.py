@@ -379,9 +379,19 @@ def test_a_checkpoint_does_not_upload_what_another_user_put_above_its_root(
 # What another user does at a root's name while a root `run`'s CMD runs, in a directory of their
 # own (nobody's, 0755: they may rename what is in it) or a sticky one (1777: they may only create
 # names there): the root absent when CMD started, or deleted by CMD. Root makes the hard link,
-# standing in for nobody where fs.protected_hardlinks is 0 (not changed host-wide here): where it
-# is 1, nobody may not link a file of root's they cannot read.
+# standing in for nobody where fs.protected_hardlinks is 0: where it is 1, nobody may not link a
+# file of root's they cannot read, and names outside the root are carried. Not changed host-wide
+# here: `run` reads 0 in a mount namespace of its own (UNPROTECTED_LINKS).
 AS_NOBODY, AS_ROOT = unprivileged.DROP, []
+UNPROTECTED_LINKS = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     'printf "0\\n" > "$0" && mount --bind "$0" /proc/sys/fs/protected_hardlinks && '
+                     'exec "$@"']
+
+
+def unprotected_links(tmp_path: Path) -> list[str]:
+    """A wrap for Cluster.run: `run` reads fs.protected_hardlinks 0, from a file in `tmp_path`."""
+    return [*UNPROTECTED_LINKS, str(tmp_path / "protected_hardlinks")]
+
 AT_THE_NAME = {
     "root's secret renamed to it in nobody's directory": (
         0o755, "", AS_NOBODY, "mv {base}/secret.key {base}/out.txt",
@@ -395,7 +405,8 @@ AT_THE_NAME = {
         "out.txt: it is not the file or directory it was when the run started, and uid 65534 owns it"),
     "a hard link to root's secret made at it in a sticky directory": (
         0o1777, "", AS_ROOT, "ln {base}/secret.key {base}/out.txt",
-        "out.txt: it has 2 names (hard-linked), 1 outside the carried root"),
+        "out.txt: it has 2 names (hard-linked), 1 outside the carried root, and hard links are not "
+        "protected on this host"),
 }
 
 
@@ -422,7 +433,8 @@ def test_a_root_run_does_not_upload_what_another_user_put_at_its_roots_name(
     os.mkfifo(go)
     sid = "sess-carry-at-the-name"
     cmd = ["sh", "-c", f"{cmd_first}touch {up}; read line < {go}"]
-    run = cluster.run(a, sid, "--carry", "out.txt", cmd=cmd, cwd=base)
+    wrap = unprotected_links(tmp_path) if who is AS_ROOT else []  # root's link stands in for nobody's
+    run = cluster.run(a, sid, "--carry", "out.txt", cmd=cmd, cwd=base, wrap=wrap)
     until("CMD running", up.exists)
     subprocess.run([*who, "sh", "-c", act.format(base=base)], check=True)
     go.write_text("go\n")
@@ -473,9 +485,10 @@ def test_a_hard_link_planted_while_a_directory_was_open_is_refused_once_it_is_cl
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """Root's `out/drop` is 0777; a hard link to root's 0600 secret, outside `out`, is made in it
-    (root stands in for nobody where fs.protected_hardlinks is 0). The run is refused; root closes
-    `drop` as the refusal advises, and the next run carried the link: TOPSECRET, for nobody to
-    restore. A file with a name outside the root is refused whatever the modes now."""
+    (root stands in for nobody where fs.protected_hardlinks is 0, as `run` reads it here). The run is
+    refused; root closes `drop` as the refusal advises, and the next run carried the link:
+    TOPSECRET, for nobody to restore. A file with a name outside the root is refused whatever the
+    modes now."""
     a = cluster.host("host-a")
     base = unprivileged.shared_dir("holdfast-carry-planted-")
     cluster.shared.append(base)
@@ -492,7 +505,7 @@ def test_a_hard_link_planted_while_a_directory_was_open_is_refused_once_it_is_cl
     assert "out/drop: another user may make names in it" in open_run.err(), open_run.err()
     assert "(`chmod go-w out/drop` closes that)" in open_run.err(), open_run.err()
     os.chmod(base / "out" / "drop", 0o755)
-    closed = cluster.run(a, sid, "--carry", "out", cmd=["true"], cwd=base)
+    closed = cluster.run(a, sid, "--carry", "out", cmd=["true"], cwd=base, wrap=unprotected_links(tmp_path))
     assert closed.wait(30) == 0, closed.err()
     assert "carried state not uploaded (CARRY_FAILED)" in closed.err(), closed.err()
     why = "out/drop/loot: it has 2 names (hard-linked), 1 outside the carried root"

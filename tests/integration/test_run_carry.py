@@ -365,3 +365,38 @@ def test_a_root_named_by_its_absolute_path_is_the_copys_root(cluster: Cluster, t
     assert "restored state (2 files, 9 bytes)" in second.err()
     assert (home_b / "seen").read_text().split("\n")[0] == "v1"
     assert carry_of(cluster, sid).manifest.roots[0].path == "state", "the copy keeps its spelling"
+
+
+def links_protected_here() -> bool:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/fs/protected_hardlinks").read_text().strip() == "1"
+    return False
+
+
+@pytest.mark.skipif(not links_protected_here(),
+                    reason="names outside the root are refused unless fs.protected_hardlinks is 1")
+def test_a_local_git_clone_is_carried_where_hard_links_are_protected(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A local `git clone` hard-links every object to the source repository: each object had a
+    name outside the root, the copy was refused CARRY_FAILED after CMD ran, and the session's work
+    was not carried. Where the kernel protects hard links it is carried, and the next host's git
+    reads it."""
+    a, b = cluster.host("host-a"), cluster.host("host-b")
+    home_a, home_b = homes(tmp_path, "home-a", "home-b")
+    git = ["git", "-c", "user.name=holdfast", "-c", "user.email=holdfast@127.0.0.1"]
+    subprocess.run([*git, "init", "-q", "src"], cwd=home_a, check=True)
+    (home_a / "src" / "f").write_text("committed\n")
+    subprocess.run([*git, "-C", "src", "add", "f"], cwd=home_a, check=True)
+    subprocess.run([*git, "-C", "src", "commit", "-qm", "one"], cwd=home_a, check=True)
+    subprocess.run([*git, "clone", "-q", "src", "clone"], cwd=home_a, check=True)
+    objects = [p for p in (home_a / "clone" / ".git" / "objects").rglob("*") if p.is_file()]
+    assert objects and all(p.stat().st_nlink == 2 for p in objects), "the clone's objects are hard links"
+    sid = "sess-carry-git-clone"
+    first = cluster.run(a, sid, "--carry", "clone", cmd=["true"], cwd=home_a)
+    assert first.wait(30) == 0, first.err()
+    assert "carried state not uploaded" not in first.err(), first.err()
+    second = cluster.run(b, sid, "--carry", "clone", cmd=["sh", "-c", "git -C clone show HEAD:f > seen"],
+                         cwd=home_b)
+    assert second.wait(30) == 0, second.err()
+    assert (home_b / "seen").read_text() == "committed\n"

@@ -32,6 +32,7 @@ from holdfast.common.carry_rules import (
     check_tree,
     chunked,
     describe,
+    hardlinks_protected,
     linked_outside_because,
     moved_because,
     names_open_because,
@@ -921,16 +922,44 @@ def test_an_entry_is_carried_only_if_it_is_the_users_or_roots_and_no_other_user_
 @pytest.mark.parametrize(("nlink", "inside", "why"), [
     (1, 1, None),
     (2, 2, None),  # CMD's own link within the root
-    (2, 1, "it has 2 names (hard-linked), 1 outside the carried root: it may be a file from elsewhere that "
-           "another user linked in, whatever the directory modes are now"),
+    (2, 1, "it has 2 names (hard-linked), 1 outside the carried root, and hard links are not protected on "
+           "this host (fs.protected_hardlinks is not 1): it may be a file from elsewhere that another user "
+           "linked in, whatever the directory modes are now"),
     (3, 2, "it has 3 names (hard-linked), 1 outside the carried root"),
 ])
-def test_a_file_is_carried_only_if_every_name_it_has_is_in_the_root(
+def test_where_links_are_not_protected_a_file_is_carried_only_if_every_name_it_has_is_in_the_root(
     nlink: int, inside: int, why: str | None
 ) -> None:
     """A link planted while a directory was open outlives its closing: only the count tells."""
-    got = linked_outside_because(nlink, inside)
+    got = linked_outside_because(nlink, inside, links_protected=False)
     assert got == why if why is None else (got or "").startswith(why), got
+
+
+@pytest.mark.parametrize(("nlink", "inside"), [(1, 1), (2, 1), (3, 2), (5, 1)])
+def test_where_links_are_protected_names_outside_the_root_are_carried(nlink: int, inside: int) -> None:
+    """A local `git clone` hard-links every object to the source repository, uv, conda and pnpm
+    link from their caches: each was refused, and a session's work silently not carried. Where
+    the kernel protects hard links no other user may have linked in a file they could not read
+    and write already."""
+    assert linked_outside_because(nlink, inside, links_protected=True) is None
+
+
+@pytest.mark.parametrize(("setting", "protected"), [
+    ("1\n", True), ("1", True), ("0\n", False), ("2\n", False), ("", False), (None, False),
+])
+def test_only_a_protected_hardlinks_of_1_protects_and_one_not_read_does_not(
+    setting: str | None, protected: bool
+) -> None:
+    assert hardlinks_protected(setting) is protected
+
+
+def links_protected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, setting: str | None) -> None:
+    """Packing as if fs.protected_hardlinks read `setting` (None: it cannot be read), not changed
+    host-wide."""
+    sysctl = tmp_path / "protected_hardlinks"
+    if setting is not None:
+        sysctl.write_text(setting)
+    monkeypatch.setattr(carry, "PROTECTED_HARDLINKS", str(sysctl))
 
 
 def refused_pack(names: list[str], cwd: Path, match: str) -> None:
@@ -984,10 +1013,14 @@ def test_pack_carries_cmds_own_hard_links_within_the_root(tmp_path: Path) -> Non
     assert b"".join(carry.pack(["out"], str(tmp_path), "sess-unit-entries").chunks) == b"oneone"
 
 
-def test_pack_refuses_a_file_with_a_name_outside_the_root_whatever_the_modes_now(tmp_path: Path) -> None:
-    """Nobody linked root's secret into `out/drop` while it was 0777 (fs.protected_hardlinks 0);
-    root closed `drop` as the refusal advised, and the link, left there, was carried. A name
-    outside the root refuses it, in a closed directory, and for a file root wherever it stands."""
+@pytest.mark.parametrize("setting", ["0\n", None])
+def test_pack_refuses_a_file_with_a_name_outside_the_root_whatever_the_modes_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None
+) -> None:
+    """Nobody linked root's secret into `out/drop` while it was 0777 (fs.protected_hardlinks 0, or
+    not readable); root closed `drop` as the refusal advised, and the link, left there, was carried.
+    A name outside the root refuses it, in a closed directory, and for a file root wherever it stands."""
+    links_protected(monkeypatch, tmp_path, setting)
     (tmp_path / "secret").write_text("TOPSECRET")
     (tmp_path / "out" / "drop").mkdir(parents=True)
     os.link(tmp_path / "secret", tmp_path / "out" / "drop" / "loot")
@@ -1000,3 +1033,16 @@ def test_pack_refuses_a_file_with_a_name_outside_the_root_whatever_the_modes_now
     assert b"".join(carry.pack(["out"], str(tmp_path), "sess-unit-entries").chunks) == b"TOPSECRET" * 2
     os.unlink(tmp_path / "out" / "also")
     assert b"".join(carry.pack(["out/drop/loot"], str(tmp_path), "sess-unit-entries").chunks) == b"TOPSECRET"
+
+
+def test_pack_carries_files_with_names_outside_the_root_where_hard_links_are_protected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree whose files are hard-linked from elsewhere (a local clone's objects, a package
+    cache's files), and a file root with another name, are carried where the kernel protects links."""
+    links_protected(monkeypatch, tmp_path, "1\n")
+    (tmp_path / "cache").write_text("cached")
+    (tmp_path / "out" / "objects").mkdir(parents=True)
+    os.link(tmp_path / "cache", tmp_path / "out" / "objects" / "ab")
+    assert b"".join(carry.pack(["out"], str(tmp_path), "sess-unit-entries").chunks) == b"cached"
+    assert b"".join(carry.pack(["cache"], str(tmp_path), "sess-unit-entries").chunks) == b"cached"
