@@ -82,6 +82,14 @@ def _overmounts(mountinfo: str, listed: str) -> list[str]:
     return found
 
 
+_UNLISTED = "no mount of device"
+
+
+def unlisted(why: str) -> bool:
+    """Whether `why` (a `hidden` answer) is that no line of the mount table named the device."""
+    return why.startswith(_UNLISTED)
+
+
 def hidden(mountinfo: str, device: tuple[int, int], groups: Collection[int], listed: str = "/proc") -> str:
     """Why a listing of the directory on `device` (the st_dev of the /proc the reader lists, at the
     path `listed`) may leave out a process from a reader in `groups` (its fsgid and supplementary
@@ -90,8 +98,8 @@ def hidden(mountinfo: str, device: tuple[int, int], groups: Collection[int], lis
     be told: hiding."""
     mounts = mounts_of(mountinfo, device)
     if not mounts:
-        return (f"no mount of device {device[0]}:{device[1]} in /proc/self/mountinfo: whether its "
-                "listing hides processes cannot be told")
+        return (f"{_UNLISTED} {device[0]}:{device[1]} in /proc/self/mountinfo: whether its listing hides "
+                "processes cannot be told")
     procfs = [(point, options) for point, kind, options in mounts if kind == PROCFS]
     if not procfs:
         return ""

@@ -53,6 +53,7 @@ from holdfast.proc.procstat import ProcStat, StatParseError, parse_stat
 # judged alone. The time bound caps a large host's cost.
 MAX_PASSES = 256
 MAX_SECONDS = 1.0
+MOUNT_TABLE_READS = 3  # listing_hidden's reads of a mount table that named no mount of /proc's device
 # Start ticks are whole clock ticks and boot time is read once per pass: allow for rounding.
 _TICK_SLACK = 2
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -180,14 +181,22 @@ def listing_hidden(proc: str) -> str:
     """Why a listing of `proc` may leave out processes this process may not see, or what a scan
     reads under it may not be the procfs's own (`listing_rules.hidden`, over this mount namespace's
     mounts); "" when neither. Read at every scan: a remount or a mount takes effect at the next one."""
-    try:
-        device = os.stat(proc).st_dev
-        mountinfo = read_proc_file("/proc/self/mountinfo").decode(errors="replace")
-    except OSError as exc:
-        return f"cannot tell whether {proc} hides processes: {exc.strerror}"
     groups = {os.getegid(), *os.getgroups()}
     listed = os.path.realpath(proc)  # as mountinfo names it: a mount over what is read under it counts
-    return listing_rules.hidden(mountinfo, (os.major(device), os.minor(device)), groups, listed)
+    why = ""
+    # A mount table read while mounts come and go (simulated hosts starting and ending beside it) was
+    # seen, now and then, to name no mount of the listed /proc's device, and every tree proof of that
+    # scan waited (OWNERSHIP_UNKNOWN): that answer alone is asked again before it stands.
+    for _ in range(MOUNT_TABLE_READS):
+        try:
+            device = os.stat(proc).st_dev
+            mountinfo = read_proc_file("/proc/self/mountinfo").decode(errors="replace")
+        except OSError as exc:
+            return f"cannot tell whether {proc} hides processes: {exc.strerror}"
+        why = listing_rules.hidden(mountinfo, (os.major(device), os.minor(device)), groups, listed)
+        if not listing_rules.unlisted(why):
+            return why
+    return why
 
 
 def _has_unlisted_child(proc: str, entry: str, listed: set[str]) -> bool:

@@ -1,11 +1,13 @@
 """Whether a /proc listing holds every process (proc/listing_rules.py), from mountinfo lines as
 the kernel writes them: hidepid=invisible and ptraceable hide a process the reader may not
-ptrace-read, gid= exempts its members from invisible only, noaccess lists every process."""
+ptrace-read, gid= exempts its members from invisible only, noaccess lists every process; and
+the scan's read of this machine's mount table asks again when it names no mount of /proc."""
 
 from __future__ import annotations
 
 import pytest
 
+from holdfast.proc import listing_rules, scan
 from holdfast.proc.listing_rules import hidden
 
 DEVICE = (0, 21)
@@ -87,3 +89,21 @@ def test_an_overmount_counts_under_the_procfs_listed_only() -> None:
     mounts = ROOT + proc_line("rw") + proc_line("rw", point=host) + over(f"{host}/7/environ")
     assert hidden(mounts, DEVICE, set(), listed="/proc") == ""
     assert hidden(mounts, DEVICE, set(), listed="/host proc").startswith("/host proc/7/environ is mounted")
+
+
+def test_a_mount_table_naming_no_mount_of_proc_is_read_again_before_it_stands(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount table read while mounts came and went named no mount of /proc's device now and then,
+    and every tree proof of that scan waited: it is read again; one that never names it still
+    counts as hiding."""
+    real = scan.read_proc_file
+    reads: list[str] = []
+
+    def first_empty(path: str) -> bytes:
+        reads.append(path)
+        return b"" if len(reads) == 1 else real(path)
+
+    monkeypatch.setattr(scan, "read_proc_file", first_empty)
+    assert scan.listing_hidden("/proc") == "" and len(reads) == 2
+    monkeypatch.setattr(scan, "read_proc_file", lambda path: b"")
+    assert listing_rules.unlisted(scan.listing_hidden("/proc"))
