@@ -29,6 +29,14 @@ CLI = [sys.executable, "-m", "holdfast.cli"]
 SYS_TGKILL = 234  # x86-64
 
 
+@pytest.fixture(autouse=True)
+def own_default_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `up` here keeps its default state directory (XDG_STATE_HOME) in the test's tmp: an `up`
+    with --state-dir points to it from the default one's addresses/, and one a test crashes left
+    that pointer in the real home of the user running the suite."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+
+
 @pytest.fixture
 def ups() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
